@@ -1,0 +1,12 @@
+//! nginx-rl core: everything that can be tested without nginx.
+//!
+//! - [`limit`]: the rate-limiting algorithms as pure state transitions over
+//!   integer time (microseconds, passed in by the caller).
+//! - [`parse`]: rates, sizes and durations as nginx.conf writes them.
+//! - [`table`]: the keyed state table that lives in a shared-memory zone
+//!   (hash chains + LRU over a caller-provided memory region).
+#![forbid(unsafe_op_in_unsafe_fn)]
+
+pub mod limit;
+pub mod parse;
+pub mod table;

@@ -1,0 +1,325 @@
+//! The rate-limiting algorithms as pure state transitions over integer time.
+//!
+//! A [`Limit`] is the immutable configuration (algorithm, rate, burst); the
+//! per-key state is a caller-owned slice of [`Limit::state_words`] `u64`s in
+//! which all zeroes means "fresh key, full capacity". Time `now` is passed in
+//! as monotonic microseconds. Clocks may step backwards a little (e.g. two
+//! nginx workers): every algorithm then stays at least as strict as at the
+//! latest time it has seen, and nothing ever panics — arithmetic is
+//! saturating, products are taken in `u128`, there is no floating point.
+//! Times above [`MAX_NOW`] are clamped to it.
+//!
+//! With rate = `count` per `period_us` and burst `B`:
+//!
+//! | algorithm      | guarantee                                              | state words |
+//! |----------------|--------------------------------------------------------|-------------|
+//! | `fixed`        | ≤ B per aligned window of `W` (2B across a boundary)   | 2           |
+//! | `sliding`      | weighted two-window estimate ≤ B (≤ B per window)       | 3           |
+//! | `sliding_log`  | exactly ≤ B in any interval of length `W`              | 2 + B       |
+//! | `token_bucket` | ≤ B + rate·t over any time span t                      | 2           |
+//! | `leaky_bucket` | same as token bucket, viewed as a draining meter       | 2           |
+//! | `gcra`         | same, emission interval rounded up to whole µs         | 1           |
+//!
+//! where `W` = [`Limit::window_us`] = ⌈B · period_us / count⌉.
+
+mod bucket;
+mod fixed;
+mod gcra;
+mod log;
+mod sliding;
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::parse::{ParseError, ParseErrorKind, Rate};
+
+/// Largest burst `sliding_log` accepts: it stores one timestamp per unit.
+pub const MAX_LOG_BURST: u64 = 65_536;
+
+/// Times beyond this (~292,000 years) are treated as this instant, which
+/// keeps every `time + window` computation far from `u64` overflow.
+pub const MAX_NOW: u64 = u64::MAX / 2;
+
+/// A rate-limiting algorithm.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Fixed window counter, windows aligned to multiples of `W`.
+    Fixed,
+    /// Sliding window counter (previous window weighted by overlap).
+    #[default]
+    Sliding,
+    /// Exact sliding log of admission timestamps.
+    SlidingLog,
+    /// Token bucket of capacity B refilled at the rate.
+    TokenBucket,
+    /// Leaky bucket as a meter: a level draining at the rate, capacity B.
+    LeakyBucket,
+    /// Generic cell rate algorithm (theoretical arrival time).
+    Gcra,
+}
+
+impl Algorithm {
+    /// Every algorithm, in declaration order.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::Fixed,
+        Algorithm::Sliding,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+    ];
+
+    /// The configuration name: `fixed`, `sliding`, `sliding_log`, ...
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Fixed => "fixed",
+            Algorithm::Sliding => "sliding",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = ParseError;
+
+    /// Parses a name as printed by `Display`; errors read `invalid algorithm "x"`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| ParseError::new(ParseErrorKind::Invalid, "algorithm", s))
+    }
+}
+
+/// Why [`Limit::new`] refused a configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LimitError {
+    /// The rate's count or period is zero.
+    ZeroRate(Rate),
+    /// The burst is zero.
+    ZeroBurst,
+    /// `burst * period_us` does not fit in 64 bits.
+    Overflow {
+        /// The rate.
+        rate: Rate,
+        /// The burst.
+        burst: u64,
+    },
+    /// `sliding_log` with a burst above [`MAX_LOG_BURST`].
+    LogTooLarge {
+        /// The burst.
+        burst: u64,
+    },
+}
+
+impl fmt::Display for LimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitError::ZeroRate(r) => write!(f, "rate \"{r}\" must be positive"),
+            LimitError::ZeroBurst => f.write_str("burst must be at least 1"),
+            LimitError::Overflow { rate, burst } => write!(
+                f,
+                "burst={burst} with rate \"{rate}\" is too large: burst * period overflows 64 bits"
+            ),
+            LimitError::LogTooLarge { burst } => write!(
+                f,
+                "burst={burst} is too large for \"sliding_log\", which keeps one timestamp \
+                 per request (at most {MAX_LOG_BURST}); use \"sliding\" or \"gcra\""
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LimitError {}
+
+/// A validated limit: algorithm, rate and burst, plus derived constants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Limit {
+    algorithm: Algorithm,
+    rate: Rate,
+    burst: u64,
+    /// `W` = ⌈burst · period / count⌉ ≥ 1.
+    window: u64,
+    /// GCRA emission interval `T` = ⌈period / count⌉ ≥ 1.
+    interval: u64,
+    /// Bucket capacity in scaled units: burst · period (one request = period).
+    capacity: u64,
+}
+
+/// The verdict on one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Outcome {
+    /// Whether the request is (or would be) admitted.
+    pub admitted: bool,
+    /// Cost-1 requests that would be admitted right now; when admitted this is
+    /// counted after the request's own charge (for `check` and `acquire` alike).
+    pub remaining: u64,
+    /// Microseconds until the key is back to full capacity (`remaining ==
+    /// burst`) if nothing else arrives; 0 if already full.
+    pub reset_us: u64,
+    /// When rejected: the exact wait until a lone request of the same cost is
+    /// admitted. `None` when admitted or when it never can be (cost > burst).
+    pub retry_after_us: Option<u64>,
+    /// `leaky_bucket` only (else 0): how long the request would wait to leave
+    /// the bucket if shaped — the level before it divided by the rate.
+    pub delay_us: u64,
+}
+
+impl Outcome {
+    /// An admitted request.
+    fn admit(remaining: u64, reset_us: u64, delay_us: u64) -> Self {
+        Outcome {
+            admitted: true,
+            remaining,
+            reset_us,
+            retry_after_us: None,
+            delay_us,
+        }
+    }
+
+    /// A rejected request; `retry` is `None` exactly when it can never pass.
+    fn reject(remaining: u64, reset_us: u64, retry: Option<u64>, delay_us: u64) -> Self {
+        Outcome {
+            admitted: false,
+            remaining,
+            reset_us,
+            retry_after_us: retry,
+            delay_us,
+        }
+    }
+}
+
+impl Limit {
+    /// Validates and builds a limit. Rejects a zero rate or burst, params
+    /// whose `burst * period_us` overflows `u64`, and a `sliding_log` burst
+    /// above [`MAX_LOG_BURST`].
+    pub fn new(algorithm: Algorithm, rate: Rate, burst: u64) -> Result<Limit, LimitError> {
+        if rate.count == 0 || rate.period_us == 0 {
+            return Err(LimitError::ZeroRate(rate));
+        }
+        if burst == 0 {
+            return Err(LimitError::ZeroBurst);
+        }
+        if algorithm == Algorithm::SlidingLog && burst > MAX_LOG_BURST {
+            return Err(LimitError::LogTooLarge { burst });
+        }
+        let capacity = burst
+            .checked_mul(rate.period_us)
+            .ok_or(LimitError::Overflow { rate, burst })?;
+        Ok(Limit {
+            algorithm,
+            rate,
+            burst,
+            window: capacity.div_ceil(rate.count),
+            interval: rate.period_us.div_ceil(rate.count),
+            capacity,
+        })
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// The burst: the most cost units admitted at one instant.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// `W` = burst / rate = ⌈burst · period_us / count⌉ µs, at least 1.
+    pub fn window_us(&self) -> u64 {
+        self.window
+    }
+
+    /// `u64` words of state one key needs: 1–3, or 2 + burst for `sliding_log`.
+    pub fn state_words(&self) -> usize {
+        match self.algorithm {
+            Algorithm::Fixed | Algorithm::TokenBucket | Algorithm::LeakyBucket => 2,
+            Algorithm::Sliding => 3,
+            Algorithm::Gcra => 1,
+            // burst <= MAX_LOG_BURST, so this always fits.
+            Algorithm::SlidingLog => usize::try_from(self.burst).map_or(usize::MAX, |b| b + 2),
+        }
+    }
+
+    /// Would a request of `cost` be admitted at `now`? Does not modify
+    /// `state`; the outcome is the one [`Limit::acquire`] would return. A
+    /// `state` shorter than [`Limit::state_words`] rejects (retry `None`).
+    pub fn check(&self, state: &[u64], now: u64, cost: u64) -> Outcome {
+        if state.len() < self.state_words() {
+            return Outcome::default();
+        }
+        let now = now.min(MAX_NOW);
+        match self.algorithm {
+            Algorithm::Fixed => fixed::check(self, state, now, cost),
+            Algorithm::Sliding => sliding::check(self, state, now, cost),
+            Algorithm::SlidingLog => log::check(self, state, now, cost),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                bucket::check(self, state, now, cost)
+            }
+            Algorithm::Gcra => gcra::check(self, state, now, cost),
+        }
+    }
+
+    /// Charges a request that [`Limit::check`] admitted. If it would not be
+    /// admitted (misuse), or `cost` is 0, or `state` is too short, this does
+    /// nothing — so it can never over-admit.
+    pub fn commit(&self, state: &mut [u64], now: u64, cost: u64) {
+        if state.len() < self.state_words() || cost == 0 {
+            return;
+        }
+        let now = now.min(MAX_NOW);
+        match self.algorithm {
+            Algorithm::Fixed => fixed::commit(self, state, now, cost),
+            Algorithm::Sliding => sliding::commit(self, state, now, cost),
+            Algorithm::SlidingLog => log::commit(self, state, now, cost),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                bucket::commit(self, state, now, cost)
+            }
+            Algorithm::Gcra => gcra::commit(self, state, now, cost),
+        }
+    }
+
+    /// [`Limit::check`], then [`Limit::commit`] if admitted.
+    pub fn acquire(&self, state: &mut [u64], now: u64, cost: u64) -> Outcome {
+        let outcome = self.check(state, now, cost);
+        if outcome.admitted {
+            self.commit(state, now, cost);
+        }
+        outcome
+    }
+
+    /// `retry` when a request of `cost` can ever pass, else `None`.
+    fn retry(&self, cost: u64, retry: impl FnOnce() -> u64) -> Option<u64> {
+        (cost <= self.burst).then(retry)
+    }
+}
+
+/// `a * b` without overflow.
+fn mul(a: u64, b: u64) -> u128 {
+    u128::from(a) * u128::from(b)
+}
+
+/// A `u128` clamped into `u64`.
+fn sat(x: u128) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
+}
+
+/// ⌈a / b⌉, with a zero divisor treated as 1 (never happens for a [`Limit`]).
+fn div_ceil(a: u128, b: u64) -> u128 {
+    a.div_ceil(u128::from(b.max(1)))
+}

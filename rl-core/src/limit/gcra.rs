@@ -1,0 +1,37 @@
+//! GCRA: emission interval `T` = ⌈period_us / count⌉ (rounded up, so the
+//! enforced rate is never above the configured one), tolerance
+//! `τ = (B−1)·T`. State: `[TAT]` (theoretical arrival time; 0 = fresh).
+//! A request of cost `c` is admitted iff `max(TAT, now) + c·T − now ≤ τ + T`.
+//! A `now` that stepped back only makes `TAT − now` larger: stricter.
+
+use super::{mul, sat, Limit, Outcome};
+
+/// `TAT − now` after charging `cost` on top of `backlog`, and `τ + T = B·T`.
+fn after(l: &Limit, backlog: u64, cost: u64) -> (u128, u128) {
+    let t = l.interval;
+    (u128::from(backlog) + mul(cost, t), mul(l.burst, t))
+}
+
+/// Cost-1 requests that fit: ⌊(B·T − backlog) / T⌋.
+fn remaining(l: &Limit, backlog: u128) -> u64 {
+    sat(mul(l.burst, l.interval).saturating_sub(backlog) / u128::from(l.interval))
+}
+
+/// See [`Limit::check`].
+pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
+    let backlog = s[0].saturating_sub(now);
+    let (charged, limit) = after(l, backlog, cost);
+    if charged <= limit {
+        return Outcome::admit(remaining(l, charged), sat(charged), 0);
+    }
+    let retry = l.retry(cost, || sat(charged - limit));
+    Outcome::reject(remaining(l, backlog.into()), backlog, retry, 0)
+}
+
+/// See [`Limit::commit`]: `TAT = max(TAT, now) + cost·T`.
+pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) {
+    let (charged, limit) = after(l, s[0].saturating_sub(now), cost);
+    if charged <= limit {
+        s[0] = sat(u128::from(now) + charged);
+    }
+}

@@ -1,0 +1,282 @@
+//! Behaviour of the shared-memory table over a `Vec<u64>` region.
+
+use rl_core::table::{Attach, Dropped, Table, TableError};
+
+/// An 8-aligned region of `len` bytes (rounded down to 8).
+fn region(len: usize) -> Vec<u64> {
+    vec![0xa5a5_a5a5_a5a5_a5a5; len / 8]
+}
+
+/// Attaches to `region` with a fixed seed.
+fn attach(region: &mut [u64]) -> (Table<'_>, Attach) {
+    attach_len(region, region.len() * 8)
+}
+
+/// Attaches to the first `len` bytes of `region`.
+fn attach_len(region: &mut [u64], len: usize) -> (Table<'_>, Attach) {
+    assert!(len <= region.len() * 8);
+    // SAFETY: the slice is valid, initialized, 8-aligned and exclusively
+    // borrowed for the table's lifetime.
+    unsafe { Table::attach(region.as_mut_ptr().cast(), len, [7, 11]) }.expect("attach")
+}
+
+/// A region holding exactly `cap` entries or a little more.
+fn small(cap: usize) -> Vec<u64> {
+    let len = (Table::min_len()..).find(|&l| Table::capacity_for(l) >= cap);
+    region(len.unwrap_or(0) + 8)
+}
+
+#[test]
+fn insert_find_round_trip() {
+    let mut r = region(4096);
+    let (mut t, how) = attach(&mut r);
+    assert_eq!(how, Attach::Fresh);
+    let h = t.hash_key(1, b"10.0.0.1");
+    assert!(t.find(h).is_none());
+    let ins = t.insert(h, 100);
+    assert!(ins.new);
+    assert_eq!(ins.dropped, Dropped::Nothing);
+    assert_eq!(t.state(ins.slot), Some(&[0; 3]));
+    *t.state_mut(ins.slot).unwrap() = [1, 2, 3];
+    t.set_idle_at(ins.slot, 160);
+    let slot = t.find(h).expect("found");
+    assert_eq!(slot, ins.slot);
+    assert_eq!(t.state(slot), Some(&[1, 2, 3]));
+    assert_eq!(t.idle_at(slot), Some(160));
+    let again = t.find_or_insert(h, 101);
+    assert!(!again.new && again.slot == slot);
+    assert_eq!(t.stats().used, 1);
+    assert_eq!(t.stats().inserts, 1);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn line_ids_separate_equal_keys() {
+    let mut r = region(4096);
+    let (mut t, _) = attach(&mut r);
+    let (a, b) = (t.hash_key(1, b"k"), t.hash_key(2, b"k"));
+    assert_ne!(a, b);
+    assert_eq!(a, t.hash_key(1, b"k"));
+    let sa = t.insert(a, 0).slot;
+    let sb = t.insert(b, 0).slot;
+    assert_ne!(sa, sb);
+    *t.state_mut(sa).unwrap() = [1; 3];
+    assert_eq!(t.state(t.peek(b).unwrap()), Some(&[0; 3]));
+    assert_eq!(t.state(t.peek(a).unwrap()), Some(&[1; 3]));
+}
+
+#[test]
+fn remove_frees_the_entry() {
+    let mut r = region(4096);
+    let (mut t, _) = attach(&mut r);
+    let s = t.insert([1, 1], 0).slot;
+    *t.state_mut(s).unwrap() = [4, 5, 6];
+    assert_eq!(t.remove(s), Some([4, 5, 6]));
+    assert_eq!(t.remove(s), None);
+    assert!(t.find([1, 1]).is_none());
+    assert_eq!(t.stats().used, 0);
+    assert_eq!(t.insert([2, 2], 0).slot, s, "freed entry is reused");
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn full_table_evicts_instead_of_failing() {
+    let mut r = small(64);
+    let (mut t, _) = attach(&mut r);
+    let cap = t.stats().capacity as u64;
+    for k in 0..cap * 3 {
+        let ins = t.find_or_insert([k, 0], 0);
+        t.set_idle_at(ins.slot, 1000);
+        assert!(t.find([k, 0]).is_some());
+        assert!(t.stats().used as u64 == (k + 1).min(cap));
+    }
+    let s = t.stats();
+    assert_eq!(s.evictions, 2 * cap);
+    assert_eq!(s.expirations, 0);
+    assert_eq!(s.inserts, 3 * cap);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn idle_entries_go_before_busy_ones() {
+    let mut r = small(32);
+    let (mut t, _) = attach(&mut r);
+    let cap = t.stats().capacity as u64;
+    for k in 0..cap {
+        let s = t.insert([k, 0], 10).slot;
+        // Key 2 is idle at 50, the others much later.
+        t.set_idle_at(s, if k == 2 { 50 } else { 500 + k as u32 });
+    }
+    let ins = t.insert([100, 0], 60);
+    assert!(
+        matches!(ins.dropped, Dropped::Expired { .. }),
+        "{:?}",
+        ins.dropped
+    );
+    assert!(t.find([2, 0]).is_none());
+    assert_eq!(t.stats().expirations, 1);
+    assert_eq!(t.stats().evictions, 0);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn busy_entries_go_in_order_of_idle_at() {
+    let mut r = small(32);
+    let (mut t, _) = attach(&mut r);
+    let cap = t.stats().capacity as u64;
+    // The 16 oldest (the scan window) are busy until 100..250 in shuffled
+    // order: key 9 first, then key 6. Newer keys are idle sooner (50), but
+    // are outside the window.
+    for k in 0..cap {
+        let s = t.insert([k, 0], 0).slot;
+        let at = if k < 16 {
+            100 + (5 * k as u32 + 3) % 16 * 10
+        } else {
+            50
+        };
+        t.set_idle_at(s, at);
+    }
+    let ins = t.insert([1000, 0], 0);
+    assert_eq!(
+        ins.dropped,
+        Dropped::Evicted {
+            state: [0; 3],
+            idle_at: 100
+        }
+    );
+    assert!(t.peek([9, 0]).is_none());
+    t.set_idle_at(ins.slot, 5000);
+    // Key 16 has slid into the window.
+    let ins = t.insert([1001, 0], 0);
+    assert_eq!(
+        ins.dropped,
+        Dropped::Evicted {
+            state: [0; 3],
+            idle_at: 50
+        }
+    );
+    assert!(t.peek([16, 0]).is_none());
+    t.set_idle_at(ins.slot, 5000);
+    for k in 1002..1020 {
+        let s = t.insert([k, 0], 0).slot;
+        t.set_idle_at(s, 5000);
+    }
+    assert!(t.peek([6, 0]).is_none() && t.peek([0, 0]).is_none());
+    assert!(t.peek([1, 0]).is_some(), "not plain LRU");
+    assert_eq!(t.stats().evictions, 20);
+    assert_eq!(t.stats().expirations, 0);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn recently_found_entry_survives() {
+    let mut r = small(16);
+    let (mut t, _) = attach(&mut r);
+    let cap = t.stats().capacity as u64;
+    for k in 0..cap {
+        t.insert([k, 0], 0); // idle_at 0: all idle
+    }
+    assert!(t.find([0, 0]).is_some()); // the oldest becomes the newest
+    let ins = t.insert([100, 0], 1);
+    assert!(matches!(ins.dropped, Dropped::Expired { .. }));
+    assert!(t.peek([0, 0]).is_some());
+    assert!(t.peek([1, 0]).is_none(), "next oldest was dropped");
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn expire_drops_only_idle_tail_entries() {
+    let mut r = region(8192);
+    let (mut t, _) = attach(&mut r);
+    // Oldest first: idle at 10, 20, 1000, 30.
+    for (k, at) in [(0u64, 10u32), (1, 20), (2, 1000), (3, 30)] {
+        let s = t.insert([k, 0], 0).slot;
+        *t.state_mut(s).unwrap() = [k; 3];
+        t.set_idle_at(s, at);
+    }
+    let mut dropped = Vec::new();
+    assert_eq!(t.expire(15, 5, |s| dropped.push(s[0])), 1);
+    assert_eq!(
+        t.expire(100, 5, |s| dropped.push(s[0])),
+        1,
+        "stops at key 2"
+    );
+    assert_eq!(dropped, [0, 1]);
+    assert!(t.peek([3, 0]).is_some());
+    t.find([2, 0]);
+    assert_eq!(t.expire(100, 1, |s| dropped.push(s[0])), 1, "max respected");
+    assert_eq!(dropped, [0, 1, 3]);
+    assert_eq!(t.stats().expirations, 3);
+    assert_eq!(t.stats().used, 1);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn reattach_keeps_entries() {
+    let mut r = region(16384);
+    let hashes: Vec<_> = {
+        let (mut t, how) = attach(&mut r);
+        assert_eq!(how, Attach::Fresh);
+        *t.header_spare_mut() = 42;
+        (0..100u64)
+            .map(|k| {
+                let h = t.hash_key(3, &k.to_le_bytes());
+                let s = t.insert(h, 0).slot;
+                *t.state_mut(s).unwrap() = [k, k + 1, k + 2];
+                h
+            })
+            .collect()
+    };
+    // A different seed must not matter: the table keeps its hash key.
+    let len = r.len() * 8;
+    // SAFETY: valid, exclusive, 8-aligned region.
+    let (mut t, how) =
+        unsafe { Table::attach(r.as_mut_ptr().cast(), len, [99, 99]) }.expect("attach");
+    assert_eq!(how, Attach::Reused);
+    assert_eq!(*t.header_spare_mut(), 42);
+    assert_eq!(t.stats().used, 100);
+    for (k, h) in hashes.iter().enumerate() {
+        assert_eq!(*h, t.hash_key(3, &(k as u64).to_le_bytes()));
+        let k = k as u64;
+        assert_eq!(t.state(t.peek(*h).unwrap()), Some(&[k, k + 1, k + 2]));
+    }
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn wrong_magic_or_len_lays_out_fresh() {
+    let mut r = region(16384);
+    attach(&mut r).0.insert([1, 2], 0);
+    let (t, how) = attach_len(&mut r, 16384 - 64);
+    assert_eq!(how, Attach::Fresh, "different length");
+    assert_eq!(t.stats().used, 0);
+    attach(&mut r).0.insert([1, 2], 0);
+    r[0] ^= 1; // magic
+    let (t, how) = attach(&mut r);
+    assert_eq!(how, Attach::Fresh, "bad magic");
+    assert!(t.peek([1, 2]).is_none());
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn too_small_region_is_an_error() {
+    let mut r = region(4096);
+    let min = Table::min_len();
+    // SAFETY: valid, exclusive region; len is within it.
+    let res = unsafe { Table::attach(r.as_mut_ptr().cast(), min - 8, [0, 0]) };
+    assert_eq!(res.err(), Some(TableError::TooSmall { len: min - 8, min }));
+    let e = TableError::TooSmall { len: min - 8, min };
+    assert!(e.to_string().contains(&min.to_string()));
+    // SAFETY: as above.
+    assert!(unsafe { Table::attach(r.as_mut_ptr().cast(), min, [0, 0]) }.is_ok());
+}
+
+#[test]
+fn keys_per_mib() {
+    let cap = Table::capacity_for(1 << 20);
+    println!(
+        "{cap} keys per MiB ({:.1} bytes per key)",
+        (1 << 20) as f64 / cap as f64
+    );
+    assert!(cap >= 16_000, "{cap}");
+}

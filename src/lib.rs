@@ -1,0 +1,155 @@
+//! ngx_http_rl_module: rate limiting for nginx.
+//!
+//! Directives are parsed in [`config`], states live in shared-memory zones
+//! ([`zone`]), requests are decided in the access phase ([`handler`]) and the
+//! response fields are added by a header filter ([`headers`]). The
+//! algorithms themselves are in the `rl-core` crate.
+
+use core::ffi::{c_char, c_void};
+use core::ptr;
+
+use ngx::core::{Status, NGX_CONF_ERROR};
+use ngx::ffi::{
+    ngx_array_push, ngx_command_t, ngx_conf_t, ngx_http_core_main_conf_t, ngx_http_handler_pt,
+    ngx_http_module_t, ngx_http_top_header_filter, ngx_int_t, ngx_module_t, ngx_uint_t, NGX_CONF_1MORE,
+    NGX_CONF_TAKE1, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF,
+    NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
+};
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+use ngx::ngx_string;
+
+mod config;
+mod handler;
+mod headers;
+mod zone;
+
+use config::{LocConf, MainConf};
+
+pub struct Module;
+
+impl HttpModule for Module {
+    fn module() -> &'static ngx_module_t {
+        // SAFETY: the module static is only written by nginx while loading, before any handler runs.
+        unsafe { &*ptr::addr_of!(ngx_http_rl_module) }
+    }
+
+    unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        // SAFETY: cf is the http{} configuration being finished.
+        let Some(mcf) = (unsafe { Module::main_conf_mut(&*cf) }) else {
+            return Status::NGX_ERROR.into();
+        };
+        if config::finish(cf, mcf).is_err() {
+            return Status::NGX_ERROR.into();
+        }
+        // SAFETY: as above; the core module's main configuration always exists in http{}.
+        let Some(cmcf) = (unsafe { NgxHttpCoreModule::main_conf_mut(&*cf) }) else {
+            return Status::NGX_ERROR.into();
+        };
+        let cmcf: &mut ngx_http_core_main_conf_t = cmcf;
+        // SAFETY: phases[].handlers are ngx_array_t of ngx_http_handler_pt, created by the core module.
+        let h = unsafe { ngx_array_push(&mut cmcf.phases[ngx_http_phases_NGX_HTTP_ACCESS_PHASE as usize].handlers) }
+            .cast::<ngx_http_handler_pt>();
+        if h.is_null() {
+            return Status::NGX_ERROR.into();
+        }
+        // SAFETY: h points to a new element of the array; top header filter is a process global
+        // that every filter module rewires in postconfiguration.
+        unsafe {
+            *h = handler::access_handler_pt();
+            headers::NEXT_HEADER_FILTER = ngx_http_top_header_filter;
+            ngx_http_top_header_filter = Some(headers::header_filter);
+        }
+        Status::NGX_OK.into()
+    }
+
+    unsafe extern "C" fn merge_loc_conf(cf: *mut ngx_conf_t, prev: *mut c_void, conf: *mut c_void) -> *mut c_char {
+        // SAFETY: nginx passes the enclosing and the current location configuration of this module.
+        let (prev, conf) = unsafe { (&*prev.cast::<LocConf>(), &mut *conf.cast::<LocConf>()) };
+        conf.merge(prev);
+        if !conf.lines.is_empty() {
+            // SAFETY: cf is the configuration being merged.
+            let Some(mcf) = (unsafe { Module::main_conf_mut(&*cf) }) else {
+                return NGX_CONF_ERROR;
+            };
+            mcf.locs.push(conf);
+        }
+        ptr::null_mut()
+    }
+}
+
+// SAFETY: MainConf is the type allocated by create_main_conf for this module.
+unsafe impl HttpModuleMainConf for Module {
+    type MainConf = MainConf;
+}
+
+// SAFETY: LocConf is the type allocated by create_loc_conf for this module.
+unsafe impl HttpModuleLocationConf for Module {
+    type LocationConf = LocConf;
+}
+
+const ANY_LEVEL: ngx_uint_t = (NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF) as ngx_uint_t;
+
+static mut COMMANDS: [ngx_command_t; 5] = [
+    ngx_command_t {
+        name: ngx_string!("rl_zone"),
+        type_: (NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
+        set: Some(config::cmd_rl_zone),
+        conf: NGX_HTTP_MAIN_CONF_OFFSET,
+        offset: 0,
+        post: ptr::null_mut(),
+    },
+    ngx_command_t {
+        name: ngx_string!("rl_limit"),
+        type_: ANY_LEVEL | NGX_CONF_1MORE as ngx_uint_t,
+        set: Some(config::cmd_rl_limit),
+        conf: NGX_HTTP_LOC_CONF_OFFSET,
+        offset: 0,
+        post: ptr::null_mut(),
+    },
+    ngx_command_t {
+        name: ngx_string!("rl_status"),
+        type_: ANY_LEVEL | NGX_CONF_TAKE1 as ngx_uint_t,
+        set: Some(config::cmd_rl_status),
+        conf: NGX_HTTP_LOC_CONF_OFFSET,
+        offset: 0,
+        post: ptr::null_mut(),
+    },
+    ngx_command_t {
+        name: ngx_string!("rl_headers"),
+        type_: ANY_LEVEL | NGX_CONF_TAKE1 as ngx_uint_t,
+        set: Some(config::cmd_rl_headers),
+        conf: NGX_HTTP_LOC_CONF_OFFSET,
+        offset: 0,
+        post: ptr::null_mut(),
+    },
+    ngx_command_t::empty(),
+];
+
+static NGX_HTTP_RL_MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
+    preconfiguration: None,
+    postconfiguration: Some(Module::postconfiguration),
+    create_main_conf: Some(Module::create_main_conf),
+    init_main_conf: None,
+    create_srv_conf: None,
+    merge_srv_conf: None,
+    create_loc_conf: Some(Module::create_loc_conf),
+    merge_loc_conf: Some(Module::merge_loc_conf),
+};
+
+ngx::ngx_modules!(ngx_http_rl_module);
+
+#[used]
+#[allow(non_upper_case_globals)]
+pub static mut ngx_http_rl_module: ngx_module_t = ngx_module_t {
+    ctx: ptr::addr_of!(NGX_HTTP_RL_MODULE_CTX) as *mut c_void,
+    // SAFETY: a pointer to the first command; nginx reads the array until the empty entry.
+    commands: unsafe { ptr::addr_of_mut!(COMMANDS[0]) },
+    type_: NGX_HTTP_MODULE as ngx_uint_t,
+    ..ngx_module_t::default()
+};
+
+/// The tag that marks shared memory zones as ours (nginx reuses a zone on
+/// reload only for the same name, size and tag).
+pub fn module_tag() -> *mut c_void {
+    ptr::addr_of_mut!(ngx_http_rl_module).cast()
+}

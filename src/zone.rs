@@ -1,0 +1,291 @@
+//! Shared-memory zones (`rl_zone`): an nginx slab pool holding one
+//! [`rl_core::table::Table`] of per-key states, plus the out-of-line logs of
+//! `sliding_log` limits. Every worker maps the same zone; all access goes
+//! through [`Zone::lock`], which holds the pool's mutex.
+
+use core::ffi::c_void;
+use core::ptr;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+
+use ngx::ffi::{
+    ngx_conf_t, ngx_int_t, ngx_pagesize, ngx_shared_memory_add, ngx_shm_zone_t,
+    ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc, ngx_slab_alloc_locked, ngx_slab_free_locked,
+    ngx_slab_pool_t, ngx_str_t, NGX_LOG_EMERG, NGX_LOG_WARN,
+};
+use ngx::{ngx_conf_log_error, ngx_log_error};
+use rl_core::limit::{Algorithm, Limit};
+use rl_core::table::{Dropped, Slot, Table};
+
+/// `state[2]` of an entry whose log lives out of line (`state[0]` = offset + 1).
+const RING_TAG: u64 = u64::MAX;
+/// Pages of the slab pool left for nginx itself (the zone's log context).
+const RESERVED_PAGES: usize = 2;
+/// Idle states dropped from the LRU tail on each request, as limit_req does.
+const EXPIRE_PER_REQUEST: usize = 2;
+/// Seconds between two "zone is full" messages.
+const FULL_LOG_INTERVAL_S: u64 = 10;
+
+pub struct Zone {
+    pub name: String,
+    pub size: usize,
+    shm_zone: *mut ngx_shm_zone_t,
+    /// Largest sliding_log state (in u64 words) of any line on this zone.
+    log_words: usize,
+    /// Where the table lives once the zone is initialised (0 = not yet).
+    region: *mut u8,
+    region_len: usize,
+}
+
+/// The smallest zone: as for limit_req, eight pages.
+pub fn min_size() -> usize {
+    8 * 4096
+}
+
+impl Zone {
+    /// Registers the shared memory zone for `rl_zone NAME size=SIZE`.
+    pub fn add(cf: *mut ngx_conf_t, name: &str, size: usize, _index: usize) -> Result<Box<Zone>, ()> {
+        let mut zone = Box::new(Zone {
+            name: name.to_string(),
+            size,
+            shm_zone: ptr::null_mut(),
+            log_words: 0,
+            region: ptr::null_mut(),
+            region_len: 0,
+        });
+        let mut ngx_name = ngx_str_t { len: zone.name.len(), data: zone.name.as_ptr() as *mut u8 };
+        // SAFETY: cf is the configuration being parsed; the tag identifies zones of this module so
+        // that nginx reuses them on reload only for us.
+        let shm_zone = unsafe { ngx_shared_memory_add(cf, &mut ngx_name, size, crate::module_tag()) };
+        // SAFETY: ngx_shared_memory_add returns NULL or a zone entry of the new cycle.
+        let Some(shm) = (unsafe { shm_zone.as_mut() }) else {
+            return Err(());
+        };
+        if !shm.data.is_null() {
+            ngx_conf_log_error!(NGX_LOG_EMERG, cf, "duplicate zone \"{}\" in \"rl_zone\" directive", name);
+            return Err(());
+        }
+        shm.init = Some(zone_init);
+        shm.data = (&mut *zone as *mut Zone).cast();
+        zone.shm_zone = shm_zone;
+        Ok(zone)
+    }
+
+    /// Records that a limit uses this zone (sizes the sliding_log area).
+    pub fn note_line(&mut self, limit: &Limit) {
+        if limit.algorithm() == Algorithm::SlidingLog {
+            self.log_words = self.log_words.max(limit.state_words());
+        }
+    }
+
+    /// Refuses a configuration whose sliding_log state cannot fit the zone.
+    pub fn check_fits(&self) -> Result<(), String> {
+        let need = self.log_words * 8 * 8;
+        if self.log_words > 0 && need > self.size / 2 {
+            return Err(format!(
+                "zone \"{}\" is too small for its sliding_log limits: each key needs {} bytes, \
+                 the zone should be at least {}k",
+                self.name,
+                self.log_words * 8,
+                (need * 2).div_ceil(1024)
+            ));
+        }
+        Ok(())
+    }
+
+    fn shpool(&self) -> *mut ngx_slab_pool_t {
+        // SAFETY: shm_zone was returned by ngx_shared_memory_add and lives as long as the cycle.
+        unsafe { (*self.shm_zone).shm.addr.cast() }
+    }
+
+    /// Locks the zone. `None` until the zone is initialised.
+    pub fn lock(&self) -> Option<Locked<'_>> {
+        if self.region.is_null() {
+            return None;
+        }
+        let shpool = self.shpool();
+        // SAFETY: the pool's mutex is initialised by nginx with the pool.
+        unsafe { ngx_shmtx_lock(&mut (*shpool).mutex) };
+        // SAFETY: region/region_len were laid out by zone_init; the mutex is held for as long as
+        // the Table lives (Locked unlocks in Drop, after dropping the table).
+        match unsafe { Table::open(self.region, self.region_len) } {
+            Some(table) => Some(Locked { zone: self, shpool, table }),
+            None => {
+                // SAFETY: locked above.
+                unsafe { ngx_shmtx_unlock(&mut (*shpool).mutex) };
+                None
+            }
+        }
+    }
+}
+
+/// A locked zone: the table and the slab pool it lives in.
+pub struct Locked<'a> {
+    zone: &'a Zone,
+    shpool: *mut ngx_slab_pool_t,
+    pub table: Table<'a>,
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // SAFETY: locked in Zone::lock.
+        unsafe { ngx_shmtx_unlock(&mut (*self.shpool).mutex) };
+    }
+}
+
+impl<'a> Locked<'a> {
+    /// Drops a few idle states from the LRU tail (and their logs).
+    pub fn expire(&mut self, now_s: u32) {
+        let shpool = self.shpool;
+        self.table.expire(now_s, EXPIRE_PER_REQUEST, |state| free_ring(shpool, state));
+    }
+
+    /// Makes sure `hash` has an entry (and, for sliding_log, its log).
+    /// Returns false only when the zone cannot hold the state at all.
+    pub fn ensure(&mut self, hash: [u64; 2], limit: &Limit, now_s: u32, log: *mut ngx::ffi::ngx_log_t) -> bool {
+        let ins = self.table.find_or_insert(hash, now_s);
+        self.dropped(&ins.dropped, now_s, log);
+        if !ins.new || limit.algorithm() != Algorithm::SlidingLog {
+            return true;
+        }
+        let bytes = limit.state_words() * 8;
+        loop {
+            // SAFETY: the pool mutex is held.
+            let p = unsafe { ngx_slab_alloc_locked(self.shpool, bytes) };
+            if !p.is_null() {
+                // SAFETY: p is a fresh allocation of `bytes` bytes; a zeroed log is a fresh state.
+                unsafe { ptr::write_bytes(p.cast::<u8>(), 0, bytes) };
+                let off = p as usize - self.shpool as usize;
+                if let Some(s) = self.table.peek(hash).and_then(|slot| self.table.state_mut(slot)) {
+                    *s = [off as u64 + 1, 0, RING_TAG];
+                    return true;
+                }
+                // SAFETY: allocated above, not referenced by anything.
+                unsafe { ngx_slab_free_locked(self.shpool, p) };
+                return false;
+            }
+            // Out of memory: give up the least recently used states until the log fits.
+            let Some(dropped) = self.table.evict_lru(now_s, hash) else {
+                return false;
+            };
+            self.dropped(&dropped, now_s, log);
+        }
+    }
+
+    /// Frees what a dropped state owned and reports evictions, once in a while.
+    fn dropped(&mut self, dropped: &Dropped, now_s: u32, log: *mut ngx::ffi::ngx_log_t) {
+        if let Some(state) = dropped.state() {
+            free_ring(self.shpool, state);
+        }
+        if let Dropped::Evicted { .. } = dropped {
+            let last = self.table.header_spare_mut();
+            if u64::from(now_s) >= *last + FULL_LOG_INTERVAL_S || *last == 0 {
+                *last = u64::from(now_s).max(1);
+                let evictions = self.table.stats().evictions;
+                ngx_log_error!(
+                    NGX_LOG_WARN,
+                    log,
+                    "rl_zone \"{}\" is full, evicting least recently used states ({} evicted so far)",
+                    self.zone.name,
+                    evictions
+                );
+            }
+        }
+    }
+
+    /// The state words of `hash` for `limit`, if it has an entry.
+    pub fn state(&mut self, hash: [u64; 2], limit: &Limit) -> Option<&mut [u64]> {
+        let slot: Slot = self.table.peek(hash)?;
+        let words = limit.state_words();
+        let state = self.table.state_mut(slot)?;
+        if state[2] == RING_TAG && state[0] != 0 {
+            let off = (state[0] - 1) as usize;
+            if limit.algorithm() != Algorithm::SlidingLog || off + words * 8 > self.zone.size {
+                return None;
+            }
+            // SAFETY: the log was allocated in `ensure` with state_words() words for this line
+            // (the line id is part of the hash, so the same limit owns it); the mutex is held.
+            return Some(unsafe { core::slice::from_raw_parts_mut(self.shpool.cast::<u8>().add(off).cast(), words) });
+        }
+        if words > 3 {
+            return None;
+        }
+        Some(&mut state[..words])
+    }
+
+    pub fn set_idle_at(&mut self, hash: [u64; 2], t: u32) {
+        if let Some(slot) = self.table.peek(hash) {
+            self.table.set_idle_at(slot, t);
+        }
+    }
+}
+
+fn free_ring(shpool: *mut ngx_slab_pool_t, state: &[u64; 3]) {
+    if state[2] == RING_TAG && state[0] != 0 {
+        // SAFETY: the offset was produced by `ensure` from an allocation in this pool, and the
+        // entry owning it has just been dropped; the mutex is held.
+        unsafe { ngx_slab_free_locked(shpool, shpool.cast::<u8>().add((state[0] - 1) as usize).cast()) };
+    }
+}
+
+/// Initialises a zone in a new cycle, re-attaching to the table of the old
+/// cycle when nginx reuses the memory (reload with the same name and size).
+extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) -> ngx_int_t {
+    // SAFETY: nginx passes the zone being initialised; data was set to our Zone in Zone::add.
+    let shm = unsafe { &mut *shm_zone };
+    let zone = unsafe { &mut *shm.data.cast::<Zone>() };
+    let shpool: *mut ngx_slab_pool_t = shm.shm.addr.cast();
+    // SAFETY: nginx has initialised the slab pool (or kept the old one) at shm.addr.
+    let pool = unsafe { &mut *shpool };
+
+    if !data.is_null() || shm.shm.exists != 0 {
+        // Reused memory: the table of the previous cycle is where pool.data says.
+        let region = pool.data.cast::<u8>();
+        let len = if data.is_null() { 0 } else { unsafe { (*data.cast::<Zone>()).region_len } };
+        // SAFETY: the region was laid out by the previous cycle's zone_init.
+        if !region.is_null() && len > 0 && unsafe { Table::open(region, len) }.is_some() {
+            zone.region = region;
+            zone.region_len = len;
+            return 0;
+        }
+    }
+
+    // SAFETY: ngx_pagesize is set at startup.
+    let page = unsafe { ngx_pagesize };
+    let free = pool.pfree * page;
+    let mut len = free.saturating_sub(RESERVED_PAGES * page);
+    if zone.log_words > 0 {
+        len /= 2;
+    }
+    len &= !7;
+    // SAFETY: the pool is fresh and owned by the master during cycle initialisation.
+    let region = unsafe { ngx_slab_alloc(shpool, len) }.cast::<u8>();
+    if region.is_null() || len < Table::min_len() {
+        // SAFETY: cycle log is valid during initialisation.
+        ngx_log_error!(NGX_LOG_EMERG, unsafe { (*shm_zone).shm.log }, "rl_zone \"{}\" is too small", zone.name);
+        return -1;
+    }
+    let s = RandomState::new();
+    let seed = [s.hash_one(0xA5u8), s.hash_one(0x5Au8)];
+    // SAFETY: region is a fresh allocation of len bytes in the zone.
+    if unsafe { Table::attach(region, len, seed) }.is_err() {
+        return -1;
+    }
+    pool.data = region.cast();
+    zone.region = region;
+    zone.region_len = len;
+    set_log_ctx(pool, &zone.name);
+    0
+}
+
+/// Names the zone in the slab allocator's own messages.
+fn set_log_ctx(pool: &mut ngx_slab_pool_t, name: &str) {
+    let ctx = format!(" in rl_zone \"{}\"\0", name);
+    // SAFETY: a fresh pool, owned by the master during initialisation.
+    let p = unsafe { ngx_slab_alloc(pool, ctx.len()) }.cast::<u8>();
+    if !p.is_null() {
+        // SAFETY: p has room for ctx.len() bytes.
+        unsafe { ptr::copy_nonoverlapping(ctx.as_ptr(), p, ctx.len()) };
+        pool.log_ctx = p;
+    }
+}
