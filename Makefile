@@ -49,7 +49,7 @@ build-vendored: deps
 	CARGO_TARGET_DIR=$(ROOT)/target/vendored $(CARGO) build --release --features vendored
 	mkdir -p $(VENDORED_DIR)
 	cp target/vendored/release/libngx_http_rl_module.so $(VENDORED_SO)
-	cp "$$(ls -t target/vendored/release/build/nginx-sys-*/out/*/nginx target/vendored/release/build/nginx-sys-*/out/nginx 2>/dev/null | head -1)" $(VENDORED_BIN)
+	cp "$$(ls -t target/vendored/release/build/nginx-sys-*/out/objs/nginx | head -1)" $(VENDORED_BIN)
 
 install: build-debian
 	install -m 0644 $(DEBIAN_SO) $(MODULES_DIR)/$(MODULE)

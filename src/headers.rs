@@ -11,6 +11,7 @@ use ngx::ffi::{
 };
 use ngx::http::Request;
 
+use crate::config::HeadersMode;
 use crate::handler::{get_ctx, Ctx, LineResult};
 
 /// The next filter in nginx's header filter chain.
@@ -75,6 +76,9 @@ fn most_restrictive(ctx: &Ctx) -> Option<(&crate::config::Line, &LineResult)> {
 }
 
 fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx) -> Result<(), ()> {
+    if ctx.headers == HeadersMode::Off {
+        return Ok(());
+    }
     let Some((line, res)) = most_restrictive(ctx) else {
         return Ok(());
     };

@@ -167,7 +167,9 @@ pub struct Outcome {
     /// burst`) if nothing else arrives; 0 if already full.
     pub reset_us: u64,
     /// When rejected: the exact wait until a lone request of the same cost is
-    /// admitted. `None` when admitted or when it never can be (cost > burst).
+    /// admitted — it passes at `now + d` and not at `now + d − 1`, if nothing
+    /// else is charged meanwhile. `None` when admitted or when it never can be
+    /// (cost > burst).
     pub retry_after_us: Option<u64>,
     /// `leaky_bucket` only (else 0): how long the request would wait to leave
     /// the bucket if shaped — the level before it divided by the rate.
@@ -257,14 +259,15 @@ impl Limit {
     }
 
     /// Would a request of `cost` be admitted at `now`? Does not modify
-    /// `state`; the outcome is the one [`Limit::acquire`] would return. A
+    /// `state`; the outcome is the one [`Limit::acquire`] would return.
+    /// Cost 0 is always admitted; cost > burst never is (retry `None`). A
     /// `state` shorter than [`Limit::state_words`] rejects (retry `None`).
     pub fn check(&self, state: &[u64], now: u64, cost: u64) -> Outcome {
         if state.len() < self.state_words() {
             return Outcome::default();
         }
         let now = now.min(MAX_NOW);
-        match self.algorithm {
+        let outcome = match self.algorithm {
             Algorithm::Fixed => fixed::check(self, state, now, cost),
             Algorithm::Sliding => sliding::check(self, state, now, cost),
             Algorithm::SlidingLog => log::check(self, state, now, cost),
@@ -272,6 +275,12 @@ impl Limit {
                 bucket::check(self, state, now, cost)
             }
             Algorithm::Gcra => gcra::check(self, state, now, cost),
+        };
+        // Cost 0 charges nothing, so it passes even when a lagging clock
+        // sees the key over its limit.
+        match cost {
+            0 => Outcome::admit(outcome.remaining, outcome.reset_us, outcome.delay_us),
+            _ => outcome,
         }
     }
 

@@ -44,12 +44,12 @@ fn load(l: &Limit, s: &[u64], now: u64) -> View {
 
 /// The estimate scaled by `W`: `prev·(W−e) + curr·W`.
 fn weight(l: &Limit, v: &View) -> u128 {
-    mul(v.prev, l.window.saturating_sub(v.elapsed)) + mul(v.curr, l.window)
+    mul(v.prev, l.window.saturating_sub(v.elapsed)).saturating_add(mul(v.curr, l.window))
 }
 
 /// Whether `cost` more units keep the estimate within the burst.
 fn fits(l: &Limit, v: &View, cost: u64) -> bool {
-    weight(l, v) + mul(cost, l.window) <= mul(l.burst, l.window)
+    weight(l, v).saturating_add(mul(cost, l.window)) <= mul(l.burst, l.window)
 }
 
 /// Cost-1 requests that fit: ⌊B − estimate⌋.

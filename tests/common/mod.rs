@@ -1,0 +1,526 @@
+//! Integration-test harness: starts a real nginx with the built module in a
+//! throw-away prefix, and talks HTTP/1.1 to it over plain TCP.
+//!
+//! Environment:
+//! - `RL_NGINX`: the nginx binary (default `/usr/sbin/nginx`);
+//! - `RL_MODULE`: the built `ngx_http_rl_module.so` (default
+//!   `<repo>/build/debian/ngx_http_rl_module.so`).
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Worker processes of every test server (the reload wait depends on it).
+pub const WORKERS: usize = 2;
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+pub fn nginx_bin() -> PathBuf {
+    std::env::var_os("RL_NGINX").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/sbin/nginx"))
+}
+
+pub fn module_path() -> PathBuf {
+    let p = std::env::var_os("RL_MODULE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("build/debian/ngx_http_rl_module.so"));
+    assert!(p.is_file(), "module {} not found: run `make build-debian` or set RL_MODULE", p.display());
+    fs::canonicalize(&p).unwrap_or(p)
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+/// Files every prefix gets (relative to the prefix), on top of the test's own.
+const DEFAULT_FILES: &[(&str, &str)] = &[
+    ("html/index.html", "index\n"),
+    ("html/a.html", "page a\n"),
+    ("html/b.html", "page b\n"),
+    ("html/dir/index.html", "dir index\n"),
+    ("html/limited.html", "custom limited page\n"),
+    ("html/404.html", "custom not found page\n"),
+];
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
+}
+
+fn make_prefix() -> PathBuf {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let dir = std::env::temp_dir().join(format!("nginx-rl-it-{}-{}", std::process::id(), n));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    set_mode(&dir, 0o755);
+    dir
+}
+
+fn set_mode(p: &Path, mode: u32) {
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Writes `rel` under `prefix`, world-readable, creating its directories 0755.
+fn write_file(prefix: &Path, rel: &str, content: &str) {
+    let path = prefix.join(rel);
+    let mut dir = path.parent().unwrap().to_path_buf();
+    fs::create_dir_all(&dir).unwrap();
+    while dir.starts_with(prefix) && dir != prefix {
+        set_mode(&dir, 0o755);
+        dir = dir.parent().unwrap().to_path_buf();
+    }
+    fs::write(&path, content).unwrap();
+    set_mode(&path, 0o644);
+}
+
+/// The whole nginx.conf around the test's `http {}` content.
+fn render_conf(prefix: &Path, port: u16, http_block: &str) -> String {
+    let p = prefix.display();
+    let block = http_block.replace("{PORT}", &port.to_string()).replace("{ROOT}", &format!("{p}/html"));
+    format!(
+        "load_module {module};\n\
+         worker_processes {WORKERS};\n\
+         worker_rlimit_nofile 16384;\n\
+         error_log {p}/error.log info;\n\
+         pid {p}/nginx.pid;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n\
+         access_log off;\n\
+         default_type text/html;\n\
+         client_body_temp_path {p}/tmp/body;\n\
+         proxy_temp_path {p}/tmp/proxy;\n\
+         fastcgi_temp_path {p}/tmp/fastcgi;\n\
+         uwsgi_temp_path {p}/tmp/uwsgi;\n\
+         scgi_temp_path {p}/tmp/scgi;\n\
+         {block}\n\
+         }}\n",
+        module = module_path().display(),
+    )
+}
+
+/// Runs `nginx -t` on a configuration with `http_block` inside `http {}`.
+/// Returns whether nginx accepted it, and its output (stdout + stderr).
+pub fn nginx_t(http_block: &str) -> (bool, String) {
+    let prefix = make_prefix();
+    let conf = prefix.join("nginx.conf");
+    fs::write(&conf, render_conf(&prefix, free_port(), http_block)).unwrap();
+    fs::create_dir_all(prefix.join("html")).unwrap();
+    let out = Command::new(nginx_bin())
+        .arg("-t")
+        .arg("-p")
+        .arg(format!("{}/", prefix.display()))
+        .arg("-c")
+        .arg(&conf)
+        .arg("-e")
+        .arg(prefix.join("error.log"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run nginx -t");
+    let _ = fs::remove_dir_all(&prefix);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// Builds a prefix with extra files before starting nginx.
+pub struct Setup {
+    http_block: String,
+    files: Vec<(String, String)>,
+}
+
+impl Setup {
+    /// Adds (or replaces) a file, path relative to the prefix (e.g. `html/x/y.html`).
+    pub fn file(mut self, rel: &str, content: &str) -> Setup {
+        self.files.push((rel.to_string(), content.to_string()));
+        self
+    }
+
+    pub fn start(self) -> Nginx {
+        Nginx::start_with(&self.http_block, &self.files)
+    }
+}
+
+/// A running nginx (master + workers) in its own prefix; stopped on drop.
+pub struct Nginx {
+    pub port: u16,
+    pub prefix: PathBuf,
+    http_block: String,
+    master: Option<u32>,
+}
+
+impl Nginx {
+    pub fn setup(http_block: &str) -> Setup {
+        Setup { http_block: http_block.to_string(), files: Vec::new() }
+    }
+
+    /// Starts nginx with `http_block` inside `http {}` and the default files.
+    pub fn start(http_block: &str) -> Nginx {
+        Nginx::start_with(http_block, &[])
+    }
+
+    fn start_with(http_block: &str, files: &[(String, String)]) -> Nginx {
+        let prefix = make_prefix();
+        for (rel, content) in DEFAULT_FILES {
+            write_file(&prefix, rel, content);
+        }
+        for (rel, content) in files {
+            write_file(&prefix, rel, content);
+        }
+        let mut last_err = String::new();
+        // The free port may be taken between probing and nginx's bind: retry.
+        for _ in 0..5 {
+            let port = free_port();
+            let mut ngx = Nginx { port, prefix: prefix.clone(), http_block: http_block.to_string(), master: None };
+            ngx.write_conf(http_block);
+            let startup = prefix.join("startup.log");
+            let status = Command::new(nginx_bin())
+                .args(ngx.base_args())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(fs::File::create(&startup).unwrap())
+                .status()
+                .expect("cannot run nginx");
+            if !status.success() {
+                last_err = format!(
+                    "{}{}",
+                    fs::read_to_string(&startup).unwrap_or_default(),
+                    fs::read_to_string(prefix.join("error.log")).unwrap_or_default()
+                );
+                if last_err.contains("Address already in use") {
+                    continue;
+                }
+                break;
+            }
+            ngx.master = Some(ngx.wait_pid());
+            ngx.wait_listening();
+            return ngx;
+        }
+        panic!("nginx did not start (prefix {}):\n{}", prefix.display(), last_err);
+    }
+
+    fn conf_path(&self) -> PathBuf {
+        self.prefix.join("nginx.conf")
+    }
+
+    fn write_conf(&self, http_block: &str) {
+        fs::write(self.conf_path(), render_conf(&self.prefix, self.port, http_block)).unwrap();
+        set_mode(&self.conf_path(), 0o644);
+    }
+
+    fn base_args(&self) -> Vec<String> {
+        vec![
+            "-p".into(),
+            format!("{}/", self.prefix.display()),
+            "-c".into(),
+            self.conf_path().display().to_string(),
+            "-e".into(),
+            self.prefix.join("error.log").display().to_string(),
+        ]
+    }
+
+    fn wait_pid(&self) -> u32 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(s) = fs::read_to_string(self.prefix.join("nginx.pid")) {
+                if let Ok(pid) = s.trim().parse() {
+                    return pid;
+                }
+            }
+            assert!(Instant::now() < deadline, "no pid file in {}:\n{}", self.prefix.display(), self.error_log());
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn wait_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_ok() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "nginx not listening on {}:\n{}", self.port, self.error_log());
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The error log so far.
+    pub fn error_log(&self) -> String {
+        fs::read_to_string(self.prefix.join("error.log")).unwrap_or_default()
+    }
+
+    /// `nginx -s reload` with the same configuration.
+    pub fn reload(&mut self) {
+        let block = self.http_block.clone();
+        self.reload_with(&block);
+    }
+
+    /// Rewrites the configuration with `http_block`, reloads, and waits
+    /// until the old workers have exited (so only new workers serve).
+    pub fn reload_with(&mut self, http_block: &str) {
+        let before = self.error_log().len();
+        self.http_block = http_block.to_string();
+        self.write_conf(http_block);
+        let out = Command::new(nginx_bin())
+            .args(self.base_args())
+            .args(["-s", "reload"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("cannot run nginx -s reload");
+        assert!(
+            out.status.success(),
+            "nginx -s reload failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let log = self.error_log();
+            let new = log.get(before..).unwrap_or("");
+            assert!(
+                !new.contains("[emerg]"),
+                "reload refused the configuration:\n{new}"
+            );
+            let exited = new.lines().filter(|l| l.contains("worker process") && l.contains("exited")).count();
+            let started = new.lines().filter(|l| l.contains("start worker process")).count();
+            if new.contains("reconfiguring") && started >= WORKERS && exited >= WORKERS {
+                break;
+            }
+            assert!(Instant::now() < deadline, "reload did not finish; error log since reload:\n{new}");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
+        get(self.port, path, headers)
+    }
+
+    pub fn concurrent(&self, n: usize, path: &str, headers: &[(&str, &str)]) -> Vec<Response> {
+        concurrent(self.port, n, path, headers)
+    }
+
+    fn stop(&mut self) {
+        let Some(pid) = self.master.take() else { return };
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive(pid) {
+            if Instant::now() > deadline {
+                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Whether `pid` still runs (a zombie counts as gone).
+fn alive(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // "pid (comm) S ...": the state follows the last ')'.
+            let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start()).and_then(|r| r.chars().next());
+            !matches!(state, Some('Z') | Some('X'))
+        }
+        Err(_) => false,
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        self.stop();
+        if thread::panicking() {
+            eprintln!("nginx prefix kept for inspection: {}", self.prefix.display());
+            let log = self.error_log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("last error log lines:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+        } else {
+            let _ = fs::remove_dir_all(&self.prefix);
+        }
+    }
+}
+
+/// An HTTP response.
+#[derive(Clone, Debug)]
+pub struct Response {
+    pub status: u16,
+    /// Names lowercased, in order.
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    /// The first header called `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// Whether any header starts with `prefix` (case-insensitive).
+    pub fn has_header_prefix(&self, prefix: &str) -> bool {
+        let prefix = prefix.to_ascii_lowercase();
+        self.headers.iter().any(|(n, _)| n.starts_with(&prefix))
+    }
+
+    /// A header parsed as an integer; panics with the response if missing or malformed.
+    pub fn num(&self, name: &str) -> u64 {
+        self.header(name)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no numeric {name} header in {self:?}"))
+    }
+}
+
+fn request_text(path: &str, headers: &[(&str, &str)]) -> String {
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (n, v) in headers {
+        req.push_str(&format!("{n}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req
+}
+
+fn connect(port: u16) -> io::Result<TcpStream> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut last = None;
+    for i in 0..50 {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+            Ok(s) => {
+                s.set_read_timeout(Some(Duration::from_secs(30)))?;
+                s.set_write_timeout(Some(Duration::from_secs(30)))?;
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+        thread::sleep(Duration::from_millis(5 * (i + 1)));
+    }
+    Err(last.unwrap())
+}
+
+fn exchange(mut s: TcpStream, req: &str) -> io::Result<Response> {
+    s.write_all(req.as_bytes())?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    parse_response(&buf)
+}
+
+fn bad(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+fn parse_response(buf: &[u8]) -> io::Result<Response> {
+    let end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| bad(format!("incomplete response: {:?}", String::from_utf8_lossy(buf))))?;
+    let head = String::from_utf8_lossy(&buf[..end]);
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or("");
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad(format!("bad status line {status_line:?}")))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let raw = &buf[end + 4..];
+    let chunked = headers.iter().any(|(n, v)| n == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+    let body = if chunked { dechunk(raw)? } else { raw.to_vec() };
+    Ok(Response { status, headers, body: String::from_utf8_lossy(&body).into_owned() })
+}
+
+fn dechunk(mut raw: &[u8]) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let eol = raw.windows(2).position(|w| w == b"\r\n").ok_or_else(|| bad("bad chunk".into()))?;
+        let size_txt = String::from_utf8_lossy(&raw[..eol]);
+        let size = usize::from_str_radix(size_txt.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|_| bad(format!("bad chunk size {size_txt:?}")))?;
+        raw = &raw[eol + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if raw.len() < size {
+            return Err(bad("truncated chunk".into()));
+        }
+        out.extend_from_slice(&raw[..size]);
+        raw = raw.get(size + 2..).unwrap_or(&[]);
+    }
+}
+
+/// One GET on a fresh connection (`Connection: close`, read to EOF).
+pub fn try_get(port: u16, path: &str, headers: &[(&str, &str)]) -> io::Result<Response> {
+    exchange(connect(port)?, &request_text(path, headers))
+}
+
+pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Response {
+    try_get(port, path, headers).unwrap_or_else(|e| panic!("GET {path} on port {port} failed: {e}"))
+}
+
+/// `n` GETs on `n` simultaneous connections: all connections are opened
+/// first, then every request is sent at once (a barrier).
+pub fn concurrent(port: u16, n: usize, path: &str, headers: &[(&str, &str)]) -> Vec<Response> {
+    let req = Arc::new(request_text(path, headers));
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (req, barrier) = (req.clone(), barrier.clone());
+            thread::Builder::new()
+                .stack_size(256 * 1024)
+                .spawn(move || {
+                    let s = connect(port);
+                    barrier.wait();
+                    exchange(s?, &req)
+                })
+                .expect("cannot spawn a client thread")
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("client thread panicked").unwrap_or_else(|e| panic!("concurrent GET {path} failed: {e}")))
+        .collect()
+}
+
+/// How many responses had each status.
+pub fn statuses(rs: &[Response]) -> BTreeMap<u16, usize> {
+    let mut m = BTreeMap::new();
+    for r in rs {
+        *m.entry(r.status).or_insert(0) += 1;
+    }
+    m
+}
+
+/// The items of a structured-field list such as
+/// `"z";r=9;t=60, "z-2";r=4;t=10` as (name, {param: value}).
+pub fn sf_items(value: &str) -> Vec<(String, BTreeMap<String, String>)> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            let mut parts = item.split(';');
+            let name = parts.next().unwrap_or("").trim().trim_matches('"').to_string();
+            let params = parts
+                .filter_map(|p| p.split_once('='))
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .collect();
+            (name, params)
+        })
+        .collect()
+}
+
+/// Parameter `param` of item `item` in the structured header `header` of `r`, as a number.
+pub fn sf_param(r: &Response, header: &str, item: &str, param: &str) -> u64 {
+    let v = r.header(header).unwrap_or_else(|| panic!("no {header} header in {r:?}"));
+    sf_items(v)
+        .into_iter()
+        .find(|(n, _)| n == item)
+        .and_then(|(_, p)| p.get(param).and_then(|x| x.parse().ok()))
+        .unwrap_or_else(|| panic!("no item {item:?} with numeric {param} in {header}: {v}"))
+}

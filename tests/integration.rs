@@ -1,0 +1,568 @@
+//! End-to-end tests: a real nginx with the module, real HTTP requests.
+//!
+//! Limited resources are static files (the limiter runs in the access
+//! phase, after `return` would already have answered).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use common::*;
+
+/// An `http {}` body: `zones`, then one server on {PORT} with `body` inside.
+fn server(zones: &str, body: &str) -> String {
+    format!("{zones}\nserver {{\n listen 127.0.0.1:{{PORT}};\n root {{ROOT}};\n{body}\n}}\n")
+}
+
+fn counts(pairs: &[(u16, usize)]) -> BTreeMap<u16, usize> {
+    pairs.iter().copied().filter(|(_, n)| *n > 0).collect()
+}
+
+// ---------------------------------------------------------------------------
+// 1. Exact admission under concurrency, for every algorithm.
+// ---------------------------------------------------------------------------
+
+/// 300 simultaneous requests against burst=50: exactly 50 pass. The rate is
+/// slow (50 an hour) so that nothing refills and no fixed window ends
+/// while the requests are being served.
+fn exact_burst_under_concurrency(alg: &str) {
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        &format!("location / {{ rl_limit zone=z rate=50r/h burst=50 algorithm={alg}; }}"),
+    ));
+    let rs = ngx.concurrent(300, "/index.html", &[]);
+    assert_eq!(statuses(&rs), counts(&[(200, 50), (429, 250)]), "algorithm={alg}");
+    for r in rs.iter().filter(|r| r.status == 200) {
+        assert_eq!(r.body, "index\n");
+    }
+    // One "limiting requests" line per rejected request.
+    let logged = ngx.error_log().matches("limiting requests by zone \"z\"").count();
+    assert_eq!(logged, 250, "rejections logged for algorithm={alg}");
+}
+
+macro_rules! burst_tests {
+    ($($name:ident => $alg:literal),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            exact_burst_under_concurrency($alg);
+        }
+    )*};
+}
+
+burst_tests! {
+    burst_exact_fixed => "fixed",
+    burst_exact_sliding => "sliding",
+    burst_exact_sliding_log => "sliding_log",
+    burst_exact_token_bucket => "token_bucket",
+    burst_exact_leaky_bucket => "leaky_bucket",
+    burst_exact_gcra => "gcra",
+}
+
+// ---------------------------------------------------------------------------
+// 2. Refill.
+// ---------------------------------------------------------------------------
+
+/// rate=10r/s burst=5: 5 of 6 simultaneous requests pass, the 6th is a 429
+/// with `Retry-After: 1` (every algorithm's wait is below a second here);
+/// right after, still 429; after waiting (Retry-After, or `wait` if given)
+/// one request passes.
+fn refill(alg: &str, wait: Option<Duration>) {
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        &format!("location / {{ rl_limit zone=z key=$http_x_k rate=10r/s burst=5 algorithm={alg}; }}"),
+    ));
+    for attempt in 0..3 {
+        let key = format!("key{attempt}");
+        let h = [("X-K", key.as_str())];
+        let rs = ngx.concurrent(6, "/index.html", &h);
+        let st = statuses(&rs);
+        // Six passing is legitimate only if a window ended (or a token
+        // refilled) during the burst: try again with a new key.
+        if st == counts(&[(200, 6)]) && attempt < 2 {
+            eprintln!("{alg}: burst straddled a refill, retrying with a new key");
+            continue;
+        }
+        assert_eq!(st, counts(&[(200, 5), (429, 1)]), "algorithm={alg}");
+        let rejected = rs.iter().find(|r| r.status == 429).unwrap();
+        let retry_after = rejected.num("Retry-After");
+        assert_eq!(retry_after, 1, "Retry-After of algorithm={alg} (10r/s burst=5): {rejected:?}");
+
+        let again = ngx.get("/index.html", &h);
+        assert_eq!(again.status, 429, "algorithm={alg}: passed right after the burst: {again:?}");
+
+        thread::sleep(wait.unwrap_or(Duration::from_secs(retry_after)) + Duration::from_millis(30));
+        let after = ngx.get("/index.html", &h);
+        assert_eq!(after.status, 200, "algorithm={alg}: still limited after waiting: {after:?}");
+        return;
+    }
+}
+
+#[test]
+fn refill_token_bucket() {
+    refill("token_bucket", None);
+}
+
+#[test]
+fn refill_gcra() {
+    refill("gcra", None);
+}
+
+#[test]
+fn refill_sliding() {
+    refill("sliding", None);
+}
+
+#[test]
+fn refill_sliding_log() {
+    refill("sliding_log", None);
+}
+
+#[test]
+fn refill_leaky_bucket() {
+    refill("leaky_bucket", None);
+}
+
+/// Fixed windows of 0.5 s (10r/s burst=5): a short sleep past the window
+/// end (less than Retry-After's whole second) is enough.
+#[test]
+fn refill_fixed_window_short_sleep() {
+    refill("fixed", Some(Duration::from_millis(550)));
+}
+
+// ---------------------------------------------------------------------------
+// 3. Response headers, rl_status, error_page.
+// ---------------------------------------------------------------------------
+
+const RL_HEADERS: [&str; 6] =
+    ["x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset", "ratelimit", "ratelimit-policy", "retry-after"];
+
+fn assert_no_rl_headers(r: &Response, what: &str) {
+    for h in &RL_HEADERS[..5] {
+        assert!(r.header(h).is_none(), "{what}: unexpected {h} in {r:?}");
+    }
+}
+
+#[test]
+fn headers_legacy_by_default() {
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        "location = /a.html { rl_limit zone=z key=$http_x_k rate=10r/m burst=10 algorithm=fixed; }\n\
+         location = /b.html { rl_limit zone=z key=$http_x_k rate=10r/m burst=10; }",
+    ));
+    let h = [("X-K", "alice")];
+    let now = unix_now();
+    let first = ngx.get("/a.html", &h);
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("X-RateLimit-Limit"), Some("10"), "{first:?}");
+    assert_eq!(first.header("X-RateLimit-Remaining"), Some("9"), "{first:?}");
+    let reset = first.num("X-RateLimit-Reset");
+    assert!((now..=now + 60 + 2).contains(&reset), "X-RateLimit-Reset {reset} not in [{now}, {now}+62]");
+    assert!(first.header("RateLimit").is_none() && first.header("RateLimit-Policy").is_none(), "{first:?}");
+    assert!(first.header("Retry-After").is_none(), "Retry-After on an admitted request: {first:?}");
+
+    for remaining in (0..9).rev() {
+        let r = ngx.get("/a.html", &h);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.num("X-RateLimit-Remaining"), remaining, "{r:?}");
+    }
+    let now = unix_now();
+    let rejected = ngx.get("/a.html", &h);
+    assert_eq!(rejected.status, 429);
+    let retry_after = rejected.num("Retry-After");
+    assert!((1..=61).contains(&retry_after), "Retry-After {retry_after} (fixed window of 60 s)");
+    assert_eq!(rejected.header("X-RateLimit-Limit"), Some("10"), "{rejected:?}");
+    assert_eq!(rejected.header("X-RateLimit-Remaining"), Some("0"), "{rejected:?}");
+    let reset = rejected.num("X-RateLimit-Reset");
+    assert!((now..=now + 62).contains(&reset), "X-RateLimit-Reset {reset} of a 429 not in [{now}, {now}+62]");
+
+    // Default algorithm (sliding): a request weighs in until the end of the
+    // next window, so the reset is within two windows.
+    let now = unix_now();
+    let r = ngx.get("/b.html", &h);
+    assert_eq!((r.status, r.header("X-RateLimit-Limit"), r.header("X-RateLimit-Remaining")), (200, Some("10"), Some("9")));
+    let reset = r.num("X-RateLimit-Reset");
+    assert!((now..=now + 2 * 60 + 2).contains(&reset), "sliding X-RateLimit-Reset {reset} not in [{now}, {now}+122]");
+}
+
+#[test]
+fn headers_modes_draft_off_both() {
+    let loc = |name: &str, mode: &str| {
+        format!(
+            "location = /{name}.html {{ rl_limit zone=z key=$http_x_k rate=10r/m burst=10 algorithm=fixed; rl_headers {mode}; }}\n"
+        )
+    };
+    let ngx = Nginx::setup(&server("rl_zone z size=1m;", &(loc("draft", "draft") + &loc("off", "off") + &loc("both", "both"))))
+        .file("html/draft.html", "draft\n")
+        .file("html/off.html", "off\n")
+        .file("html/both.html", "both\n")
+        .start();
+    let h = [("X-K", "bob")];
+
+    // draft
+    let r = ngx.get("/draft.html", &h);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("RateLimit-Policy"), Some("\"z\";q=10;w=60"), "{r:?}");
+    let state = r.header("RateLimit").unwrap_or_else(|| panic!("no RateLimit in {r:?}"));
+    assert!(state.starts_with("\"z\";r=9;t="), "RateLimit: {state}");
+    let t = sf_param(&r, "RateLimit", "z", "t");
+    assert!((1..=60).contains(&t), "RateLimit t={t}");
+    assert!(!r.has_header_prefix("x-ratelimit"), "draft sent X-RateLimit-*: {r:?}");
+    for _ in 0..9 {
+        assert_eq!(ngx.get("/draft.html", &h).status, 200);
+    }
+    let r = ngx.get("/draft.html", &h);
+    assert_eq!(r.status, 429);
+    assert_eq!(sf_param(&r, "RateLimit", "z", "r"), 0, "{r:?}");
+    assert_eq!(r.header("RateLimit-Policy"), Some("\"z\";q=10;w=60"), "{r:?}");
+    assert!(!r.has_header_prefix("x-ratelimit"), "draft sent X-RateLimit-* on a 429: {r:?}");
+
+    // off: limited, but no rate-limit fields
+    for i in 0..10 {
+        let r = ngx.get("/off.html", &h);
+        assert_eq!(r.status, 200, "request {i}");
+        assert_no_rl_headers(&r, "rl_headers off");
+    }
+    let r = ngx.get("/off.html", &h);
+    assert_eq!(r.status, 429, "rl_headers off must still limit");
+    assert_no_rl_headers(&r, "rl_headers off (429)");
+
+    // both
+    let r = ngx.get("/both.html", &h);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("X-RateLimit-Limit"), Some("10"), "{r:?}");
+    assert_eq!(r.header("X-RateLimit-Remaining"), Some("9"), "{r:?}");
+    assert!(r.header("X-RateLimit-Reset").is_some(), "{r:?}");
+    assert_eq!(r.header("RateLimit-Policy"), Some("\"z\";q=10;w=60"), "{r:?}");
+    assert_eq!(sf_param(&r, "RateLimit", "z", "r"), 9);
+}
+
+#[test]
+fn rl_status_changes_rejection_status() {
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        "location / { rl_limit zone=z rate=2r/h burst=2; rl_status 503; }",
+    ));
+    let got: Vec<u16> = (0..4).map(|_| ngx.get("/index.html", &[]).status).collect();
+    assert_eq!(got, [200, 200, 503, 503]);
+    let r = ngx.get("/index.html", &[]);
+    assert_eq!(r.status, 503);
+    assert!(r.num("Retry-After") >= 1);
+    assert_eq!(r.header("X-RateLimit-Remaining"), Some("0"), "{r:?}");
+}
+
+/// `error_page 429` serves the custom page with status 429; error pages
+/// (429 and 404) are internal redirects back through the access phase,
+/// and every request is still counted exactly once.
+#[test]
+fn error_page_served_and_counted_once() {
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        " rl_limit zone=z key=$http_x_k rate=5r/h burst=5;\n\
+          error_page 429 /limited.html;\n\
+          error_page 404 /404.html;\n\
+          location / { }",
+    ));
+    let h = [("X-K", "carol")];
+    for remaining in [4, 3] {
+        let r = ngx.get("/missing.html", &h);
+        assert_eq!((r.status, r.body.as_str()), (404, "custom not found page\n"));
+        assert_eq!(r.num("X-RateLimit-Remaining"), remaining, "404 through error_page: {r:?}");
+    }
+    for remaining in [2, 1, 0] {
+        let r = ngx.get("/index.html", &h);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.num("X-RateLimit-Remaining"), remaining, "{r:?}");
+    }
+    for _ in 0..2 {
+        let r = ngx.get("/a.html", &h);
+        assert_eq!(r.status, 429, "{r:?}");
+        assert_eq!(r.body, "custom limited page\n", "error_page 429 not served: {r:?}");
+        assert_eq!(r.header("X-RateLimit-Limit"), Some("5"), "{r:?}");
+        assert_eq!(r.header("X-RateLimit-Remaining"), Some("0"), "{r:?}");
+        assert!(r.num("Retry-After") >= 1);
+    }
+    let logged = ngx.error_log().matches("limiting requests by zone \"z\"").count();
+    assert_eq!(logged, 2, "each rejected request logged once");
+    // Another key has its own, untouched budget.
+    let r = ngx.get("/missing.html", &[("X-K", "dave")]);
+    assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (404, 4));
+}
+
+// ---------------------------------------------------------------------------
+// 4. Several lines: all or nothing.
+// ---------------------------------------------------------------------------
+
+/// A: per `X-A` key, burst 3. B: per client address, burst 8. A request is
+/// charged on both lines or on neither.
+#[test]
+fn multiple_lines_all_or_nothing() {
+    let ngx = Nginx::start(&server(
+        "rl_zone za size=1m;\nrl_zone zb size=1m;",
+        "location / {\n\
+           rl_limit zone=za key=$http_x_a rate=3r/h burst=3;\n\
+           rl_limit zone=zb rate=8r/h burst=8;\n\
+           rl_headers draft;\n\
+         }",
+    ));
+    let req = |k: &str| ngx.get("/index.html", &[("X-A", k)]);
+    let mut admitted = 0;
+    let mut b_remaining = 8;
+    for a_remaining in [2, 1, 0] {
+        let r = req("k1");
+        assert_eq!(r.status, 200);
+        admitted += 1;
+        b_remaining -= 1;
+        assert_eq!(sf_param(&r, "RateLimit", "za", "r"), a_remaining, "{r:?}");
+        assert_eq!(sf_param(&r, "RateLimit", "zb", "r"), b_remaining, "{r:?}");
+    }
+    // A rejects: B must not be charged.
+    for _ in 0..3 {
+        let r = req("k1");
+        assert_eq!(r.status, 429, "{r:?}");
+        assert_eq!(sf_param(&r, "RateLimit", "za", "r"), 0, "{r:?}");
+    }
+    // Other A keys: B's remaining counts only the admitted requests.
+    for k in ["k2", "k3"] {
+        for _ in 0..(if k == "k2" { 3 } else { 2 }) {
+            let r = req(k);
+            assert_eq!(r.status, 200, "{k}: {r:?}");
+            admitted += 1;
+            b_remaining -= 1;
+            assert_eq!(
+                sf_param(&r, "RateLimit", "zb", "r"),
+                b_remaining,
+                "B charged for requests A rejected ({admitted} admitted so far): {r:?}"
+            );
+        }
+    }
+    assert_eq!((admitted, b_remaining), (8, 0));
+    // B rejects: A must not be charged for the fresh key k4 (it would admit
+    // with 2 left after this request, every time).
+    for _ in 0..3 {
+        let r = req("k4");
+        assert_eq!(r.status, 429, "{r:?}");
+        assert_eq!(sf_param(&r, "RateLimit", "zb", "r"), 0, "{r:?}");
+        assert_eq!(sf_param(&r, "RateLimit", "za", "r"), 2, "A charged for a request B rejected: {r:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 5–7. Keys.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn empty_key_is_not_limited() {
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        "location / { rl_limit zone=z key=$http_x_api_key rate=5r/h burst=5; }",
+    ));
+    let rs = ngx.concurrent(100, "/index.html", &[]);
+    assert_eq!(statuses(&rs), counts(&[(200, 100)]), "requests without a key");
+    for r in &rs {
+        assert!(!r.has_header_prefix("x-ratelimit") && r.header("RateLimit").is_none(), "{r:?}");
+    }
+    let rs = ngx.concurrent(20, "/index.html", &[("X-Api-Key", "secret")]);
+    assert_eq!(statuses(&rs), counts(&[(200, 5), (429, 15)]), "requests with a key");
+    let r = ngx.get("/index.html", &[("X-Api-Key", "other")]);
+    assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (200, 4));
+    assert_eq!(ngx.get("/index.html", &[]).status, 200, "keyless request after the key is exhausted");
+}
+
+#[test]
+fn composite_keys() {
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        "location / { rl_limit zone=z key=$http_x_user:$uri rate=3r/h burst=3; }",
+    ));
+    let u1 = [("X-User", "u1")];
+    let got: Vec<u16> = (0..4).map(|_| ngx.get("/a.html", &u1).status).collect();
+    assert_eq!(got, [200, 200, 200, 429]);
+    let r = ngx.get("/b.html", &u1);
+    assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (200, 2), "same user, other URI: {r:?}");
+    let r = ngx.get("/a.html", &[("X-User", "u2")]);
+    assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (200, 2), "other user, same URI: {r:?}");
+    assert_eq!(ngx.get("/a.html", &u1).status, 429);
+}
+
+/// Lines sharing a zone (same key) keep separate states.
+#[test]
+fn lines_sharing_a_zone_are_independent() {
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        "location = /a.html {\n\
+           rl_limit zone=z key=$http_x_k rate=2r/h burst=2;\n\
+           rl_limit zone=z key=$http_x_k rate=5r/h burst=5;\n\
+           rl_headers draft;\n\
+         }\n\
+         location = /b.html { rl_limit zone=z key=$http_x_k rate=3r/h burst=3; }",
+    ));
+    let h = [("X-K", "same")];
+    let r = ngx.get("/a.html", &h);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("RateLimit-Policy"), Some("\"z\";q=2;w=3600, \"z-2\";q=5;w=3600"), "{r:?}");
+    assert_eq!((sf_param(&r, "RateLimit", "z", "r"), sf_param(&r, "RateLimit", "z-2", "r")), (1, 4), "{r:?}");
+    let r = ngx.get("/a.html", &h);
+    assert_eq!(r.status, 200);
+    assert_eq!((sf_param(&r, "RateLimit", "z", "r"), sf_param(&r, "RateLimit", "z-2", "r")), (0, 3), "{r:?}");
+    let r = ngx.get("/a.html", &h);
+    assert_eq!(r.status, 429);
+    assert_eq!(sf_param(&r, "RateLimit", "z", "r"), 0, "{r:?}");
+    // The line of /b.html has its own count for the same key.
+    for remaining in [2, 1, 0] {
+        let r = ngx.get("/b.html", &h);
+        assert_eq!((r.status, r.num("X-RateLimit-Limit"), r.num("X-RateLimit-Remaining")), (200, 3, remaining), "{r:?}");
+    }
+    assert_eq!(ngx.get("/b.html", &h).status, 429);
+}
+
+// ---------------------------------------------------------------------------
+// 8. Internal redirects.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn internal_redirect_counted_once() {
+    let ngx = Nginx::setup(&server(
+        "rl_zone z size=1m;",
+        "location /dir/ { rl_limit zone=z rate=5r/h burst=5; index index.html; }\n\
+         location /tf/ { rl_limit zone=z rate=4r/h burst=4; try_files $uri /tf/real.html; }",
+    ))
+    .file("html/tf/real.html", "real\n")
+    .start();
+    let rs: Vec<Response> = (0..10).map(|_| ngx.get("/dir/", &[])).collect();
+    assert_eq!(statuses(&rs), counts(&[(200, 5), (429, 5)]), "index redirect");
+    assert_eq!(rs[0].body, "dir index\n");
+    let rem: Vec<u64> = rs[..5].iter().map(|r| r.num("X-RateLimit-Remaining")).collect();
+    assert_eq!(rem, [4, 3, 2, 1, 0]);
+
+    let rs: Vec<Response> = (0..10).map(|_| ngx.get("/tf/nothing-here", &[])).collect();
+    assert_eq!(statuses(&rs), counts(&[(200, 4), (429, 6)]), "try_files redirect");
+    assert_eq!(rs[0].body, "real\n");
+    let rem: Vec<u64> = rs[..4].iter().map(|r| r.num("X-RateLimit-Remaining")).collect();
+    assert_eq!(rem, [3, 2, 1, 0]);
+}
+
+// ---------------------------------------------------------------------------
+// 9. Reload.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn state_kept_across_reload() {
+    let conf = server("rl_zone z size=1m;", "location / { rl_limit zone=z key=$http_x_k rate=5r/h burst=5; }");
+    let mut ngx = Nginx::start(&conf);
+    let h = [("X-K", "erin")];
+    let got: Vec<u16> = (0..6).map(|_| ngx.get("/index.html", &h).status).collect();
+    assert_eq!(got, [200, 200, 200, 200, 200, 429]);
+    let r = ngx.get("/index.html", &[("X-K", "frank")]);
+    assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (200, 4));
+
+    ngx.reload();
+    let r = ngx.get("/index.html", &h);
+    assert_eq!(r.status, 429, "exhausted key admitted after reload: {r:?}");
+    let r = ngx.get("/index.html", &[("X-K", "frank")]);
+    assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (200, 3), "count of another key after reload: {r:?}");
+
+    // Reload with an unrelated change: the line is the same, so is its state.
+    let conf2 = server(
+        "rl_zone z size=1m;",
+        "location / { rl_limit zone=z key=$http_x_k rate=5r/h burst=5; }\nlocation = /other.html { }",
+    );
+    ngx.reload_with(&conf2);
+    assert_eq!(ngx.get("/index.html", &h).status, 429, "exhausted key admitted after second reload");
+    let r = ngx.get("/index.html", &[("X-K", "frank")]);
+    assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (200, 2));
+}
+
+// ---------------------------------------------------------------------------
+// 10. Zone full.
+// ---------------------------------------------------------------------------
+
+fn zone_full(alg: &str) {
+    let ngx = Nginx::start(&server(
+        "rl_zone small size=32k;",
+        &format!("location / {{ rl_limit zone=small key=$http_x_user rate=10r/h burst=10 algorithm={alg}; }}"),
+    ));
+    const USERS: usize = 5000;
+    const THREADS: usize = 8;
+    let port = ngx.port;
+    let next = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let next = next.clone();
+            thread::spawn(move || {
+                let mut st = BTreeMap::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= USERS {
+                        return st;
+                    }
+                    let user = format!("user-{i}");
+                    let r = get(port, "/index.html", &[("X-User", &user)]);
+                    *st.entry(r.status).or_insert(0usize) += 1;
+                }
+            })
+        })
+        .collect();
+    let mut st = BTreeMap::new();
+    for h in handles {
+        for (k, v) in h.join().unwrap() {
+            *st.entry(k).or_insert(0) += v;
+        }
+    }
+    assert_eq!(st, counts(&[(200, USERS)]), "algorithm={alg}: every distinct key must pass");
+    let log = ngx.error_log();
+    assert!(log.contains("rl_zone \"small\" is full"), "algorithm={alg}: no \"is full\" message in the error log:\n{log}");
+    let bad: Vec<&str> = log.lines().filter(|l| l.contains("[alert]") || l.contains("[emerg]")).take(5).collect();
+    assert!(bad.is_empty(), "algorithm={alg}: {bad:?}");
+}
+
+#[test]
+fn zone_full_evicts_and_admits() {
+    zone_full("fixed");
+}
+
+#[test]
+fn zone_full_evicts_and_admits_sliding_log() {
+    zone_full("sliding_log");
+}
+
+// ---------------------------------------------------------------------------
+// 11. nginx -t.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn config_test_messages() {
+    let srv = |zones: &str, loc: &str| server(zones, &format!("location / {{ {loc} }}"));
+    let cases: Vec<(&str, String, Vec<&str>)> = vec![
+        ("unknown algorithm", srv("rl_zone z size=1m;", "rl_limit zone=z rate=1r/s algorithm=foo;"), vec!["\"rl_limit\"", "\"foo\""]),
+        ("zero rate", srv("rl_zone z size=1m;", "rl_limit zone=z rate=0r/s;"), vec!["\"rl_limit\"", "0r/s"]),
+        ("malformed rate", srv("rl_zone z size=1m;", "rl_limit zone=z rate=abc;"), vec!["\"rl_limit\"", "\"abc\""]),
+        ("zero burst", srv("rl_zone z size=1m;", "rl_limit zone=z rate=1r/s burst=0;"), vec!["\"rl_limit\"", "burst", "\"0\""]),
+        ("unknown zone", srv("rl_zone z size=1m;", "rl_limit zone=nope rate=1r/s;"), vec!["\"rl_limit\"", "\"nope\""]),
+        ("missing zone", srv("rl_zone z size=1m;", "rl_limit rate=1r/s;"), vec!["\"rl_limit\"", "zone"]),
+        ("duplicate zone", srv("rl_zone a size=1m;\nrl_zone a size=1m;", ""), vec!["\"rl_zone\"", "duplicate", "\"a\""]),
+        ("zone too small", srv("rl_zone a size=1k;", ""), vec!["\"rl_zone\"", "1k"]),
+        ("bad rl_headers", srv("rl_zone z size=1m;", "rl_headers bogus;"), vec!["\"rl_headers\"", "\"bogus\""]),
+        ("bad rl_status", srv("rl_zone z size=1m;", "rl_status 200;"), vec!["\"rl_status\"", "\"200\""]),
+    ];
+    let mut failures = Vec::new();
+    for (what, conf, needles) in &cases {
+        let (ok, out) = nginx_t(conf);
+        let missing: Vec<&&str> = needles.iter().filter(|n| !out.contains(**n)).collect();
+        if ok || !out.contains("[emerg]") || !missing.is_empty() {
+            failures.push(format!("{what}: accepted={ok}, missing {missing:?} in:\n{out}"));
+        }
+    }
+    let (ok, out) = nginx_t(&srv(
+        "rl_zone z size=1m;",
+        "rl_limit zone=z rate=10r/s burst=20 algorithm=gcra; rl_limit zone=z key=$http_x_k rate=100r/m; \
+         rl_headers both; rl_status 503;",
+    ));
+    if !ok || !out.contains("syntax is ok") || !out.contains("test is successful") {
+        failures.push(format!("good configuration refused:\n{out}"));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n----\n"));
+}
