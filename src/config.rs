@@ -4,7 +4,6 @@
 use core::ffi::{c_char, c_void};
 use core::{mem, ptr};
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
@@ -16,6 +15,7 @@ use ngx::ngx_conf_log_error;
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::{parse_rate, parse_size};
 
+use crate::redis_zone::RedisZone;
 use crate::zone::Zone;
 use crate::Module;
 
@@ -37,10 +37,18 @@ impl HeadersMode {
     }
 }
 
+/// Where a line's states live, resolved in postconfiguration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Backend {
+    /// Index into [`MainConf::zones`].
+    Shm(usize),
+    /// Index into [`MainConf::redis`].
+    Redis(usize),
+}
+
 /// One `rl_limit` line.
 pub struct Line {
-    /// Index into [`MainConf::zones`], resolved in postconfiguration.
-    pub zone: usize,
+    pub backend: Backend,
     pub zone_name: String,
     /// The key, a complex value allocated from the configuration pool.
     pub key: *mut ngx_http_complex_value_t,
@@ -59,6 +67,7 @@ pub struct Line {
 #[derive(Default)]
 pub struct MainConf {
     pub zones: Vec<Box<Zone>>,
+    pub redis: Vec<Box<RedisZone>>,
     /// Every `rl_limit` line, in configuration order.
     pub lines: Vec<Box<Line>>,
     /// Location configurations that have lines, sorted by zone at postconfiguration.
@@ -139,6 +148,17 @@ pub extern "C" fn cmd_rl_zone(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, con
     if name.is_empty() || name.contains('=') {
         conf_err!(cf, "invalid zone name \"{}\" in \"rl_zone\" directive", args[1]);
     }
+    if mcf.zones.iter().any(|z| z.name == name) || mcf.redis.iter().any(|z| z.name == name) {
+        conf_err!(cf, "duplicate zone \"{}\" in \"rl_zone\" directive", name);
+    }
+    if args[2..].iter().any(|a| text(a).starts_with("redis=")) {
+        let params: Vec<&str> = args[2..].iter().map(text).collect();
+        match RedisZone::parse(name, &params) {
+            Ok(z) => mcf.redis.push(Box::new(z)),
+            Err(e) => conf_err!(cf, "{} in \"rl_zone\" directive", e),
+        }
+        return NGX_CONF_OK;
+    }
     let mut size = None;
     for arg in &args[2..] {
         let a = text(arg);
@@ -152,7 +172,7 @@ pub extern "C" fn cmd_rl_zone(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, con
         }
     }
     let Some(size) = size else {
-        conf_err!(cf, "\"rl_zone\" directive must have \"size\" parameter");
+        conf_err!(cf, "\"rl_zone\" directive must have \"size\" or \"redis\" parameter");
     };
     let min = crate::zone::min_size();
     if size < min {
@@ -163,9 +183,6 @@ pub extern "C" fn cmd_rl_zone(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, con
             text(&args[2]).trim_start_matches("size="),
             min / 1024
         );
-    }
-    if mcf.zones.iter().any(|z| z.name == name) {
-        conf_err!(cf, "duplicate zone \"{}\" in \"rl_zone\" directive", name);
     }
     let index = mcf.zones.len();
     match Zone::add(cf, name, size, index) {
@@ -196,7 +213,7 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
             "zone" if !value.is_empty() => zone = Some(value.to_string()),
             "rate" => match parse_rate(value) {
                 Ok(r) => rate = Some(r),
-                Err(e) => conf_err!(cf, "invalid rate \"{}\" in \"rl_limit\" directive: {}", value, e),
+                Err(e) => conf_err!(cf, "invalid rate \"{}\" in \"rl_limit\" directive, {}", value, rate_hint(&e)),
             },
             "key" if !value.is_empty() => key = Some(*arg),
             "algorithm" => match value.parse::<Algorithm>() {
@@ -249,7 +266,7 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
     let same_zone = lcf.lines.iter().filter(|l| unsafe { &***l }.zone_name == zone).count();
     let item = if same_zone == 0 { zone.clone() } else { format!("{}-{}", zone, same_zone + 1) };
     let line = Box::new(Line {
-        zone: usize::MAX,
+        backend: Backend::Shm(usize::MAX),
         zone_name: zone,
         key: cv,
         key_src: text(&key_src).to_string(),
@@ -303,6 +320,16 @@ pub extern "C" fn cmd_rl_headers(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, 
     NGX_CONF_OK
 }
 
+/// The second half of an "invalid rate" message.
+fn rate_hint(e: &rl_core::parse::ParseError) -> &'static str {
+    use rl_core::parse::ParseErrorKind;
+    match e.kind {
+        ParseErrorKind::NotPositive => "it must be positive",
+        ParseErrorKind::TooLarge => "it is too large",
+        ParseErrorKind::Invalid => "it must be a number of requests per second, minute, hour or day: \"10r/s\", \"100r/m\", \"1000r/h\", \"10000r/d\"",
+    }
+}
+
 fn compile_complex_value(cf: *mut ngx_conf_t, value: &mut ngx_str_t) -> Option<*mut ngx_http_complex_value_t> {
     // SAFETY: cf->pool is the configuration pool, valid while parsing.
     let pool = unsafe { Pool::from_ngx_pool((*cf).pool) };
@@ -333,36 +360,69 @@ fn conf_origin(cf: *mut ngx_conf_t) -> String {
     }
 }
 
+/// The identity of a line's states: the same on every nginx of a fleet
+/// running the same line (SipHash with fixed keys, not std's hasher, whose
+/// algorithm may change between Rust releases).
+fn line_identity(line: &Line) -> u64 {
+    let rate = line.limit.rate();
+    let canon = format!(
+        "{}|{}|{}|{}|{}|{}",
+        line.zone_name,
+        line.key_src,
+        line.limit.algorithm(),
+        rate.count,
+        rate.period_us,
+        line.limit.burst()
+    );
+    siphasher::sip::SipHasher13::new_with_keys(0, 0).hash(canon.as_bytes())
+}
+
 /// Resolves zone names, gives each line its identity and sorts every
 /// location's lines by zone (the order in which zone locks are taken).
 pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
     let mut seen: HashMap<u64, u64> = HashMap::new();
     for line in mcf.lines.iter_mut() {
-        let Some(zone) = mcf.zones.iter().position(|z| z.name == line.zone_name) else {
-            ngx_conf_log_error!(
-                NGX_LOG_EMERG,
-                cf,
-                "unknown zone \"{}\" in \"rl_limit\" directive in {}",
-                line.zone_name,
-                line.origin
-            );
-            return Err(());
+        let shm = mcf.zones.iter().position(|z| z.name == line.zone_name);
+        let redis = mcf.redis.iter().position(|z| z.name == line.zone_name);
+        line.backend = match (shm, redis) {
+            (Some(i), _) => Backend::Shm(i),
+            (None, Some(i)) => Backend::Redis(i),
+            (None, None) => {
+                ngx_conf_log_error!(
+                    NGX_LOG_EMERG,
+                    cf,
+                    "unknown zone \"{}\" in \"rl_limit\" directive in {}",
+                    line.zone_name,
+                    line.origin
+                );
+                return Err(());
+            }
         };
-        line.zone = zone;
-        let mut h = DefaultHasher::new();
-        (&line.zone_name, &line.key_src, line.limit.algorithm().to_string()).hash(&mut h);
-        (line.limit.rate().count, line.limit.rate().period_us, line.limit.burst()).hash(&mut h);
-        let base = h.finish();
+        let base = line_identity(line);
         let dup = seen.entry(base).or_insert(0);
         line.id = base ^ dup.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         *dup += 1;
-        mcf.zones[zone].note_line(&line.limit);
+        if let Backend::Shm(i) = line.backend {
+            mcf.zones[i].note_line(&line.limit);
+        }
     }
     for &loc in &mcf.locs {
         // SAFETY: registered in merge_loc_conf; location confs live as long as the cycle.
         let loc = unsafe { &mut *loc };
         // SAFETY: lines point into mcf.lines, alive as long as the cycle.
-        loc.lines.sort_by_key(|l| unsafe { (**l).zone });
+        loc.lines.sort_by_key(|l| unsafe { (**l).backend });
+        let mut zones: Vec<Backend> = loc.lines.iter().map(|l| unsafe { (**l).backend }).collect();
+        zones.dedup();
+        if zones.len() > crate::handler::MAX_ZONES_PER_LOCATION {
+            ngx_conf_log_error!(
+                NGX_LOG_EMERG,
+                cf,
+                "too many zones in one location: {}, at most {} are supported",
+                zones.len(),
+                crate::handler::MAX_ZONES_PER_LOCATION
+            );
+            return Err(());
+        }
     }
     for zone in mcf.zones.iter_mut() {
         if let Err(msg) = zone.check_fits() {

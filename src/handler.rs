@@ -1,6 +1,13 @@
 //! The access-phase handler: evaluates every `rl_limit` line of the location
 //! for the request, all-or-nothing, and remembers the outcome for the
 //! response headers.
+//!
+//! Shared-memory lines are decided on the spot, under their zones' locks.
+//! When the location also has Redis lines, the shared-memory lines are
+//! checked first (charging nothing), the Redis lines go to the I/O thread in
+//! one script call per zone, the request is suspended, and when the replies
+//! are in it is resumed here: only if Redis admitted are the shared-memory
+//! lines charged.
 
 use core::ffi::c_void;
 use core::{mem, ptr, slice};
@@ -13,7 +20,8 @@ use ngx::ffi::{
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 
-use crate::config::{HeadersMode, Line};
+use crate::config::{Backend, HeadersMode, Line, MainConf};
+use crate::redis_zone::io::{Job, Reply};
 use crate::zone::Locked;
 use crate::Module;
 
@@ -21,7 +29,7 @@ use crate::Module;
 pub const MAX_ZONES_PER_LOCATION: usize = 16;
 
 /// The outcome of one line for this request.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub struct LineResult {
     /// The key was non-empty and the line was evaluated.
     pub active: bool,
@@ -29,8 +37,22 @@ pub struct LineResult {
     pub remaining: u64,
     pub reset_us: u64,
     pub retry_after_us: u64,
+    /// The line's state was charged for this request.
+    charged: bool,
+    key: ngx_str_t,
     hash: [u64; 2],
     lock: usize,
+}
+
+/// Where the request is in its evaluation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for this many Redis replies.
+    Waiting(u32),
+    /// Redis replies are in; the decision is still to be made.
+    Replied,
+    /// Decided: later passes through the access phase (internal redirects) let it through.
+    Decided,
 }
 
 /// Per-request state, allocated from the request pool and kept across
@@ -39,20 +61,32 @@ pub struct Ctx {
     pub lines: *const *const Line,
     pub results: *mut LineResult,
     pub n: usize,
+    pub phase: Phase,
     pub rejected: bool,
+    /// A Redis zone with `on_error=deny` failed.
+    pub denied_by_error: bool,
     pub headers: HeadersMode,
     /// Unix time of the decision, seconds.
     pub now_unix: i64,
 }
 
 impl Ctx {
+    fn lines(&self) -> &'static [*const Line] {
+        // SAFETY: lines of the location configuration, alive for the cycle.
+        unsafe { slice::from_raw_parts(self.lines, self.n) }
+    }
+
+    fn results(&mut self) -> &mut [LineResult] {
+        // SAFETY: n results allocated with the context in the request pool.
+        unsafe { slice::from_raw_parts_mut(self.results, self.n) }
+    }
+
     /// Each line with its outcome.
     pub fn iter(&self) -> impl Iterator<Item = (&Line, &LineResult)> {
-        // SAFETY: both arrays have n elements: lines from the location configuration (alive for
-        // the cycle), results from the request pool.
-        let (lines, results) = unsafe { (slice::from_raw_parts(self.lines, self.n), slice::from_raw_parts(self.results, self.n)) };
+        // SAFETY: as in `results`.
+        let results = unsafe { slice::from_raw_parts(self.results, self.n) };
         // SAFETY: configuration lines live as long as the cycle.
-        lines.iter().map(|l| unsafe { &**l }).zip(results.iter())
+        self.lines().iter().map(|l| unsafe { &**l }).zip(results.iter())
     }
 }
 
@@ -78,7 +112,9 @@ pub fn get_ctx(r: &Request) -> Option<&'static mut Ctx> {
     while let Some(cl) = unsafe { c.as_ref() } {
         // The marker is compared by address: one definition in this crate, built as a single
         // codegen unit, so the address is unique.
-        if cl.handler.map(|f| f as usize) == Some(ctx_marker as extern "C" fn(*mut c_void) as usize) && !cl.data.is_null() {
+        if cl.handler.map(|f| f as usize) == Some(ctx_marker as extern "C" fn(*mut c_void) as usize)
+            && !cl.data.is_null()
+        {
             r.set_module_ctx(cl.data, Module::module());
             // SAFETY: set by new_ctx below to a pool-allocated Ctx.
             return Some(unsafe { &mut *cl.data.cast::<Ctx>() });
@@ -93,21 +129,27 @@ fn new_ctx(r: &Request, lines: &[*const Line], headers: HeadersMode) -> Option<&
     // SAFETY: the request pool is valid for the request's lifetime.
     let pool = unsafe { (*raw).pool };
     let size = mem::size_of::<Ctx>() + lines.len() * mem::size_of::<LineResult>();
-    // SAFETY: pool is valid; zeroed memory is a valid LineResult array and is initialised below.
+    // SAFETY: pool is valid; zeroed memory is a valid LineResult array (no references inside).
     let ctx = unsafe { ngx_pcalloc(pool, size) }.cast::<Ctx>();
     if ctx.is_null() {
         return None;
     }
     // SAFETY: ngx_pcalloc aligns to NGX_ALIGNMENT (pointer size); Ctx and LineResult need 8.
     let results = unsafe { ctx.add(1).cast::<LineResult>() };
-    // SAFETY: ctx points to size bytes.
-    unsafe {
-        ptr::write(ctx, Ctx { lines: lines.as_ptr(), results, n: lines.len(), rejected: false, headers, now_unix: ngx_time() as i64 })
+    let value = Ctx {
+        lines: lines.as_ptr(),
+        results,
+        n: lines.len(),
+        phase: Phase::Decided,
+        rejected: false,
+        denied_by_error: false,
+        headers,
+        now_unix: ngx_time() as i64,
     };
+    // SAFETY: ctx points to size bytes.
+    unsafe { ptr::write(ctx, value) };
     // SAFETY: as above.
-    let cln = unsafe { ngx_pool_cleanup_add(pool, 0) };
-    // SAFETY: ngx_pool_cleanup_add returns NULL or a cleanup entry of the pool.
-    let cln = unsafe { cln.as_mut() }?;
+    let cln = unsafe { ngx_pool_cleanup_add(pool, 0).as_mut() }?;
     cln.handler = Some(ctx_marker);
     cln.data = ctx.cast();
     r.set_module_ctx(ctx.cast(), Module::module());
@@ -128,89 +170,123 @@ fn access(r: &mut Request) -> Status {
     if unsafe { (*raw).main } != raw {
         return Status::NGX_DECLINED;
     }
-    let Some(lcf) = Module::location_conf(r) else {
+    let (Some(lcf), Some(mcf)) = (Module::location_conf(r), Module::main_conf(r)) else {
         return Status::NGX_DECLINED;
     };
-    if lcf.lines.is_empty() || get_ctx(r).is_some() {
-        return Status::NGX_DECLINED;
-    }
-    let Some(ctx) = new_ctx(r, &lcf.lines, lcf.headers()) else {
-        return Status(500);
-    };
-    // SAFETY: ctx.results has ctx.n elements, zeroed.
-    let results = unsafe { slice::from_raw_parts_mut(ctx.results, ctx.n) };
-    match decide(r, &lcf.lines, results) {
-        Ok(true) => Status::NGX_DECLINED,
-        Ok(false) => {
-            ctx.rejected = true;
-            log_rejection(r.log(), ctx);
-            Status(lcf.status as isize)
+    let ctx = match get_ctx(r) {
+        Some(ctx) => match ctx.phase {
+            Phase::Decided => return Status::NGX_DECLINED,
+            Phase::Waiting(_) => return Status::NGX_AGAIN,
+            Phase::Replied => ctx,
+        },
+        None if lcf.lines.is_empty() => return Status::NGX_DECLINED,
+        None => {
+            let Some(ctx) = new_ctx(r, &lcf.lines, lcf.headers()) else {
+                return Status(500);
+            };
+            if eval_keys(raw, ctx).is_err() {
+                return Status(500);
+            }
+            if ctx.iter().any(|(l, res)| res.active && matches!(l.backend, Backend::Redis(_))) {
+                // Nothing goes to Redis if shared memory would reject anyway.
+                if let Ok(true) = shm_decide(mcf, ctx, r.log(), false) {
+                    if let Some(n) = submit_redis(raw, mcf, ctx) {
+                        ctx.phase = Phase::Waiting(n);
+                        crate::redis_zone::suspend(raw);
+                        return Status::NGX_AGAIN;
+                    }
+                } else {
+                    for z in 0..mcf.redis.len() {
+                        redis_failed(ctx, z, true);
+                    }
+                }
+            }
+            ctx
         }
-        Err(()) => Status(500),
+    };
+    ctx.phase = Phase::Decided;
+    let redis_ok = !ctx.denied_by_error && ctx.iter().all(|(l, res)| !res.active || res.admitted || !matches!(l.backend, Backend::Redis(_)));
+    let admitted = redis_ok && shm_decide(mcf, ctx, r.log(), true).unwrap_or(false);
+    if admitted {
+        return Status::NGX_DECLINED;
     }
+    ctx.rejected = true;
+    uncharge(ctx);
+    log_rejection(r.log(), ctx);
+    Status(lcf.status as isize)
 }
 
-/// Evaluates the lines (sorted by zone): checks all, then commits all if
-/// every one admits. Returns whether the request is admitted.
-fn decide(r: &Request, lines: &[*const Line], results: &mut [LineResult]) -> Result<bool, ()> {
-    let raw: *const ngx_http_request_t = r.into();
-    let Some(mcf) = Module::main_conf(r) else {
-        return Ok(true);
-    };
+/// Evaluates every line's key; an empty key leaves its line inactive.
+fn eval_keys(r: *mut ngx_http_request_t, ctx: &mut Ctx) -> Result<(), ()> {
+    let lines = ctx.lines();
+    for (line, res) in lines.iter().zip(ctx.results()) {
+        // SAFETY: configuration lines live as long as the cycle.
+        let line = unsafe { &**line };
+        // SAFETY: the key was compiled at configuration time; the value is allocated in r->pool.
+        if unsafe { ngx_http_complex_value(r, line.key, &mut res.key) } != 0 {
+            return Err(());
+        }
+        res.active = res.key.len > 0;
+    }
+    Ok(())
+}
+
+/// Decides the shared-memory lines (sorted by zone, locks taken in that
+/// order): checks all, then — with `commit` and only if every one admits —
+/// charges all. Returns whether they admit.
+fn shm_decide(mcf: &MainConf, ctx: &mut Ctx, log: *mut ngx_log_t, commit: bool) -> Result<bool, ()> {
     // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
     let now_us = unsafe { ngx_current_msec } as u64 * 1000;
     let now_s = (now_us / 1_000_000) as u32;
-    let log = r.log();
+    let lines = ctx.lines();
+    let results = ctx.results();
 
     let mut locks: [Option<Locked<'_>>; MAX_ZONES_PER_LOCATION] = [const { None }; MAX_ZONES_PER_LOCATION];
     let mut zones = [usize::MAX; MAX_ZONES_PER_LOCATION];
     let mut nlocks = 0;
-
-    // Keys, locks and entries.
-    for (line, res) in lines.iter().zip(results.iter_mut()) {
+    let shm = |l: &*const Line| match unsafe { (**l).backend } {
         // SAFETY: configuration lines live as long as the cycle.
+        Backend::Shm(z) => Some(z),
+        Backend::Redis(_) => None,
+    };
+
+    // Locks and entries.
+    for (line, res) in lines.iter().zip(results.iter_mut()).filter(|(_, res)| res.active) {
+        let Some(z) = shm(line) else { continue };
+        // SAFETY: as above.
         let line = unsafe { &**line };
-        let mut key = ngx_str_t { len: 0, data: ptr::null_mut() };
-        // SAFETY: the key was compiled at configuration time; the value is allocated in r->pool.
-        if unsafe { ngx_http_complex_value(raw as *mut _, line.key, &mut key) } != 0 {
-            return Err(());
-        }
-        if key.len == 0 {
-            continue;
-        }
-        if nlocks == 0 || zones[nlocks - 1] != line.zone {
+        if nlocks == 0 || zones[nlocks - 1] != z {
             if nlocks == MAX_ZONES_PER_LOCATION {
                 return Err(());
             }
-            let Some(zone) = mcf.zones.get(line.zone) else {
+            let Some(zone) = mcf.zones.get(z) else {
+                res.active = false;
                 continue;
             };
             let Some(mut locked) = zone.lock() else {
                 ngx_log_error!(NGX_LOG_ERR, log, "rl_zone \"{}\" is not initialised", zone.name);
+                res.active = false;
                 continue;
             };
             locked.expire(now_s);
             locks[nlocks] = Some(locked);
-            zones[nlocks] = line.zone;
+            zones[nlocks] = z;
             nlocks += 1;
         }
         let Some(locked) = locks[nlocks - 1].as_mut() else {
             continue;
         };
-        res.hash = locked.table.hash_key(line.id, key.as_bytes());
+        res.hash = locked.table.hash_key(line.id, res.key.as_bytes());
         res.lock = nlocks - 1;
         res.active = locked.ensure(res.hash, &line.limit, now_s, log);
     }
 
     // Check every line, charging nothing.
     let mut admitted = true;
-    for (line, res) in lines.iter().zip(results.iter_mut()).filter(|(_, res)| res.active) {
+    for (line, res) in lines.iter().zip(results.iter_mut()).filter(|(l, res)| res.active && shm(l).is_some()) {
         // SAFETY: as above.
         let line = unsafe { &**line };
-        let Some(locked) = locks[res.lock].as_mut() else {
-            continue;
-        };
-        let Some(state) = locked.state(res.hash, &line.limit) else {
+        let Some(state) = locks[res.lock].as_mut().and_then(|l| l.state(res.hash, &line.limit)) else {
             res.active = false;
             continue;
         };
@@ -221,12 +297,12 @@ fn decide(r: &Request, lines: &[*const Line], results: &mut [LineResult]) -> Res
         res.retry_after_us = o.retry_after_us.unwrap_or(u64::MAX);
         admitted &= o.admitted;
     }
-    if !admitted {
-        return Ok(false);
+    if !admitted || !commit {
+        return Ok(admitted);
     }
 
     // Every line admits: charge them all.
-    for (line, res) in lines.iter().zip(results.iter_mut()).filter(|(_, res)| res.active) {
+    for (line, res) in lines.iter().zip(results.iter_mut()).filter(|(l, res)| res.active && shm(l).is_some()) {
         // SAFETY: as above.
         let line = unsafe { &**line };
         let Some(locked) = locks[res.lock].as_mut() else {
@@ -238,14 +314,116 @@ fn decide(r: &Request, lines: &[*const Line], results: &mut [LineResult]) -> Res
         let o = line.limit.acquire(state, now_us, line.cost);
         res.remaining = o.remaining;
         res.reset_us = o.reset_us;
-        let idle_at = (now_us + o.reset_us).div_ceil(1_000_000);
+        res.charged = true;
+        let idle_at = now_us.saturating_add(o.reset_us).div_ceil(1_000_000);
         locked.set_idle_at(res.hash, idle_at.min(u64::from(u32::MAX)) as u32);
     }
     Ok(true)
 }
 
+/// Sends one job per Redis zone of the location. Returns how many replies
+/// to wait for, or `None` if nothing was sent (zones that could not take the
+/// job are then treated as failed, per their `on_error`).
+fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Option<u32> {
+    let mut sent = 0;
+    let lines = ctx.lines();
+    // SAFETY: the request is valid.
+    let log = unsafe { (*(*r).connection).log };
+    for (z, zone) in mcf.redis.iter().enumerate() {
+        let mut job = Job { id: 0, zone: z, keys: Vec::new(), tags: Vec::new(), lines: Vec::new() };
+        for (line, res) in lines.iter().zip(ctx.results().iter()) {
+            // SAFETY: configuration lines live as long as the cycle.
+            let line = unsafe { &**line };
+            if !res.active || line.backend != Backend::Redis(z) {
+                continue;
+            }
+            let tag = rl_core::redis::key_tag(res.key.as_bytes());
+            job.keys.push(rl_core::redis::state_key(&zone.prefix, &tag, line.id));
+            job.tags.push(u64::from_str_radix(&tag, 16).unwrap_or(0));
+            job.lines.push((line.limit, line.cost));
+        }
+        if job.lines.is_empty() {
+            continue;
+        }
+        if crate::redis_zone::submit(r, job).is_ok() {
+            sent += 1;
+        } else {
+            zone.failed(log, "the I/O thread is not running");
+            redis_failed(ctx, z, zone.on_error_allow);
+        }
+    }
+    (sent > 0).then_some(sent)
+}
+
+/// A zone's lines could not be decided by Redis: `on_error=allow` leaves
+/// them out, `on_error=deny` rejects the request.
+fn redis_failed(ctx: &mut Ctx, zone: usize, allow: bool) {
+    if !allow {
+        ctx.denied_by_error = true;
+    }
+    let lines = ctx.lines();
+    for (line, res) in lines.iter().zip(ctx.results()) {
+        // SAFETY: configuration lines live as long as the cycle.
+        if unsafe { (**line).backend } == Backend::Redis(zone) {
+            res.active = false;
+        }
+    }
+}
+
+/// A Redis reply for a suspended request: record it, and resume the request
+/// once every zone has answered.
+pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
+    // SAFETY: r is a live suspended request (pending requests are forgotten when freed).
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    let Some(ctx) = get_ctx(req) else { return };
+    let Some(mcf) = Module::main_conf(req) else { return };
+    let Some(zone) = mcf.redis.get(reply.zone) else { return };
+    match reply.result {
+        Ok((all, outcomes)) => {
+            let lines = ctx.lines();
+            let mine = lines.iter().zip(ctx.results().iter_mut()).filter(|(l, res)| {
+                // SAFETY: configuration lines live as long as the cycle.
+                res.active && unsafe { (***l).backend } == Backend::Redis(reply.zone)
+            });
+            for ((_, res), o) in mine.zip(outcomes) {
+                res.admitted = o.admitted;
+                res.remaining = o.remaining;
+                res.reset_us = o.reset_us;
+                res.retry_after_us = o.retry_after_us.unwrap_or(u64::MAX);
+                res.charged = all;
+            }
+        }
+        Err(f) => {
+            zone.failed(req.log(), &crate::redis_zone::failure_text(&f, zone.spec.timeout));
+            redis_failed(ctx, reply.zone, zone.on_error_allow);
+        }
+    }
+    ctx.phase = match ctx.phase {
+        Phase::Waiting(n) if n > 1 => Phase::Waiting(n - 1),
+        _ => Phase::Replied,
+    };
+    if ctx.phase == Phase::Replied {
+        crate::redis_zone::resume(r);
+    }
+}
+
+/// A check reports what would remain after the charge; for the lines of a
+/// rejected request that were not charged, report what remains.
+fn uncharge(ctx: &mut Ctx) {
+    let lines = ctx.lines();
+    for (line, res) in lines.iter().zip(ctx.results()) {
+        if res.active && res.admitted && !res.charged {
+            // SAFETY: configuration lines live as long as the cycle.
+            res.remaining = res.remaining.saturating_add(unsafe { (**line).cost });
+        }
+    }
+}
+
 /// One line per rejection, naming the zone, as limit_req does.
 fn log_rejection(log: *mut ngx_log_t, ctx: &Ctx) {
+    if ctx.denied_by_error {
+        return;
+    }
     for (line, res) in ctx.iter().filter(|(_, r)| r.active && !r.admitted) {
         ngx_log_error!(
             NGX_LOG_ERR,

@@ -11,7 +11,7 @@ use core::ptr;
 use ngx::core::{Status, NGX_CONF_ERROR};
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_http_core_main_conf_t, ngx_http_handler_pt,
-    ngx_http_module_t, ngx_http_top_header_filter, ngx_int_t, ngx_module_t, ngx_uint_t, NGX_CONF_1MORE,
+    ngx_http_module_t, ngx_http_top_header_filter, ngx_int_t, ngx_module_t, ngx_uint_t, ngx_cycle_t, NGX_CONF_1MORE,
     NGX_CONF_TAKE1, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF,
     NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
 };
@@ -21,6 +21,7 @@ use ngx::ngx_string;
 mod config;
 mod handler;
 mod headers;
+mod redis_zone;
 mod zone;
 
 use config::{LocConf, MainConf};
@@ -145,8 +146,28 @@ pub static mut ngx_http_rl_module: ngx_module_t = ngx_module_t {
     // SAFETY: a pointer to the first command; nginx reads the array until the empty entry.
     commands: unsafe { ptr::addr_of_mut!(COMMANDS[0]) },
     type_: NGX_HTTP_MODULE as ngx_uint_t,
+    init_process: Some(init_process),
+    exit_process: Some(exit_process),
     ..ngx_module_t::default()
 };
+
+/// Starts the worker's Redis I/O thread, if any zone uses Redis (workers
+/// only: nginx calls this after forking, never in the master).
+extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
+    // SAFETY: nginx passes the running cycle.
+    let Some(mcf) = (unsafe { cycle.as_ref() }).and_then(|c| Module::main_conf(c)) else {
+        return Status::NGX_OK.into();
+    };
+    match redis_zone::init_worker(cycle, &mcf.redis, handler::on_reply) {
+        Ok(()) => Status::NGX_OK.into(),
+        Err(()) => Status::NGX_ERROR.into(),
+    }
+}
+
+/// Stops the Redis I/O thread and closes its eventfd.
+extern "C" fn exit_process(_cycle: *mut ngx_cycle_t) {
+    redis_zone::exit_worker();
+}
 
 /// The tag that marks shared memory zones as ours (nginx reuses a zone on
 /// reload only for the same name, size and tag).

@@ -141,7 +141,7 @@ const RL_HEADERS: [&str; 6] =
     ["x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset", "ratelimit", "ratelimit-policy", "retry-after"];
 
 fn assert_no_rl_headers(r: &Response, what: &str) {
-    for h in &RL_HEADERS[..5] {
+    for h in &RL_HEADERS {
         assert!(r.header(h).is_none(), "{what}: unexpected {h} in {r:?}");
     }
 }
@@ -419,6 +419,26 @@ fn lines_sharing_a_zone_are_independent() {
     assert_eq!(ngx.get("/b.html", &h).status, 429);
 }
 
+/// Lines are inherited from the enclosing level only if the current level
+/// has none; `cost=` charges several units.
+#[test]
+fn inheritance_and_cost() {
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        " rl_limit zone=z key=$http_x_k rate=2r/h burst=2;\n\
+          location = /a.html { }\n\
+          location = /b.html { rl_limit zone=z key=$http_x_k rate=5r/h burst=5 cost=2; }",
+    ));
+    let h = [("X-K", "gina")];
+    let a: Vec<(u16, Option<String>)> =
+        (0..3).map(|_| ngx.get("/a.html", &h)).map(|r| (r.status, r.header("X-RateLimit-Remaining").map(String::from))).collect();
+    assert_eq!(a, [(200, Some("1".into())), (200, Some("0".into())), (429, Some("0".into()))], "server-level line inherited");
+    // /b.html has its own line (cost 2 of burst 5), not the server's.
+    let b: Vec<(u16, Option<String>)> =
+        (0..3).map(|_| ngx.get("/b.html", &h)).map(|r| (r.status, r.header("X-RateLimit-Remaining").map(String::from))).collect();
+    assert_eq!(b, [(200, Some("3".into())), (200, Some("1".into())), (429, Some("1".into()))], "cost=2, burst=5");
+}
+
 // ---------------------------------------------------------------------------
 // 8. Internal redirects.
 // ---------------------------------------------------------------------------
@@ -552,15 +572,17 @@ fn config_test_messages() {
     for (what, conf, needles) in &cases {
         let (ok, out) = nginx_t(conf);
         let missing: Vec<&&str> = needles.iter().filter(|n| !out.contains(**n)).collect();
-        if ok || !out.contains("[emerg]") || !missing.is_empty() {
+        // Every message points at the configuration line.
+        if ok || !out.contains("[emerg]") || !out.contains("nginx.conf:") || !missing.is_empty() {
             failures.push(format!("{what}: accepted={ok}, missing {missing:?} in:\n{out}"));
         }
     }
-    let (ok, out) = nginx_t(&srv(
+    let (ok, out) = nginx_t(&(srv(
         "rl_zone z size=1m;",
         "rl_limit zone=z rate=10r/s burst=20 algorithm=gcra; rl_limit zone=z key=$http_x_k rate=100r/m; \
+         rl_limit zone=later key=$http_x_k:$uri rate=5r/d cost=2 algorithm=sliding_log; \
          rl_headers both; rl_status 503;",
-    ));
+    ) + "rl_zone later size=64k;\n"));
     if !ok || !out.contains("syntax is ok") || !out.contains("test is successful") {
         failures.push(format!("good configuration refused:\n{out}"));
     }

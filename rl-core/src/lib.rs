@@ -9,4 +9,5 @@
 
 pub mod limit;
 pub mod parse;
+pub mod redis;
 pub mod table;

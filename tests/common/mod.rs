@@ -60,8 +60,9 @@ fn make_prefix() -> PathBuf {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
     let dir = std::env::temp_dir().join(format!("nginx-rl-it-{}-{}", std::process::id(), n));
     let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
+    fs::create_dir_all(dir.join("tmp")).unwrap();
     set_mode(&dir, 0o755);
+    set_mode(&dir.join("tmp"), 0o755);
     dir
 }
 

@@ -1,0 +1,413 @@
+#!/usr/bin/env bash
+# make bench: what nginx-rl costs per request, side by side with what users
+# would run instead (stock limit_req, Lua + Redis), on this machine, in one run.
+#
+#   bench/run.sh            full run: warm-up, 5 interleaved rounds of 5 s,
+#                           memory test; writes bench/RESULTS.md (~13 min)
+#   QUICK=1 bench/run.sh    smoke test: 1 round of 1 s, small zones; writes
+#                           bench/RESULTS.quick.md; exits non-zero if broken
+#
+# Environment (all optional): RL_MODULE (the module, default
+# build/debian/ngx_http_rl_module.so), NGINX (/usr/sbin/nginx), BENCH_ROUNDS,
+# BENCH_SECS, BENCH_WARM, BENCH_CONNS, BENCH_THREADS, BENCH_MEMZ (zone size
+# of the memory test), BENCH_ONLY (regex on scenario ids), BENCH_NO_MEM=1,
+# BENCH_OUT (report path), BENCH_KEEP=1 (keep the temp dir with the logs).
+#
+# See bench/README.md for the method.
+
+set -Eeuo pipefail
+export LC_ALL=C
+
+BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$BENCH")
+NGINX=${NGINX:-/usr/sbin/nginx}
+MODULE=${RL_MODULE:-$ROOT/build/debian/ngx_http_rl_module.so}
+case "${QUICK:-}" in 0 | no | false) QUICK= ;; esac
+QUICK=${QUICK:-}
+
+if [[ -n $QUICK ]]; then
+    ROUNDS=${BENCH_ROUNDS:-1} SECS=${BENCH_SECS:-1} WARM=${BENCH_WARM:-0}
+    MEMZ=${BENCH_MEMZ:-128k} NLONG=1000 OUT=${BENCH_OUT:-$BENCH/RESULTS.quick.md}
+else
+    ROUNDS=${BENCH_ROUNDS:-5} SECS=${BENCH_SECS:-5} WARM=${BENCH_WARM:-1}
+    MEMZ=${BENCH_MEMZ:-1m} NLONG=5000 OUT=${BENCH_OUT:-$BENCH/RESULTS.md}
+fi
+THREADS=${BENCH_THREADS:-1}
+CONNS=${BENCH_CONNS:-32}
+ONLY=${BENCH_ONLY:-}
+NGX_CPU=0    # must match worker_cpu_affinity in conf/common.inc
+CLIENT_CPU=1 # wrk and redis-server
+
+log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# ---------------------------------------------------------------- packages
+ensure_packages() {
+    local need=()
+    [[ -x $NGINX ]] || need+=(nginx)
+    command -v wrk >/dev/null || need+=(wrk)
+    command -v curl >/dev/null || need+=(curl)
+    command -v taskset >/dev/null || need+=(util-linux)
+    command -v redis-server >/dev/null || need+=(redis-server)
+    command -v redis-cli >/dev/null || need+=(redis-tools)
+    [[ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ]] || need+=(libnginx-mod-http-lua)
+    [[ -f /usr/share/lua/5.1/nginx/redis.lua ]] || need+=(lua-nginx-redis)
+    ((${#need[@]} == 0)) && return 0
+    ((EUID == 0)) || die "missing packages: ${need[*]} (run as root, or apt-get install them)"
+    log "installing: ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null ||
+        { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; } ||
+        die "apt-get install ${need[*]} failed"
+}
+
+# ---------------------------------------------------------------- scenarios
+declare -A S_INST S_PATH S_KEYS S_EXPECT S_GROUP S_REF S_QUICK S_DESC
+IDS=()
+load_scenarios() {
+    local id inst path nkeys expect group ref quick desc
+    while IFS=$'\t' read -r id inst path nkeys expect group ref quick desc; do
+        [[ -z $id || $id == \#* ]] && continue
+        S_INST[$id]=$inst S_PATH[$id]=$path S_KEYS[$id]=$nkeys S_EXPECT[$id]=$expect
+        S_GROUP[$id]=$group S_REF[$id]=$ref S_QUICK[$id]=$quick S_DESC[$id]=$desc
+        [[ -n $QUICK && $quick != 1 ]] && continue
+        [[ -n $ONLY && ! $id =~ $ONLY ]] && continue
+        IDS+=("$id")
+    done <"$BENCH/scenarios.tsv"
+    ((${#IDS[@]} > 0)) || die "no scenario selected"
+}
+
+# ---------------------------------------------------------------- processes
+TMP=
+declare -A PORT MASTER WORKER
+INSTANCES=()
+REDIS_PID=
+WRK_PID=
+FAILED=0
+
+cleanup() {
+    local rc=$?
+    set +e
+    trap - ERR
+    [[ -n $WRK_PID ]] && kill "$WRK_PID" 2>/dev/null
+    local name pid
+    for name in "${INSTANCES[@]}"; do
+        pid=${MASTER[$name]:-}
+        [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null
+    done
+    [[ -n $REDIS_PID ]] && kill -TERM "$REDIS_PID" 2>/dev/null
+    for name in "${INSTANCES[@]}"; do
+        pid=${MASTER[$name]:-}
+        [[ -n $pid ]] || continue
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null
+    done
+    [[ -n $REDIS_PID ]] && wait "$REDIS_PID" 2>/dev/null
+    if [[ -n $TMP && -d $TMP ]]; then
+        if [[ -n ${BENCH_KEEP:-} || $rc -ne 0 ]]; then
+            log "logs kept in $TMP"
+        else
+            rm -rf "$TMP"
+        fi
+    fi
+    exit "$rc"
+}
+
+free_port() {
+    local p
+    for _ in $(seq 200); do
+        p=$((20000 + RANDOM % 40000))
+        [[ " ${PORT[*]:-} $REDIS_PORT " == *" $p "* ]] && continue
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            echo "$p"
+            return 0
+        fi
+    done
+    die "no free port"
+}
+
+render() { # template dir port > file
+    sed -e "s|@DIR@|$2|g" -e "s|@HTML@|$TMP/html|g" -e "s|@PORT@|$3|g" \
+        -e "s|@MODULE@|$MODULE|g" -e "s|@REDIS_PORT@|$REDIS_PORT|g" \
+        -e "s|@BENCH@|$BENCH|g" -e "s|@MEMZ@|$MEMZ|g" "$1"
+}
+
+# prepare_nginx NAME CONF: renders the configuration and runs nginx -t.
+prepare_nginx() {
+    local name=$1 conf=$2 dir=$TMP/$1 port
+    port=$(free_port) && [[ -n $port ]] || die "no free port"
+    PORT[$name]=$port
+    mkdir -p "$dir/tmp"
+    render "$BENCH/conf/common.inc" "$dir" "$port" >"$dir/common.inc"
+    render "$BENCH/conf/http.inc" "$dir" "$port" >"$dir/http.inc"
+    render "$BENCH/conf/$conf" "$dir" "$port" >"$dir/nginx.conf"
+    "$NGINX" -p "$dir/" -c "$dir/nginx.conf" -e "$dir/error.log" -t -q >"$dir/test.log" 2>&1
+}
+
+start_nginx() {
+    local name=$1 dir=$TMP/$1 pid= w=
+    INSTANCES+=("$name")
+    "$NGINX" -p "$dir/" -c "$dir/nginx.conf" -e "$dir/error.log" ||
+        { cat "$dir/error.log" >&2; die "nginx ($name) failed to start"; }
+    for _ in $(seq 100); do
+        [[ -s $dir/nginx.pid ]] && pid=$(<"$dir/nginx.pid")
+        [[ -n $pid ]] && w=$(pgrep -P "$pid" | head -1 || true)
+        [[ -n $w ]] && break
+        sleep 0.05
+    done
+    [[ -n $w ]] || { cat "$dir/error.log" >&2; die "nginx ($name) has no worker"; }
+    MASTER[$name]=$pid WORKER[$name]=$w
+    for _ in $(seq 100); do
+        curl -s -o /dev/null "http://127.0.0.1:${PORT[$name]}/" && return 0
+        sleep 0.05
+    done
+    die "nginx ($name) does not answer on port ${PORT[$name]}"
+}
+
+start_redis() {
+    mkdir -p "$TMP/redis"
+    taskset -c "$CLIENT_CPU" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" \
+        --appendonly no --protected-mode no --dir "$TMP/redis" --logfile "$TMP/redis/redis.log" \
+        --daemonize no &
+    REDIS_PID=$!
+    for _ in $(seq 100); do
+        [[ $(redis-cli -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]] && return 0
+        sleep 0.05
+    done
+    cat "$TMP/redis/redis.log" >&2
+    die "redis-server does not answer on port $REDIS_PORT"
+}
+
+# CPU time (ns) a process has used, all its threads.
+cpu_ns() {
+    local s=0 a f
+    for f in /proc/"$1"/task/*/schedstat; do
+        read -r a _ <"$f" && s=$((s + a))
+    done
+    echo "$s"
+}
+
+# ---------------------------------------------------------------- one run
+# run_one PHASE ID SECS: one wrk run; appends a line to raw.tsv.
+run_one() {
+    local phase=$1 id=$2 secs=$3
+    local inst=${S_INST[$id]} out=$TMP/wrk.out
+    local w=${WORKER[$inst]} c0 c1 r0=0 r1=0 res status reason
+    kill -0 "$w" 2>/dev/null || die "the nginx worker of '$inst' is gone (crashed?), see $TMP/$inst/error.log"
+    c0=$(cpu_ns "$w")
+    [[ $inst == lua || $inst == rlredis ]] && r0=$(cpu_ns "$REDIS_PID")
+    taskset -c "$CLIENT_CPU" wrk -t"$THREADS" -c"$CONNS" -d"${secs}s" --timeout 5s \
+        -s "$BENCH/wrk/load.lua" "http://127.0.0.1:${PORT[$inst]}${S_PATH[$id]}" -- "${S_KEYS[$id]}" \
+        >"$out" 2>&1 &
+    WRK_PID=$!
+    wait "$WRK_PID" || { cat "$out" >&2; die "wrk failed on $id"; }
+    WRK_PID=
+    c1=$(cpu_ns "$w")
+    [[ $inst == lua || $inst == rlredis ]] && r1=$(cpu_ns "$REDIS_PID")
+    res=$(grep '^RESULT ' "$out") || { cat "$out" >&2; die "no result from wrk on $id"; }
+    # A worker that crashed is replaced by the master with a new pid.
+    [[ $(pgrep -P "${MASTER[$inst]}" | head -1) == "$w" ]] ||
+        die "the nginx worker of '$inst' was replaced during $id (crashed?), see $TMP/$inst/error.log"
+    # requests duration_us p50_us p99_us n200 n429 n5xx nother err_connect err_read err_write err_timeout
+    local -a v
+    read -r -a v <<<"$(sed 's/[a-z0-9_]*=//g; s/^RESULT //' <<<"$res")"
+    local req=${v[0]} n200=${v[4]} n429=${v[5]} n5xx=${v[6]} nother=${v[7]} econn=${v[8]}
+    status=ok reason=
+    if ((req == 0)); then
+        reason="no request completed"
+    elif ((n5xx > 0)); then
+        reason="$n5xx responses 5xx"
+    elif ((econn > 0)); then
+        reason="$econn connect errors"
+    elif [[ ${S_EXPECT[$id]} == admit ]] && ((n200 != req)); then
+        reason="admit path: $((req - n200)) of $req not 200 ($n429 x 429, $nother other)"
+    elif [[ ${S_EXPECT[$id]} == reject ]] && ((nother > 0 || n429 * 100 < req * 99)); then
+        reason="reject path: only $n429 of $req are 429 ($n200 x 200, $nother other)"
+    fi
+    if [[ -n $reason ]]; then
+        status=FAIL
+        FAILED=1
+        log "FAIL $id ($phase): $reason"
+    fi
+    local vt
+    vt=$(IFS=$'\t' && echo "${v[*]}")
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$phase" "$id" "$secs" "$vt" \
+        "$((c1 - c0))" "$((r1 - r0))" "$status" "${reason:--}" "$(cut -d' ' -f1 /proc/loadavg)" >>"$TMP/raw.tsv"
+    if [[ $phase != warm ]]; then
+        awk -v id="$id" -v r="$req" -v d="${v[1]}" -v p="${v[3]}" -v c="$((c1 - c0))" 'BEGIN {
+            printf "  %-24s %9.0f req/s  p99 %7.2f ms  %6.2f us/req\n", id, r / (d / 1e6), p / 1000, c / r / 1000 }' >&2
+    fi
+}
+
+# ---------------------------------------------------------------- memory
+# curl_keys URL FIRST LAST STEP PREFIX PAD: one request per key, in order,
+# over one keep-alive connection; prints one status code per line.
+curl_keys() {
+    awk -v u="$1" -v a="$2" -v b="$3" -v s="$4" -v p="$5" -v pad="$6" 'BEGIN {
+        for (i = a; (s > 0) ? i <= b : i >= b; i += s) {
+            k = p i
+            while (length(k) < pad) k = k "x"
+            printf "url = \"%s?u=%s\"\noutput = \"/dev/null\"\n", u, k
+        }
+    }' >"$TMP/keys.cfg"
+    curl -s -K "$TMP/keys.cfg" -w '%{http_code}\n'
+}
+
+size_bytes() {
+    local s=${1,,}
+    case $s in
+        *k) echo $((${s%k} * 1024)) ;;
+        *m) echo $((${s%m} * 1048576)) ;;
+        *) echo "$s" ;;
+    esac
+}
+
+# For each zone: fill it with NFILL short keys (s1..sNFILL, one request
+# each), then count the keys it still holds: ask again from the newest key
+# down; a held key answers 429 (its one request is spent), the first
+# forgotten key answers 200. For nginx-rl, also where the first eviction
+# was logged. Then send NLONG new long keys (100 bytes) into the zone full of
+# short ones and count how many are refused (429) for lack of memory.
+memory_test() {
+    local zbytes nfill chunk z url held first codes i lo n
+    zbytes=$(size_bytes "$MEMZ")
+    nfill=$((zbytes * 48000 / 1048576))
+    chunk=2000
+    prepare_nginx mem mem.conf || { cat "$TMP/mem/test.log" >&2; die "nginx -t failed for the memory test"; }
+    start_nginx mem
+    : >"$TMP/mem.tsv"
+    for z in fixed sliding sliding_log token_bucket leaky_bucket gcra limit_req; do
+        url="http://127.0.0.1:${PORT[mem]}/m_$z"
+        codes=$(curl_keys "$url" 1 "$nfill" 1 s 0 | sort | uniq -c | awk '{printf "%s%s x %s", sep, $1, $2; sep=", "}')
+        held=0 i=$nfill
+        while ((i > 0)); do
+            lo=$((i - chunk + 1))
+            ((lo < 1)) && lo=1
+            n=$(curl_keys "$url" "$i" "$lo" -1 s 0 | awk '$1 != 429 { print NR - 1; f = 1; exit } END { if (!f) print NR }')
+            held=$((held + n))
+            ((n < i - lo + 1)) && break
+            i=$((lo - 1))
+        done
+        first=$(awk '/is full/ { print n + 0; f = 1; exit } /^s[0-9]+ [0-9]+$/ { n++ } END { if (!f) print "-" }' "$TMP/mem/m_$z.log")
+        local long
+        long=$(curl_keys "$url" 1 "$NLONG" 1 L 100 | awk '
+            $1 == 200 { ok++ } $1 == 429 { rej++ } $1 != 200 && $1 != 429 { other++ }
+            END { printf "%d\t%d\t%d", ok, rej, other }')
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$z" "$zbytes" "$nfill" "$codes" "$held" "$first" "$NLONG" "$long" >>"$TMP/mem.tsv"
+        log "memory $z: holds $held keys in $MEMZ (fill: $codes; first eviction logged after $first keys); long keys: $(cut -f2 <<<"$long") of $NLONG refused"
+        if [[ $z != limit_req ]]; then
+            [[ $(cut -f2 <<<"$long") == 0 && $(cut -f3 <<<"$long") == 0 ]] || { FAILED=1; log "FAIL memory $z: new keys refused or errors ($long)"; }
+            [[ $codes == *" x 200" && $codes != *,* ]] || { FAILED=1; log "FAIL memory $z: fill answers $codes"; }
+        fi
+        ((held > 0)) || { FAILED=1; log "FAIL memory $z: holds no key"; }
+    done
+    grep -c 'could not allocate node' "$TMP/mem/error.log" >"$TMP/mem.lr_nomem" || true
+}
+
+# ---------------------------------------------------------------- main
+main() {
+    ensure_packages
+    [[ -f $MODULE ]] || die "module not found: $MODULE (make build-debian)"
+    load_scenarios
+    TMP=$(mktemp -d /tmp/nginx-rl-bench.XXXXXX)
+    chmod 755 "$TMP"
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    trap 'log "failed at line $LINENO: $BASH_COMMAND"' ERR
+    mkdir -p "$TMP/html"
+    : >"$TMP/raw.tsv"
+    : >"$TMP/mem.tsv"
+    local id
+    for id in "${!S_PATH[@]}"; do
+        echo "hello from the nginx-rl bench" >"$TMP/html/${S_PATH[$id]#/}"
+    done
+    echo "hello from the nginx-rl bench" >"$TMP/html/index.html"
+
+    REDIS_PORT=0
+    REDIS_PORT=$(free_port) && [[ -n $REDIS_PORT ]] || die "no free port"
+    local load0 start_s
+    load0=$(cut -d' ' -f1-3 /proc/loadavg)
+    start_s=$(date +%s)
+
+    # Which instances the selected scenarios need.
+    local -A need=()
+    for id in "${IDS[@]}"; do need[${S_INST[$id]}]=1; done
+    if [[ -n ${need[lua]:-} || -n ${need[rlredis]:-} ]]; then
+        start_redis
+    fi
+    local name
+    SKIP_REDIS=
+    for name in stock rl lua rlredis; do
+        [[ -n ${need[$name]:-} ]] || continue
+        if ! prepare_nginx "$name" "$name.conf"; then
+            if [[ $name == rlredis ]]; then
+                SKIP_REDIS=$(grep -m1 -o 'emerg\] .*' "$TMP/$name/test.log" || head -1 "$TMP/$name/test.log")
+                log "skipping the nginx-rl Redis scenarios: nginx -t says: $SKIP_REDIS"
+                continue
+            fi
+            cat "$TMP/$name/test.log" >&2
+            die "nginx -t failed for '$name'"
+        fi
+        start_nginx "$name"
+        log "nginx '$name' on 127.0.0.1:${PORT[$name]}, worker ${WORKER[$name]} on CPU $(taskset -pc "${WORKER[$name]}" | awk '{print $NF}')"
+    done
+    local run_ids=()
+    for id in "${IDS[@]}"; do
+        [[ ${S_INST[$id]} == rlredis && -n $SKIP_REDIS ]] && continue
+        run_ids+=("$id")
+    done
+
+    if ((WARM > 0)); then
+        log "warm-up: ${#run_ids[@]} scenarios x ${WARM}s"
+        for id in $(printf '%s\n' "${run_ids[@]}" | shuf); do run_one warm "$id" "$WARM"; done
+    fi
+    local r
+    for ((r = 1; r <= ROUNDS; r++)); do
+        log "round $r/$ROUNDS: ${#run_ids[@]} scenarios x ${SECS}s, in random order"
+        for id in $(printf '%s\n' "${run_ids[@]}" | shuf); do run_one "$r" "$id" "$SECS"; done
+    done
+
+    if [[ -z ${BENCH_NO_MEM:-} ]]; then
+        log "memory test: zones of $MEMZ"
+        memory_test
+    fi
+
+    local elapsed=$(($(date +%s) - start_s))
+    local git_rev
+    git_rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    [[ -n $(git -C "$ROOT" status --porcelain -- src rl-core 2>/dev/null) ]] && git_rev="$git_rev + uncommitted changes in src/ or rl-core/"
+    local reportmeta=$TMP/meta
+    {
+        echo "date	$(date -u '+%Y-%m-%d %H:%M UTC')"
+        echo "quick	${QUICK:+1}"
+        echo "cpus	$(nproc) ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo))"
+        echo "kernel	$(uname -sr)"
+        echo "os	$(. /etc/os-release && echo "$PRETTY_NAME")"
+        echo "nginx	$("$NGINX" -v 2>&1 | sed 's/^nginx version: //')"
+        echo "lua	libnginx-mod-http-lua $(dpkg-query -W -f='${Version}' libnginx-mod-http-lua 2>/dev/null), lua-nginx-redis $(dpkg-query -W -f='${Version}' lua-nginx-redis 2>/dev/null)"
+        echo "redis	$(redis-server --version | awk '{print $3}' | sed 's/v=//')"
+        echo "wrk	$(dpkg-query -W -f='${Version}' wrk 2>/dev/null)"
+        echo "module	$MODULE (built $(date -u -r "$MODULE" '+%Y-%m-%d %H:%M UTC'), repo at $git_rev)"
+        echo "setup	$ROUNDS round(s) of ${SECS}s per scenario in a fresh random order each round, after a warm-up of ${WARM}s per scenario; wrk -t$THREADS -c$CONNS; nginx: 1 worker on CPU $NGX_CPU; wrk and redis-server on CPU $CLIENT_CPU"
+        echo "load	load average $load0 at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
+        echo "elapsed	${elapsed}s"
+        echo "memz	$MEMZ"
+        echo "lr_nomem	$(cat "$TMP/mem.lr_nomem" 2>/dev/null || echo -)"
+        echo "skip_redis	$SKIP_REDIS"
+    } >"$reportmeta"
+    awk -f "$BENCH/report.awk" -v failed="$FAILED" "$reportmeta" "$BENCH/scenarios.tsv" "$TMP/raw.tsv" "$TMP/mem.tsv" >"$OUT.tmp" ||
+        die "report failed"
+    mv "$OUT.tmp" "$OUT"
+    if [[ -z $QUICK ]]; then
+        cp "$TMP/raw.tsv" "$BENCH/raw-runs.tsv"
+        if [[ -s $TMP/mem.tsv ]]; then cp "$TMP/mem.tsv" "$BENCH/raw-memory.tsv"; fi
+    fi
+    cat "$OUT"
+    log "wrote $OUT (${elapsed}s)"
+    if ((FAILED)); then
+        die "some scenarios are broken (see FAIL above and in $OUT)"
+    fi
+}
+
+main "$@"

@@ -1,0 +1,68 @@
+-- wrk script for every throughput scenario of `make bench` (bench/run.sh).
+--
+--   wrk ... -s load.lua URL -- NKEYS
+--
+-- NKEYS = 0: the same request every time (one key: the client address).
+-- NKEYS = N: each request carries `X-User: u<random 1..N>`.
+-- The script is the same for every scenario so that the client does the
+-- same work everywhere. It counts response statuses and prints one
+-- machine-readable line at the end, read by run.sh:
+--   RESULT requests=.. duration_us=.. p50_us=.. p99_us=.. n200=.. n429=.. n5xx=.. nother=..
+--          err_connect=.. err_read=.. err_write=.. err_timeout=..
+
+local threads = {}
+local counter = 0
+
+function setup(thread)
+   counter = counter + 1
+   thread:set("id", counter)
+   table.insert(threads, thread)
+end
+
+local fixed_req
+local nkeys = 0
+local rnd = math.random
+
+function init(args)
+   nkeys = tonumber(args[1] or "0") or 0
+   math.randomseed(os.time() * 1000 + (id or 0))
+   if nkeys <= 0 then
+      fixed_req = wrk.format()
+   end
+end
+
+function request()
+   if fixed_req then
+      return fixed_req
+   end
+   return wrk.format(nil, nil, { ["X-User"] = "u" .. rnd(nkeys) })
+end
+
+n200, n429, n5xx, nother = 0, 0, 0, 0
+
+function response(status, headers, body)
+   if status == 200 then
+      n200 = n200 + 1
+   elseif status == 429 then
+      n429 = n429 + 1
+   elseif status >= 500 then
+      n5xx = n5xx + 1
+   else
+      nother = nother + 1
+   end
+end
+
+function done(summary, latency, requests)
+   local c = { n200 = 0, n429 = 0, n5xx = 0, nother = 0 }
+   for _, t in ipairs(threads) do
+      for k, _ in pairs(c) do
+         c[k] = c[k] + (t:get(k) or 0)
+      end
+   end
+   local e = summary.errors
+   io.write(string.format(
+      "RESULT requests=%d duration_us=%d p50_us=%d p99_us=%d n200=%d n429=%d n5xx=%d nother=%d " ..
+      "err_connect=%d err_read=%d err_write=%d err_timeout=%d\n",
+      summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+      c.n200, c.n429, c.n5xx, c.nother, e.connect, e.read, e.write, e.timeout))
+end

@@ -1,0 +1,181 @@
+//! The Redis backend's protocol: a Lua script that checks (and commits) every
+//! `rl_limit` line of a request atomically, in one `EVALSHA`, with the same
+//! state machines as [`crate::limit`], plus the Rust side of its interface:
+//! keys, arguments and reply.
+//!
+//! # Script interface
+//!
+//! - `KEYS[i]`: line `i`'s state key, see [`state_key`].
+//! - `ARGV[1]`: `"1"` = check every line and commit all iff all admit; `"0"` =
+//!   check only, never write (first phase of a two-phase check across Redis
+//!   Cluster slots).
+//! - `ARGV[2]`: now in microseconds; `""` or `"0"` = Redis `TIME` (one clock
+//!   for the whole fleet).
+//! - then per line 5 arguments: algorithm name, count, period_us, burst, cost.
+//!
+//! It returns `{all_admitted, now_ms, then per line: admitted, remaining,
+//! reset_us, retry_after_us or -1}`, see [`parse_reply`]. Each line's outcome
+//! is [`Limit::check`]'s at the script's `now`; the commits are
+//! [`Limit::commit`]s. A rejected request writes nothing.
+//!
+//! State: the O(1) algorithms keep [`Limit::state_words`] words as a
+//! space-separated string (`SET key "w0 w1" PX ttl`); `sliding_log` keeps a
+//! LIST of admission timestamps, newest first. Every write sets a TTL of the
+//! key's reset time + [`TTL_MARGIN_MS`]; by then its state reads as fresh, so
+//! expiry never changes a decision and memory stays bounded.
+//!
+//! # Exactness
+//!
+//! Redis runs Lua 5.1, whose numbers are doubles: integers are exact up to
+//! 2^53. The script's outcomes are identical to rl-core's when `now ≤`
+//! [`MAX_EXACT`] (until the year 2112) and the limit passes [`exact`]:
+//! count, period and burst below 2^53, and
+//!
+//! | algorithm                       | condition                                  |
+//! |---------------------------------|--------------------------------------------|
+//! | `fixed`, `sliding_log`          | `W` = ⌈burst·period/count⌉ ≤ 2^52          |
+//! | `sliding`                       | `W` ≤ 2^51                                 |
+//! | `token_bucket`, `leaky_bucket`  | burst·period ≤ 2^52                        |
+//! | `gcra`                          | burst·⌈period/count⌉ ≤ 2^52                |
+//!
+//! The script rejects a line outside these ranges (or with malformed
+//! arguments) with no retry-after: it fails closed and never over-admits.
+//! Configurations should therefore be checked with [`exact`] up front.
+
+use std::fmt::Write as _;
+use std::hash::Hasher;
+
+use siphasher::sip::SipHasher13;
+
+use crate::limit::{Algorithm, Limit};
+
+/// The Lua script (for `SCRIPT LOAD` / `EVALSHA`).
+pub const LIMIT_SCRIPT: &str = include_str!("redis/limit.lua");
+
+/// Added to every key's reset time to get its TTL.
+pub const TTL_MARGIN_MS: u64 = 1000;
+
+/// Bound on the script's intermediate values (2^52 µs ≈ year 2112 as a Unix
+/// time): see the module docs.
+pub const MAX_EXACT: u64 = 1 << 52;
+
+/// Arguments of the script per line.
+pub const ARGS_PER_LINE: usize = 5;
+
+/// Whether the script evaluates `limit` exactly like rl-core (for any
+/// `now ≤` [`MAX_EXACT`]); the script rejects the lines for which this is
+/// false.
+pub fn exact(limit: &Limit) -> bool {
+    let rate = limit.rate();
+    let burst = limit.burst();
+    let small = |x: u64| x < 2 * MAX_EXACT;
+    if !(small(rate.count) && small(rate.period_us) && small(burst)) {
+        return false;
+    }
+    let bound = u128::from(MAX_EXACT);
+    let window = u128::from(limit.window_us());
+    match limit.algorithm() {
+        Algorithm::Fixed | Algorithm::SlidingLog => window <= bound,
+        Algorithm::Sliding => window <= bound / 2,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            u128::from(burst) * u128::from(rate.period_us) <= bound
+        }
+        Algorithm::Gcra => {
+            u128::from(burst) * u128::from(rate.period_us.div_ceil(rate.count)) <= bound
+        }
+    }
+}
+
+/// The script's `ARGV` for `lines` (each a limit and the request's cost on
+/// it), in the order of their `KEYS`. `commit` false checks only;
+/// `now_override_us` replaces Redis `TIME` (tests).
+pub fn script_args(
+    lines: &[(Limit, u64)],
+    commit: bool,
+    now_override_us: Option<u64>,
+) -> Vec<String> {
+    let mut args = Vec::with_capacity(2 + ARGS_PER_LINE * lines.len());
+    args.push(if commit { "1" } else { "0" }.to_owned());
+    args.push(now_override_us.map_or_else(String::new, |t| t.to_string()));
+    for (limit, cost) in lines {
+        let rate = limit.rate();
+        args.push(limit.algorithm().name().to_owned());
+        args.push(rate.count.to_string());
+        args.push(rate.period_us.to_string());
+        args.push(limit.burst().to_string());
+        args.push(cost.to_string());
+    }
+    args
+}
+
+/// One line's outcome as the script reports it (see
+/// [`crate::limit::Outcome`]; `delay_us` is not reported).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ScriptLine {
+    /// Whether this line admits the request.
+    pub admitted: bool,
+    /// Cost-1 requests that would still be admitted.
+    pub remaining: u64,
+    /// Microseconds until the key is back to full capacity.
+    pub reset_us: u64,
+    /// When rejected, the wait until a lone request of the same cost passes;
+    /// `None` if admitted or it never can.
+    pub retry_after_us: Option<u64>,
+}
+
+/// Parses the script's reply for `nlines` lines into (all admitted, Redis
+/// time in ms, per-line outcomes); `None` if it is malformed (wrong length,
+/// flags not 0/1, negative values, or `all_admitted` inconsistent with the
+/// lines).
+pub fn parse_reply(reply: &[i64], nlines: usize) -> Option<(bool, u64, Vec<ScriptLine>)> {
+    let flag = |x: i64| match x {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    };
+    let len = nlines.checked_mul(4)?.checked_add(2)?;
+    if reply.len() != len {
+        return None;
+    }
+    let all = flag(reply[0])?;
+    let now_ms = u64::try_from(reply[1]).ok()?;
+    let lines = reply[2..]
+        .chunks_exact(4)
+        .map(|l| {
+            Some(ScriptLine {
+                admitted: flag(l[0])?,
+                remaining: u64::try_from(l[1]).ok()?,
+                reset_us: u64::try_from(l[2]).ok()?,
+                retry_after_us: match l[3] {
+                    -1 => None,
+                    r => Some(u64::try_from(r).ok()?),
+                },
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    if all != lines.iter().all(|l| l.admitted) {
+        return None;
+    }
+    Some((all, now_ms, lines))
+}
+
+/// The hash tag of a client key: 16 hex digits of its SipHash-1-3 with the
+/// all-zero key. Deterministic across builds and hosts, hides raw client keys
+/// from Redis, and puts all of a client's lines in one Cluster slot.
+pub fn key_tag(client_key: &[u8]) -> String {
+    let mut h = SipHasher13::new_with_keys(0, 0);
+    h.write(client_key);
+    format!("{:016x}", h.finish())
+}
+
+/// A line's state key: `{prefix}{{{tag}}}:{line_id:016x}`.
+pub fn state_key(prefix: &str, key_tag: &str, line_id: u64) -> String {
+    let mut key = String::with_capacity(prefix.len() + key_tag.len() + 20);
+    key.push_str(prefix);
+    key.push('{');
+    key.push_str(key_tag);
+    key.push('}');
+    // Writing to a String cannot fail.
+    let _ = write!(key, ":{line_id:016x}");
+    key
+}

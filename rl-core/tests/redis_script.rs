@@ -1,0 +1,845 @@
+//! The Redis Lua script (`rl_core::redis::LIMIT_SCRIPT`) held to the
+//! pure-Rust model, run in Lua 5.1 (as embedded in Redis) against a fake
+//! `redis` global: an in-memory store whose keys expire on a fake clock.
+
+use std::collections::BTreeMap;
+
+use mlua::{Function, Lua, Table, Value};
+use proptest::prelude::*;
+use proptest::sample::select;
+use rl_core::limit::{Algorithm, Limit, Outcome};
+use rl_core::parse::Rate;
+use rl_core::redis::{
+    exact, key_tag, parse_reply, script_args, state_key, ScriptLine, LIMIT_SCRIPT, MAX_EXACT,
+    TTL_MARGIN_MS,
+};
+
+/// The fake Redis: the commands the script may use, with Redis' argument and
+/// reply conversions, lazy expiry on `fake.now` (µs), a write counter, and
+/// Redis' protection against globals.
+const FAKE_REDIS: &str = r#"
+fake = { now = 0, data = {}, writes = 0, calls = 0 }
+
+local function live(key)
+  local e = fake.data[key]
+  if e and e.exp and fake.now >= e.exp then
+    fake.data[key] = nil
+    return nil
+  end
+  return e
+end
+
+local function typed(key, kind)
+  local e = live(key)
+  if e and e.kind ~= kind then
+    error({ err = 'WRONGTYPE Operation against a key holding the wrong kind of value' })
+  end
+  return e
+end
+
+local function index(n, i)
+  if i < 0 then i = n + i end
+  return i
+end
+
+local function int_arg(s)
+  local x = tonumber(s)
+  if x == nil or x ~= math.floor(x) then
+    error({ err = 'ERR value is not an integer or out of range' })
+  end
+  return x
+end
+
+local commands = {}
+
+function commands.GET(key)
+  local e = typed(key, 'string')
+  return e and e.v or false
+end
+
+function commands.SET(key, value, px, ms, extra)
+  assert(px == 'PX' and extra == nil, 'the script always sets PX')
+  local ms = int_arg(ms)
+  if ms <= 0 then error({ err = 'ERR invalid expire time in set' }) end
+  fake.data[key] = { kind = 'string', v = value, exp = fake.now + ms * 1000 }
+  fake.writes = fake.writes + 1
+  return { ok = 'OK' }
+end
+
+function commands.PEXPIRE(key, ms)
+  local ms = int_arg(ms)
+  fake.writes = fake.writes + 1
+  local e = live(key)
+  if not e then return 0 end
+  e.exp = fake.now + ms * 1000
+  return 1
+end
+
+function commands.DEL(...)
+  local n = 0
+  for _, key in ipairs({ ... }) do
+    if live(key) then
+      fake.data[key] = nil
+      n = n + 1
+    end
+  end
+  fake.writes = fake.writes + 1
+  return n
+end
+
+function commands.TIME()
+  local sec = math.floor(fake.now / 1000000)
+  return { string.format('%.0f', sec), string.format('%.0f', fake.now - sec * 1000000) }
+end
+
+function commands.LPUSH(key, ...)
+  local e = typed(key, 'list')
+  if not e then
+    e = { kind = 'list', v = {} }
+    fake.data[key] = e
+  end
+  for _, x in ipairs({ ... }) do
+    table.insert(e.v, 1, x)
+  end
+  fake.writes = fake.writes + 1
+  return #e.v
+end
+
+function commands.LTRIM(key, start, stop)
+  local e = typed(key, 'list')
+  fake.writes = fake.writes + 1
+  if not e then return { ok = 'OK' } end
+  local n = #e.v
+  local a, b = math.max(0, index(n, int_arg(start))), math.min(n - 1, index(n, int_arg(stop)))
+  local kept = {}
+  for i = a, b do
+    kept[#kept + 1] = e.v[i + 1]
+  end
+  e.v = kept
+  if #kept == 0 then fake.data[key] = nil end
+  return { ok = 'OK' }
+end
+
+function commands.LINDEX(key, i)
+  local e = typed(key, 'list')
+  if not e then return false end
+  local x = e.v[index(#e.v, int_arg(i)) + 1]
+  return x or false
+end
+
+function commands.LLEN(key)
+  local e = typed(key, 'list')
+  return e and #e.v or 0
+end
+
+local function call(cmd, ...)
+  fake.calls = fake.calls + 1
+  local f = commands[string.upper(cmd)]
+  if not f then error({ err = 'ERR unknown command ' .. cmd }) end
+  local args = { ... }
+  for i = 1, select('#', ...) do
+    local a = args[i]
+    if type(a) == 'number' then
+      args[i] = string.format('%.17g', a)
+    elseif type(a) ~= 'string' then
+      error('Lua redis lib command arguments must be strings or integers')
+    end
+  end
+  return f(unpack(args, 1, select('#', ...)))
+end
+
+redis = {
+  call = function(...)
+    local ok, r = pcall(call, ...)
+    if not ok then
+      if type(r) == 'table' then r = r.err end
+      error(r, 0)
+    end
+    return r
+  end,
+  pcall = function(...)
+    local ok, r = pcall(call, ...)
+    if not ok then
+      if type(r) ~= 'table' then r = { err = tostring(r) } end
+      return r
+    end
+    return r
+  end,
+}
+
+-- Test helpers, outside the script's reach.
+function fake.expiry(key)
+  local e = live(key)
+  return e and e.exp or false
+end
+
+function fake.value(key)
+  local e = live(key)
+  if not e then return false end
+  if e.kind == 'string' then return e.v end
+  return table.concat(e.v, ' ')
+end
+
+function fake.kind(key)
+  local e = live(key)
+  return e and e.kind or false
+end
+
+function fake.snapshot()
+  local keys = {}
+  for k, e in pairs(fake.data) do
+    if not (e.exp and fake.now >= e.exp) then keys[#keys + 1] = k end
+  end
+  table.sort(keys)
+  local out = {}
+  for _, k in ipairs(keys) do
+    local e = fake.data[k]
+    local v = e.v
+    if e.kind == 'list' then v = table.concat(v, ',') end
+    out[#out + 1] = k .. '=' .. e.kind .. ':' .. v .. '@' .. tostring(e.exp)
+  end
+  return table.concat(out, ';')
+end
+
+-- Redis forbids scripts to create or read undefined globals.
+setmetatable(_G, {
+  __newindex = function(_, k) error('Script attempted to create global variable ' .. tostring(k), 2) end,
+  __index = function(_, k) error('Script attempted to access nonexistent global variable ' .. tostring(k), 2) end,
+})
+"#;
+
+/// A fake Redis with the script loaded.
+struct Redis {
+    lua: Lua,
+    script: Function,
+    fake: Table,
+}
+
+impl Redis {
+    fn new() -> Redis {
+        let lua = Lua::new();
+        lua.load(FAKE_REDIS).set_name("fake_redis").exec().unwrap();
+        let script = lua
+            .load(LIMIT_SCRIPT)
+            .set_name("limit.lua")
+            .into_function()
+            .unwrap();
+        let fake = lua.globals().raw_get("fake").unwrap();
+        Redis { lua, script, fake }
+    }
+
+    fn set_now(&self, now_us: u64) {
+        self.fake.set("now", now_us as f64).unwrap();
+    }
+
+    fn writes(&self) -> u64 {
+        self.fake.get::<f64>("writes").unwrap() as u64
+    }
+
+    fn snapshot(&self) -> String {
+        self.fake
+            .get::<Function>("snapshot")
+            .unwrap()
+            .call(())
+            .unwrap()
+    }
+
+    fn helper(&self, name: &str, key: &str) -> Value {
+        self.fake
+            .get::<Function>(name)
+            .unwrap()
+            .call(key.to_owned())
+            .unwrap()
+    }
+
+    /// The key's absolute expiry time in µs (every key must have one).
+    fn expiry(&self, key: &str) -> Option<u64> {
+        match self.helper("expiry", key) {
+            Value::Boolean(false) => None,
+            v => Some(number(&v) as u64),
+        }
+    }
+
+    /// The key's value: a string, or a list joined by spaces.
+    fn value(&self, key: &str) -> Option<String> {
+        match self.helper("value", key) {
+            Value::String(s) => Some(s.to_str().unwrap().to_owned()),
+            _ => None,
+        }
+    }
+
+    fn kind(&self, key: &str) -> Option<String> {
+        match self.helper("kind", key) {
+            Value::String(s) => Some(s.to_str().unwrap().to_owned()),
+            _ => None,
+        }
+    }
+
+    /// EVALSHA: the raw reply, converted as Redis does (numbers must be
+    /// integral here; Redis would truncate them).
+    fn eval(&self, keys: &[String], args: &[String]) -> Vec<i64> {
+        let g = self.lua.globals();
+        g.raw_set("KEYS", self.lua.create_sequence_from(keys.to_vec()).unwrap())
+            .unwrap();
+        g.raw_set("ARGV", self.lua.create_sequence_from(args.to_vec()).unwrap())
+            .unwrap();
+        let reply: Table = self.script.call(()).unwrap();
+        reply
+            .sequence_values::<Value>()
+            .map(|v| {
+                let x = number(&v.unwrap());
+                assert!(x.fract() == 0.0 && x.abs() < 9.3e18, "non-integral {x}");
+                x as i64
+            })
+            .collect()
+    }
+
+    /// One script call for `lines` at `now`, parsed.
+    fn run(
+        &self,
+        keys: &[String],
+        lines: &[(Limit, u64)],
+        now: u64,
+        commit: bool,
+        use_time: bool,
+    ) -> (bool, Vec<ScriptLine>) {
+        self.set_now(now);
+        let args = script_args(lines, commit, (!use_time).then_some(now));
+        let reply = self.eval(keys, &args);
+        let (all, now_ms, out) = parse_reply(&reply, lines.len()).expect("well-formed reply");
+        assert_eq!(now_ms, now / 1000);
+        (all, out)
+    }
+}
+
+fn number(v: &Value) -> f64 {
+    match v {
+        Value::Integer(i) => *i as f64,
+        Value::Number(n) => *n,
+        v => panic!("not a number: {v:?}"),
+    }
+}
+
+fn limit(alg: Algorithm, count: u64, period_us: u64, burst: u64) -> Limit {
+    Limit::new(alg, Rate { count, period_us }, burst).unwrap()
+}
+
+fn keys(n: usize) -> Vec<String> {
+    let tag = key_tag(b"client");
+    (0..n).map(|i| state_key("rl:", &tag, i as u64)).collect()
+}
+
+/// The model's answer in the script's terms.
+fn line(o: &Outcome) -> ScriptLine {
+    ScriptLine {
+        admitted: o.admitted,
+        remaining: o.remaining,
+        reset_us: o.reset_us,
+        retry_after_us: o.retry_after_us,
+    }
+}
+
+/// The model of one call: check every line; commit all iff all admit.
+fn model(
+    lines: &[(Limit, u64)],
+    states: &mut [Vec<u64>],
+    now: u64,
+    commit: bool,
+) -> (bool, Vec<ScriptLine>) {
+    let outs: Vec<Outcome> = lines
+        .iter()
+        .zip(states.iter())
+        .map(|((l, c), s)| l.check(s, now, *c))
+        .collect();
+    let all = outs.iter().all(|o| o.admitted);
+    if all && commit {
+        for ((l, c), s) in lines.iter().zip(states.iter_mut()) {
+            l.commit(s, now, *c);
+        }
+    }
+    (all, outs.iter().map(line).collect())
+}
+
+/// The model's state as the script stores it: words, or log entries newest
+/// first.
+fn stored(l: &Limit, s: &[u64]) -> String {
+    let words = match l.algorithm() {
+        Algorithm::SlidingLog => {
+            let n = s.len() - 2;
+            let (head, len) = (s[0] as usize % n, (s[1] as usize).min(n));
+            (0..len).rev().map(|i| s[2 + (head + i) % n]).collect()
+        }
+        _ => s.to_vec(),
+    };
+    let words: Vec<String> = words.iter().map(u64::to_string).collect();
+    words.join(" ")
+}
+
+/// Runs both sides for one call and checks outcomes, writes and stored state.
+struct Pair {
+    redis: Redis,
+    keys: Vec<String>,
+    states: Vec<Vec<u64>>,
+}
+
+impl Pair {
+    fn new(lines: &[(Limit, u64)]) -> Pair {
+        Pair {
+            redis: Redis::new(),
+            keys: keys(lines.len()),
+            states: lines.iter().map(|(l, _)| vec![0; l.state_words()]).collect(),
+        }
+    }
+
+    fn step(
+        &mut self,
+        lines: &[(Limit, u64)],
+        now: u64,
+        commit: bool,
+        use_time: bool,
+    ) -> (bool, Vec<ScriptLine>) {
+        self.redis.set_now(now);
+        let (snap, writes) = (self.redis.snapshot(), self.redis.writes());
+        let got = self.redis.run(&self.keys, lines, now, commit, use_time);
+        let want = model(lines, &mut self.states, now, commit);
+        assert_eq!(got, want, "now={now} commit={commit} lines={lines:?}");
+        let wrote = commit && want.0 && lines.iter().any(|(_, c)| *c > 0);
+        if !wrote {
+            assert_eq!(self.redis.writes(), writes, "no write expected");
+            assert_eq!(self.redis.snapshot(), snap, "state changed without a write");
+        }
+        for (i, (l, c)) in lines.iter().enumerate() {
+            let key = &self.keys[i];
+            let Some(value) = self.redis.value(key) else {
+                continue;
+            };
+            // Stored state is rl-core's, word for word.
+            assert_eq!(value, stored(l, &self.states[i]), "state of line {i}");
+            let kind = match l.algorithm() {
+                Algorithm::SlidingLog => "list",
+                _ => "string",
+            };
+            assert_eq!(self.redis.kind(key).as_deref(), Some(kind));
+            // Every key has a TTL: reset + margin, set when written.
+            let exp = self.redis.expiry(key).expect("key without TTL");
+            if wrote && *c > 0 {
+                let ttl_ms = want.1[i].reset_us.div_ceil(1000) + TTL_MARGIN_MS;
+                assert_eq!(exp, now + ttl_ms * 1000, "TTL of line {i}");
+            }
+        }
+        got
+    }
+}
+
+/// Parameters of the table cases: 2 r/s, burst 3 (W = 1.5 s, T = 0.5 s).
+fn case_limit(alg: Algorithm) -> Limit {
+    limit(alg, 2, 1_000_000, 3)
+}
+
+/// A multiple of W = 1.5 s near 2023.
+const T0: u64 = 1_700_000_001_000_000;
+
+#[test]
+fn cases_first_exhaust_retry_cost() {
+    for alg in Algorithm::ALL {
+        let l = case_limit(alg);
+        let mut p = Pair::new(&[(l, 1)]);
+        let one = |p: &mut Pair, now, cost| p.step(&[(l, cost)], now, true, false).1[0];
+        // First request: admitted, burst - 1 left.
+        let o = one(&mut p, T0, 1);
+        assert!(o.admitted && o.remaining == 2 && o.retry_after_us.is_none(), "{alg}: {o:?}");
+        assert!(o.reset_us > 0);
+        // Exhaust the burst within the same microsecond.
+        assert_eq!(one(&mut p, T0, 1).remaining, 1);
+        assert_eq!(one(&mut p, T0, 1).remaining, 0);
+        // Rejected, with an exact retry-after.
+        let o = one(&mut p, T0 + 10, 1);
+        assert!(!o.admitted && o.remaining == 0, "{alg}: {o:?}");
+        let d = o.retry_after_us.expect("retry-after");
+        let expect = match alg {
+            Algorithm::Fixed | Algorithm::SlidingLog => 1_500_000 - 10,
+            Algorithm::Sliding => 1_500_000 - 10 + 500_000,
+            _ => 500_000 - 10,
+        };
+        assert_eq!(d, expect, "{alg}");
+        // Still rejected one microsecond before, admitted at retry-after.
+        assert!(!one(&mut p, T0 + 10 + d - 1, 1).admitted, "{alg}");
+        assert!(one(&mut p, T0 + 10 + d, 1).admitted, "{alg}");
+        // Cost 0 always passes; cost > burst never (no retry-after).
+        assert!(one(&mut p, T0 + 10 + d, 0).admitted);
+        let o = one(&mut p, T0 + 10 + d, 4);
+        assert!(!o.admitted && o.retry_after_us.is_none(), "{alg}: {o:?}");
+    }
+}
+
+#[test]
+fn cases_cost_above_one() {
+    for alg in Algorithm::ALL {
+        let l = case_limit(alg);
+        let mut p = Pair::new(&[(l, 1)]);
+        let one = |p: &mut Pair, now, cost| p.step(&[(l, cost)], now, true, true).1[0];
+        let o = one(&mut p, T0, 2);
+        assert!(o.admitted && o.remaining == 1, "{alg}: {o:?}");
+        let o = one(&mut p, T0 + 1, 2);
+        assert!(!o.admitted && o.remaining == 1, "{alg}: {o:?}");
+        let d = o.retry_after_us.unwrap();
+        assert!(!one(&mut p, T0 + 1 + d - 1, 2).admitted, "{alg}");
+        let o = one(&mut p, T0 + 1 + d, 2);
+        assert!(o.admitted, "{alg}: {o:?}");
+        // A full-burst request on a fresh key.
+        let mut p = Pair::new(&[(l, 1)]);
+        let o = p.step(&[(l, 3)], T0, true, true).1[0];
+        assert!(o.admitted && o.remaining == 0, "{alg}: {o:?}");
+    }
+}
+
+#[test]
+fn cases_fixed_boundary() {
+    let l = case_limit(Algorithm::Fixed);
+    let mut p = Pair::new(&[(l, 1)]);
+    let end = T0 + 1_500_000;
+    // Burst at the very end of a window, then again at the start of the next.
+    let o = p.step(&[(l, 3)], end - 1, true, false).1[0];
+    assert!(o.admitted && o.reset_us == 1);
+    let o = p.step(&[(l, 1)], end - 1, true, false).1[0];
+    assert_eq!(o.retry_after_us, Some(1));
+    let o = p.step(&[(l, 3)], end, true, false).1[0];
+    assert!(o.admitted && o.remaining == 0 && o.reset_us == 1_500_000);
+}
+
+#[test]
+fn cases_sliding_weights_previous_window() {
+    let l = case_limit(Algorithm::Sliding);
+    let mut p = Pair::new(&[(l, 1)]);
+    p.step(&[(l, 3)], T0, true, false);
+    // Half-way into the next window the previous one weighs 1.5: one fits.
+    let o = p.step(&[(l, 1)], T0 + 2_250_000, true, false).1[0];
+    assert!(o.admitted && o.remaining == 0, "{o:?}");
+    // The next needs the previous window to weigh 1: at 2/3 of the window.
+    let o = p.step(&[(l, 1)], T0 + 2_250_000, true, false).1[0];
+    assert!(!o.admitted && o.retry_after_us == Some(250_000), "{o:?}");
+}
+
+#[test]
+fn expired_key_reads_as_fresh() {
+    for alg in Algorithm::ALL {
+        let l = case_limit(alg);
+        let mut p = Pair::new(&[(l, 1)]);
+        let o = p.step(&[(l, 3)], T0, true, false).1[0];
+        let key = p.keys[0].clone();
+        let exp = p.redis.expiry(&key).unwrap();
+        assert_eq!(exp, T0 + o.reset_us.div_ceil(1000) * 1000 + 1_000_000);
+        p.redis.set_now(exp - 1);
+        assert!(p.redis.value(&key).is_some(), "{alg}");
+        p.redis.set_now(exp);
+        assert!(p.redis.value(&key).is_none(), "{alg}");
+        // The model, which never expires, agrees with the emptied store.
+        let o = p.step(&[(l, 3)], exp, true, false).1[0];
+        assert!(o.admitted && o.remaining == 0, "{alg}: {o:?}");
+    }
+}
+
+#[test]
+fn check_only_never_writes() {
+    for alg in Algorithm::ALL {
+        let l = case_limit(alg);
+        let mut p = Pair::new(&[(l, 1)]);
+        // On a fresh key: nothing is created.
+        let o = p.step(&[(l, 1)], T0, false, false).1[0];
+        assert!(o.admitted && p.redis.snapshot().is_empty(), "{alg}");
+        assert_eq!(p.redis.writes(), 0);
+        p.step(&[(l, 2)], T0, true, false);
+        // On an existing key: admitted and rejected checks leave it alone.
+        for cost in [1, 2, 3, 0] {
+            let before = p.redis.snapshot();
+            p.step(&[(l, cost)], T0 + 5, false, false);
+            assert_eq!(p.redis.snapshot(), before);
+        }
+    }
+}
+
+#[test]
+fn multi_line_all_or_nothing() {
+    let a = limit(Algorithm::Gcra, 10, 1_000_000, 5);
+    let b = limit(Algorithm::SlidingLog, 1, 1_000_000, 2);
+    let c = limit(Algorithm::Fixed, 100, 60_000_000, 100);
+    let lines = [(a, 1), (b, 1), (c, 1)];
+    let mut p = Pair::new(&lines);
+    assert!(p.step(&lines, T0, true, false).0);
+    assert!(p.step(&lines, T0, true, false).0);
+    // `b` rejects: nothing is charged on `a` or `c` either.
+    let (all, out) = p.step(&lines, T0, true, false);
+    assert!(!all && out[0].admitted && !out[1].admitted && out[2].admitted);
+    assert_eq!(out[0].remaining, 2);
+    assert_eq!(out[2].remaining, 97);
+    assert_eq!(out[1].retry_after_us, Some(2_000_000));
+}
+
+#[test]
+fn out_of_range_fails_closed() {
+    let k = keys(1);
+    let r = Redis::new();
+    r.set_now(T0);
+    let reject = vec![0, (T0 / 1000) as i64, 0, 0, 0, -1];
+    let bad: [&[&str]; 9] = [
+        &["nope", "1", "1000000", "1", "1"],
+        &["gcra", "0", "1000000", "1", "1"],
+        &["gcra", "1", "0", "1", "1"],
+        &["gcra", "1", "1000000", "0", "1"],
+        &["gcra", "1", "1000000", "1", "-1"],
+        &["gcra", "1", "1000000", "1", "1.5"],
+        &["gcra", "1", "1000000", "x", "1"],
+        &["gcra", "1", "1000000", "9007199254740992", "1"],
+        &["token_bucket", "1", "4503599627370497", "1", "1"],
+    ];
+    for line in bad {
+        let mut args = vec!["1".to_owned(), String::new()];
+        args.extend(line.iter().map(|s| s.to_string()));
+        assert_eq!(r.eval(&k, &args), reject, "{line:?}");
+    }
+    // Missing arguments.
+    assert_eq!(r.eval(&k, &["1".to_owned(), String::new()]), reject);
+    // Beyond 2^52 µs (year 2112) every line fails closed.
+    let l = case_limit(Algorithm::Gcra);
+    let (all, out) = r.run(&k, &[(l, 1)], MAX_EXACT + 1, true, false);
+    assert!(!all && out[0].retry_after_us.is_none());
+    let (all, _) = r.run(&k, &[(l, 1)], MAX_EXACT, true, false);
+    assert!(all);
+    assert_eq!(r.writes(), 1);
+}
+
+#[test]
+fn exact_range_boundaries() {
+    use Algorithm::*;
+    let e = MAX_EXACT;
+    assert!(exact(&limit(TokenBucket, 1, e, 1)));
+    assert!(!exact(&limit(TokenBucket, 1, e + 1, 1)));
+    assert!(exact(&limit(LeakyBucket, 7, e / 4, 4)));
+    assert!(!exact(&limit(LeakyBucket, 7, e / 4 + 1, 4)));
+    assert!(exact(&limit(Gcra, 3, 3 * (e / 8), 8)));
+    assert!(!exact(&limit(Gcra, 3, 3 * (e / 8) + 1, 8)));
+    assert!(exact(&limit(Fixed, 2, e, 2)));
+    assert!(!exact(&limit(Fixed, 2, e + 1, 2)));
+    assert!(exact(&limit(Sliding, 2, e, 1)));
+    assert!(!exact(&limit(Sliding, 2, e + 1, 1)));
+    assert!(!exact(&limit(SlidingLog, 1, e + 1, 1)));
+    assert!(!exact(&limit(Gcra, 1 << 53, 1, 1)));
+    // A realistic large configuration: a day's quota of 10,000.
+    assert!(exact(&limit(Sliding, 10_000, 86_400_000_000, 10_000)));
+    assert!(exact(&limit(TokenBucket, 10_000, 86_400_000_000, 10_000)));
+}
+
+#[test]
+fn rust_interface() {
+    let tag = key_tag(b"203.0.113.7");
+    assert_eq!(tag.len(), 16);
+    assert!(tag.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+    assert_eq!(tag, key_tag(b"203.0.113.7"));
+    assert_ne!(tag, key_tag(b"203.0.113.8"));
+    // Pinned: the tag must not change across builds or hosts.
+    assert_eq!(key_tag(b""), "d1fba762150c532c");
+    assert_eq!(
+        state_key("rl:", "0123456789abcdef", 0x2a),
+        "rl:{0123456789abcdef}:000000000000002a"
+    );
+    let l = limit(Algorithm::TokenBucket, 10, 60_000_000, 20);
+    let g = limit(Algorithm::Gcra, 1, 1_000_000, 1);
+    assert_eq!(
+        script_args(&[(l, 3), (g, 1)], true, None),
+        ["1", "", "token_bucket", "10", "60000000", "20", "3", "gcra", "1", "1000000", "1", "1"]
+    );
+    assert_eq!(script_args(&[], false, Some(42)), ["0", "42"]);
+    let ok = [1, 5, 1, 2, 3, -1, 0, 0, 9, 4];
+    assert!(parse_reply(&ok, 2).is_none()); // inconsistent all_admitted
+    let ok = [0, 5, 1, 2, 3, -1, 0, 0, 9, 4];
+    let (all, ms, lines) = parse_reply(&ok, 2).unwrap();
+    assert!(!all && ms == 5);
+    assert_eq!(
+        lines[1],
+        ScriptLine {
+            admitted: false,
+            remaining: 0,
+            reset_us: 9,
+            retry_after_us: Some(4)
+        }
+    );
+    assert!(parse_reply(&ok, 1).is_none());
+    assert!(parse_reply(&[0, 5, 2, 0, 0, -1], 1).is_none());
+    assert!(parse_reply(&[0, 5, 0, 0, 0, -2], 1).is_none());
+    assert!(parse_reply(&[0, -5, 0, 0, 0, 1], 1).is_none());
+    assert_eq!(parse_reply(&[1, 7], 0), Some((true, 7, vec![])));
+}
+
+/// A raw step: (selector, fraction, cost selector).
+type Raw = (u8, u16, u8);
+
+/// `w · permille / 1000`.
+fn frac(w: u64, permille: u16) -> u64 {
+    (u128::from(w) * u128::from(permille) / 1000) as u64
+}
+
+/// Replays `ops` on `lines` (costs chosen per line from each raw cost
+/// selector) from `start`, comparing the script to the model at every step.
+/// Stops before the clock would pass [`MAX_EXACT`].
+fn replay(limits: &[Limit], ops: &[(Raw, Vec<u8>)], start: u64) {
+    let w = limits.iter().map(Limit::window_us).max().unwrap();
+    let mut lines: Vec<(Limit, u64)> = limits.iter().map(|l| (*l, 1)).collect();
+    let mut p = Pair::new(&lines);
+    let (mut t, mut prev) = (start, ScriptLine::default());
+    for ((sel, f, flags), costs) in ops {
+        let (sel, f) = (*sel, *f);
+        t = t.saturating_add(match sel % 10 {
+            0 | 1 => 0,
+            2 => 1 + u64::from(f % 3),
+            3 => prev.retry_after_us.unwrap_or(0),
+            4 => prev.retry_after_us.unwrap_or(1) - 1,
+            5 => prev.reset_us,
+            // Around the key's expiry: reset + margin + up to 1 ms rounding.
+            6 => prev.reset_us + TTL_MARGIN_MS * 1000 + u64::from(f % 1002) - 1,
+            7 | 8 => frac(w, f % 1500),
+            _ => frac(w, f % 4000),
+        });
+        if t > MAX_EXACT {
+            break;
+        }
+        for ((l, cost), c) in lines.iter_mut().zip(costs) {
+            let b = l.burst();
+            *cost = match c % 10 {
+                0 => 0,
+                7 => 1 + u64::from(f) % b,
+                8 => b,
+                9 => b + 1,
+                _ => 1,
+            };
+        }
+        let commit = sel >> 5 != 7;
+        let (_, out) = p.step(&lines, t, commit, flags & 1 == 1);
+        // Drive the clock by the first line that rejected, else the first.
+        prev = out.iter().copied().find(|o| !o.admitted).unwrap_or(out[0]);
+    }
+}
+
+fn algorithm() -> impl Strategy<Value = Algorithm> {
+    select(Algorithm::ALL.to_vec())
+}
+
+/// Small, realistic limits (every one in the exact range).
+fn small_limit() -> impl Strategy<Value = Limit> {
+    (
+        algorithm(),
+        1u64..=20,
+        prop_oneof![
+            select(vec![1, 1_000, 1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000]),
+            1u64..=10_000_000
+        ],
+        1u64..=12,
+    )
+        .prop_map(|(a, c, p, b)| limit(a, c, p, b))
+}
+
+/// Log-uniform in `[1, 2^bits)`.
+fn magnitude(bits: u32) -> impl Strategy<Value = u64> {
+    (0..bits, any::<u64>()).prop_map(|(k, x)| (x >> (63 - k)).max(1))
+}
+
+/// Large limits near the edges of the exact range.
+fn big_limit() -> impl Strategy<Value = Limit> {
+    (algorithm(), magnitude(30), magnitude(53), magnitude(40))
+        .prop_filter_map("outside the exact range", |(a, c, p, b)| {
+            let b = if a == Algorithm::SlidingLog { b % 64 + 1 } else { b };
+            let l = Limit::new(a, Rate { count: c, period_us: p }, b).ok()?;
+            exact(&l).then_some(l)
+        })
+}
+
+fn ops(lines: usize, n: usize) -> impl Strategy<Value = Vec<(Raw, Vec<u8>)>> {
+    prop::collection::vec(
+        (any::<Raw>(), prop::collection::vec(any::<u8>(), lines)),
+        1..n,
+    )
+}
+
+/// A start time: near zero, realistic, or anywhere below 2^52.
+fn start() -> impl Strategy<Value = u64> {
+    prop_oneof![0u64..10_000_000, Just(T0), 0..MAX_EXACT]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(160))]
+
+    /// One line of any algorithm: the script equals `Limit::acquire` (and
+    /// `check` in mode 0) step by step, over an expiring store.
+    #[test]
+    fn prop_single_line(l in small_limit(), ops in ops(1, 48), t in start()) {
+        replay(&[l], &ops, t);
+    }
+
+    /// Large parameters and times: exact to the microsecond.
+    #[test]
+    fn prop_single_line_big(l in big_limit(), ops in ops(1, 24), t in start()) {
+        replay(&[l], &ops, t);
+    }
+
+    /// Two or three lines: all checked, committed iff all admit.
+    #[test]
+    fn prop_multi_line(
+        ls in prop::collection::vec(small_limit(), 2..=3),
+        ops in ops(3, 40),
+        t in start(),
+    ) {
+        replay(&ls, &ops, t);
+    }
+
+    /// Any parameters: the script is exact iff `exact` says so, else it
+    /// rejects (fail closed).
+    #[test]
+    fn prop_exact_iff_in_range(
+        a in algorithm(),
+        c in magnitude(60),
+        p in magnitude(60),
+        b in magnitude(60),
+    ) {
+        let b = if a == Algorithm::SlidingLog { b % 65_536 + 1 } else { b };
+        let Ok(l) = Limit::new(a, Rate { count: c, period_us: p }, b) else {
+            return Ok(());
+        };
+        let r = Redis::new();
+        let lines = [(l, 1)];
+        let (_, out) = r.run(&keys(1), &lines, T0, true, false);
+        if exact(&l) {
+            let mut s = vec![vec![0; l.state_words()]];
+            prop_assert_eq!(out, model(&lines, &mut s, T0, true).1);
+        } else {
+            prop_assert_eq!(out[0], ScriptLine::default());
+            prop_assert_eq!(r.writes(), 0);
+        }
+    }
+}
+
+/// Sanity: the replay reaches every kind of outcome often enough to mean
+/// something (rejections with and without retry, expiries).
+#[test]
+fn replay_coverage() {
+    let mut seen = BTreeMap::new();
+    for alg in Algorithm::ALL {
+        let l = case_limit(alg);
+        let mut p = Pair::new(&[(l, 1)]);
+        let mut t = T0;
+        for i in 0..60u64 {
+            let cost = [1, 1, 2, 0, 4][(i % 5) as usize];
+            let o = p.step(&[(l, cost)], t, true, i % 2 == 0).1[0];
+            let kind = match (o.admitted, o.retry_after_us) {
+                (true, _) => "admit",
+                (false, Some(_)) => "retry",
+                (false, None) => "never",
+            };
+            *seen.entry(kind).or_insert(0) += 1;
+            t += match i % 7 {
+                0 => o.retry_after_us.unwrap_or(0),
+                3 => o.reset_us + 1_001_000,
+                _ => 100_000,
+            };
+        }
+    }
+    assert!(seen.values().all(|n| *n > 10) && seen.len() == 3, "{seen:?}");
+}

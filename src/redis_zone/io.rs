@@ -1,0 +1,280 @@
+//! The per-worker Redis I/O thread: a tokio current-thread runtime that owns
+//! one connection per Redis zone (multiplexed, so requests in flight are
+//! pipelined), runs the limit script for each job, and hands replies back to
+//! the nginx thread through a queue and an eventfd.
+
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{Client, RedisConnectionInfo, Script};
+use rl_core::limit::Limit;
+use rl_core::redis::{parse_reply, script_args, ScriptLine, LIMIT_SCRIPT};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Where a zone's Redis is.
+#[derive(Clone)]
+pub enum Target {
+    /// `redis://` or `rediss://`.
+    Single(String),
+    /// `redis+sentinel://h:p,h:p/MASTER[/db]`: sentinel URLs, master name, node settings.
+    Sentinel { sentinels: Vec<String>, master: String, node: RedisConnectionInfo, tls: bool },
+    /// `redis+cluster://h:p,h:p`: node URLs.
+    Cluster(Vec<String>),
+}
+
+/// What the I/O thread needs to know of a zone.
+#[derive(Clone)]
+pub struct ZoneSpec {
+    pub target: Target,
+    pub timeout: Duration,
+}
+
+/// One request's lines on one Redis zone.
+pub struct Job {
+    pub id: u64,
+    pub zone: usize,
+    pub keys: Vec<String>,
+    /// The cluster hash tag of each line's key.
+    pub tags: Vec<u64>,
+    pub lines: Vec<(Limit, u64)>,
+}
+
+pub enum Failure {
+    Timeout,
+    Error(String),
+}
+
+pub struct Reply {
+    pub id: u64,
+    pub zone: usize,
+    pub result: Result<(bool, Vec<ScriptLine>), Failure>,
+}
+
+/// The queue the nginx thread drains when the eventfd fires.
+pub struct Shared {
+    pub replies: Mutex<Vec<Reply>>,
+    pub efd: RawFd,
+}
+
+impl Shared {
+    fn push(&self, reply: Reply) {
+        if let Ok(mut q) = self.replies.lock() {
+            q.push(reply);
+        }
+        let one: u64 = 1;
+        // SAFETY: efd is an eventfd owned by the worker, closed only after this thread is joined;
+        // writing 8 bytes is the eventfd protocol.
+        unsafe { libc::write(self.efd, (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// The thread's body: serve jobs until the sender is dropped.
+pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Job>, shared: Arc<Shared>) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        return;
+    };
+    rt.block_on(async move {
+        let script = Arc::new(Script::new(LIMIT_SCRIPT));
+        let conns: Vec<Arc<ZoneConn>> = zones.into_iter().map(|z| Arc::new(ZoneConn::new(z))).collect();
+        while let Some(job) = rx.recv().await {
+            let Some(zc) = conns.get(job.zone).cloned() else {
+                shared.push(Reply { id: job.id, zone: job.zone, result: Err(Failure::Error("no such zone".into())) });
+                continue;
+            };
+            let (shared, script) = (shared.clone(), script.clone());
+            tokio::spawn(async move {
+                let result = match tokio::time::timeout(zc.spec.timeout, zc.run(&script, &job)).await {
+                    Ok(Ok(r)) => Ok(r),
+                    Ok(Err(e)) => Err(Failure::Error(e)),
+                    Err(_) => Err(Failure::Timeout),
+                };
+                shared.push(Reply { id: job.id, zone: job.zone, result });
+            });
+        }
+    });
+}
+
+#[derive(Clone)]
+enum Conn {
+    Plain(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+/// A zone's connection, reconnected with backoff after failures.
+struct ZoneConn {
+    spec: ZoneSpec,
+    state: tokio::sync::Mutex<ConnState>,
+}
+
+struct ConnState {
+    conn: Option<Conn>,
+    failures: u32,
+    next_try: Option<Instant>,
+}
+
+/// Longest wait between two connection attempts: Redis coming back is noticed within this.
+const MAX_BACKOFF: Duration = Duration::from_millis(400);
+
+impl ZoneConn {
+    fn new(spec: ZoneSpec) -> ZoneConn {
+        ZoneConn { spec, state: tokio::sync::Mutex::new(ConnState { conn: None, failures: 0, next_try: None }) }
+    }
+
+    async fn conn(&self) -> Result<Conn, String> {
+        let mut st = self.state.lock().await;
+        if let Some(c) = &st.conn {
+            return Ok(c.clone());
+        }
+        if st.next_try.is_some_and(|t| Instant::now() < t) {
+            return Err("not connected (reconnecting)".into());
+        }
+        match connect(&self.spec.target).await {
+            Ok(c) => {
+                st.conn = Some(c.clone());
+                st.failures = 0;
+                st.next_try = None;
+                Ok(c)
+            }
+            Err(e) => {
+                st.failures = st.failures.saturating_add(1);
+                let backoff = Duration::from_millis(25u64 << st.failures.min(5)).min(MAX_BACKOFF);
+                st.next_try = Some(Instant::now() + backoff);
+                Err(e)
+            }
+        }
+    }
+
+    async fn drop_conn(&self) {
+        self.state.lock().await.conn = None;
+    }
+
+    /// Runs the job: one script call; in a cluster, lines whose keys hash to
+    /// different slots are checked first, then committed, group by group.
+    async fn run(&self, script: &Script, job: &Job) -> Result<(bool, Vec<ScriptLine>), String> {
+        let conn = self.conn().await?;
+        let groups = groups(&conn, &job.tags);
+        let result = match groups {
+            None => self.call(conn, script, job, None, true).await,
+            Some(groups) => self.run_groups(conn, script, job, &groups).await,
+        };
+        if let Err(e) = &result {
+            if e.starts_with("io:") {
+                self.drop_conn().await;
+            }
+        }
+        result
+    }
+
+    async fn run_groups(
+        &self,
+        conn: Conn,
+        script: &Script,
+        job: &Job,
+        groups: &[Vec<usize>],
+    ) -> Result<(bool, Vec<ScriptLine>), String> {
+        let mut lines = vec![ScriptLine::default(); job.lines.len()];
+        let checks = groups.iter().map(|g| self.call(conn.clone(), script, job, Some(g), false));
+        let mut all = true;
+        for (g, r) in groups.iter().zip(futures_util::future::join_all(checks).await) {
+            let (ok, res) = r?;
+            all &= ok;
+            for (i, l) in g.iter().zip(res) {
+                lines[*i] = l;
+            }
+        }
+        if !all {
+            return Ok((false, lines));
+        }
+        let commits = groups.iter().map(|g| self.call(conn.clone(), script, job, Some(g), true));
+        for (g, r) in groups.iter().zip(futures_util::future::join_all(commits).await) {
+            let (ok, res) = r?;
+            all &= ok;
+            for (i, l) in g.iter().zip(res) {
+                lines[*i] = l;
+            }
+        }
+        Ok((all, lines))
+    }
+
+    async fn call(
+        &self,
+        conn: Conn,
+        script: &Script,
+        job: &Job,
+        only: Option<&Vec<usize>>,
+        commit: bool,
+    ) -> Result<(bool, Vec<ScriptLine>), String> {
+        let idx: Vec<usize> = match only {
+            Some(g) => g.clone(),
+            None => (0..job.lines.len()).collect(),
+        };
+        let lines: Vec<(Limit, u64)> = idx.iter().map(|i| job.lines[*i]).collect();
+        let mut inv = script.prepare_invoke();
+        for i in &idx {
+            inv.key(&job.keys[*i]);
+        }
+        for a in script_args(&lines, commit, None) {
+            inv.arg(a);
+        }
+        let reply: Vec<i64> = match conn {
+            Conn::Plain(mut c) => invoke(&mut c, &inv).await?,
+            Conn::Cluster(mut c) => invoke(&mut c, &inv).await?,
+        };
+        let (all, _now_ms, out) = parse_reply(&reply, idx.len()).ok_or_else(|| "malformed script reply".to_string())?;
+        Ok((all, out))
+    }
+}
+
+async fn invoke<C: ConnectionLike + Send>(c: &mut C, inv: &redis::ScriptInvocation<'_>) -> Result<Vec<i64>, String> {
+    inv.invoke_async(c).await.map_err(|e| {
+        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+            format!("io: {e}")
+        } else {
+            e.to_string()
+        }
+    })
+}
+
+/// For a cluster, the lines grouped by hash tag when there is more than one
+/// tag; `None` when one script call can take every line.
+fn groups(conn: &Conn, tags: &[u64]) -> Option<Vec<Vec<usize>>> {
+    if !matches!(conn, Conn::Cluster(_)) {
+        return None;
+    }
+    let mut groups: Vec<(u64, Vec<usize>)> = Vec::new();
+    for (i, t) in tags.iter().enumerate() {
+        match groups.iter_mut().find(|(g, _)| g == t) {
+            Some((_, v)) => v.push(i),
+            None => groups.push((*t, vec![i])),
+        }
+    }
+    (groups.len() > 1).then(|| groups.into_iter().map(|(_, v)| v).collect())
+}
+
+async fn connect(target: &Target) -> Result<Conn, String> {
+    let io = |e: redis::RedisError| format!("io: {e}");
+    match target {
+        Target::Single(url) => {
+            let client = Client::open(url.as_str()).map_err(|e| e.to_string())?;
+            Ok(Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?))
+        }
+        Target::Sentinel { sentinels, master, node, tls } => {
+            let mut info = SentinelNodeConnectionInfo::default().set_redis_connection_info(node.clone());
+            if *tls {
+                info = info.set_tls_mode(redis::TlsMode::Secure);
+            }
+            let mut client =
+                SentinelClient::build(sentinels.clone(), master.clone(), Some(info), SentinelServerType::Master)
+                    .map_err(|e| e.to_string())?;
+            Ok(Conn::Plain(client.get_async_connection().await.map_err(io)?))
+        }
+        Target::Cluster(nodes) => {
+            let client = redis::cluster::ClusterClient::new(nodes.clone()).map_err(|e| e.to_string())?;
+            Ok(Conn::Cluster(client.get_async_connection().await.map_err(io)?))
+        }
+    }
+}
