@@ -57,7 +57,12 @@ function commas(x,    s, r, neg) {
     while (length(x) > 3) { r = "," substr(x, length(x) - 2) r; x = substr(x, 1, length(x) - 3) }
     return neg x r
 }
-function pct(a, b) { return (b > 0) ? sprintf("%.2f%%", 100 * a / b) : "-" }
+function pct(a, b) {
+    if (b <= 0) return "-"
+    if (a == b) return "100%"
+    if (a * 10000 < b) return commas(a) " of " commas(b)
+    return sprintf("%.2f%%", 100 * a / b)
+}
 function mix(id,    s, t) {
     t = sreq[id]; s = ""
     if (s200[id]) s = s sprintf("200: %s", pct(s200[id], t))
@@ -278,6 +283,12 @@ END {
     print "  response); limit_req adds none. The Lua peer adds none either (it only decides, one EVALSHA per request,"
     print "  pooled connections via `set_keepalive`)."
     print "- Many keys: `X-User: u<random>` out of 1,000 or 1,000,000, zones of 256m (one per scenario)."
-    print "- The Redis zone of nginx-rl does not exist yet: `bench/conf/rlredis.conf` is the hook; its scenarios run as"
-    print "  soon as `nginx -t` accepts it."
+    if (meta["skip_redis"] != "") {
+        print "- The Redis scenarios of nginx-rl were skipped: `nginx -t` rejects `bench/conf/rlredis.conf`"
+        print "  (" meta["skip_redis"] "). They run as soon as the module accepts it."
+    } else {
+        print "- Redis: the Lua peer and nginx-rl's Redis zone (`rl_zone redis redis=redis://127.0.0.1:PORT/0`,"
+        print "  `bench/conf/rlredis.conf`) use the same redis-server (on CPU 1, `--save \"\"`, no AOF), one key, admit path."
+        print "  nginx CPU counts every thread of the worker process; redis-server CPU is shown apart."
+    }
 }

@@ -316,13 +316,20 @@ main() {
     trap 'exit 143' TERM
     trap 'log "failed at line $LINENO: $BASH_COMMAND"' ERR
     mkdir -p "$TMP/html"
+    # nginx maps the module: load a private copy, so that a rebuild during the
+    # run cannot pull the file from under a running worker.
+    cp "$MODULE" "$TMP/ngx_http_rl_module.so"
+    MODULE_SRC=$MODULE
+    MODULE=$TMP/ngx_http_rl_module.so
     : >"$TMP/raw.tsv"
     : >"$TMP/mem.tsv"
     local id
     for id in "${!S_PATH[@]}"; do
         echo "hello from the nginx-rl bench" >"$TMP/html/${S_PATH[$id]#/}"
     done
-    echo "hello from the nginx-rl bench" >"$TMP/html/index.html"
+    for id in index.html m_fixed m_sliding m_sliding_log m_token_bucket m_leaky_bucket m_gcra m_limit_req; do
+        echo "hello from the nginx-rl bench" >"$TMP/html/$id"
+    done
 
     REDIS_PORT=0
     REDIS_PORT=$(free_port) && [[ -n $REDIS_PORT ]] || die "no free port"
@@ -342,7 +349,8 @@ main() {
         [[ -n ${need[$name]:-} ]] || continue
         if ! prepare_nginx "$name" "$name.conf"; then
             if [[ $name == rlredis ]]; then
-                SKIP_REDIS=$(grep -m1 -o 'emerg\] .*' "$TMP/$name/test.log" || head -1 "$TMP/$name/test.log")
+                SKIP_REDIS=$(sed -n 's/^nginx: \[emerg\] \(.*\) in \/.*$/\1/p' "$TMP/$name/test.log" | head -1)
+                [[ -n $SKIP_REDIS ]] || SKIP_REDIS=$(head -1 "$TMP/$name/test.log")
                 log "skipping the nginx-rl Redis scenarios: nginx -t says: $SKIP_REDIS"
                 continue
             fi
@@ -388,7 +396,7 @@ main() {
         echo "lua	libnginx-mod-http-lua $(dpkg-query -W -f='${Version}' libnginx-mod-http-lua 2>/dev/null), lua-nginx-redis $(dpkg-query -W -f='${Version}' lua-nginx-redis 2>/dev/null)"
         echo "redis	$(redis-server --version | awk '{print $3}' | sed 's/v=//')"
         echo "wrk	$(dpkg-query -W -f='${Version}' wrk 2>/dev/null)"
-        echo "module	$MODULE (built $(date -u -r "$MODULE" '+%Y-%m-%d %H:%M UTC'), repo at $git_rev)"
+        echo "module	$MODULE_SRC (built $(date -u -r "$MODULE_SRC" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$MODULE" | cut -c1-12); repo at $git_rev)"
         echo "setup	$ROUNDS round(s) of ${SECS}s per scenario in a fresh random order each round, after a warm-up of ${WARM}s per scenario; wrk -t$THREADS -c$CONNS; nginx: 1 worker on CPU $NGX_CPU; wrk and redis-server on CPU $CLIENT_CPU"
         echo "load	load average $load0 at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
         echo "elapsed	${elapsed}s"

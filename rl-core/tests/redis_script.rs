@@ -18,12 +18,13 @@ use rl_core::redis::{
 /// reply conversions, lazy expiry on `fake.now` (µs), a write counter, and
 /// Redis' protection against globals.
 const FAKE_REDIS: &str = r#"
-fake = { now = 0, data = {}, writes = 0, calls = 0 }
+fake = { now = 0, data = {}, writes = 0, calls = 0, expired = 0 }
 
 local function live(key)
   local e = fake.data[key]
   if e and e.exp and fake.now >= e.exp then
     fake.data[key] = nil
+    fake.expired = fake.expired + 1
     return nil
   end
   return e
@@ -612,21 +613,52 @@ fn out_of_range_fails_closed() {
 fn exact_range_boundaries() {
     use Algorithm::*;
     let e = MAX_EXACT;
-    assert!(exact(&limit(TokenBucket, 1, e, 1)));
-    assert!(!exact(&limit(TokenBucket, 1, e + 1, 1)));
-    assert!(exact(&limit(LeakyBucket, 7, e / 4, 4)));
-    assert!(!exact(&limit(LeakyBucket, 7, e / 4 + 1, 4)));
-    assert!(exact(&limit(Gcra, 3, 3 * (e / 8), 8)));
-    assert!(!exact(&limit(Gcra, 3, 3 * (e / 8) + 1, 8)));
-    assert!(exact(&limit(Fixed, 2, e, 2)));
-    assert!(!exact(&limit(Fixed, 2, e + 1, 2)));
-    assert!(exact(&limit(Sliding, 2, e, 1)));
-    assert!(!exact(&limit(Sliding, 2, e + 1, 1)));
-    assert!(!exact(&limit(SlidingLog, 1, e + 1, 1)));
-    assert!(!exact(&limit(Gcra, 1 << 53, 1, 1)));
-    // A realistic large configuration: a day's quota of 10,000.
-    assert!(exact(&limit(Sliding, 10_000, 86_400_000_000, 10_000)));
-    assert!(exact(&limit(TokenBucket, 10_000, 86_400_000_000, 10_000)));
+    let cases = [
+        (limit(TokenBucket, 1, e, 1), true),
+        (limit(TokenBucket, 1, e + 1, 1), false),
+        (limit(LeakyBucket, 7, e / 4, 4), true),
+        (limit(LeakyBucket, 7, e / 4 + 1, 4), false),
+        (limit(Gcra, 3, 3 * (e / 8), 8), true),
+        (limit(Gcra, 3, 3 * (e / 8) + 1, 8), false),
+        (limit(Fixed, 2, e, 2), true),
+        (limit(Fixed, 2, e + 1, 2), false),
+        (limit(SlidingLog, 2, e, 2), true),
+        (limit(SlidingLog, 1, e + 1, 1), false),
+        (limit(Sliding, 2, e, 1), true),
+        (limit(Sliding, 2, e + 1, 1), false),
+        (limit(Sliding, 1, e / 2 + 1, 1), false),
+        (limit(Gcra, 1 << 53, 1, 1), false),
+        (limit(Gcra, (1 << 53) - 1, 1, 1), true),
+        // A day's quota of 10,000.
+        (limit(Sliding, 10_000, 86_400_000_000, 10_000), true),
+        (limit(TokenBucket, 10_000, 86_400_000_000, 10_000), true),
+    ];
+    for (l, want) in cases {
+        assert_eq!(exact(&l), want, "{l:?}");
+        // The script agrees: a fresh key admits a lone request iff exact.
+        let r = Redis::new();
+        let (all, out) = r.run(&keys(1), &[(l, 1)], T0, true, false);
+        assert_eq!(all, want, "{l:?}: {out:?}");
+    }
+}
+
+/// Sliding with the previous window's weight `prev·(W−e)/W` beyond 2^53:
+/// plain doubles would round 766.000…001 down to 766 and over-admit.
+#[test]
+fn sliding_products_beyond_2_53() {
+    let (b, p, w) = (1000, 2_251_799_813_685, 2_251_799_813_685_000);
+    let l = limit(Algorithm::Sliding, 1, p, b);
+    assert_eq!(l.window_us(), w);
+    // 997·(W − E) = 766·W + 1.
+    let e = 521_730_949_810_667;
+    let mut pair = Pair::new(&[(l, 1)]);
+    assert!(pair.step(&[(l, 997)], 5, true, false).0);
+    let o = pair.step(&[(l, 234)], w + e - 10, true, false).1[0];
+    assert_eq!((o.admitted, o.retry_after_us), (false, Some(11)));
+    let o = pair.step(&[(l, 234)], w + e, true, false).1[0];
+    assert!(!o.admitted && o.remaining == 233, "{o:?}");
+    let o = pair.step(&[(l, 234)], w + e + 1, true, false).1[0];
+    assert!(o.admitted && o.remaining == 0, "{o:?}");
 }
 
 #[test]
@@ -821,6 +853,7 @@ proptest! {
 #[test]
 fn replay_coverage() {
     let mut seen = BTreeMap::new();
+    let mut expired = 0;
     for alg in Algorithm::ALL {
         let l = case_limit(alg);
         let mut p = Pair::new(&[(l, 1)]);
@@ -840,6 +873,8 @@ fn replay_coverage() {
                 _ => 100_000,
             };
         }
+        expired += p.redis.fake.get::<u64>("expired").unwrap();
     }
     assert!(seen.values().all(|n| *n > 10) && seen.len() == 3, "{seen:?}");
+    assert!(expired >= 6, "{expired}");
 }

@@ -155,18 +155,28 @@ impl ZoneConn {
     /// Runs the job: one script call; in a cluster, lines whose keys hash to
     /// different slots are checked first, then committed, group by group.
     async fn run(&self, script: &Script, job: &Job) -> Result<(bool, Vec<ScriptLine>), String> {
+        let result = self.run_once(script, job).await;
+        match result {
+            // A connection that died while idle (Redis restarted) fails its first command: drop
+            // it and try once more on a new one, within the same timeout.
+            Err(e) if e.starts_with("io:") => {
+                self.drop_conn().await;
+                let result = self.run_once(script, job).await;
+                if matches!(&result, Err(e) if e.starts_with("io:")) {
+                    self.drop_conn().await;
+                }
+                result
+            }
+            r => r,
+        }
+    }
+
+    async fn run_once(&self, script: &Script, job: &Job) -> Result<(bool, Vec<ScriptLine>), String> {
         let conn = self.conn().await?;
-        let groups = groups(&conn, &job.tags);
-        let result = match groups {
+        match groups(&conn, &job.tags) {
             None => self.call(conn, script, job, None, true).await,
             Some(groups) => self.run_groups(conn, script, job, &groups).await,
-        };
-        if let Err(e) = &result {
-            if e.starts_with("io:") {
-                self.drop_conn().await;
-            }
         }
-        result
     }
 
     async fn run_groups(
