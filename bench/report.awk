@@ -29,6 +29,7 @@ file == 3 {
     rps[id, n] = $4 / ($5 / 1e6)
     p99[id, n] = $7
     cpu[id, n] = $16 / $4 / 1000
+    busy[id, n] = 100 * $16 / ($5 * 1000)
     rcpu[id, n] = $17 / $4 / 1000
     s200[id] += $8; s429[id] += $9; s5xx[id] += $10; soth[id] += $11; sreq[id] += $4
     serr[id] += $13 + $14 + $15
@@ -98,6 +99,7 @@ END {
         if (!n) continue
         R[id] = median(rps, id, n); RMIN[id] = minof(rps, id, n); RMAX[id] = maxof(rps, id, n)
         P[id] = median(p99, id, n); C[id] = median(cpu, id, n); RC[id] = median(rcpu, id, n)
+        B[id] = median(busy, id, n)
     }
     base = ("baseline" in R) ? "baseline" : ""
 
@@ -114,7 +116,7 @@ END {
     print "|---|---|"
     print "| machine | " meta["cpus"] " CPUs; " meta["os"] "; " meta["kernel"] " |"
     print "| nginx | " meta["nginx"] " (Debian's `/usr/sbin/nginx`) |"
-    print "| module | `" meta["module"] "` |"
+    print "| module | " meta["module"] " |"
     print "| Lua peer | " meta["lua"] "; redis-server " meta["redis"] " |"
     print "| client | wrk " meta["wrk"] " |"
     print "| method | " meta["setup"] " |"
@@ -127,26 +129,28 @@ END {
     print ""
     print "req/s: median over the rounds (min - max). p99: median of the rounds' p99 latency."
     print "CPU: nginx worker CPU time (all its threads, from `/proc/PID/task/*/schedstat`) per completed request;"
-    print "\"added\" is that minus the baseline's. Ratios are of median req/s. keys/MB: from the memory test below."
+    print "\"added\" is that minus the baseline's. worker busy: the worker's CPU time over the run's wall time (well below"
+    print "100% means the worker was not the bottleneck: the client, Redis or other load on the machine was)."
+    print "Ratios are of median req/s. keys/MB: from the memory test below."
     print ""
     for (g = 1; g <= ng; g++) {
         gn = gname[g]
         print "### " gn
         print ""
         if (gn ~ /^redis/)
-            print "| scenario | req/s | min - max | p99 | nginx CPU us/req | redis-server CPU us/req | x baseline | x " refname(gn) " | status mix |"
+            print "| scenario | req/s | min - max | p99 | nginx CPU us/req | worker busy | redis-server CPU us/req | x baseline | x " refname(gn) " | status mix |"
         else
-            print "| scenario | req/s | min - max | p99 | CPU us/req | added | x baseline | x " refname(gn) " | keys/MB | status mix |"
-        if (gn ~ /^redis/) print "|---|--:|--:|--:|--:|--:|--:|--:|---|"
-        else print "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"
+            print "| scenario | req/s | min - max | p99 | CPU us/req | added | worker busy | x baseline | x " refname(gn) " | keys/MB | status mix |"
+        if (gn ~ /^redis/) print "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"
+        else print "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"
         for (i = 1; i <= ns; i++) {
             id = sid[i]
             if (group[id] != gn) continue
             name = "`" id "` " desc[id]
             if (!runs[id]) {
                 why = (id ~ /^rlredis/ && meta["skip_redis"] != "") ? "skipped: the module rejects the Redis zone (`nginx -t`: " meta["skip_redis"] ")" : "not run"
-                if (gn ~ /^redis/) printf "| %s | - | - | - | - | - | - | - | %s |\n", name, why
-                else printf "| %s | - | - | - | - | - | - | - | - | %s |\n", name, why
+                if (gn ~ /^redis/) printf "| %s | - | - | - | - | - | - | - | - | %s |\n", name, why
+                else printf "| %s | - | - | - | - | - | - | - | - | - | %s |\n", name, why
                 continue
             }
             xb = (base != "" && id != base) ? sprintf("%.3f", R[id] / R[base]) : "-"
@@ -156,11 +160,11 @@ END {
             if (id in fail) st = "**FAIL: " fail[id] "** " st
             if (id in warmfail) st = "**FAIL (warm-up): " warmfail[id] "** " st
             if (gn ~ /^redis/)
-                printf "| %s | %s | %s - %s | %s | %.2f | %.2f | %s | %s | %s |\n", name, commas(R[id]), commas(RMIN[id]), commas(RMAX[id]), ms(P[id]), C[id], RC[id], xb, xr, st
+                printf "| %s | %s | %s - %s | %s | %.2f | %.0f%% | %.2f | %s | %s | %s |\n", name, commas(R[id]), commas(RMIN[id]), commas(RMAX[id]), ms(P[id]), C[id], B[id], RC[id], xb, xr, st
             else {
                 add = (base != "") ? sprintf("%+.2f", C[id] - C[base]) : "-"
                 if (id == base) add = "-"
-                printf "| %s | %s | %s - %s | %s | %.2f | %s | %s | %s | %s | %s |\n", name, commas(R[id]), commas(RMIN[id]), commas(RMAX[id]), ms(P[id]), C[id], add, xb, xr, keysmb(id), st
+                printf "| %s | %s | %s - %s | %s | %.2f | %s | %.0f%% | %s | %s | %s | %s |\n", name, commas(R[id]), commas(RMIN[id]), commas(RMAX[id]), ms(P[id]), C[id], add, B[id], xb, xr, keysmb(id), st
             }
         }
         print ""

@@ -64,7 +64,10 @@ pub struct Line {
     pub origin: String,
 }
 
+/// Boxed elements: their addresses are kept elsewhere (the shm zone's
+/// `data`, the location configurations' line lists) and must not move.
 #[derive(Default)]
+#[allow(clippy::vec_box)]
 pub struct MainConf {
     pub zones: Vec<Box<Zone>>,
     pub redis: Vec<Box<RedisZone>>,
@@ -402,8 +405,20 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
         let dup = seen.entry(base).or_insert(0);
         line.id = base ^ dup.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         *dup += 1;
-        if let Backend::Shm(i) = line.backend {
-            mcf.zones[i].note_line(&line.limit);
+        match line.backend {
+            Backend::Shm(i) => mcf.zones[i].note_line(&line.limit),
+            Backend::Redis(_) if !rl_core::redis::exact(&line.limit) => {
+                ngx_conf_log_error!(
+                    NGX_LOG_EMERG,
+                    cf,
+                    "rate {} with burst {} is out of the range a Redis zone computes exactly in \"rl_limit\" directive in {}",
+                    line.limit.rate(),
+                    line.limit.burst(),
+                    line.origin
+                );
+                return Err(());
+            }
+            Backend::Redis(_) => {}
         }
     }
     for &loc in &mcf.locs {

@@ -155,7 +155,7 @@ pub static mut ngx_http_rl_module: ngx_module_t = ngx_module_t {
 /// only: nginx calls this after forking, never in the master).
 extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     // SAFETY: nginx passes the running cycle.
-    let Some(mcf) = (unsafe { cycle.as_ref() }).and_then(|c| Module::main_conf(c)) else {
+    let Some(mcf) = (unsafe { cycle.as_ref() }).and_then(Module::main_conf) else {
         return Status::NGX_OK.into();
     };
     match redis_zone::init_worker(cycle, &mcf.redis, handler::on_reply) {

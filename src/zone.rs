@@ -10,7 +10,7 @@ use std::hash::BuildHasher;
 
 use ngx::ffi::{
     ngx_conf_t, ngx_int_t, ngx_pagesize, ngx_shared_memory_add, ngx_shm_zone_t,
-    ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc, ngx_slab_alloc_locked, ngx_slab_free_locked,
+    ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc, ngx_slab_alloc_locked, ngx_slab_free, ngx_slab_free_locked,
     ngx_slab_pool_t, ngx_str_t, NGX_LOG_EMERG, NGX_LOG_WARN,
 };
 use ngx::{ngx_conf_log_error, ngx_log_error};
@@ -238,20 +238,33 @@ extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) -> ngx
     // SAFETY: nginx has initialised the slab pool (or kept the old one) at shm.addr.
     let pool = unsafe { &mut *shpool };
 
-    if !data.is_null() || shm.shm.exists != 0 {
-        // Reused memory: the table of the previous cycle is where pool.data says.
+    // SAFETY: ngx_pagesize is set at startup.
+    let page = unsafe { ngx_pagesize };
+    if !data.is_null() {
+        // Reused memory (reload, same name and size): the previous cycle's table is at pool.data.
+        // SAFETY: data is the previous cycle's Zone, alive until the old cycle is freed.
+        let len = unsafe { (*data.cast::<Zone>()).region_len };
         let region = pool.data.cast::<u8>();
-        let len = if data.is_null() { 0 } else { unsafe { (*data.cast::<Zone>()).region_len } };
         // SAFETY: the region was laid out by the previous cycle's zone_init.
         if !region.is_null() && len > 0 && unsafe { Table::open(region, len) }.is_some() {
-            zone.region = region;
-            zone.region_len = len;
-            return 0;
+            let log_room = pool.pfree * page >= zone.log_words * 8 * 8;
+            if log_room {
+                zone.region = region;
+                zone.region_len = len;
+                return 0;
+            }
+            // A sliding_log limit now uses a zone laid out without room for logs: start afresh.
+            ngx_log_error!(
+                NGX_LOG_WARN,
+                shm.shm.log,
+                "rl_zone \"{}\" has no room for sliding_log states, its state is reset",
+                zone.name
+            );
+            // SAFETY: the region was allocated from this pool by a previous zone_init.
+            unsafe { ngx_slab_free(shpool, region.cast()) };
         }
     }
 
-    // SAFETY: ngx_pagesize is set at startup.
-    let page = unsafe { ngx_pagesize };
     let free = pool.pfree * page;
     let mut len = free.saturating_sub(RESERVED_PAGES * page);
     if zone.log_words > 0 {

@@ -280,10 +280,16 @@ impl Redis {
     /// integral here; Redis would truncate them).
     fn eval(&self, keys: &[String], args: &[String]) -> Vec<i64> {
         let g = self.lua.globals();
-        g.raw_set("KEYS", self.lua.create_sequence_from(keys.to_vec()).unwrap())
-            .unwrap();
-        g.raw_set("ARGV", self.lua.create_sequence_from(args.to_vec()).unwrap())
-            .unwrap();
+        g.raw_set(
+            "KEYS",
+            self.lua.create_sequence_from(keys.to_vec()).unwrap(),
+        )
+        .unwrap();
+        g.raw_set(
+            "ARGV",
+            self.lua.create_sequence_from(args.to_vec()).unwrap(),
+        )
+        .unwrap();
         let reply: Table = self.script.call(()).unwrap();
         reply
             .sequence_values::<Value>()
@@ -388,7 +394,10 @@ impl Pair {
         Pair {
             redis: Redis::new(),
             keys: keys(lines.len()),
-            states: lines.iter().map(|(l, _)| vec![0; l.state_words()]).collect(),
+            states: lines
+                .iter()
+                .map(|(l, _)| vec![0; l.state_words()])
+                .collect(),
         }
     }
 
@@ -448,7 +457,10 @@ fn cases_first_exhaust_retry_cost() {
         let one = |p: &mut Pair, now, cost| p.step(&[(l, cost)], now, true, false).1[0];
         // First request: admitted, burst - 1 left.
         let o = one(&mut p, T0, 1);
-        assert!(o.admitted && o.remaining == 2 && o.retry_after_us.is_none(), "{alg}: {o:?}");
+        assert!(
+            o.admitted && o.remaining == 2 && o.retry_after_us.is_none(),
+            "{alg}: {o:?}"
+        );
         assert!(o.reset_us > 0);
         // Exhaust the burst within the same microsecond.
         assert_eq!(one(&mut p, T0, 1).remaining, 1);
@@ -665,7 +677,9 @@ fn sliding_products_beyond_2_53() {
 fn rust_interface() {
     let tag = key_tag(b"203.0.113.7");
     assert_eq!(tag.len(), 16);
-    assert!(tag.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+    assert!(tag
+        .bytes()
+        .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
     assert_eq!(tag, key_tag(b"203.0.113.7"));
     assert_ne!(tag, key_tag(b"203.0.113.8"));
     // Pinned: the tag must not change across builds or hosts.
@@ -678,7 +692,20 @@ fn rust_interface() {
     let g = limit(Algorithm::Gcra, 1, 1_000_000, 1);
     assert_eq!(
         script_args(&[(l, 3), (g, 1)], true, None),
-        ["1", "", "token_bucket", "10", "60000000", "20", "3", "gcra", "1", "1000000", "1", "1"]
+        [
+            "1",
+            "",
+            "token_bucket",
+            "10",
+            "60000000",
+            "20",
+            "3",
+            "gcra",
+            "1",
+            "1000000",
+            "1",
+            "1"
+        ]
     );
     assert_eq!(script_args(&[], false, Some(42)), ["0", "42"]);
     let ok = [1, 5, 1, 2, 3, -1, 0, 0, 9, 4];
@@ -712,8 +739,10 @@ fn frac(w: u64, permille: u16) -> u64 {
 
 /// Replays `ops` on `lines` (costs chosen per line from each raw cost
 /// selector) from `start`, comparing the script to the model at every step.
-/// Stops before the clock would pass [`MAX_EXACT`].
-fn replay(limits: &[Limit], ops: &[(Raw, Vec<u8>)], start: u64) {
+/// Stops before the clock would pass [`MAX_EXACT`]. With `jitter`, a quarter
+/// of the requests see the clock stepped back by less than the TTL margin
+/// (so expiry still never changes a decision).
+fn replay(limits: &[Limit], ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool) {
     let w = limits.iter().map(Limit::window_us).max().unwrap();
     let mut lines: Vec<(Limit, u64)> = limits.iter().map(|l| (*l, 1)).collect();
     let mut p = Pair::new(&lines);
@@ -744,8 +773,12 @@ fn replay(limits: &[Limit], ops: &[(Raw, Vec<u8>)], start: u64) {
                 _ => 1,
             };
         }
+        let now = match jitter && flags & 6 == 0 {
+            true => t.saturating_sub(frac(w, f % 2000).min(TTL_MARGIN_MS * 1000 - 1)),
+            false => t,
+        };
         let commit = sel >> 5 != 7;
-        let (_, out) = p.step(&lines, t, commit, flags & 1 == 1);
+        let (_, out) = p.step(&lines, now, commit, flags & 1 == 1);
         // Drive the clock by the first line that rejected, else the first.
         prev = out.iter().copied().find(|o| !o.admitted).unwrap_or(out[0]);
     }
@@ -761,7 +794,14 @@ fn small_limit() -> impl Strategy<Value = Limit> {
         algorithm(),
         1u64..=20,
         prop_oneof![
-            select(vec![1, 1_000, 1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000]),
+            select(vec![
+                1,
+                1_000,
+                1_000_000,
+                60_000_000,
+                3_600_000_000,
+                86_400_000_000
+            ]),
             1u64..=10_000_000
         ],
         1u64..=12,
@@ -776,12 +816,26 @@ fn magnitude(bits: u32) -> impl Strategy<Value = u64> {
 
 /// Large limits near the edges of the exact range.
 fn big_limit() -> impl Strategy<Value = Limit> {
-    (algorithm(), magnitude(30), magnitude(53), magnitude(40))
-        .prop_filter_map("outside the exact range", |(a, c, p, b)| {
-            let b = if a == Algorithm::SlidingLog { b % 64 + 1 } else { b };
-            let l = Limit::new(a, Rate { count: c, period_us: p }, b).ok()?;
+    (algorithm(), magnitude(30), magnitude(53), magnitude(40)).prop_filter_map(
+        "outside the exact range",
+        |(a, c, p, b)| {
+            let b = if a == Algorithm::SlidingLog {
+                b % 64 + 1
+            } else {
+                b
+            };
+            let l = Limit::new(
+                a,
+                Rate {
+                    count: c,
+                    period_us: p,
+                },
+                b,
+            )
+            .ok()?;
             exact(&l).then_some(l)
-        })
+        },
+    )
 }
 
 fn ops(lines: usize, n: usize) -> impl Strategy<Value = Vec<(Raw, Vec<u8>)>> {
@@ -800,16 +854,22 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(160))]
 
     /// One line of any algorithm: the script equals `Limit::acquire` (and
-    /// `check` in mode 0) step by step, over an expiring store.
+    /// `check` in mode 0) step by step, over an expiring store, also when
+    /// the clock steps back a little.
     #[test]
-    fn prop_single_line(l in small_limit(), ops in ops(1, 48), t in start()) {
-        replay(&[l], &ops, t);
+    fn prop_single_line(
+        l in small_limit(),
+        ops in ops(1, 48),
+        t in start(),
+        jitter in any::<bool>(),
+    ) {
+        replay(&[l], &ops, t, jitter);
     }
 
     /// Large parameters and times: exact to the microsecond.
     #[test]
     fn prop_single_line_big(l in big_limit(), ops in ops(1, 24), t in start()) {
-        replay(&[l], &ops, t);
+        replay(&[l], &ops, t, false);
     }
 
     /// Two or three lines: all checked, committed iff all admit.
@@ -818,8 +878,9 @@ proptest! {
         ls in prop::collection::vec(small_limit(), 2..=3),
         ops in ops(3, 40),
         t in start(),
+        jitter in any::<bool>(),
     ) {
-        replay(&ls, &ops, t);
+        replay(&ls, &ops, t, jitter);
     }
 
     /// Any parameters: the script is exact iff `exact` says so, else it
@@ -875,6 +936,9 @@ fn replay_coverage() {
         }
         expired += p.redis.fake.get::<u64>("expired").unwrap();
     }
-    assert!(seen.values().all(|n| *n > 10) && seen.len() == 3, "{seen:?}");
+    assert!(
+        seen.values().all(|n| *n > 10) && seen.len() == 3,
+        "{seen:?}"
+    );
     assert!(expired >= 6, "{expired}");
 }

@@ -525,3 +525,5 @@ pub fn sf_param(r: &Response, header: &str, item: &str, param: &str) -> u64 {
         .and_then(|(_, p)| p.get(param).and_then(|x| x.parse().ok()))
         .unwrap_or_else(|| panic!("no item {item:?} with numeric {param} in {header}: {v}"))
 }
+
+pub mod redis;

@@ -88,7 +88,7 @@ local function muldiv(a, b, d)
     end
     if bits[i] == 1 then
       if r >= d - ar then
-        r, qq = r - (d - ar), qq
+        r, qq = r - (d - ar), qq + 1
       else
         r = r + ar
       end

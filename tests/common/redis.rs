@@ -1,0 +1,268 @@
+//! Redis for the integration tests: throw-away `redis-server`s on loopback
+//! ports (a single server, optionally password-protected, or a 3-master
+//! cluster), spawned as children and killed on drop.
+
+use std::fs;
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::{try_get, Response};
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh temporary directory for a server's files (cluster config, logs).
+fn temp_dir(what: &str) -> PathBuf {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let dir = std::env::temp_dir().join(format!("nginx-rl-{what}-{}-{}", std::process::id(), n));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A free loopback port (probed, so it may be taken again before use: callers retry).
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
+}
+
+fn cli_output(port: u16, password: Option<&str>, args: &[&str]) -> Option<String> {
+    let mut cmd = Command::new("redis-cli");
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(pw) = password {
+        cmd.args(["-a", pw, "--no-auth-warning"]);
+    }
+    let out = cmd.args(args).stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Spawns `redis-server` with `extra` arguments; waits until it answers PING.
+/// `None` if it exited (e.g. the port was taken meanwhile).
+fn spawn(port: u16, password: Option<&str>, dir: &PathBuf, extra: &[String]) -> Option<Child> {
+    let log = fs::File::create(dir.join(format!("redis-{port}.log"))).unwrap();
+    let mut cmd = Command::new("redis-server");
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--daemonize", "no", "--dir"])
+        .arg(dir)
+        .args(extra);
+    if let Some(pw) = password {
+        cmd.args(["--requirepass", pw]);
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("cannot run redis-server (is the redis-server package installed?)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return None;
+        }
+        if cli_output(port, password, &["PING"]).as_deref() == Some("PONG") {
+            return Some(child);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One `redis-server` on 127.0.0.1, no persistence.
+pub struct Redis {
+    pub port: u16,
+    password: Option<String>,
+    dir: PathBuf,
+    extra: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        Redis::start_with(None, Vec::new())
+    }
+
+    /// A server with `--requirepass pw`.
+    pub fn with_password(pw: &str) -> Redis {
+        Redis::start_with(Some(pw.to_string()), Vec::new())
+    }
+
+    fn start_with(password: Option<String>, extra: Vec<String>) -> Redis {
+        let dir = temp_dir("redis");
+        for _ in 0..5 {
+            let port = free_port();
+            if let Some(child) = spawn(port, password.as_deref(), &dir, &extra) {
+                return Redis { port, password, dir, extra, child: Some(child) };
+            }
+        }
+        panic!("redis-server did not start; logs in {}", dir.display());
+    }
+
+    /// `redis://127.0.0.1:PORT` (no password).
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL: no goodbye to its clients).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops it (if running) and starts a new, empty server on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(c) = spawn(self.port, self.password.as_deref(), &self.dir, &self.extra) {
+                self.child = Some(c);
+                return;
+            }
+            assert!(Instant::now() < deadline, "redis-server did not restart on port {}", self.port);
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `redis-cli -p PORT args...` (authenticated if the server has a
+    /// password): its output, trimmed.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli_output(self.port, self.password.as_deref(), args).expect("cannot run redis-cli")
+    }
+
+    /// Every key matching `pattern` (`redis-cli --scan`), sorted.
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        let mut keys: Vec<String> =
+            self.cli(&["--scan", "--pattern", pattern]).lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
+        keys.sort();
+        keys
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster of masters only, on 127.0.0.1.
+pub struct Cluster {
+    pub ports: Vec<u16>,
+    dir: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Cluster {
+    pub fn start(masters: usize) -> Cluster {
+        let dir = temp_dir("cluster");
+        let mut cluster = Cluster { ports: Vec::new(), dir: dir.clone(), children: Vec::new() };
+        while cluster.ports.len() < masters {
+            let (port, bus) = (free_port(), free_port());
+            if port == bus || cluster.ports.contains(&port) {
+                continue;
+            }
+            let extra: Vec<String> = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &dir.join(format!("nodes-{port}.conf")).display().to_string(),
+                "--cluster-port",
+                &bus.to_string(),
+                "--cluster-node-timeout",
+                "5000",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            if let Some(c) = spawn(port, None, &dir, &extra) {
+                cluster.ports.push(port);
+                cluster.children.push(c);
+            }
+        }
+        let nodes: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("cannot run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = cluster
+                .ports
+                .iter()
+                .all(|p| cli_output(*p, None, &["CLUSTER", "INFO"]).is_some_and(|s| s.contains("cluster_state:ok")));
+            if ok {
+                break;
+            }
+            assert!(Instant::now() < deadline, "cluster not ok after 20 s (dir {})", dir.display());
+            thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,...`
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// `redis-cli -p PORT args...` on one node.
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        cli_output(port, None, args).expect("cannot run redis-cli")
+    }
+
+    /// Every key matching `pattern` on every master, sorted.
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .ports
+            .iter()
+            .flat_map(|p| cli_output(*p, None, &["--scan", "--pattern", pattern]).unwrap_or_default().lines().map(String::from).collect::<Vec<_>>())
+            .filter(|l| !l.trim().is_empty())
+            .collect();
+        keys.sort();
+        keys
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One GET, timed (connect + request + response).
+pub fn timed_get(port: u16, path: &str, headers: &[(&str, &str)]) -> (Response, Duration) {
+    let t = Instant::now();
+    let r = try_get(port, path, headers).unwrap_or_else(|e| panic!("GET {path} on port {port} failed: {e}"));
+    (r, t.elapsed())
+}
+
+/// The `q`-quantile (0..=1) of `d`.
+pub fn quantile(d: &[Duration], q: f64) -> Duration {
+    let mut v = d.to_vec();
+    v.sort();
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}

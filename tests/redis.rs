@@ -1,0 +1,609 @@
+//! End-to-end tests of Redis zones (`rl_zone NAME redis=URL ...`): real
+//! nginx instances with the module, a real `redis-server` (single, with a
+//! password, or a 3-master cluster), real HTTP requests.
+//!
+//! Exact-count tests give their zone `timeout=1s`: they are about
+//! exactness, and a loaded test machine must not turn a slow reply into an
+//! `on_error` admission. The default timeout (50 ms) is exercised by the
+//! failure tests (Redis killed, Redis paused).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::redis::*;
+use common::*;
+
+/// An `http {}` body: `zones`, then one server on {PORT} with `body` inside.
+fn server(zones: &str, body: &str) -> String {
+    format!("{zones}\nserver {{\n listen 127.0.0.1:{{PORT}};\n root {{ROOT}};\n{body}\n}}\n")
+}
+
+fn counts(pairs: &[(u16, usize)]) -> BTreeMap<u16, usize> {
+    pairs.iter().copied().filter(|(_, n)| *n > 0).collect()
+}
+
+/// Error-log lines of Redis failures of zone `zone`.
+fn failed_lines(log: &str, zone: &str) -> Vec<String> {
+    let tag = format!("rl_zone \"{zone}\" redis ");
+    log.lines().filter(|l| l.contains(&tag) && l.contains(" failed")).map(String::from).collect()
+}
+
+/// Lines that show a crashed worker or a fatal error.
+fn crash_lines(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains("exited on signal") || l.contains("[alert]") || l.contains("[emerg]")).collect()
+}
+
+fn statuses_of(got: &[u16]) -> BTreeMap<u16, usize> {
+    let mut m = BTreeMap::new();
+    for s in got {
+        *m.entry(*s).or_insert(0) += 1;
+    }
+    m
+}
+
+const ALGORITHMS: [&str; 6] = ["fixed", "sliding", "sliding_log", "token_bucket", "leaky_bucket", "gcra"];
+
+// ---------------------------------------------------------------------------
+// 1. Exact admission: two nginx instances (2 workers each) on one Redis.
+// ---------------------------------------------------------------------------
+
+/// 300 simultaneous requests, half to each nginx, same key, burst=50 at
+/// 50r/h (nothing refills, no fixed window ends): exactly 50 pass, in all.
+fn two_nginx_exact(alg: &str) {
+    let redis = Redis::start();
+    let conf = server(
+        &format!("rl_zone r redis={} timeout=1s;", redis.url()),
+        &format!("location / {{ rl_limit zone=r rate=50r/h burst=50 algorithm={alg}; }}"),
+    );
+    let (a, b) = (Nginx::start(&conf), Nginx::start(&conf));
+    let (pa, pb) = (a.port, b.port);
+    let ta = thread::spawn(move || concurrent(pa, 150, "/index.html", &[]));
+    let tb = thread::spawn(move || concurrent(pb, 150, "/index.html", &[]));
+    let (ra, rb) = (ta.join().unwrap(), tb.join().unwrap());
+    let all: Vec<Response> = ra.iter().chain(rb.iter()).cloned().collect();
+    let (la, lb) = (a.error_log(), b.error_log());
+    assert_eq!(
+        statuses(&all),
+        counts(&[(200, 50), (429, 250)]),
+        "algorithm={alg}: nginx A {:?}, nginx B {:?}; Redis failures logged: {:?}",
+        statuses(&ra),
+        statuses(&rb),
+        failed_lines(&(la.clone() + &lb), "r").iter().take(5).collect::<Vec<_>>()
+    );
+    for r in all.iter().filter(|r| r.status == 200) {
+        assert_eq!(r.body, "index\n");
+    }
+    let logged = la.matches("limiting requests by zone \"r\"").count() + lb.matches("limiting requests by zone \"r\"").count();
+    assert_eq!(logged, 250, "algorithm={alg}: rejections logged by both nginx together");
+    assert!(failed_lines(&la, "r").is_empty() && failed_lines(&lb, "r").is_empty(), "algorithm={alg}: Redis failures");
+    assert!(crash_lines(&la).is_empty() && crash_lines(&lb).is_empty(), "algorithm={alg}: {:?}", crash_lines(&(la + &lb)));
+    // Both nginx kept one state for the one client key.
+    let keys = redis.keys("rl:*");
+    assert_eq!(keys.len(), 1, "algorithm={alg}: one shared state key expected, got {keys:?}");
+}
+
+macro_rules! two_nginx_tests {
+    ($($name:ident => $alg:literal),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            two_nginx_exact($alg);
+        }
+    )*};
+}
+
+two_nginx_tests! {
+    two_nginx_exact_fixed => "fixed",
+    two_nginx_exact_sliding => "sliding",
+    two_nginx_exact_sliding_log => "sliding_log",
+    two_nginx_exact_token_bucket => "token_bucket",
+    two_nginx_exact_leaky_bucket => "leaky_bucket",
+    two_nginx_exact_gcra => "gcra",
+}
+
+// ---------------------------------------------------------------------------
+// 2. Headers and Retry-After, as with shared memory.
+// ---------------------------------------------------------------------------
+
+/// The same burst against a Redis zone and a shared-memory zone with the
+/// same line: same statuses, same header values (times within a second).
+#[test]
+fn headers_and_retry_after_match_shared_memory() {
+    let redis = Redis::start();
+    let line = "key=$http_x_k rate=10r/s burst=5 algorithm=gcra";
+    let ngx = Nginx::setup(&server(
+        &format!("rl_zone r redis={} timeout=1s;\nrl_zone m size=1m;", redis.url()),
+        &format!(
+            "location = /r.html {{ rl_limit zone=r {line}; rl_headers both; }}\n\
+             location = /m.html {{ rl_limit zone=m {line}; rl_headers both; }}"
+        ),
+    ))
+    .file("html/r.html", "r\n")
+    .file("html/m.html", "m\n")
+    .start();
+
+    for attempt in 0..3 {
+        let key = format!("key{attempt}");
+        let h = [("X-K", key.as_str())];
+        let red = ngx.concurrent(6, "/r.html", &h);
+        let shm = ngx.concurrent(6, "/m.html", &h);
+        // Six passing is legitimate only if a token refilled during the burst: retry with a new key.
+        if (statuses(&red) == counts(&[(200, 6)]) || statuses(&shm) == counts(&[(200, 6)])) && attempt < 2 {
+            eprintln!("burst straddled a refill, retrying with a new key");
+            continue;
+        }
+        for (what, rs) in [("redis", &red), ("shm", &shm)] {
+            assert_eq!(statuses(rs), counts(&[(200, 5), (429, 1)]), "{what}");
+        }
+        // Admitted: the same remaining values, limits and policies.
+        let remaining = |rs: &[Response]| {
+            let mut v: Vec<u64> = rs.iter().filter(|r| r.status == 200).map(|r| r.num("X-RateLimit-Remaining")).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(remaining(&red), vec![0, 1, 2, 3, 4], "redis X-RateLimit-Remaining of the admitted: {red:?}");
+        assert_eq!(remaining(&red), remaining(&shm));
+        let policy = |r: &Response, zone: &str| (sf_param(r, "RateLimit-Policy", zone, "q"), sf_param(r, "RateLimit-Policy", zone, "w"));
+        for r in &red {
+            assert_eq!(r.header("X-RateLimit-Limit"), Some("5"), "{r:?}");
+            assert_eq!(policy(r, "r"), policy(&shm[0], "m"), "RateLimit-Policy: redis {r:?} vs shm {:?}", shm[0]);
+            assert_eq!(sf_param(r, "RateLimit", "r", "r"), r.num("X-RateLimit-Remaining"), "{r:?}");
+        }
+        // Rejected: the same fields.
+        let rr = red.iter().find(|r| r.status == 429).unwrap();
+        let rm = shm.iter().find(|r| r.status == 429).unwrap();
+        assert_eq!(rr.num("Retry-After"), 1, "redis Retry-After (10r/s burst=5): {rr:?}");
+        assert_eq!(rr.num("Retry-After"), rm.num("Retry-After"), "redis {rr:?} vs shm {rm:?}");
+        assert_eq!((rr.num("X-RateLimit-Limit"), rr.num("X-RateLimit-Remaining")), (5, 0), "{rr:?}");
+        assert_eq!(sf_param(rr, "RateLimit", "r", "r"), 0, "{rr:?}");
+        let (reset_r, reset_m) = (rr.num("X-RateLimit-Reset"), rm.num("X-RateLimit-Reset"));
+        assert!(reset_r.abs_diff(reset_m) <= 1, "X-RateLimit-Reset: redis {reset_r}, shm {reset_m}");
+        let (t_r, t_m) = (sf_param(rr, "RateLimit", "r", "t"), sf_param(rm, "RateLimit", "m", "t"));
+        assert!(t_r.abs_diff(t_m) <= 1, "RateLimit t: redis {t_r}, shm {t_m}");
+        let now = unix_now();
+        assert!((now.saturating_sub(1)..=now + 2).contains(&reset_r), "redis X-RateLimit-Reset {reset_r}, now {now}");
+
+        let again = ngx.get("/r.html", &h);
+        assert_eq!(again.status, 429, "redis: passed right after the burst: {again:?}");
+        assert!(again.num("Retry-After") >= 1, "{again:?}");
+
+        thread::sleep(Duration::from_secs(rr.num("Retry-After")) + Duration::from_millis(30));
+        let after = ngx.get("/r.html", &h);
+        assert_eq!(after.status, 200, "redis: still limited after waiting Retry-After: {after:?}");
+        assert!(after.header("Retry-After").is_none(), "{after:?}");
+        assert!(failed_lines(&ngx.error_log(), "r").is_empty(), "Redis failures:\n{}", ngx.error_log());
+        return;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 3. Redis killed under load, then restarted.
+// ---------------------------------------------------------------------------
+
+/// Default timeout (50 ms) plus a margin for a loaded test machine.
+const ANSWER_WITHIN: Duration = Duration::from_millis(50 + 250);
+
+#[test]
+fn redis_killed_during_load_then_restarted() {
+    let mut redis = Redis::start();
+    let url = redis.url();
+    let ngx = Nginx::start(&server(
+        &format!("rl_zone ra redis={url} on_error=allow;\nrl_zone rd redis={url} on_error=deny;"),
+        "location = /a.html { rl_limit zone=ra key=$http_x_k rate=5r/h burst=5; }\n\
+         location = /b.html { rl_limit zone=rd key=$http_x_k rate=5r/h burst=5; }",
+    ));
+    let h = [("X-K", "k1")];
+    // Limiting works while Redis is up.
+    for path in ["/a.html", "/b.html"] {
+        let got: Vec<u16> = (0..7).map(|_| ngx.get(path, &h).status).collect();
+        assert_eq!(got, [200, 200, 200, 200, 200, 429, 429], "{path} with Redis up");
+    }
+
+    redis.stop();
+    let before = ngx.error_log().len();
+    // Two seconds of load on both locations, with the key already exhausted.
+    let port = ngx.port;
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let results = results.clone();
+            thread::spawn(move || {
+                let path = if i % 2 == 0 { "/a.html" } else { "/b.html" };
+                let mut mine = Vec::new();
+                while Instant::now() < deadline {
+                    let (r, took) = timed_get(port, path, &[("X-K", "k1")]);
+                    mine.push((path, r.status, took));
+                }
+                results.lock().unwrap().extend(mine);
+            })
+        })
+        .collect();
+    for t in handles {
+        t.join().unwrap();
+    }
+    let results = results.lock().unwrap().clone();
+    let log = ngx.error_log();
+    let new = &log[before..];
+    assert!(results.len() >= 200, "only {} requests in 2 s", results.len());
+    let wrong: Vec<_> = results
+        .iter()
+        .filter(|(p, s, _)| (*p == "/a.html" && *s != 200) || (*p == "/b.html" && *s != 429))
+        .take(10)
+        .collect();
+    assert!(wrong.is_empty(), "Redis down: on_error=allow must answer 200, on_error=deny 429; got {wrong:?}");
+    let slow: Vec<_> = results.iter().filter(|(_, _, t)| *t >= ANSWER_WITHIN).take(10).collect();
+    assert!(slow.is_empty(), "requests slower than {ANSWER_WITHIN:?} while Redis is down: {slow:?}");
+    for zone in ["ra", "rd"] {
+        let lines = failed_lines(new, zone);
+        assert!(!lines.is_empty(), "no failure logged for zone {zone}");
+        assert!(lines.len() < 20, "zone {zone}: {} \"failed\" lines for {} requests in 2 s:\n{}", lines.len(), results.len(), lines.join("\n"));
+    }
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+
+    // Redis back (empty, same port): limiting resumes within a second, no reload.
+    redis.restart();
+    let t0 = Instant::now();
+    let (mut a_limited, mut b_admitted, mut b_limited) = (None, None, None);
+    while (a_limited.is_none() || b_limited.is_none()) && t0.elapsed() < Duration::from_secs(3) {
+        let ra = ngx.get("/a.html", &h);
+        // A limiter's 429 carries the line's headers (an on_error 429 has none).
+        if a_limited.is_none() && ra.status == 429 && ra.header("X-RateLimit-Limit") == Some("5") {
+            a_limited = Some(t0.elapsed());
+        }
+        let rb = ngx.get("/b.html", &h);
+        if rb.status == 200 && b_admitted.is_none() {
+            b_admitted = Some(t0.elapsed());
+        }
+        if b_admitted.is_some() && rb.status == 429 && rb.header("X-RateLimit-Limit") == Some("5") && b_limited.is_none() {
+            b_limited = Some(t0.elapsed());
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    let within = |t: Option<Duration>| t.is_some_and(|t| t < Duration::from_secs(1));
+    assert!(
+        within(a_limited) && within(b_admitted) && within(b_limited),
+        "after the restart: on_error=allow zone limiting again after {a_limited:?}, \
+         on_error=deny zone admitting after {b_admitted:?} and limiting after {b_limited:?} (all expected < 1 s)"
+    );
+    let log = ngx.error_log();
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+}
+
+// ---------------------------------------------------------------------------
+// 4. A paused Redis delays only its own requests, by the timeout.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn paused_redis_delays_only_its_requests() {
+    let redis = Redis::start();
+    let ngx = Nginx::start(&server(
+        &format!("rl_zone r redis={};", redis.url()),
+        "location = /a.html { rl_limit zone=r key=$http_x_k rate=100r/h burst=100; }\n\
+         location / { }",
+    ));
+    // Both workers connected.
+    for i in 0..20 {
+        let r = ngx.get("/a.html", &[("X-K", &format!("warm{i}"))]);
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    assert!(failed_lines(&ngx.error_log(), "r").is_empty(), "Redis failures before the pause:\n{}", ngx.error_log());
+
+    let out = redis.cli(&["CLIENT", "PAUSE", "3000"]);
+    assert_eq!(out, "OK");
+    let paused_at = Instant::now();
+    let port = ngx.port;
+    let stat = thread::spawn(move || (0..200).map(|_| timed_get(port, "/index.html", &[])).collect::<Vec<_>>());
+    let limited: Vec<_> = (0..4)
+        .map(|i| {
+            thread::spawn(move || {
+                (0..5).map(|j| timed_get(port, "/a.html", &[("X-K", &format!("p{i}-{j}"))])).collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let stat = stat.join().unwrap();
+    let limited: Vec<_> = limited.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let took = paused_at.elapsed();
+    assert!(took < Duration::from_millis(2800), "the requests took {took:?}: not all sent during the 3 s pause");
+
+    let times: Vec<Duration> = stat.iter().map(|(_, t)| *t).collect();
+    assert!(stat.iter().all(|(r, _)| r.status == 200 && r.body == "index\n"));
+    let p99 = quantile(&times, 0.99);
+    assert!(p99 < Duration::from_millis(20), "static file p99 {p99:?} while Redis is paused (max {:?})", quantile(&times, 1.0));
+
+    for (r, t) in &limited {
+        assert_eq!(r.status, 200, "paused Redis, on_error=allow: {r:?}");
+        assert!(
+            *t >= Duration::from_millis(45) && *t < ANSWER_WITHIN,
+            "paused Redis: answered in {t:?}, expected about the 50 ms timeout"
+        );
+    }
+    let log = ngx.error_log();
+    let timeouts = failed_lines(&log, "r");
+    assert!(timeouts.iter().any(|l| l.contains("timed out")), "no timeout logged:\n{log}");
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+
+    // After the pause, the connections still work (late replies discarded): exact limiting again.
+    thread::sleep(Duration::from_millis(3200).saturating_sub(paused_at.elapsed()));
+    let got: Vec<u16> = (0..100).map(|_| ngx.get("/a.html", &[("X-K", "after")]).status).collect();
+    assert!(got.iter().all(|s| *s == 200), "burst=100 after the pause: {:?}", statuses_of(&got));
+    let r = ngx.get("/a.html", &[("X-K", "after")]);
+    assert_eq!(r.status, 429, "101st request after the pause: {r:?}");
+}
+
+// ---------------------------------------------------------------------------
+// 5. SCRIPT FLUSH under load.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn script_flush_during_load() {
+    let redis = Redis::start();
+    let ngx = Nginx::start(&server(
+        &format!("rl_zone r redis={};", redis.url()),
+        "location / { rl_limit zone=r rate=50r/h burst=50; }",
+    ));
+    let port = ngx.port;
+    let done = Arc::new(AtomicUsize::new(0));
+    let url_port = redis.port;
+    let handles: Vec<_> = (0..10)
+        .map(|_| {
+            let done = done.clone();
+            thread::spawn(move || {
+                let mut st = Vec::new();
+                for _ in 0..30 {
+                    st.push(get(port, "/index.html", &[]).status);
+                    // SCRIPT FLUSH before the burst is used up, and once more after.
+                    let n = done.fetch_add(1, Ordering::SeqCst) + 1;
+                    if n == 25 || n == 150 {
+                        let out = std::process::Command::new("redis-cli")
+                            .args(["-p", &url_port.to_string(), "SCRIPT", "FLUSH"])
+                            .output()
+                            .unwrap();
+                        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+                    }
+                }
+                st
+            })
+        })
+        .collect();
+    let got: Vec<u16> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let st = statuses_of(&got);
+    let log = ngx.error_log();
+    assert_eq!(st, counts(&[(200, 50), (429, 250)]), "Redis failures: {:?}", failed_lines(&log, "r"));
+    assert!(failed_lines(&log, "r").is_empty(), "{:?}", failed_lines(&log, "r"));
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+}
+
+// ---------------------------------------------------------------------------
+// 6. Redis Cluster.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn cluster_exact_and_all_or_nothing() {
+    let cluster = Cluster::start(3);
+    let mut body = String::new();
+    for alg in ["fixed", "sliding_log", "gcra"] {
+        body.push_str(&format!("location = /{alg}.html {{ rl_limit zone=c key=$http_x_k rate=50r/h burst=50 algorithm={alg}; }}\n"));
+    }
+    body.push_str(
+        "location = /team.html {\n\
+           rl_limit zone=c key=$http_x_user rate=5r/h burst=5;\n\
+           rl_limit zone=c key=$http_x_team rate=3r/h burst=3;\n\
+           rl_headers draft;\n\
+         }",
+    );
+    let mut setup = Nginx::setup(&server(&format!("rl_zone c redis={} timeout=1s;", cluster.url()), &body));
+    for f in ["fixed", "sliding_log", "gcra", "team"] {
+        setup = setup.file(&format!("html/{f}.html"), &format!("{f}\n"));
+    }
+    let ngx = setup.start();
+
+    // Exact counts, on keys spread over the masters.
+    for (i, alg) in ["fixed", "sliding_log", "gcra"].iter().enumerate() {
+        for k in 0..2 {
+            let key = format!("client-{i}-{k}");
+            let rs = ngx.concurrent(150, &format!("/{alg}.html"), &[("X-K", &key)]);
+            assert_eq!(statuses(&rs), counts(&[(200, 50), (429, 100)]), "cluster, algorithm={alg}, key {key}");
+        }
+    }
+    let keys = cluster.keys("rl:*");
+    assert_eq!(keys.len(), 6, "state keys in the cluster: {keys:?}");
+    let holding = cluster.ports.iter().filter(|p| !cluster.cli(**p, &["--scan", "--pattern", "rl:*"]).is_empty()).count();
+    eprintln!("state keys spread over {holding} of 3 masters");
+
+    // Two lines, two keys (two hash tags: two slots, most likely two masters).
+    let req = |user: &str, team: &str| ngx.get("/team.html", &[("X-User", user), ("X-Team", team)]);
+    let lines = |r: &Response| (sf_param(r, "RateLimit", "c", "r"), sf_param(r, "RateLimit", "c-2", "r"));
+    for (user_r, team_r) in [(4, 2), (3, 1), (2, 0)] {
+        let r = req("u1", "t1");
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(lines(&r), (user_r, team_r), "(user, team) remaining: {r:?}");
+    }
+    // The team line rejects: the user line is not charged.
+    let r = req("u1", "t1");
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(sf_param(&r, "RateLimit", "c-2", "r"), 0, "{r:?}");
+    for _ in 0..3 {
+        let r = req("u2", "t1");
+        assert_eq!(r.status, 429, "new user on the exhausted team: {r:?}");
+        assert_eq!(sf_param(&r, "RateLimit", "c-2", "r"), 0, "{r:?}");
+    }
+    // Moved to a fresh team: u2 has its whole user budget, u1 what its admitted requests left.
+    let r = req("u2", "t2");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(lines(&r), (4, 2), "u2 charged on its user line by requests the team line rejected: {r:?}");
+    let r = req("u1", "t2");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(lines(&r), (1, 1), "u1 charged by its rejected request: {r:?}");
+
+    let log = ngx.error_log();
+    assert!(failed_lines(&log, "c").is_empty(), "{:?}", failed_lines(&log, "c"));
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+}
+
+// ---------------------------------------------------------------------------
+// 7. Password-protected Redis.
+// ---------------------------------------------------------------------------
+
+const PASSWORD: &str = "Pw-7f3kq9-Zx";
+const WRONG_PASSWORD: &str = "Wr0ng-4vd8m2-Qy";
+
+#[test]
+fn password_protected_redis() {
+    let redis = Redis::with_password(PASSWORD);
+    let p = redis.port;
+    let conf = server(
+        &format!(
+            "rl_zone ok redis=redis://:{PASSWORD}@127.0.0.1:{p}/0 timeout=1s;\n\
+             rl_zone wa redis=redis://:{WRONG_PASSWORD}@127.0.0.1:{p}/0 on_error=allow;\n\
+             rl_zone wd redis=redis://default:{WRONG_PASSWORD}@127.0.0.1:{p}/0 on_error=deny;"
+        ),
+        "location = /index.html { rl_limit zone=ok key=$http_x_k rate=5r/h burst=5; }\n\
+         location = /a.html { rl_limit zone=wa rate=2r/h burst=2; }\n\
+         location = /b.html { rl_limit zone=wd rate=2r/h burst=2; }",
+    );
+    let (ok, out) = nginx_t(&conf);
+    assert!(ok, "nginx -t refused:\n{out}");
+    assert!(!out.contains(PASSWORD) && !out.contains(WRONG_PASSWORD), "nginx -t shows a password:\n{out}");
+
+    let ngx = Nginx::start(&conf);
+    let rs = ngx.concurrent(20, "/index.html", &[("X-K", "pw")]);
+    assert_eq!(statuses(&rs), counts(&[(200, 5), (429, 15)]), "right password");
+    assert_eq!(redis.keys("rl:*").len(), 1);
+
+    let a: Vec<u16> = (0..6).map(|_| ngx.get("/a.html", &[]).status).collect();
+    assert_eq!(a, [200; 6], "wrong password, on_error=allow");
+    let b: Vec<u16> = (0..6).map(|_| ngx.get("/b.html", &[]).status).collect();
+    assert_eq!(b, [429; 6], "wrong password, on_error=deny");
+
+    let log = ngx.error_log();
+    for zone in ["wa", "wd"] {
+        let lines = failed_lines(&log, zone);
+        assert!(!lines.is_empty(), "no failure logged for zone {zone}:\n{log}");
+        assert!(lines.iter().all(|l| l.contains(":***@127.0.0.1")), "the URL is not shown redacted: {lines:?}");
+    }
+    assert!(failed_lines(&log, "ok").is_empty(), "{:?}", failed_lines(&log, "ok"));
+    for pw in [PASSWORD, WRONG_PASSWORD] {
+        let leaks: Vec<&str> = log.lines().filter(|l| l.contains(pw)).collect();
+        assert!(leaks.is_empty(), "password in the error log: {leaks:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 8. State keys: naming, TTL, expiry.
+// ---------------------------------------------------------------------------
+
+fn is_hex16(s: &str) -> bool {
+    s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// `<prefix>{<16 hex>}:<16 hex>`
+fn key_shape_ok(key: &str, prefix: &str) -> bool {
+    let Some(rest) = key.strip_prefix(prefix).and_then(|r| r.strip_prefix('{')) else { return false };
+    let Some((tag, line)) = rest.split_once("}:") else { return false };
+    is_hex16(tag) && is_hex16(line)
+}
+
+#[test]
+fn state_keys_have_ttl_and_expire() {
+    let redis = Redis::start();
+    let mut body = String::new();
+    for alg in ALGORITHMS {
+        body.push_str(&format!("location = /{alg}.html {{ rl_limit zone=r key=$http_x_k rate=10r/s burst=5 algorithm={alg}; }}\n"));
+    }
+    body.push_str("location = /p.html { rl_limit zone=p key=$http_x_k rate=10r/s burst=5; }\n");
+    let mut setup = Nginx::setup(&server(
+        &format!("rl_zone r redis={url} timeout=1s;\nrl_zone p redis={url} timeout=1s prefix=myapp:;", url = redis.url()),
+        &body,
+    ));
+    for f in ALGORITHMS.iter().chain(["p"].iter()) {
+        setup = setup.file(&format!("html/{f}.html"), &format!("{f}\n"));
+    }
+    let ngx = setup.start();
+    let h = [("X-K", "expiring")];
+    for f in ALGORITHMS.iter().chain(["p"].iter()) {
+        let got: Vec<u16> = (0..3).map(|_| ngx.get(&format!("/{f}.html"), &h).status).collect();
+        assert_eq!(got, [200; 3], "/{f}.html");
+    }
+
+    let keys = redis.keys("rl:*");
+    assert_eq!(keys.len(), ALGORITHMS.len(), "one key per line: {keys:?}");
+    let mut max_ttl = 0;
+    for k in &keys {
+        assert!(key_shape_ok(k, "rl:"), "key {k:?} is not rl:{{<16 hex>}}:<16 hex>");
+        let pttl: i64 = redis.cli(&["PTTL", k]).parse().unwrap();
+        // TTL = reset (at most 2 windows of 0.5 s, for `sliding`) + 1 s.
+        assert!(pttl > 0 && pttl <= 2000, "PTTL of {k}: {pttl}");
+        max_ttl = max_ttl.max(pttl);
+    }
+    // Every line has its own key, all with the same client tag.
+    let tags: Vec<&str> = keys.iter().map(|k| &k[3..21]).collect();
+    assert!(tags.iter().all(|t| *t == tags[0]), "one client key, one tag: {keys:?}");
+    let pkeys = redis.keys("myapp:*");
+    assert_eq!(pkeys.len(), 1, "prefix=myapp: {pkeys:?}");
+    assert!(key_shape_ok(&pkeys[0], "myapp:"), "{pkeys:?}");
+    let pttl: i64 = redis.cli(&["PTTL", &pkeys[0]]).parse().unwrap();
+    assert!(pttl > 0 && pttl <= 2000, "PTTL of {}: {pttl}", pkeys[0]);
+
+    thread::sleep(Duration::from_millis(max_ttl.max(pttl) as u64 + 300));
+    assert_eq!(redis.keys("rl:*"), Vec::<String>::new(), "keys left after their TTL");
+    assert_eq!(redis.keys("myapp:*"), Vec::<String>::new(), "keys left after their TTL");
+    // An expired state is a fresh one.
+    let r = ngx.get("/fixed.html", &h);
+    assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (200, 4), "{r:?}");
+}
+
+// ---------------------------------------------------------------------------
+// 9. nginx -t.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn config_test_messages() {
+    let zone = |params: &str| server(&format!("rl_zone z {params};"), "location / { rl_limit zone=z rate=1r/s; }");
+    let pw = "Cfg-Secr3t-9w";
+    let cases: Vec<(&str, String, Vec<&str>)> = vec![
+        ("bad scheme", zone("redis=http://127.0.0.1:6379"), vec!["\"rl_zone\"", "http://127.0.0.1:6379"]),
+        ("bad scheme with password", zone(&format!("redis=ftp://u:{pw}@127.0.0.1:6379")), vec!["\"rl_zone\"", "ftp://u:***@127.0.0.1:6379"]),
+        ("sentinel without master", zone("redis=redis+sentinel://127.0.0.1:26379"), vec!["\"rl_zone\"", "redis+sentinel://127.0.0.1:26379", "master"]),
+        ("sentinel with empty master", zone("redis=redis+sentinel://127.0.0.1:26379/"), vec!["\"rl_zone\"", "redis+sentinel://127.0.0.1:26379/", "master"]),
+        (
+            "sentinel without master, with password",
+            zone(&format!("redis=redis+sentinel://:{pw}@127.0.0.1:26379")),
+            vec!["\"rl_zone\"", "redis+sentinel://:***@127.0.0.1:26379", "master"],
+        ),
+        ("bad on_error", zone("redis=redis://127.0.0.1:6379 on_error=maybe"), vec!["\"rl_zone\"", "\"maybe\""]),
+        ("bad on_error with password", zone(&format!("redis=redis://:{pw}@127.0.0.1:6379/0 on_error=sometimes")), vec!["\"rl_zone\"", "\"sometimes\""]),
+        ("bad timeout", zone("redis=redis://127.0.0.1:6379 timeout=soon"), vec!["\"rl_zone\"", "\"soon\""]),
+        ("zero timeout", zone("redis=redis://127.0.0.1:6379 timeout=0ms"), vec!["\"rl_zone\"", "\"0ms\""]),
+        ("bad port with password", zone(&format!("redis=redis://:{pw}@127.0.0.1:99999/0")), vec!["\"rl_zone\"", "redis://:***@127.0.0.1:99999/0"]),
+        ("bad cluster hosts", zone("redis=redis+cluster://127.0.0.1"), vec!["\"rl_zone\"", "redis+cluster://127.0.0.1"]),
+        ("unknown parameter", zone("redis=redis://127.0.0.1:6379 pool=3"), vec!["\"rl_zone\"", "\"pool=3\""]),
+    ];
+    let mut failures = Vec::new();
+    for (what, conf, needles) in &cases {
+        let (ok, out) = nginx_t(conf);
+        let missing: Vec<&&str> = needles.iter().filter(|n| !out.contains(**n)).collect();
+        if ok || !out.contains("[emerg]") || !out.contains("nginx.conf:") || !missing.is_empty() || out.contains(pw) {
+            failures.push(format!("{what}: accepted={ok}, missing {missing:?}, password shown={} in:\n{out}", out.contains(pw)));
+        }
+    }
+    // Good ones (nothing is connected at configuration time).
+    let good = server(
+        &format!(
+            "rl_zone a redis=redis://127.0.0.1:6379;\n\
+             rl_zone b redis=rediss://user:{pw}@127.0.0.1:6380/2 timeout=200ms on_error=deny prefix=app:;\n\
+             rl_zone c redis=redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster;\n\
+             rl_zone d redis=redis+cluster://127.0.0.1:7000,127.0.0.1:7001 timeout=1s;"
+        ),
+        "location / { rl_limit zone=a rate=1r/s; rl_limit zone=b rate=1r/m; rl_limit zone=c rate=1r/h; rl_limit zone=d rate=1r/d; }",
+    );
+    let (ok, out) = nginx_t(&good);
+    if !ok || !out.contains("test is successful") || out.contains(pw) {
+        failures.push(format!("good configuration refused (or password shown):\n{out}"));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n----\n"));
+}
