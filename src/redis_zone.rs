@@ -336,6 +336,6 @@ extern "C" fn on_notify(_ev: *mut ngx_event_t) {
 pub fn failure_text(f: &Failure, timeout: Duration) -> String {
     match f {
         Failure::Timeout => format!("timed out ({} ms)", timeout.as_millis()),
-        Failure::Error(e) => e.clone(),
+        Failure::Error(e) => e.trim_start_matches("io: ").to_string(),
     }
 }

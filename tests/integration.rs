@@ -340,13 +340,13 @@ fn multiple_lines_all_or_nothing() {
         }
     }
     assert_eq!((admitted, b_remaining), (8, 0));
-    // B rejects: A must not be charged for the fresh key k4 (it would admit
-    // with 2 left after this request, every time).
+    // B rejects: A must not be charged for the fresh key k4, and reports
+    // its whole burst (3) as remaining every time: nothing was taken.
     for _ in 0..3 {
         let r = req("k4");
         assert_eq!(r.status, 429, "{r:?}");
         assert_eq!(sf_param(&r, "RateLimit", "zb", "r"), 0, "{r:?}");
-        assert_eq!(sf_param(&r, "RateLimit", "za", "r"), 2, "A charged for a request B rejected: {r:?}");
+        assert_eq!(sf_param(&r, "RateLimit", "za", "r"), 3, "A charged for a request B rejected: {r:?}");
     }
 }
 

@@ -114,6 +114,8 @@ struct ConnState {
     conn: Option<Conn>,
     failures: u32,
     next_try: Option<Instant>,
+    /// Why the last connection attempt failed, reported until one succeeds.
+    last_error: String,
 }
 
 /// Longest wait between two connection attempts: Redis coming back is noticed within this.
@@ -121,7 +123,7 @@ const MAX_BACKOFF: Duration = Duration::from_millis(400);
 
 impl ZoneConn {
     fn new(spec: ZoneSpec) -> ZoneConn {
-        ZoneConn { spec, state: tokio::sync::Mutex::new(ConnState { conn: None, failures: 0, next_try: None }) }
+        ZoneConn { spec, state: tokio::sync::Mutex::new(ConnState { conn: None, failures: 0, next_try: None, last_error: String::new() }) }
     }
 
     async fn conn(&self) -> Result<Conn, String> {
@@ -130,7 +132,7 @@ impl ZoneConn {
             return Ok(c.clone());
         }
         if st.next_try.is_some_and(|t| Instant::now() < t) {
-            return Err("not connected (reconnecting)".into());
+            return Err(format!("not connected, reconnecting after: {}", st.last_error));
         }
         match connect(&self.spec.target).await {
             Ok(c) => {
@@ -143,6 +145,7 @@ impl ZoneConn {
                 st.failures = st.failures.saturating_add(1);
                 let backoff = Duration::from_millis(25u64 << st.failures.min(5)).min(MAX_BACKOFF);
                 st.next_try = Some(Instant::now() + backoff);
+                st.last_error = e.trim_start_matches("io: ").to_string();
                 Err(e)
             }
         }
@@ -161,11 +164,15 @@ impl ZoneConn {
             // it and try once more on a new one, within the same timeout.
             Err(e) if e.starts_with("io:") => {
                 self.drop_conn().await;
-                let result = self.run_once(script, job).await;
-                if matches!(&result, Err(e) if e.starts_with("io:")) {
-                    self.drop_conn().await;
+                match self.run_once(script, job).await {
+                    Err(again) if again.starts_with("io:") => {
+                        self.drop_conn().await;
+                        Err(again)
+                    }
+                    // Still in backoff after a failed connect: report the original cause.
+                    Err(again) if again.starts_with("not connected") => Err(e),
+                    r => r,
                 }
-                result
             }
             r => r,
         }
