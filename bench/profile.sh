@@ -45,6 +45,7 @@ while IFS=$'\t' read -r id inst path _; do
     [[ -z $id || $id == \#* ]] && continue
     echo "hello from the nginx-rl bench" >"$TMP/html/${path#/}"
 done <"$BENCH/scenarios.tsv"
+echo "hello from the nginx-rl bench" >"$TMP/html/gcra_admit_noheaders"
 
 free_port() {
     local p
@@ -66,7 +67,7 @@ start() { # name conf
             -e "s|@REDIS_PORT@|6379|g" -e "s|@BENCH@|$BENCH|g" -e "s|@MEMZ@|1m|g" "$BENCH/conf/$f" >"$dir/${f/$2/nginx.conf}"
     done
     sed -i 's/^worker_cpu_affinity.*//' "$dir/common.inc"
-    valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file="$dir/cg.%p" \
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$dir/cg.%p" \
         "$NGINX" -p "$dir/" -c "$dir/nginx.conf" -e "$dir/error.log" -g 'daemon off; master_process off;' \
         2>"$dir/valgrind.log" &
     VPID[$name]=$!
@@ -80,27 +81,29 @@ start() { # name conf
 }
 
 requests() { # url n
-    awk -v u="$1" -v n="$2" -v k="$3" 'BEGIN { for (i = 1; i <= n; i++) {
-        printf "url = \"%s\"\noutput = \"/dev/null\"\n", u
+    # Options in a curl config apply to every later URL unless "next" starts a new set.
+    awk -v u="$1" -v n="$2" -v k="$3" 'BEGIN { srand(); for (i = 1; i <= n; i++) {
+        if (i > 1) print "next"
+        printf "silent\nwrite-out = \"%%{http_code}\\n\"\nurl = \"%s\"\noutput = \"/dev/null\"\n", u
         if (k > 0) printf "header = \"X-User: u%d\"\n", int(rand() * k) + 1 } }' >"$TMP/req.cfg"
-    curl -s -K "$TMP/req.cfg" -w '%{http_code}\n' | sort | uniq -c | awk '{ printf "%s%s x %s", s, $1, $2; s = ", " }'
+    curl -K "$TMP/req.cfg" | sort | uniq -c | awk '{ printf "%s%s x %s", s, $1, $2; s = ", " }'
 }
 
 # profile NAME ID PATH NKEYS: prints "ID<TAB>Ir/request<TAB>statuses"; keeps the dump.
 profile() {
     local name=$1 id=$2 path=$3 nkeys=$4 pid=${VPID[$1]} url st total
     url="http://127.0.0.1:${PORT[$name]}$path"
+    callgrind_control -i on "$pid" >/dev/null 2>&1
     requests "$url" 200 "$nkeys" >/dev/null
-    callgrind_control -z "$pid" >/dev/null
-    callgrind_control -i on "$pid" >/dev/null
+    callgrind_control -z "$pid" >/dev/null 2>&1
     st=$(requests "$url" "$N" "$nkeys")
-    callgrind_control -i off "$pid" >/dev/null
-    callgrind_control -d "$id" "$pid" >/dev/null
+    callgrind_control -d "$id" "$pid" >/dev/null 2>&1
+    callgrind_control -i off "$pid" >/dev/null 2>&1
     local f
-    f=$(ls -t "$TMP/$name"/cg.*."$id"* 2>/dev/null | head -1 || true)
-    [[ -n $f ]] || f=$(ls -t "$TMP/$name"/cg.* | head -1)
+    f=$(ls -t "$TMP/$name"/cg.* | sed -n 1p)
     mv "$f" "$TMP/$id.cg"
-    total=$(callgrind_annotate "$TMP/$id.cg" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(/,/, "", $1); print $1; exit }')
+    total=$(callgrind_annotate "$TMP/$id.cg" 2>/dev/null | awk '/PROGRAM TOTALS/ && !t { gsub(/,/, "", $1); t = $1 } END { print t }')
+    total=${total:-0}
     printf '%s\t%s\t%s\n' "$id" "$((total / N))" "$st"
     log "$id: $((total / N)) instructions/request ($st)"
 }
@@ -113,12 +116,15 @@ profile stock baseline /baseline 0 >>"$TMP/ir.tsv"
 profile stock limit_req /lr_admit 0 >>"$TMP/ir.tsv"
 profile stock limit_req_reject /lr_reject 0 >>"$TMP/ir.tsv"
 profile stock limit_req_k1m /lr_k1m 1000000 >>"$TMP/ir.tsv"
+profile rl rl_loaded_no_limit /baseline 0 >>"$TMP/ir.tsv"
+profile rl rl_gcra_no_headers /gcra_admit_noheaders 0 >>"$TMP/ir.tsv"
 for a in fixed sliding sliding_log token_bucket leaky_bucket gcra; do
     profile rl "rl_$a" "/${a}_admit" 0 >>"$TMP/ir.tsv"
 done
 profile rl rl_gcra_reject /gcra_reject 0 >>"$TMP/ir.tsv"
 profile rl rl_sliding_reject /sliding_reject 0 >>"$TMP/ir.tsv"
 profile rl rl_gcra_k1m /gcra_k1m 1000000 >>"$TMP/ir.tsv"
+profile rl rl_sliding_k1m /sliding_k1m 1000000 >>"$TMP/ir.tsv"
 
 base=$(awk -F'\t' '$1 == "baseline" { print $2 }' "$TMP/ir.tsv")
 {
@@ -132,13 +138,23 @@ base=$(awk -F'\t' '$1 == "baseline" { print $2 }' "$TMP/ir.tsv")
     echo "| scenario | instructions/request | added over the baseline | statuses |"
     echo "|---|--:|--:|---|"
     awk -F'\t' -v b="$base" '{ printf "| `%s` | %d | %s | %s |\n", $1, $2, ($1 == "baseline") ? "-" : sprintf("%+d", $2 - b), $3 }' "$TMP/ir.tsv"
-    for id in rl_gcra rl_gcra_k1m limit_req; do
+    selfcost() { # id: "instructions/request<TAB>function" per function (self cost)
+        callgrind_annotate --auto=no --threshold=100 "$TMP/$1.cg" 2>/dev/null | awk -v n="$N" '
+            /^ *[0-9,]+ / && / [^ ]*:[^ ]/ { x = $1; gsub(/,/, "", x); $1 = ""; sub(/^ *(\([ 0-9.]+%\))? */, "")
+                gsub(/\[\/tmp[^]]*\]/, "[ngx_http_rl_module.so]"); sub(/^\/rustc\/[0-9a-f]+\/library\//, "std:"); print x / n "\t" $0 }'
+    }
+    for pair in "rl_gcra limit_req" "rl_gcra_reject limit_req_reject" "rl_gcra_k1m limit_req_k1m"; do
+        read -r a b <<<"$pair"
         echo
-        echo "## Top functions, \`$id\` (inclusive of nothing: self cost, instructions per request)"
+        echo "## Where \`$a\` spends more than \`$b\`"
+        echo
+        echo "Self cost per request by function, the largest differences ($a minus $b; functions of the module"
+        echo "with inlined code are listed once per source file)."
         echo
         echo '```'
-        callgrind_annotate --threshold=99 "$TMP/$id.cg" 2>/dev/null |
-            awk -v n="$N" '/^ *[0-9,]+ .*[^ ]:[^ ]/ && c < 25 { x = $1; gsub(/,/, "", x); $1 = ""; printf "%8.1f %s\n", x / n, substr($0, 2); c++ }'
+        { selfcost "$a" | sed 's/^/A\t/'; selfcost "$b" | sed 's/^/B\t/'; } | awk -F'\t' '
+            { v[$3] += ($1 == "A") ? $2 : -$2 }
+            END { for (k in v) if (v[k] >= 10 || v[k] <= -10) printf "%+8.0f  %s\n", v[k], k }' | sort -rn | head -30
         echo '```'
     done
 } >"$OUT"

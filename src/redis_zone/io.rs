@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{Client, RedisConnectionInfo, Script};
+use redis::{Client, IntoConnectionInfo, RedisConnectionInfo, Script};
 use rl_core::limit::Limit;
 use rl_core::redis::{parse_reply, script_args, ScriptLine, LIMIT_SCRIPT};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -61,14 +60,23 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Queues a reply; wakes the nginx thread only when the queue was empty
+    /// (it drains the whole queue after reading the eventfd, so one wake-up
+    /// serves every reply queued meanwhile).
     fn push(&self, reply: Reply) {
-        if let Ok(mut q) = self.replies.lock() {
-            q.push(reply);
+        let was_empty = match self.replies.lock() {
+            Ok(mut q) => {
+                q.push(reply);
+                q.len() == 1
+            }
+            Err(_) => return,
+        };
+        if was_empty {
+            let one: u64 = 1;
+            // SAFETY: efd is an eventfd owned by the worker, closed only after this thread is
+            // joined; writing 8 bytes is the eventfd protocol.
+            unsafe { libc::write(self.efd, (&one as *const u64).cast(), 8) };
         }
-        let one: u64 = 1;
-        // SAFETY: efd is an eventfd owned by the worker, closed only after this thread is joined;
-        // writing 8 bytes is the eventfd protocol.
-        unsafe { libc::write(self.efd, (&one as *const u64).cast(), 8) };
     }
 }
 
@@ -80,6 +88,11 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Job>, shared: Arc<Sha
     rt.block_on(async move {
         let script = Arc::new(Script::new(LIMIT_SCRIPT));
         let conns: Vec<Arc<ZoneConn>> = zones.into_iter().map(|z| Arc::new(ZoneConn::new(z))).collect();
+        for zc in &conns {
+            if matches!(zc.spec.target, Target::Sentinel { .. }) {
+                tokio::spawn(watch_master(zc.clone()));
+            }
+        }
         while let Some(job) = rx.recv().await {
             let Some(zc) = conns.get(job.zone).cloned() else {
                 shared.push(Reply { id: job.id, zone: job.zone, result: Err(Failure::Error("no such zone".into())) });
@@ -116,6 +129,8 @@ struct ConnState {
     next_try: Option<Instant>,
     /// Why the last connection attempt failed, reported until one succeeds.
     last_error: String,
+    /// For a sentinel zone: the master the connection goes to.
+    master: Option<(String, u16)>,
 }
 
 /// Longest wait between two connection attempts: Redis coming back is noticed within this.
@@ -123,7 +138,7 @@ const MAX_BACKOFF: Duration = Duration::from_millis(400);
 
 impl ZoneConn {
     fn new(spec: ZoneSpec) -> ZoneConn {
-        ZoneConn { spec, state: tokio::sync::Mutex::new(ConnState { conn: None, failures: 0, next_try: None, last_error: String::new() }) }
+        ZoneConn { spec, state: tokio::sync::Mutex::new(ConnState { conn: None, failures: 0, next_try: None, last_error: String::new(), master: None }) }
     }
 
     async fn conn(&self) -> Result<Conn, String> {
@@ -135,8 +150,9 @@ impl ZoneConn {
             return Err(format!("not connected, reconnecting after: {}", st.last_error));
         }
         match connect(&self.spec.target).await {
-            Ok(c) => {
+            Ok((c, master)) => {
                 st.conn = Some(c.clone());
+                st.master = master;
                 st.failures = 0;
                 st.next_try = None;
                 Ok(c)
@@ -248,7 +264,8 @@ impl ZoneConn {
 
 async fn invoke<C: ConnectionLike + Send>(c: &mut C, inv: &redis::ScriptInvocation<'_>) -> Result<Vec<i64>, String> {
     inv.invoke_async(c).await.map_err(|e| {
-        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        // READONLY: the server was demoted to a replica (failover); reconnect to the master.
+        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.code() == Some("READONLY") {
             format!("io: {e}")
         } else {
             e.to_string()
@@ -272,26 +289,77 @@ fn groups(conn: &Conn, tags: &[u64]) -> Option<Vec<Vec<usize>>> {
     (groups.len() > 1).then(|| groups.into_iter().map(|(_, v)| v).collect())
 }
 
-async fn connect(target: &Target) -> Result<Conn, String> {
+/// Opens a connection; for a sentinel zone, also says which master it went to.
+async fn connect(target: &Target) -> Result<(Conn, Option<(String, u16)>), String> {
     let io = |e: redis::RedisError| format!("io: {e}");
     match target {
         Target::Single(url) => {
             let client = Client::open(url.as_str()).map_err(|e| e.to_string())?;
-            Ok(Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?))
+            Ok((Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?), None))
         }
         Target::Sentinel { sentinels, master, node, tls } => {
-            let mut info = SentinelNodeConnectionInfo::default().set_redis_connection_info(node.clone());
-            if *tls {
-                info = info.set_tls_mode(redis::TlsMode::Secure);
-            }
-            let mut client =
-                SentinelClient::build(sentinels.clone(), master.clone(), Some(info), SentinelServerType::Master)
-                    .map_err(|e| e.to_string())?;
-            Ok(Conn::Plain(client.get_async_connection().await.map_err(io)?))
+            let (host, port) = sentinel_master(sentinels, master).await?;
+            let scheme = if *tls { "rediss" } else { "redis" };
+            let info = format!("{scheme}://{host}:{port}")
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| e.to_string())?
+                .set_redis_settings(node.clone());
+            let client = Client::open(info).map_err(|e| e.to_string())?;
+            Ok((Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?), Some((host, port))))
         }
         Target::Cluster(nodes) => {
             let client = redis::cluster::ClusterClient::new(nodes.clone()).map_err(|e| e.to_string())?;
-            Ok(Conn::Cluster(client.get_async_connection().await.map_err(io)?))
+            Ok((Conn::Cluster(client.get_async_connection().await.map_err(io)?), None))
+        }
+    }
+}
+
+/// How long one sentinel may take to answer.
+const SENTINEL_TIMEOUT: Duration = Duration::from_millis(500);
+/// How often a sentinel zone checks that its connection still goes to the master.
+const MASTER_CHECK: Duration = Duration::from_millis(500);
+
+/// Asks the sentinels, in turn, where the master is.
+async fn sentinel_master(sentinels: &[String], master: &str) -> Result<(String, u16), String> {
+    let mut last = format!("no sentinel answered for master \"{master}\"");
+    for s in sentinels {
+        let ask = async {
+            let client = Client::open(s.as_str())?;
+            let mut c = client.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(master)
+                .query_async::<Option<(String, u16)>>(&mut c)
+                .await
+        };
+        match tokio::time::timeout(SENTINEL_TIMEOUT, ask).await {
+            Ok(Ok(Some(addr))) => return Ok(addr),
+            Ok(Ok(None)) => last = format!("sentinel {s} does not know master \"{master}\""),
+            Ok(Err(e)) => last = format!("io: sentinel {s}: {e}"),
+            Err(_) => last = format!("io: sentinel {s} timed out"),
+        }
+    }
+    Err(last)
+}
+
+/// A failover that leaves the old master running (SENTINEL FAILOVER, a
+/// network split) breaks no connection: check the master's address twice a
+/// second and drop a connection to a former master.
+async fn watch_master(zc: Arc<ZoneConn>) {
+    let Target::Sentinel { sentinels, master, .. } = &zc.spec.target else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(MASTER_CHECK).await;
+        let current = zc.state.lock().await.master.clone();
+        let Some(current) = current else { continue };
+        if let Ok(now) = sentinel_master(sentinels, master).await {
+            if now != current {
+                let mut st = zc.state.lock().await;
+                st.conn = None;
+                st.master = None;
+            }
         }
     }
 }

@@ -266,3 +266,156 @@ pub fn quantile(d: &[Duration], q: f64) -> Duration {
     }
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
+
+impl Redis {
+    /// A server replicating `master` (`--replicaof 127.0.0.1 PORT`); waits
+    /// until its link to the master is up and the first sync is done.
+    pub fn replica_of(master: &Redis) -> Redis {
+        let r = Redis::start_with(None, vec!["--replicaof".into(), "127.0.0.1".into(), master.port.to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !r.cli(&["INFO", "replication"]).contains("master_link_status:up") {
+            assert!(Instant::now() < deadline, "replica on port {} never synced with {}", r.port, master.port);
+            thread::sleep(Duration::from_millis(20));
+        }
+        r
+    }
+
+    /// `INFO commandstats` calls of `cmd` (lowercase, e.g. `evalsha`) on this server.
+    pub fn calls(&self, cmd: &str) -> u64 {
+        let tag = format!("cmdstat_{cmd}:calls=");
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(tag.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// `role:master` or `role:slave`, from `INFO replication`.
+    pub fn role(&self) -> String {
+        self.cli(&["INFO", "replication"])
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("role:").map(String::from))
+            .unwrap_or_default()
+    }
+}
+
+/// One Redis Sentinel (`redis-server sentinel.conf --sentinel`) on
+/// 127.0.0.1, monitoring a master as `mymaster` with quorum 1,
+/// `down-after-milliseconds 500` and `failover-timeout 5000`.
+pub struct Sentinel {
+    pub port: u16,
+    pub master_name: String,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Sentinel {
+    /// A sentinel monitoring the server on `master_port`; waits until it
+    /// answers with the master's address.
+    pub fn start(master_port: u16) -> Sentinel {
+        let dir = temp_dir("sentinel");
+        let name = "mymaster";
+        for _ in 0..5 {
+            let port = free_port();
+            let conf = dir.join(format!("sentinel-{port}.conf"));
+            fs::write(
+                &conf,
+                format!(
+                    "port {port}\n\
+                     bind 127.0.0.1\n\
+                     daemonize no\n\
+                     dir {dir}\n\
+                     sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
+                     sentinel down-after-milliseconds {name} 500\n\
+                     sentinel failover-timeout {name} 5000\n",
+                    dir = dir.display()
+                ),
+            )
+            .unwrap();
+            let log = fs::File::create(dir.join(format!("sentinel-{port}.log"))).unwrap();
+            let mut child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("cannot run redis-server --sentinel");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let want = format!("127.0.0.1\n{master_port}");
+            loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if cli_output(port, None, &["SENTINEL", "get-master-addr-by-name", name]).as_deref() == Some(want.as_str()) {
+                    return Sentinel { port, master_name: name.to_string(), dir, child: Some(child) };
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+        panic!("redis sentinel did not start; logs in {}", dir.display());
+    }
+
+    /// `redis+sentinel://127.0.0.1:PORT/mymaster`.
+    pub fn url(&self) -> String {
+        format!("redis+sentinel://127.0.0.1:{}/{}", self.port, self.master_name)
+    }
+
+    /// `redis-cli -p PORT args...` on the sentinel: its output, trimmed.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli_output(self.port, None, args).expect("cannot run redis-cli")
+    }
+
+    /// The master's port as the sentinel reports it.
+    pub fn master_port(&self) -> Option<u16> {
+        let out = self.cli(&["SENTINEL", "get-master-addr-by-name", &self.master_name]);
+        out.lines().nth(1).and_then(|p| p.trim().parse().ok())
+    }
+
+    /// Whether the sentinel lists a healthy replica on `port` (a failover
+    /// needs one: otherwise `SENTINEL FAILOVER` answers NOGOODSLAVE).
+    pub fn knows_replica(&self, port: u16) -> bool {
+        let out = self.cli(&["SENTINEL", "replicas", &self.master_name]);
+        let lines: Vec<&str> = out.lines().map(str::trim).collect();
+        // Flat field/value pairs per replica; find ours and check its flags.
+        let mut i = 0;
+        let (mut port_ok, mut flags_ok) = (false, false);
+        while i + 1 < lines.len() {
+            match lines[i] {
+                "name" => {
+                    if port_ok && flags_ok {
+                        return true;
+                    }
+                    port_ok = false;
+                    flags_ok = false;
+                }
+                "port" => port_ok = lines[i + 1] == port.to_string(),
+                "flags" => flags_ok = lines[i + 1] == "slave",
+                _ => {}
+            }
+            i += 2;
+        }
+        port_ok && flags_ok
+    }
+
+    /// The sentinel's log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join(format!("sentinel-{}.log", self.port))).unwrap_or_default()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
