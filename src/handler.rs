@@ -106,6 +106,11 @@ pub fn get_ctx(r: &Request) -> Option<&'static mut Ctx> {
     if let Some(ctx) = unsafe { ctx.as_mut() } {
         return Some(ctx);
     }
+    // Only an internal redirect wipes r->ctx.
+    // SAFETY: the request is valid.
+    if unsafe { (*raw).internal() } == 0 {
+        return None;
+    }
     // SAFETY: the request and its pool are valid; the cleanup list is a linked list owned by the pool.
     let mut c = unsafe { (*(*raw).pool).cleanup };
     // SAFETY: as above.
@@ -173,6 +178,10 @@ fn access(r: &mut Request) -> Status {
     let (Some(lcf), Some(mcf)) = (Module::location_conf(r), Module::main_conf(r)) else {
         return Status::NGX_DECLINED;
     };
+    // SAFETY: the request is valid.
+    if lcf.lines.is_empty() && unsafe { (*raw).internal() } == 0 {
+        return Status::NGX_DECLINED;
+    }
     let ctx = match get_ctx(r) {
         Some(ctx) => match ctx.phase {
             Phase::Decided => return Status::NGX_DECLINED,
@@ -241,9 +250,7 @@ fn shm_decide(mcf: &MainConf, ctx: &mut Ctx, log: *mut ngx_log_t, commit: bool) 
     let lines = ctx.lines();
     let results = ctx.results();
 
-    let mut locks: [Option<Locked<'_>>; MAX_ZONES_PER_LOCATION] = [const { None }; MAX_ZONES_PER_LOCATION];
-    let mut zones = [usize::MAX; MAX_ZONES_PER_LOCATION];
-    let mut nlocks = 0;
+    let mut locks = Locks::new();
     let shm = |l: &*const Line| match unsafe { (**l).backend } {
         // SAFETY: configuration lines live as long as the cycle.
         Backend::Shm(z) => Some(z),
@@ -255,10 +262,7 @@ fn shm_decide(mcf: &MainConf, ctx: &mut Ctx, log: *mut ngx_log_t, commit: bool) 
         let Some(z) = shm(line) else { continue };
         // SAFETY: as above.
         let line = unsafe { &**line };
-        if nlocks == 0 || zones[nlocks - 1] != z {
-            if nlocks == MAX_ZONES_PER_LOCATION {
-                return Err(());
-            }
+        if locks.last_zone() != Some(z) {
             let Some(zone) = mcf.zones.get(z) else {
                 res.active = false;
                 continue;
@@ -269,35 +273,46 @@ fn shm_decide(mcf: &MainConf, ctx: &mut Ctx, log: *mut ngx_log_t, commit: bool) 
                 continue;
             };
             locked.expire(now_s);
-            locks[nlocks] = Some(locked);
-            zones[nlocks] = z;
-            nlocks += 1;
+            locks.push(z, locked).map_err(|_| ())?;
         }
-        let Some(locked) = locks[nlocks - 1].as_mut() else {
+        let Some((lock, locked)) = locks.last_mut() else {
             continue;
         };
         res.hash = locked.table.hash_key(line.id, res.key.as_bytes());
-        res.lock = nlocks - 1;
+        res.lock = lock;
         res.active = locked.ensure(res.hash, &line.limit, now_s, log);
     }
 
     // Check every line, charging nothing.
     let mut admitted = true;
+    let single = results.iter().filter(|r| r.active).count() == 1;
     for (line, res) in lines.iter().zip(results.iter_mut()).filter(|(l, res)| res.active && shm(l).is_some()) {
         // SAFETY: as above.
         let line = unsafe { &**line };
-        let Some(state) = locks[res.lock].as_mut().and_then(|l| l.state(res.hash, &line.limit)) else {
+        let Some(state) = locks.get_mut(res.lock).and_then(|l| l.state(res.hash, &line.limit)) else {
             res.active = false;
             continue;
         };
-        let o = line.limit.check(state, now_us, line.cost);
+        // One line alone: check and charge in one step.
+        let o = if single && commit {
+            line.limit.acquire(state, now_us, line.cost)
+        } else {
+            line.limit.check(state, now_us, line.cost)
+        };
+        if single && commit && o.admitted {
+            res.charged = true;
+            let idle_at = now_us.saturating_add(o.reset_us).div_ceil(1_000_000);
+            if let Some(l) = locks.get_mut(res.lock) {
+                l.set_idle_at(res.hash, idle_at.min(u64::from(u32::MAX)) as u32);
+            }
+        }
         res.admitted = o.admitted;
         res.remaining = o.remaining;
         res.reset_us = o.reset_us;
         res.retry_after_us = o.retry_after_us.unwrap_or(u64::MAX);
         admitted &= o.admitted;
     }
-    if !admitted || !commit {
+    if !admitted || !commit || single {
         return Ok(admitted);
     }
 
@@ -305,7 +320,7 @@ fn shm_decide(mcf: &MainConf, ctx: &mut Ctx, log: *mut ngx_log_t, commit: bool) 
     for (line, res) in lines.iter().zip(results.iter_mut()).filter(|(l, res)| res.active && shm(l).is_some()) {
         // SAFETY: as above.
         let line = unsafe { &**line };
-        let Some(locked) = locks[res.lock].as_mut() else {
+        let Some(locked) = locks.get_mut(res.lock) else {
             continue;
         };
         let Some(state) = locked.state(res.hash, &line.limit) else {
@@ -319,6 +334,58 @@ fn shm_decide(mcf: &MainConf, ctx: &mut Ctx, log: *mut ngx_log_t, commit: bool) 
         locked.set_idle_at(res.hash, idle_at.min(u64::from(u32::MAX)) as u32);
     }
     Ok(true)
+}
+
+/// The zones locked by one request, in locking order; unlocked when dropped.
+/// A small array on the stack: initialising 16 `Option<Locked>` per request
+/// would cost more than the decision itself.
+struct Locks<'a> {
+    zones: [usize; MAX_ZONES_PER_LOCATION],
+    locks: [mem::MaybeUninit<Locked<'a>>; MAX_ZONES_PER_LOCATION],
+    len: usize,
+}
+
+impl<'a> Locks<'a> {
+    fn new() -> Self {
+        Locks {
+            zones: [0; MAX_ZONES_PER_LOCATION],
+            locks: [const { mem::MaybeUninit::uninit() }; MAX_ZONES_PER_LOCATION],
+            len: 0,
+        }
+    }
+
+    fn last_zone(&self) -> Option<usize> {
+        self.len.checked_sub(1).map(|i| self.zones[i])
+    }
+
+    fn push(&mut self, zone: usize, locked: Locked<'a>) -> Result<(), Locked<'a>> {
+        if self.len == MAX_ZONES_PER_LOCATION {
+            return Err(locked);
+        }
+        self.zones[self.len] = zone;
+        self.locks[self.len].write(locked);
+        self.len += 1;
+        Ok(())
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut Locked<'a>> {
+        // SAFETY: the first len elements are initialised.
+        (i < self.len).then(|| unsafe { self.locks[i].assume_init_mut() })
+    }
+
+    fn last_mut(&mut self) -> Option<(usize, &mut Locked<'a>)> {
+        let i = self.len.checked_sub(1)?;
+        self.get_mut(i).map(|l| (i, l))
+    }
+}
+
+impl Drop for Locks<'_> {
+    fn drop(&mut self) {
+        for l in &mut self.locks[..self.len] {
+            // SAFETY: the first len elements are initialised and dropped once.
+            unsafe { l.assume_init_drop() };
+        }
+    }
 }
 
 /// Sends one job per Redis zone of the location. Returns how many replies

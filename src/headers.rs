@@ -2,7 +2,6 @@
 //! IETF `RateLimit-Policy` / `RateLimit` fields (draft), on every response of
 //! a limited request, rejected or not.
 
-use core::fmt::{self, Write};
 use core::ptr;
 
 use ngx::ffi::{
@@ -17,32 +16,51 @@ use crate::handler::{get_ctx, Ctx, LineResult};
 /// The next filter in nginx's header filter chain.
 pub static mut NEXT_HEADER_FILTER: ngx_http_output_header_filter_pt = None;
 
-/// A small stack buffer for header values (no heap on the request path).
-struct Buf {
-    data: [u8; 512],
+/// Header values, written straight into one allocation from the request
+/// pool (no heap, no formatting machinery on the request path).
+struct Out {
+    buf: *mut u8,
+    cap: usize,
     len: usize,
 }
 
-impl Buf {
-    fn new() -> Self {
-        Buf { data: [0; 512], len: 0 }
+impl Out {
+    fn new(r: *mut ngx_http_request_t, cap: usize) -> Option<Out> {
+        // SAFETY: the request pool is valid for the request's lifetime.
+        let buf = unsafe { ngx_pnalloc((*r).pool, cap) }.cast::<u8>();
+        (!buf.is_null()).then_some(Out { buf, cap, len: 0 })
     }
-    fn as_bytes(&self) -> &[u8] {
-        &self.data[..self.len]
+
+    fn bytes(&mut self, b: &[u8]) {
+        let n = b.len().min(self.cap - self.len);
+        // SAFETY: buf has cap bytes and len + n <= cap.
+        unsafe { ptr::copy_nonoverlapping(b.as_ptr(), self.buf.add(self.len), n) };
+        self.len += n;
+    }
+
+    fn num(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.bytes(&digits[i..]);
+    }
+
+    /// The value written since `start`.
+    fn since(&self, start: usize) -> ngx_str_t {
+        // SAFETY: start <= len <= cap.
+        ngx_str_t { len: self.len - start, data: unsafe { self.buf.add(start) } }
     }
 }
 
-impl Write for Buf {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let end = self.len + s.len();
-        if end > self.data.len() {
-            return Err(fmt::Error);
-        }
-        self.data[self.len..end].copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
-    }
-}
+/// Most bytes a number takes.
+const NUM: usize = 20;
 
 pub unsafe extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls header filters with a valid request.
@@ -82,62 +100,71 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx) -> Result<(), ()> {
     let Some((line, res)) = most_restrictive(ctx) else {
         return Ok(());
     };
+    let draft_len: usize = if ctx.headers.draft() {
+        ctx.iter().filter(|(_, r)| r.active).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum()
+    } else {
+        0
+    };
+    let mut out = Out::new(r, 4 * NUM + draft_len).ok_or(())?;
     if ctx.headers.legacy() {
-        let mut b = Buf::new();
-        push(r, "X-RateLimit-Limit", fmt_with(&mut b, format_args!("{}", line.limit.burst())))?;
-        push(r, "X-RateLimit-Remaining", fmt_with(&mut b, format_args!("{}", res.remaining)))?;
-        let reset = ctx.now_unix as u64 + ceil_s(res.reset_us);
-        push(r, "X-RateLimit-Reset", fmt_with(&mut b, format_args!("{}", reset)))?;
+        let at = out.len;
+        out.num(line.limit.burst());
+        push(r, "X-RateLimit-Limit", out.since(at))?;
+        let at = out.len;
+        out.num(res.remaining);
+        push(r, "X-RateLimit-Remaining", out.since(at))?;
+        let at = out.len;
+        out.num(ctx.now_unix as u64 + ceil_s(res.reset_us));
+        push(r, "X-RateLimit-Reset", out.since(at))?;
     }
     if ctx.rejected {
         // Honest: a lone request sent after this long passes every line.
         let wait = ctx.iter().filter(|(_, r)| r.active && !r.admitted).map(|(_, r)| r.retry_after_us).max();
         if let Some(wait) = wait.filter(|w| *w != u64::MAX) {
-            let mut b = Buf::new();
-            push(r, "Retry-After", fmt_with(&mut b, format_args!("{}", ceil_s(wait).max(1))))?;
+            let at = out.len;
+            out.num(ceil_s(wait).max(1));
+            push(r, "Retry-After", out.since(at))?;
         }
     }
     if ctx.headers.draft() {
-        let mut policy = Buf::new();
-        let mut state = Buf::new();
-        for (i, (line, res)) in ctx.iter().filter(|(_, r)| r.active).enumerate() {
-            let sep = if i == 0 { "" } else { ", " };
-            let w = ceil_s(line.limit.window_us()).max(1);
-            write!(policy, "{sep}\"{}\";q={};w={}", line.item, line.limit.burst(), w).map_err(|_| ())?;
-            write!(state, "{sep}\"{}\";r={};t={}", line.item, res.remaining, ceil_s(res.reset_us)).map_err(|_| ())?;
+        let at = out.len;
+        for (i, (line, _)) in ctx.iter().filter(|(_, r)| r.active).enumerate() {
+            item(&mut out, i, &line.item, b"\";q=", line.limit.burst(), b";w=", ceil_s(line.limit.window_us()).max(1));
         }
-        push(r, "RateLimit-Policy", policy.as_bytes())?;
-        push(r, "RateLimit", state.as_bytes())?;
+        push(r, "RateLimit-Policy", out.since(at))?;
+        let at = out.len;
+        for (i, (line, res)) in ctx.iter().filter(|(_, r)| r.active).enumerate() {
+            item(&mut out, i, &line.item, b"\";r=", res.remaining, b";t=", ceil_s(res.reset_us));
+        }
+        push(r, "RateLimit", out.since(at))?;
     }
     Ok(())
 }
 
-fn fmt_with<'b>(b: &'b mut Buf, args: fmt::Arguments<'_>) -> &'b [u8] {
-    b.len = 0;
-    if b.write_fmt(args).is_err() {
-        b.len = 0;
-    }
-    b.as_bytes()
+/// One structured-field item: `"name";a=1;b=2`, comma-separated after the first.
+fn item(out: &mut Out, i: usize, name: &str, a: &[u8], x: u64, b: &[u8], y: u64) {
+    out.bytes(if i == 0 { b"\"" } else { b", \"" });
+    out.bytes(name.as_bytes());
+    out.bytes(a);
+    out.num(x);
+    out.bytes(b);
+    out.num(y);
 }
 
-/// Appends `name: value` to the response headers (value copied to the request pool).
-fn push(r: *mut ngx_http_request_t, name: &'static str, value: &[u8]) -> Result<(), ()> {
+/// Appends `name: value` to the response headers (the value lives in the request pool).
+fn push(r: *mut ngx_http_request_t, name: &'static str, value: ngx_str_t) -> Result<(), ()> {
     // SAFETY: the request is valid; headers_out.headers is an initialised ngx_list_t of
-    // ngx_table_elt_t allocated from r->pool.
+    // ngx_table_elt_t allocated from r->pool; a zeroed element has no `next` and no lowcase key,
+    // as nginx's own add_header leaves them.
     unsafe {
         let h = ngx_list_push(&mut (*r).headers_out.headers).cast::<ngx_table_elt_t>();
         if h.is_null() {
             return Err(());
         }
-        let data = ngx_pnalloc((*r).pool, value.len()).cast::<u8>();
-        if data.is_null() {
-            return Err(());
-        }
-        ptr::copy_nonoverlapping(value.as_ptr(), data, value.len());
         ptr::write_bytes(h, 0, 1);
         (*h).hash = 1;
         (*h).key = ngx_str_t { len: name.len(), data: name.as_ptr() as *mut u8 };
-        (*h).value = ngx_str_t { len: value.len(), data };
+        (*h).value = value;
     }
     Ok(())
 }
