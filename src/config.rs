@@ -92,6 +92,9 @@ impl Default for LocConf {
 
 pub const DEFAULT_STATUS: ngx_uint_t = 429;
 
+/// Redis zones one nginx may declare (a request tracks them in a 64-bit mask).
+pub const MAX_REDIS_ZONES: usize = 64;
+
 impl ngx::http::Merge for LocConf {
     fn merge(&mut self, prev: &LocConf) -> Result<(), ngx::http::MergeConfigError> {
         LocConf::merge(self, prev);
@@ -155,6 +158,9 @@ pub extern "C" fn cmd_rl_zone(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, con
         conf_err!(cf, "duplicate zone \"{}\" in \"rl_zone\" directive", name);
     }
     if args[2..].iter().any(|a| text(a).starts_with("redis=")) {
+        if mcf.redis.len() == MAX_REDIS_ZONES {
+            conf_err!(cf, "too many Redis zones in \"rl_zone\" directive, at most {} are supported", MAX_REDIS_ZONES);
+        }
         let params: Vec<&str> = args[2..].iter().map(text).collect();
         match RedisZone::parse(name, &params) {
             Ok(z) => mcf.redis.push(Box::new(z)),

@@ -65,6 +65,8 @@ pub struct Ctx {
     pub rejected: bool,
     /// A Redis zone with `on_error=deny` failed.
     pub denied_by_error: bool,
+    /// Redis zones (bit = zone index) whose reply is still awaited.
+    awaited: u64,
     pub headers: HeadersMode,
     /// Unix time of the decision, seconds.
     pub now_unix: i64,
@@ -148,6 +150,7 @@ fn new_ctx(r: &Request, lines: &[*const Line], headers: HeadersMode) -> Option<&
         phase: Phase::Decided,
         rejected: false,
         denied_by_error: false,
+        awaited: 0,
         headers,
         now_unix: ngx_time() as i64,
     };
@@ -414,6 +417,7 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
         }
         if crate::redis_zone::submit(r, job).is_ok() {
             sent += 1;
+            ctx.awaited |= 1 << z;
         } else {
             zone.failed(log, "the I/O thread is not running");
             redis_failed(ctx, z, zone.on_error_allow);
@@ -445,6 +449,7 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
     let Some(ctx) = get_ctx(req) else { return };
     let Some(mcf) = Module::main_conf(req) else { return };
     let Some(zone) = mcf.redis.get(reply.zone) else { return };
+    ctx.awaited &= !(1 << reply.zone);
     match reply.result {
         Ok((all, outcomes)) => {
             let lines = ctx.lines();
@@ -484,6 +489,24 @@ fn uncharge(ctx: &mut Ctx) {
             res.remaining = res.remaining.saturating_add(unsafe { (**line).cost });
         }
     }
+}
+
+/// The backstop timer of a suspended request fired before every Redis
+/// reply came: the zones still owed are failed (per their `on_error`), and
+/// the request goes on.
+pub fn on_lost(r: *mut ngx_http_request_t) {
+    // SAFETY: r is a live suspended request.
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    let (Some(ctx), Some(mcf)) = (get_ctx(req), Module::main_conf(req)) else { return };
+    for (z, zone) in mcf.redis.iter().enumerate() {
+        if ctx.awaited & (1 << z) != 0 {
+            zone.failed(req.log(), "no reply from the I/O thread");
+            redis_failed(ctx, z, zone.on_error_allow);
+        }
+    }
+    ctx.awaited = 0;
+    ctx.phase = Phase::Replied;
+    crate::redis_zone::resume(r);
 }
 
 /// One line per rejection, naming the zone, as limit_req does.

@@ -158,7 +158,7 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     let Some(mcf) = (unsafe { cycle.as_ref() }).and_then(Module::main_conf) else {
         return Status::NGX_OK.into();
     };
-    match redis_zone::init_worker(cycle, &mcf.redis, handler::on_reply) {
+    match redis_zone::init_worker(cycle, &mcf.redis, handler::on_reply, handler::on_lost) {
         Ok(()) => Status::NGX_OK.into(),
         Err(()) => Status::NGX_ERROR.into(),
     }

@@ -6,6 +6,7 @@ pub mod io;
 
 use core::cell::{Cell, RefCell};
 use core::ffi::c_void;
+use core::ptr;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -13,8 +14,9 @@ use std::time::Duration;
 
 use ngx::ffi::{
     ngx_close_connection, ngx_connection_t, ngx_cycle_t, ngx_event_actions, ngx_event_t, ngx_get_connection,
-    ngx_http_block_reading, ngx_http_core_run_phases, ngx_http_request_empty_handler, ngx_http_request_t,
+    ngx_http_block_reading, ngx_http_core_run_phases, ngx_http_request_t, ngx_msec_t,
     ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_log_t, ngx_pool_cleanup_add, ngx_time,
+    ngx_add_timer, ngx_del_timer, ngx_delete_posted_event, ngx_post_event, ngx_posted_events,
     NGX_LOG_ERR,
 };
 use ngx::ngx_log_error;
@@ -182,7 +184,11 @@ fn hosts_of(s: &str) -> Result<Vec<&str>, String> {
 
 /// What a worker keeps while it has Redis zones.
 struct Worker {
-    tx: Option<UnboundedSender<Job>>,
+    tx: Option<UnboundedSender<Vec<Job>>>,
+    /// Jobs of this event-loop iteration, sent together by `flush_ev` (one
+    /// wake-up of the I/O thread per iteration, not per request).
+    outbox: Vec<Job>,
+    flush_ev: Box<ngx_event_t>,
     shared: Arc<Shared>,
     conn: *mut ngx_connection_t,
     thread: Option<JoinHandle<()>>,
@@ -191,14 +197,28 @@ struct Worker {
     next_id: u64,
     /// Called with each reply, for the request it belongs to.
     on_reply: fn(*mut ngx_http_request_t, Reply),
+    /// Called for a request whose replies did not come in time.
+    on_lost: fn(*mut ngx_http_request_t),
+    /// How long a suspended request waits at most (the longest zone timeout
+    /// plus a margin): a backstop should the I/O thread not answer, and a
+    /// timer that keeps a gracefully exiting worker alive while requests wait.
+    backstop_ms: u64,
 }
+
+/// Added to the longest zone timeout for the nginx-side backstop timer.
+const BACKSTOP_MARGIN_MS: u64 = 500;
 
 thread_local! {
     static WORKER: RefCell<Option<Worker>> = const { RefCell::new(None) };
 }
 
 /// Starts the I/O thread (in a worker, never in the master) if there are Redis zones.
-pub fn init_worker(cycle: *mut ngx_cycle_t, zones: &[Box<RedisZone>], on_reply: fn(*mut ngx_http_request_t, Reply)) -> Result<(), ()> {
+pub fn init_worker(
+    cycle: *mut ngx_cycle_t,
+    zones: &[Box<RedisZone>],
+    on_reply: fn(*mut ngx_http_request_t, Reply),
+    on_lost: fn(*mut ngx_http_request_t),
+) -> Result<(), ()> {
     if zones.is_empty() {
         return Ok(());
     }
@@ -238,9 +258,24 @@ pub fn init_worker(cycle: *mut ngx_cycle_t, zones: &[Box<RedisZone>], on_reply: 
     let specs: Vec<ZoneSpec> = zones.iter().map(|z| z.spec.clone()).collect();
     let sh = shared.clone();
     let thread = std::thread::Builder::new().name("rl-redis".into()).spawn(move || io::run(specs, rx, sh)).ok();
+    // SAFETY: a zeroed event is nginx's initial state for a posted-only event.
+    let mut flush_ev: Box<ngx_event_t> = Box::new(unsafe { core::mem::zeroed() });
+    flush_ev.handler = Some(flush);
+    flush_ev.log = log;
     WORKER.with(|w| {
-        *w.borrow_mut() =
-            Some(Worker { tx: Some(tx), shared, conn, thread, pending: HashMap::new(), next_id: 1, on_reply })
+        *w.borrow_mut() = Some(Worker {
+            tx: Some(tx),
+            outbox: Vec::new(),
+            flush_ev,
+            shared,
+            conn,
+            thread,
+            pending: HashMap::new(),
+            next_id: 1,
+            on_reply,
+            on_lost,
+            backstop_ms: zones.iter().map(|z| z.spec.timeout.as_millis() as u64).max().unwrap_or(0) + BACKSTOP_MARGIN_MS,
+        })
     });
     Ok(())
 }
@@ -253,6 +288,10 @@ pub fn exit_worker() {
     let Some(mut w) = WORKER.with(|w| w.borrow_mut().take()) else {
         return;
     };
+    if w.flush_ev.posted() != 0 {
+        // SAFETY: the event is in the posted queue; remove it before it is freed.
+        unsafe { ngx_delete_posted_event(&mut *w.flush_ev) };
+    }
     w.tx = None;
     if let Some(t) = w.thread.take() {
         let _ = t.join();
@@ -274,10 +313,31 @@ pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), ()> {
         let cln = unsafe { ngx_pool_cleanup_add((*r).pool, 0).as_mut() }.ok_or(())?;
         cln.handler = Some(forget_request);
         cln.data = id as usize as *mut c_void;
-        w.tx.as_ref().ok_or(())?.send(job).map_err(|_| ())?;
+        if w.tx.is_none() {
+            return Err(());
+        }
+        w.outbox.push(job);
         w.pending.insert(id, r);
+        if w.flush_ev.posted() == 0 {
+            // SAFETY: the event lives as long as the worker state; posted events run after this
+            // iteration's I/O events.
+            unsafe { ngx_post_event(&mut *w.flush_ev, ptr::addr_of_mut!(ngx_posted_events)) };
+        }
         Ok(())
     })
+}
+
+/// Sends the jobs of this event-loop iteration to the I/O thread at once.
+extern "C" fn flush(_ev: *mut ngx_event_t) {
+    WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        let Some(w) = w.as_mut() else { return };
+        let jobs = std::mem::take(&mut w.outbox);
+        if let Some(tx) = &w.tx {
+            // The receiver lives until exit_worker drops the sender.
+            let _ = tx.send(jobs);
+        }
+    });
 }
 
 extern "C" fn forget_request(data: *mut c_void) {
@@ -291,12 +351,37 @@ extern "C" fn forget_request(data: *mut c_void) {
     });
 }
 
-/// Suspends the request until its replies are in (the access handler then returns NGX_AGAIN).
+/// Suspends the request until its replies are in (the access handler then
+/// returns NGX_AGAIN), with a backstop timer on its write event.
 pub fn suspend(r: *mut ngx_http_request_t) {
-    // SAFETY: the request is valid; these are nginx's own handlers.
+    let backstop = WORKER.with(|w| w.borrow().as_ref().map_or(BACKSTOP_MARGIN_MS, |w| w.backstop_ms));
+    // SAFETY: the request and its connection are valid; these are nginx's own handlers, and the
+    // timer is removed in resume() or fires into backstop() below.
     unsafe {
         (*r).read_event_handler = Some(ngx_http_test_reading);
-        (*r).write_event_handler = Some(ngx_http_request_empty_handler);
+        (*r).write_event_handler = Some(on_backstop);
+        ngx_add_timer((*(*r).connection).write, backstop as ngx_msec_t);
+    }
+}
+
+/// The backstop timer fired (or the socket became writable: ignored).
+extern "C" fn on_backstop(r: *mut ngx_http_request_t) {
+    // SAFETY: called by nginx for a live request.
+    let wev = unsafe { (*(*r).connection).write };
+    // SAFETY: as above.
+    if unsafe { (*wev).timedout() } == 0 {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { (*wev).set_timedout(0) };
+    let on_lost = WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        let w = w.as_mut()?;
+        w.pending.retain(|_, p| *p != r);
+        Some(w.on_lost)
+    });
+    if let Some(on_lost) = on_lost {
+        on_lost(r);
     }
 }
 
@@ -305,6 +390,9 @@ pub fn resume(r: *mut ngx_http_request_t) {
     // SAFETY: r is pending, hence alive (its pool cleanup removes it otherwise).
     unsafe {
         let c = (*r).connection;
+        if (*(*c).write).timer_set() != 0 {
+            ngx_del_timer((*c).write);
+        }
         (*r).read_event_handler = Some(ngx_http_block_reading);
         (*r).write_event_handler = Some(ngx_http_core_run_phases);
         ngx_http_core_run_phases(r);

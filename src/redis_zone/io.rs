@@ -81,7 +81,7 @@ impl Shared {
 }
 
 /// The thread's body: serve jobs until the sender is dropped.
-pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Job>, shared: Arc<Shared>) {
+pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Arc<Shared>) {
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
         return;
     };
@@ -93,20 +93,22 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Job>, shared: Arc<Sha
                 tokio::spawn(watch_master(zc.clone()));
             }
         }
-        while let Some(job) = rx.recv().await {
-            let Some(zc) = conns.get(job.zone).cloned() else {
-                shared.push(Reply { id: job.id, zone: job.zone, result: Err(Failure::Error("no such zone".into())) });
-                continue;
-            };
-            let (shared, script) = (shared.clone(), script.clone());
-            tokio::spawn(async move {
-                let result = match tokio::time::timeout(zc.spec.timeout, zc.run(&script, &job)).await {
-                    Ok(Ok(r)) => Ok(r),
-                    Ok(Err(e)) => Err(Failure::Error(e)),
-                    Err(_) => Err(Failure::Timeout),
+        while let Some(jobs) = rx.recv().await {
+            for job in jobs {
+                let Some(zc) = conns.get(job.zone).cloned() else {
+                    shared.push(Reply { id: job.id, zone: job.zone, result: Err(Failure::Error("no such zone".into())) });
+                    continue;
                 };
-                shared.push(Reply { id: job.id, zone: job.zone, result });
-            });
+                let (shared, script) = (shared.clone(), script.clone());
+                tokio::spawn(async move {
+                    let result = match tokio::time::timeout(zc.spec.timeout, zc.run(&script, &job)).await {
+                        Ok(Ok(r)) => Ok(r),
+                        Ok(Err(e)) => Err(Failure::Error(e)),
+                        Err(_) => Err(Failure::Timeout),
+                    };
+                    shared.push(Reply { id: job.id, zone: job.zone, result });
+                });
+            }
         }
     });
 }
