@@ -19,7 +19,7 @@ CARGO        ?= cargo
 # Debian packages the build, the tests and the benchmark need.
 APT_PACKAGES := nginx nginx-dev libclang-dev pkg-config libssl-dev libpcre2-dev zlib1g-dev redis-server
 
-.PHONY: all deps build build-debian build-vendored install run stop test test-core test-integration clean
+.PHONY: all deps build build-debian build-vendored install run stop test test-core test-integration bench bench-quick clean
 
 all: build
 
@@ -67,7 +67,7 @@ run: build-debian stop
 stop:
 	@if [ -f $(RUN_DIR)/nginx.pid ]; then kill $$(cat $(RUN_DIR)/nginx.pid) 2>/dev/null || true; sleep 0.5; rm -f $(RUN_DIR)/nginx.pid; fi
 
-test: build-debian build-vendored test-core test-integration
+test: build-debian build-vendored test-core test-integration bench-quick
 
 test-core:
 	$(CARGO) test -p rl-core --release
@@ -79,6 +79,15 @@ test-integration:
 		$(CARGO) test --release --test integration --test redis --test sentinel -- --test-threads=2
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) RL_NGINX=$(VENDORED_BIN) RL_MODULE=$(VENDORED_SO) \
 		$(CARGO) test --release --test integration --test redis --test sentinel -- --test-threads=2
+
+# nginx-rl against the no-limiter baseline, limit_req and Lua + Redis:
+# bench/RESULTS.md (about 15 minutes); QUICK=1: one short round, a smoke test.
+bench: build-debian
+	QUICK=$(QUICK) RL_MODULE=$(DEBIAN_SO) bash bench/run.sh
+
+# The smoke test `make test` runs: fails if any scenario misbehaves.
+bench-quick: build-debian
+	QUICK=1 RL_MODULE=$(DEBIAN_SO) BENCH_OUT=$(BUILD)/bench-quick.md bash bench/run.sh
 
 clean: stop
 	$(CARGO) clean

@@ -113,17 +113,22 @@ cleanup() {
     exit "$rc"
 }
 
+# A loopback port no socket uses, below the kernel's ephemeral range (a port
+# in that range may be taken at any time as the local end of a connection).
 free_port() {
-    local p
+    local p lo used
+    read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
+    ((lo > 12000)) || lo=32768
+    used=" $(awk 'FNR > 1 { split($2, a, ":"); printf "%d ", strtonum_hex(a[2]) }
+        function strtonum_hex(h,    i, n) { n = 0; for (i = 1; i <= length(h); i++) n = n * 16 + index("0123456789ABCDEF", substr(h, i, 1)) - 1; return n }' \
+        /proc/net/tcp /proc/net/tcp6 2>/dev/null) ${PORT[*]:-} $REDIS_PORT "
     for _ in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        [[ " ${PORT[*]:-} $REDIS_PORT " == *" $p "* ]] && continue
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            echo "$p"
-            return 0
-        fi
+        p=$((10000 + RANDOM % (lo - 10000)))
+        [[ $used == *" $p "* ]] && continue
+        echo "$p"
+        return 0
     done
-    die "no free port"
+    return 1
 }
 
 render() { # template dir port > file
@@ -166,16 +171,25 @@ start_nginx() {
 
 start_redis() {
     mkdir -p "$TMP/redis"
-    taskset -c "$CLIENT_CPU" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" \
-        --appendonly no --protected-mode no --dir "$TMP/redis" --logfile "$TMP/redis/redis.log" \
-        --daemonize no &
-    REDIS_PID=$!
-    for _ in $(seq 100); do
-        [[ $(redis-cli -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]] && return 0
-        sleep 0.05
+    local attempt
+    for attempt in 1 2 3; do
+        taskset -c "$CLIENT_CPU" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" \
+            --appendonly no --protected-mode no --dir "$TMP/redis" --logfile "$TMP/redis/redis.log" \
+            --daemonize no &
+        REDIS_PID=$!
+        for _ in $(seq 100); do
+            [[ $(redis-cli -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]] && return 0
+            kill -0 "$REDIS_PID" 2>/dev/null || break
+            sleep 0.05
+        done
+        kill "$REDIS_PID" 2>/dev/null || true
+        wait "$REDIS_PID" 2>/dev/null || true
+        REDIS_PID=
+        log "redis-server did not start on port $REDIS_PORT (attempt $attempt)"
+        REDIS_PORT=$(free_port) || break
     done
     cat "$TMP/redis/redis.log" >&2
-    die "redis-server does not answer on port $REDIS_PORT"
+    die "redis-server does not start"
 }
 
 # CPU time (ns) a process has used, all its threads.
@@ -283,7 +297,7 @@ memory_test() {
         while ((i > 0)); do
             lo=$((i - chunk + 1))
             ((lo < 1)) && lo=1
-            n=$(curl_keys "$url" "$i" "$lo" -1 s 0 | awk '$1 != 429 { print NR - 1; f = 1; exit } END { if (!f) print NR }')
+            n=$(curl_keys "$url" "$i" "$lo" -1 s 0 | awk '$1 != 429 && !f { n = NR - 1; f = 1 } END { print f ? n : NR }')
             held=$((held + n))
             ((n < i - lo + 1)) && break
             i=$((lo - 1))
@@ -321,6 +335,12 @@ main() {
     cp "$MODULE" "$TMP/ngx_http_rl_module.so"
     MODULE_SRC=$MODULE
     MODULE=$TMP/ngx_http_rl_module.so
+    local git_rev module_info
+    git_rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    if [[ -n $(git -C "$ROOT" status --porcelain -- src rl-core 2>/dev/null) ]]; then
+        git_rev="$git_rev + uncommitted changes in src/ or rl-core/"
+    fi
+    module_info="$MODULE_SRC (built $(date -u -r "$MODULE_SRC" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$MODULE" | cut -c1-12); repo at $git_rev when the run started)"
     : >"$TMP/raw.tsv"
     : >"$TMP/mem.tsv"
     local id
@@ -381,10 +401,16 @@ main() {
         memory_test
     fi
 
+    # Instructions per request under callgrind: deterministic where the
+    # numbers above are at the mercy of the machine's other load.
+    if [[ (-z $QUICK && -z ${BENCH_NO_PROFILE:-}) || -n ${BENCH_PROFILE:-} ]]; then
+        log "instructions per request: bench/profile.sh (callgrind)"
+        RL_MODULE=$MODULE RL_MODULE_NAME=$MODULE_SRC NGINX=$NGINX PROFILE_OUT=$TMP/PROFILE.md \
+            "$BENCH/profile.sh" 3000 >"$TMP/profile.log" 2>&1 ||
+            { FAILED=1; tail -20 "$TMP/profile.log" >&2; log "FAIL bench/profile.sh"; }
+    fi
+
     local elapsed=$(($(date +%s) - start_s))
-    local git_rev
-    git_rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
-    [[ -n $(git -C "$ROOT" status --porcelain -- src rl-core 2>/dev/null) ]] && git_rev="$git_rev + uncommitted changes in src/ or rl-core/"
     local reportmeta=$TMP/meta
     {
         echo "date	$(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -396,7 +422,7 @@ main() {
         echo "lua	libnginx-mod-http-lua $(dpkg-query -W -f='${Version}' libnginx-mod-http-lua 2>/dev/null), lua-nginx-redis $(dpkg-query -W -f='${Version}' lua-nginx-redis 2>/dev/null)"
         echo "redis	$(redis-server --version | awk '{print $3}' | sed 's/v=//')"
         echo "wrk	$(dpkg-query -W -f='${Version}' wrk 2>/dev/null)"
-        echo "module	$MODULE_SRC (built $(date -u -r "$MODULE_SRC" '+%Y-%m-%d %H:%M UTC'), sha256 $(sha256sum "$MODULE" | cut -c1-12); repo at $git_rev)"
+        echo "module	$module_info"
         echo "setup	$ROUNDS round(s) of ${SECS}s per scenario in a fresh random order each round, after a warm-up of ${WARM}s per scenario; wrk -t$THREADS -c$CONNS; nginx: 1 worker on CPU $NGX_CPU; wrk and redis-server on CPU $CLIENT_CPU"
         echo "load	load average $load0 at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
         echo "elapsed	${elapsed}s"
@@ -404,12 +430,14 @@ main() {
         echo "lr_nomem	$(cat "$TMP/mem.lr_nomem" 2>/dev/null || echo -)"
         echo "skip_redis	$SKIP_REDIS"
     } >"$reportmeta"
-    awk -f "$BENCH/report.awk" -v failed="$FAILED" "$reportmeta" "$BENCH/scenarios.tsv" "$TMP/raw.tsv" "$TMP/mem.tsv" >"$OUT.tmp" ||
+    awk -f "$BENCH/report.awk" -v failed="$FAILED" -v prof="$TMP/PROFILE.md" "$reportmeta" "$BENCH/scenarios.tsv" "$TMP/raw.tsv" "$TMP/mem.tsv" >"$OUT.tmp" ||
         die "report failed"
     mv "$OUT.tmp" "$OUT"
     if [[ -z $QUICK ]]; then
         cp "$TMP/raw.tsv" "$BENCH/raw-runs.tsv"
+        cp "$reportmeta" "$BENCH/raw-meta.tsv"
         if [[ -s $TMP/mem.tsv ]]; then cp "$TMP/mem.tsv" "$BENCH/raw-memory.tsv"; fi
+        if [[ -s $TMP/PROFILE.md ]]; then cp "$TMP/PROFILE.md" "$BENCH/PROFILE.md"; fi
     fi
     cat "$OUT"
     log "wrote $OUT (${elapsed}s)"
