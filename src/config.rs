@@ -80,13 +80,15 @@ pub struct MainConf {
 pub struct LocConf {
     /// Lines of this level; empty means "inherit".
     pub lines: Vec<*const Line>,
+    /// Some line is on a Redis zone (set at postconfiguration).
+    pub has_redis: bool,
     pub status: ngx_uint_t,
     pub headers: Option<HeadersMode>,
 }
 
 impl Default for LocConf {
     fn default() -> Self {
-        LocConf { lines: Vec::new(), status: ngx_uint_t::MAX, headers: None }
+        LocConf { lines: Vec::new(), has_redis: false, status: ngx_uint_t::MAX, headers: None }
     }
 }
 
@@ -433,6 +435,7 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
         // SAFETY: lines point into mcf.lines, alive as long as the cycle.
         loc.lines.sort_by_key(|l| unsafe { (**l).backend });
         let mut zones: Vec<Backend> = loc.lines.iter().map(|l| unsafe { (**l).backend }).collect();
+        loc.has_redis = zones.iter().any(|b| matches!(b, Backend::Redis(_)));
         zones.dedup();
         if zones.len() > crate::handler::MAX_ZONES_PER_LOCATION {
             ngx_conf_log_error!(

@@ -199,7 +199,7 @@ fn access(r: &mut Request) -> Status {
             if eval_keys(raw, ctx).is_err() {
                 return Status(500);
             }
-            if ctx.iter().any(|(l, res)| res.active && matches!(l.backend, Backend::Redis(_))) {
+            if lcf.has_redis && ctx.iter().any(|(l, res)| res.active && matches!(l.backend, Backend::Redis(_))) {
                 // Nothing goes to Redis if shared memory would reject anyway.
                 if let Ok(true) = shm_decide(mcf, ctx, r.log(), false) {
                     if let Some(n) = submit_redis(raw, mcf, ctx) {

@@ -39,15 +39,26 @@ impl Out {
     }
 
     fn num(&mut self, mut n: u64) {
+        const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
         let mut digits = [0u8; 20];
         let mut i = digits.len();
-        loop {
+        while n >= 100 {
+            let p = (n % 100) as usize * 2;
+            n /= 100;
+            i -= 2;
+            digits[i..i + 2].copy_from_slice(&PAIRS[p..p + 2]);
+        }
+        if n >= 10 {
+            let p = n as usize * 2;
+            i -= 2;
+            digits[i..i + 2].copy_from_slice(&PAIRS[p..p + 2]);
+        } else {
             i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
+            digits[i] = b'0' + n as u8;
         }
         self.bytes(&digits[i..]);
     }
