@@ -151,8 +151,9 @@ fn timeline(samples: &[Sample]) -> String {
 }
 
 /// Checks the samples after a switch at `t0`: from 2 s on, every request is
-/// decided by the new master, with no Redis failure logged; exactly 50
-/// admitted over the whole test (20 before + 30 after).
+/// decided by the new master, with no Redis failure logged; the new master
+/// admits exactly 30 more (50 with the 20 replicated); only requests right
+/// after the switch may have gone to the old master (and are lost with it).
 fn check_after_switch(what: &str, samples: &[Sample], ngx: &Nginx, log_at_2s: usize, sentinel: &Sentinel, started: Instant) {
     let log = ngx.error_log();
     let late_failures = failed_lines(log.get(log_at_2s..).unwrap_or(""), "s");
@@ -175,7 +176,19 @@ fn check_after_switch(what: &str, samples: &[Sample], ngx: &Nginx, log_at_2s: us
         "requests 2 s or more after the switch not decided by the new master: {misrouted:?}\n{context}"
     );
     assert!(late_failures.is_empty(), "Redis failures 2 s or more after the switch: {late_failures:?}\n{context}");
-    assert_eq!(20 + admitted_after, 50, "admitted in all\n{context}");
+    // A write the old master accepted after the sentinel switched is lost
+    // when it is demoted (Redis replication is asynchronous: no client can
+    // prevent that). Those must be confined to the moments right after the
+    // switch (we follow +switch-master), and the new master, which has the
+    // 20 replicated states, must admit exactly 30 more.
+    let lost: Vec<&Sample> = samples.iter().filter(|s| s.by == "old" && s.status == 200).collect();
+    assert!(
+        lost.iter().all(|s| s.at < Duration::from_millis(300)),
+        "the old master still decided requests 300 ms after the switch\n{context}"
+    );
+    let by_new = samples.iter().filter(|s| s.by == "new" && s.status == 200).count();
+    assert_eq!(20 + by_new, 50, "admitted by the new master after the switch, plus the 20 replicated\n{context}");
+    assert_eq!(admitted_after, by_new + lost.len(), "admissions not decided by either server\n{context}");
     assert!(samples.iter().all(|s| s.status == 200 || s.status == 429), "unexpected status\n{context}");
     assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
 }

@@ -552,6 +552,140 @@ fn expired_key_reads_as_fresh() {
     }
 }
 
+/// Puts a raw value under `key`: a string, or with `list` a LIST of the
+/// space-separated entries (newest first); it expires in 10 s.
+fn put_raw(r: &Redis, key: &str, raw: &str, list: bool) {
+    let code = r#"
+        local key, raw, list = ...
+        local e = { kind = 'string', v = raw, exp = fake.now + 10000000 }
+        if list then
+            e.kind, e.v = 'list', {}
+            for w in string.gmatch(raw, '%S+') do e.v[#e.v + 1] = w end
+        end
+        fake.data[key] = e
+    "#;
+    r.lua
+        .load(code)
+        .call::<()>((key.to_owned(), raw.to_owned(), list))
+        .unwrap();
+}
+
+/// State the script did not write (another algorithm's words, whitespace,
+/// exponents, fractions, junk, missing words, a key of the wrong type) reads
+/// as the model's words: each of the first tokens as a number, floored, 0 if
+/// it is not a non-negative number, missing words 0; a wrong type is fresh.
+/// Then the first write stores the model's state word for word.
+#[test]
+fn foreign_state_reads_like_the_model() {
+    // Plausible words at T0 for each algorithm (W = 1.5 s, T = 0.5 s).
+    let k1 = T0 / 1_500_000 + 1;
+    for alg in Algorithm::ALL {
+        let l = case_limit(alg);
+        let words: Vec<u64> = match alg {
+            Algorithm::Fixed => vec![k1, 2],
+            Algorithm::Sliding => vec![k1, 1, 2],
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => vec![1_500_000, T0 - 200_000],
+            Algorithm::Gcra => vec![T0 + 700_000],
+            Algorithm::SlidingLog => {
+                // Only a wrong-type key: a string where a LIST belongs.
+                let mut p = Pair::new(&[(l, 1)]);
+                p.redis.set_now(T0);
+                put_raw(&p.redis, &p.keys[0], "1 2", false);
+                let o = p.step(&[(l, 3)], T0, true, false).1[0];
+                assert!(o.admitted && o.remaining == 0, "{o:?}");
+                continue;
+            }
+        };
+        let n = words.len();
+        let joined = |w: &[u64], sep: &str| {
+            w.iter().map(u64::to_string).collect::<Vec<_>>().join(sep)
+        };
+        let with = |i: usize, x: u64| {
+            let mut w = words.clone();
+            w[i] = x;
+            w
+        };
+        let mut cases: Vec<(String, Vec<u64>, bool)> = vec![
+            (joined(&words, " "), words.clone(), false),
+            (format!("\t {} \n", joined(&words, " \t\r ")), words.clone(), false),
+            (format!("{} 77 x", joined(&words, " ")), words.clone(), false),
+            (format!("{}e0", joined(&words, "e0 ")), words.clone(), false),
+            (format!("{}.75", joined(&words, ".25 ")), words.clone(), false),
+            (format!("{}", words[0]), with(0, words[0]).iter().take(1).chain(&vec![0; n - 1]).copied().collect(), false),
+            (String::new(), vec![0; n], false),
+            ("   ".to_owned(), vec![0; n], false),
+            (joined(&words, " "), vec![0; n], true),
+        ];
+        for (i, bad) in ["x", "-5", "nan", "-inf"].iter().enumerate() {
+            let mut toks: Vec<String> = words.iter().map(u64::to_string).collect();
+            let j = i % n;
+            toks[j] = bad.to_string();
+            cases.push((toks.join(" "), with(j, 0), false));
+        }
+        for (raw, state, list) in cases {
+            for cost in [1, 3] {
+                let r = Redis::new();
+                let k = keys(1);
+                let now = T0 + 10;
+                r.set_now(now);
+                put_raw(&r, &k[0], &raw, list);
+                let want = l.check(&state, now, cost);
+                let what = format!("{alg} {raw:?} list={list} cost={cost}");
+                // Check only: the model's outcome, nothing written.
+                let (_, out) = r.run(&k, &[(l, cost)], now, false, false);
+                assert_eq!(out[0], line(&want), "{what}");
+                assert_eq!(r.writes(), 0, "{what}");
+                // Commit: the same, and the model's state if admitted.
+                let (_, out) = r.run(&k, &[(l, cost)], now, true, false);
+                assert_eq!(out[0], line(&want), "{what}");
+                if want.admitted {
+                    let mut s = state.clone();
+                    l.commit(&mut s, now, cost);
+                    assert_eq!(r.value(&k[0]), Some(stored(&l, &s)), "{what}");
+                    assert_eq!(r.kind(&k[0]).as_deref(), Some("string"), "{what}");
+                    let ttl_ms = want.reset_us.div_ceil(1000) + TTL_MARGIN_MS;
+                    assert_eq!(r.expiry(&k[0]), Some(now + ttl_ms * 1000), "{what}");
+                } else {
+                    assert_eq!(r.writes(), 0, "{what}");
+                }
+            }
+        }
+    }
+}
+
+/// Words and TTLs print exactly at the edges of the script's integer
+/// formatting: below 10^8, low halves with leading zeros, multiples of 10^8,
+/// words of 10^8 and more besides a big first word, and up to 2^53.
+#[test]
+fn words_print_exactly() {
+    use Algorithm::*;
+    let e = MAX_EXACT;
+    let t = 1_700_000_000_000_000;
+    let cases: [(Limit, u64, &[u64]); 12] = [
+        (limit(Gcra, 1, 1_000_000, 1), 1, &[5, 99_000_000, t, t + 99_000_000, t + 3, e]),
+        // TAT = 2^53 exactly.
+        (limit(Gcra, 1, e / 2, 2), 2, &[e]),
+        (limit(TokenBucket, 1, 100_000_000, 3), 1, &[5, 99_999_999, t, t + 1, e]),
+        (limit(LeakyBucket, 1, 7, 1 << 40), 1 << 38, &[3, t, e]),
+        (limit(TokenBucket, 1, 1_000, 3), 1, &[3, t, t + 5, e]),
+        (limit(Fixed, 1, 1, 200_000_000), 150_000_000, &[7, t, e]),
+        (limit(Fixed, 1, 1_000, 3), 1, &[99_999_999, 100_000_000, t, t + 5, e]),
+        (limit(Sliding, 1, 1, 200_000_000), 150_000_000, &[7, t + 1, e]),
+        (limit(Sliding, 1, 10, 3), 1, &[99_999_999, t, t + 30, e]),
+        // W = 1: the window index is now, its low half 0000000x.
+        (limit(Fixed, 1, 1, 1), 1, &[t + 4, e]),
+        (limit(Sliding, 1, 1, 1), 1, &[t + 4, e]),
+        (limit(SlidingLog, 1, 10, 3), 1, &[5, t, e]),
+    ];
+    for (l, cost, times) in cases {
+        let mut p = Pair::new(&[(l, cost)]);
+        for &now in times {
+            p.step(&[(l, cost)], now, true, false);
+            p.step(&[(l, 1)], now, true, false);
+        }
+    }
+}
+
 #[test]
 fn check_only_never_writes() {
     for alg in Algorithm::ALL {

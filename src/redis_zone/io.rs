@@ -12,6 +12,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Client, IntoConnectionInfo, RedisConnectionInfo, Script};
 use rl_core::limit::Limit;
 use rl_core::redis::{parse_reply, script_args, ScriptLine, LIMIT_SCRIPT};
+use futures_util::StreamExt;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Where a zone's Redis is.
@@ -346,22 +347,61 @@ async fn sentinel_master(sentinels: &[String], master: &str) -> Result<(String, 
 }
 
 /// A failover that leaves the old master running (SENTINEL FAILOVER, a
-/// network split) breaks no connection: check the master's address twice a
-/// second and drop a connection to a former master.
+/// network split) breaks no connection: follow the sentinels'
+/// `+switch-master` announcements (milliseconds after a switch), and check
+/// the master's address twice a second besides, and drop a connection to a
+/// former master.
 async fn watch_master(zc: Arc<ZoneConn>) {
     let Target::Sentinel { sentinels, master, .. } = &zc.spec.target else {
         return;
     };
+    let mut announcements = None;
     loop {
-        tokio::time::sleep(MASTER_CHECK).await;
+        if announcements.is_none() {
+            announcements = subscribe_switches(sentinels).await;
+        }
+        let switched = match announcements.as_mut() {
+            Some(pubsub) => {
+                let mut stream = pubsub.on_message();
+                tokio::select! {
+                    msg = stream.next() => match msg {
+                        Some(m) => m.get_payload_bytes().starts_with(format!("{master} ").as_bytes()),
+                        None => {
+                            drop(stream);
+                            announcements = None;
+                            false
+                        }
+                    },
+                    _ = tokio::time::sleep(MASTER_CHECK) => false,
+                }
+            }
+            None => {
+                tokio::time::sleep(MASTER_CHECK).await;
+                false
+            }
+        };
         let current = zc.state.lock().await.master.clone();
         let Some(current) = current else { continue };
-        if let Ok(now) = sentinel_master(sentinels, master).await {
-            if now != current {
-                let mut st = zc.state.lock().await;
-                st.conn = None;
-                st.master = None;
-            }
+        let moved = switched || sentinel_master(sentinels, master).await.is_ok_and(|now| now != current);
+        if moved {
+            let mut st = zc.state.lock().await;
+            st.conn = None;
+            st.master = None;
         }
     }
+}
+
+/// Subscribes to `+switch-master` on the first sentinel that answers.
+async fn subscribe_switches(sentinels: &[String]) -> Option<redis::aio::PubSub> {
+    for s in sentinels {
+        let sub = async {
+            let mut ps = Client::open(s.as_str())?.get_async_pubsub().await?;
+            ps.subscribe("+switch-master").await?;
+            Ok::<_, redis::RedisError>(ps)
+        };
+        if let Ok(Ok(ps)) = tokio::time::timeout(SENTINEL_TIMEOUT, sub).await {
+            return Some(ps);
+        }
+    }
+    None
 }

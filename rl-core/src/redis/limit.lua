@@ -19,7 +19,7 @@
 -- sliding_log a LIST of the admission timestamps, newest first. Every write
 -- sets a TTL of the key's reset time + 1000 ms: by then the state reads as
 -- fresh, so expiry never changes a decision. A rejected request, or mode
--- "0", writes nothing.
+-- "0", writes nothing. A key of the wrong type reads as fresh.
 --
 -- Exactness. Lua 5.1 numbers are doubles, exact for integers up to 2^53.
 -- With E = 2^52 (now <= E is true until the year 2112), results are exact
@@ -34,444 +34,632 @@
 -- A line outside these ranges, or with malformed arguments, is rejected
 -- (fail closed: admitted 0, retry -1), so the script never over-admits;
 -- rl_core::redis::exact() tells which limits are in range.
+--
+-- Cost. EVALSHA runs this whole body on every call, so it creates no
+-- closures or tables on the common paths: each line dispatches on its
+-- algorithm and runs straight-line code (math.min / max / floor / ceil are
+-- inlined as comparisons and `x - x % 1`, which give the same results on
+-- the finite values they see); the state words are parsed with one pattern
+-- (plain digits as written here, else the general tokenizer); a lone line
+-- (the usual case) commits and replies without intermediate tables. Only
+-- the rare paths (sliding_log, products beyond 2^53, several lines) build
+-- closures or tables. Number <-> string conversions dominate what is left:
+-- digit strings are converted by arithmetic, and integers are written with
+-- %d, in halves below 10^8 (a C long may be 32-bit), as %.0f costs several
+-- times more. Redis calls: TIME (unless now is given), GET, and SET ... PX
+-- when admitted.
 
-if redis.replicate_commands then
+if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
   -- Redis 3.2-4.x: allow writes after TIME (effects replication; later
-  -- versions always do this).
+  -- versions always do this, and from 7.0, which has REDIS_VERSION_NUM,
+  -- the call is a no-op).
   pcall(redis.replicate_commands)
 end
 
-local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
+local floor = math.floor
 local TWO53 = 9007199254740992
 local E = 4503599627370496
-local MARGIN_MS = 1000
-
--- Integers as redis.call arguments: tostring() would print 14 digits.
-local function int(x)
-  return string.format('%.0f', x)
-end
-
--- An integer argument in [lo, 2^53), or nil.
-local function arg_int(s, lo)
-  local x = tonumber(s)
-  if x and x == floor(x) and x >= lo and x < TWO53 then
-    return x
-  end
-  return nil
-end
-
--- floor(a*b/d) and (a*b mod d), for integers 0 <= a, b < 2^53 and
--- 1 <= d < 2^53: the remainder is always exact, the quotient when < 2^53.
-local function muldiv(a, b, d)
-  local p = a * b
-  if p < TWO53 then
-    local q = floor(p / d)
-    return q, p - q * d
-  end
-  -- a*b = aq*b*d + ar*b; then ar*b = qq*d + r by the bits of b, high first.
-  local aq = floor(a / d)
-  local ar = a - aq * d
-  local bits, n, rest = {}, 0, b
-  while rest > 0 do
-    local bit = rest % 2
-    n = n + 1
-    bits[n] = bit
-    rest = (rest - bit) / 2
-  end
-  local qq, r = 0, 0
-  for i = n, 1, -1 do
-    qq = qq + qq
-    if r >= d - r then
-      r, qq = r - (d - r), qq + 1
-    else
-      r = r + r
-    end
-    if bits[i] == 1 then
-      if r >= d - ar then
-        r, qq = r - (d - ar), qq + 1
-      else
-        r = r + ar
-      end
-    end
-  end
-  return aq * b + qq, r
-end
-
--- ceil(a*b/d), exact when < 2^53.
-local function muldiv_ceil(a, b, d)
-  local q, r = muldiv(a, b, d)
-  if r > 0 then
-    return q + 1
-  end
-  return q
-end
-
--- W = ceil(burst*period/count), exact when < 2^53.
-local function window(g)
-  return muldiv_ceil(g.burst, g.period, g.count)
-end
-
--- PEXPIRE value for a key whose state is fresh again in reset_us.
-local function ttl_ms(reset_us)
-  return int(ceil(reset_us / 1000) + MARGIN_MS)
-end
-
--- A state word as stored (written by this script), sanitized.
-local function word(s)
-  local x = tonumber(s)
-  if x == nil or x ~= x or x < 0 then
-    return 0
-  end
-  return floor(min(x, TWO53))
-end
-
--- The first n state words of a string key; missing key or words = 0.
-local function read_words(key, n)
-  local w, i = {}, 0
-  local v = redis.pcall('GET', key)
-  if type(v) == 'string' then
-    for s in string.gmatch(v, '%S+') do
-      if i == n then
-        break
-      end
-      i = i + 1
-      w[i] = word(s)
-    end
-  end
-  for j = i + 1, n do
-    w[j] = 0
-  end
-  return w
-end
-
-local function write_words(key, w, reset_us)
-  local parts = {}
-  for i = 1, #w do
-    parts[i] = int(w[i])
-  end
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', ttl_ms(reset_us))
-end
-
-local function admit(remaining, reset, commit)
-  return { admitted = true, remaining = remaining, reset = reset, commit = commit }
-end
-
-local function reject(remaining, reset, retry)
-  return { admitted = false, remaining = remaining, reset = reset, retry = retry }
-end
-
--- Each algorithm: setup(g) fills derived constants into g (count, period,
--- burst) and returns false when outside the exact range; check(key, g, now,
--- cost) returns the outcome and, when admitted, commit(reset_us).
-local algorithms = {}
-
--- fixed: state {k + 1, used}; windows [k*W, (k+1)*W).
-algorithms.fixed = {
-  setup = function(g)
-    g.W = window(g)
-    return g.W <= E
-  end,
-  check = function(key, g, now, cost)
-    local W, B = g.W, g.burst
-    local s = read_words(key, 2)
-    local k, used = floor(now / W), 0
-    if s[1] >= 1 and s[1] - 1 >= k then
-      k, used = s[1] - 1, min(s[2], B)
-    end
-    local to_end = max(0, (k + 1) * W - now)
-    local free = B - used
-    if cost <= free then
-      local reset = to_end
-      if used + cost == 0 then
-        reset = 0
-      end
-      return admit(free - cost, reset, function(r)
-        write_words(key, { k + 1, used + cost }, r)
-      end)
-    end
-    local reset = to_end
-    if used == 0 then
-      reset = 0
-    end
-    return reject(free, reset, cost <= B and to_end or nil)
-  end,
-}
-
--- sliding: state {k + 1, curr, prev}; admitted iff
--- prev*(W-e) + (curr+cost)*W <= B*W, i.e. curr + cost + ceil(prev*(W-e)/W) <= B.
-algorithms.sliding = {
-  setup = function(g)
-    g.W = window(g)
-    return g.W <= E / 2
-  end,
-  check = function(key, g, now, cost)
-    local W, B = g.W, g.burst
-    local s = read_words(key, 3)
-    local k = floor(now / W)
-    local curr, prev = 0, 0
-    if s[1] >= 1 then
-      local sk = s[1] - 1
-      if sk >= k then
-        k, curr, prev = sk, s[2], s[3]
-      elseif sk + 1 == k then
-        prev = s[2]
-      end
-    end
-    curr, prev = min(curr, B), min(prev, B)
-    local lead = k * W - now -- start - now: until(off) = max(0, lead + off)
-    local elapsed = max(0, -lead)
-    -- ceil of the previous window's weighted count
-    local pw = muldiv_ceil(prev, max(0, W - elapsed), W)
-    local function reset(c)
-      if c == 0 and prev == 0 then
-        return 0
-      elseif c == 0 then
-        return max(0, lead + W)
-      end
-      return max(0, lead + 2 * W)
-    end
-    if curr + cost + pw <= B then
-      return admit(B - curr - cost - pw, reset(curr + cost), function(r)
-        write_words(key, { k + 1, curr + cost, prev }, r)
-      end)
-    end
-    local retry = nil
-    if cost <= B then
-      -- smallest offset e < W into a window whose previous count is pc
-      -- with pc*(W-e) <= room*W; nil if none.
-      local function first_fit(pc, room)
-        local slack = W
-        if pc > 0 and room < pc then
-          slack = muldiv(room, W, pc)
-        end
-        if slack > 0 then
-          return W - slack
-        end
-        return nil
-      end
-      local here = nil
-      if curr + cost <= B then
-        here = first_fit(prev, B - curr - cost)
-      end
-      local offset = here
-      if offset == nil then
-        local nxt = first_fit(curr, B - cost)
-        if nxt then
-          offset = W + nxt
-        else
-          offset = 2 * W
-        end
-      end
-      retry = max(1, lead + offset)
-    end
-    return reject(max(0, B - curr - pw), reset(curr), retry)
-  end,
-}
-
--- sliding_log: a LIST of timestamps, newest first; an entry t counts
--- during [t, t+W).
-algorithms.sliding_log = {
-  setup = function(g)
-    g.W = window(g)
-    return g.burst <= 65536 and g.W <= E
-  end,
-  check = function(key, g, now, cost)
-    local W, B = g.W, g.burst
-    local n = redis.pcall('LLEN', key)
-    local wrongtype = type(n) ~= 'number'
-    if wrongtype then
-      n = 0
-    end
-    n = min(n, B)
-    local cache = {}
-    local function at(i)
-      local t = cache[i]
-      if t == nil then
-        t = word(redis.call('LINDEX', key, int(i)))
-        cache[i] = t
-      end
-      return t
-    end
-    -- live = the leading (newest) entries not yet expired
-    local lo, hi = 0, n
-    while lo < hi do
-      local mid = floor((lo + hi) / 2)
-      if at(mid) + W <= now then
-        hi = mid
-      else
-        lo = mid + 1
-      end
-    end
-    local live = lo
-    local newest = nil
-    if n > 0 then
-      newest = at(0)
-    end
-    local free = B - live
-    if cost <= free then
-      local stamp = now
-      if newest then
-        stamp = max(newest, now)
-      end
-      local last = newest
-      if cost > 0 then
-        last = stamp
-      end
-      local reset = 0
-      if live + cost > 0 then
-        reset = max(0, last + W - now)
-      end
-      return admit(free - cost, reset, function(r)
-        if wrongtype then
-          redis.call('DEL', key)
-        end
-        local s, left = int(stamp), cost
-        while left > 0 do
-          local chunk = {}
-          for i = 1, min(left, 512) do
-            chunk[i] = s
-          end
-          left = left - #chunk
-          redis.call('LPUSH', key, unpack(chunk))
-        end
-        redis.call('LTRIM', key, 0, int(live + cost - 1))
-        redis.call('PEXPIRE', key, ttl_ms(r))
-      end)
-    end
-    local reset = 0
-    if live > 0 then
-      reset = max(0, newest + W - now)
-    end
-    local retry = nil
-    if cost <= B then
-      -- until the oldest live + cost - B live entries have expired
-      retry = max(1, at(B - cost) + W - now)
-    end
-    return reject(free, reset, retry)
-  end,
-}
-
--- token_bucket / leaky_bucket: state {used, last}, amounts scaled by the
--- period (one request = period units, capacity burst*period).
-local bucket = {
-  setup = function(g)
-    g.cap = g.burst * g.period
-    return g.cap <= E
-  end,
-  check = function(key, g, now, cost)
-    local c, p, B, cap = g.count, g.period, g.burst, g.cap
-    local s = read_words(key, 2)
-    local used, last = min(s[1], cap), s[2]
-    if now > last then
-      local refill = (now - last) * c -- inexact only when > 2^53 > used
-      if refill >= used then
-        used = 0
-      else
-        used = used - refill
-      end
-    end
-    local at, lag = max(now, last), max(0, last - now)
-    local function drain(amount)
-      if amount == 0 then
-        return 0
-      end
-      return lag + ceil(amount / c)
-    end
-    if cost <= B and cost * p <= cap - used then
-      local after = used + cost * p
-      return admit(floor((cap - after) / p), drain(after), function(r)
-        write_words(key, { after, at }, r)
-      end)
-    end
-    local retry = nil
-    if cost <= B then
-      retry = drain(used - (B - cost) * p)
-    end
-    return reject(floor((cap - used) / p), drain(used), retry)
-  end,
-}
-algorithms.token_bucket = bucket
-algorithms.leaky_bucket = bucket
-
--- gcra: state {TAT}; T = ceil(period/count); admitted iff
--- max(TAT, now) + cost*T - now <= B*T.
-algorithms.gcra = {
-  setup = function(g)
-    g.T = ceil(g.period / g.count)
-    g.BT = g.burst * g.T
-    return g.BT <= E
-  end,
-  check = function(key, g, now, cost)
-    local T, B, BT = g.T, g.burst, g.BT
-    local s = read_words(key, 1)
-    local backlog = max(0, s[1] - now)
-    if cost <= B and backlog <= (B - cost) * T then
-      local charged = backlog + cost * T
-      return admit(floor((BT - charged) / T), charged, function(r)
-        write_words(key, { now + charged }, r)
-      end)
-    end
-    local retry = nil
-    if cost <= B then
-      retry = backlog - (B - cost) * T
-    end
-    return reject(floor(max(0, BT - backlog) / T), backlog, retry)
-  end,
-}
 
 -- The clock.
-local now = tonumber(ARGV[2])
+local now, ms = ARGV[2], nil
+if now == '' then
+  now = nil
+else
+  now = tonumber(now)
+end
 if now and now >= 1 then
   now = floor(now)
+  ms = floor(now / 1000)
 else
+  -- TIME replies two integer strings: arithmetic converts them.
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
+  ms = now / 1000
+  ms = ms - ms % 1
 end
 
--- Line i's outcome; fail closed on bad arguments or out of the exact range.
-local function line(i)
-  local base = 3 + 5 * (i - 1)
-  local alg = algorithms[ARGV[base]]
-  local g = {
-    count = arg_int(ARGV[base + 1], 1),
-    period = arg_int(ARGV[base + 2], 1),
-    burst = arg_int(ARGV[base + 3], 1),
-  }
-  local cost = tonumber(ARGV[base + 4])
-  if not (alg and g.count and g.period and g.burst and cost and cost >= 0
-      and cost == floor(cost) and now <= E and alg.setup(g)) then
-    return reject(0, 0, nil)
-  end
-  local o = alg.check(KEYS[i], g, now, cost)
-  if cost == 0 then
-    -- charges nothing: passes even over the limit, and writes nothing
-    o.admitted, o.retry, o.commit = true, nil, nil
-  end
-  return o
+local nkeys = #KEYS
+local commit = ARGV[1] == '1'
+-- Several lines: the reply so far, all admitted (1/0), and the pending
+-- writes as (key, value or sliding_log commit function, reset_us) triples.
+local reply, all, pending, npending
+if nkeys ~= 1 then
+  reply, all, pending, npending = { 0, ms }, 1, nil, 0
 end
 
-local outcomes, all = {}, true
-for i = 1, #KEYS do
-  outcomes[i] = line(i)
-  all = all and outcomes[i].admitted
-end
-
-if all and ARGV[1] == '1' then
-  for i = 1, #KEYS do
-    local o = outcomes[i]
-    if o.commit then
-      o.commit(o.reset)
+for i = 1, nkeys do
+  local a = 5 * i - 2
+  local alg = ARGV[a]
+  local c, p, b, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4]
+  if cost == '1' then
+    cost = 1
+  else
+    cost = tonumber(cost)
+    if cost and not (cost >= 0 and cost == floor(cost)) then
+      cost = nil
     end
   end
+  local key = KEYS[i]
+  -- The line's outcome; `val` is the state to write if admitted and
+  -- committing: a string to SET, or for sliding_log a function that
+  -- pushes the entries (the TTL is set by the caller).
+  local ok, adm, rem, rst, rty, val = false, false, 0, 0, -1, nil
+
+  -- count, period_us, burst: integers in [1, 2^53); cost an integer >= 0.
+  if c and p and b and cost
+      and c % 1 == 0 and c >= 1 and c < TWO53
+      and p % 1 == 0 and p >= 1 and p < TWO53
+      and b % 1 == 0 and b >= 1 and b < TWO53 and now <= E then
+
+    if alg == 'gcra' then
+      -- state {TAT}; T = ceil(period/count); admitted iff
+      -- max(TAT, now) + cost*T - now <= B*T.
+      local T = p / c
+      local Ti = T - T % 1
+      if Ti < T then Ti = Ti + 1 end
+      T = Ti
+      local BT = b * T
+      if BT <= E then
+        ok = true
+        local s = 0
+        local v = redis.pcall('GET', key)
+        if v then
+          -- (a wrong-type error reply is a table: tonumber gives nil)
+          s = tonumber(v)
+          if not s and type(v) == 'string' then
+            s = tonumber(string.match(v, '^%s*(%S*)'))
+          end
+          if s and s >= 0 then
+            if TWO53 < s then s = TWO53 end
+            s = s - s % 1
+          else
+            s = 0
+          end
+        end
+        local backlog = s - now
+        if not (0 < backlog) then backlog = 0 end
+        if cost <= b and backlog <= (b - cost) * T then
+          local charged = backlog + cost * T
+          local x = (BT - charged) / T
+          adm, rem, rst = true, x - x % 1, charged
+          if commit then
+            local w = now + charged
+            local h = w / 100000000
+            h = h - h % 1
+            if h > 0 then
+              val = string.format('%d%08d', h, w - h * 100000000)
+            else
+              val = string.format('%d', w)
+            end
+          end
+        else
+          if cost <= b then
+            rty = backlog - (b - cost) * T
+          end
+          local x = BT - backlog
+          if not (0 < x) then x = 0 end
+          x = x / T
+          rem, rst = x - x % 1, backlog
+        end
+      end
+
+    elseif alg == 'fixed' or alg == 'sliding' or alg == 'sliding_log' then
+      local x = b * p
+      local muldiv
+      if x >= TWO53 or b * (x / c + 1) >= 4e15 then
+        -- Some product below may reach 2^53 (else all of them, at most
+        -- burst*W, stay below): the exact muldiv. floor(a*b/d) and
+        -- (a*b mod d), for integers 0 <= a, b < 2^53 and 1 <= d < 2^53:
+        -- the remainder is always exact, the quotient when < 2^53.
+        muldiv = function(a, b, d)
+          local p = a * b
+          if p < TWO53 then
+            local q = floor(p / d)
+            return q, p - q * d
+          end
+          -- a*b = aq*b*d + ar*b; then ar*b = qq*d + r by the bits of b,
+          -- high first.
+          local aq = floor(a / d)
+          local ar = a - aq * d
+          local bits, n, rest = {}, 0, b
+          while rest > 0 do
+            local bit = rest % 2
+            n = n + 1
+            bits[n] = bit
+            rest = (rest - bit) / 2
+          end
+          local qq, r = 0, 0
+          for i = n, 1, -1 do
+            qq = qq + qq
+            if r >= d - r then
+              r, qq = r - (d - r), qq + 1
+            else
+              r = r + r
+            end
+            if bits[i] == 1 then
+              if r >= d - ar then
+                r, qq = r - (d - ar), qq + 1
+              else
+                r = r + ar
+              end
+            end
+          end
+          return aq * b + qq, r
+        end
+      end
+      -- W = ceil(burst*period/count)
+      local W
+      if x < TWO53 then
+        W = x / c
+        W = W - W % 1
+        if x - W * c > 0 then W = W + 1 end
+      else
+        local r
+        W, r = muldiv(b, p, c)
+        if r > 0 then W = W + 1 end
+      end
+
+      if alg == 'fixed' then
+        -- state {k + 1, used}; windows [k*W, (k+1)*W).
+        if W <= E then
+          ok = true
+          local s1, s2 = 0, 0
+          local v = redis.pcall('GET', key)
+          if type(v) == 'string' then
+            local w1, w2 = string.match(v, '^(%d+) (%d+)$')
+            if w1 then
+              -- as this script writes them: plain digits
+              s1, s2 = w1 + 0, w2 + 0
+              if TWO53 < s1 then s1 = TWO53 end
+              if TWO53 < s2 then s2 = TWO53 end
+            else
+              w1, w2 = string.match(v, '^%s*(%S+)%s*(%S*)')
+              s1, s2 = tonumber(w1), tonumber(w2)
+              if s1 and s1 >= 0 then
+                if TWO53 < s1 then s1 = TWO53 end
+                s1 = s1 - s1 % 1
+              else
+                s1 = 0
+              end
+              if s2 and s2 >= 0 then
+                if TWO53 < s2 then s2 = TWO53 end
+                s2 = s2 - s2 % 1
+              else
+                s2 = 0
+              end
+            end
+          end
+          local k = now / W
+          k = k - k % 1
+          local used = 0
+          if s1 >= 1 and s1 - 1 >= k then
+            k, used = s1 - 1, s2
+            if b < used then used = b end
+          end
+          local to_end = (k + 1) * W - now
+          if not (0 < to_end) then to_end = 0 end
+          local free = b - used
+          if cost <= free then
+            adm, rem, rst = true, free - cost, to_end
+            if used + cost == 0 then rst = 0 end
+            if commit then
+              local w, u = k + 1, used + cost
+              if u < 100000000 then
+                local h = w / 100000000
+                h = h - h % 1
+                if h > 0 then
+                  val = string.format('%d%08d %d', h, w - h * 100000000, u)
+                else
+                  val = string.format('%d %d', w, u)
+                end
+              else
+                val = string.format('%.0f %.0f', w, u)
+              end
+            end
+          else
+            rem, rst = free, to_end
+            if used == 0 then rst = 0 end
+            if cost <= b then rty = to_end end
+          end
+        end
+
+      elseif alg == 'sliding' then
+        -- state {k + 1, curr, prev}; admitted iff
+        -- prev*(W-e) + (curr+cost)*W <= B*W, i.e.
+        -- curr + cost + ceil(prev*(W-e)/W) <= B.
+        if W <= E / 2 then
+          ok = true
+          local s1, s2, s3 = 0, 0, 0
+          local v = redis.pcall('GET', key)
+          if type(v) == 'string' then
+            local w1, w2, w3 = string.match(v, '^(%d+) (%d+) (%d+)$')
+            if w1 then
+              -- as this script writes them: plain digits
+              s1, s2, s3 = w1 + 0, w2 + 0, w3 + 0
+              if TWO53 < s1 then s1 = TWO53 end
+              if TWO53 < s2 then s2 = TWO53 end
+              if TWO53 < s3 then s3 = TWO53 end
+            else
+              w1, w2, w3 = string.match(v, '^%s*(%S+)%s*(%S*)%s*(%S*)')
+              s1, s2, s3 = tonumber(w1), tonumber(w2), tonumber(w3)
+              if s1 and s1 >= 0 then
+                if TWO53 < s1 then s1 = TWO53 end
+                s1 = s1 - s1 % 1
+              else
+                s1 = 0
+              end
+              if s2 and s2 >= 0 then
+                if TWO53 < s2 then s2 = TWO53 end
+                s2 = s2 - s2 % 1
+              else
+                s2 = 0
+              end
+              if s3 and s3 >= 0 then
+                if TWO53 < s3 then s3 = TWO53 end
+                s3 = s3 - s3 % 1
+              else
+                s3 = 0
+              end
+            end
+          end
+          local k = now / W
+          k = k - k % 1
+          local curr, prev = 0, 0
+          if s1 >= 1 then
+            local sk = s1 - 1
+            if sk >= k then
+              k, curr, prev = sk, s2, s3
+            elseif sk + 1 == k then
+              prev = s2
+            end
+          end
+          if b < curr then curr = b end
+          if b < prev then prev = b end
+          local lead = k * W - now -- start - now: until(off) = max(0, lead + off)
+          local span = -lead -- W - max(0, elapsed), at least 0
+          if not (0 < span) then span = 0 end
+          span = W - span
+          if not (0 < span) then span = 0 end
+          -- pw: ceil of the previous window's weighted count
+          local pw
+          x = prev * span
+          if x < TWO53 then
+            pw = x / W
+            pw = pw - pw % 1
+            if x - pw * W > 0 then pw = pw + 1 end
+          else
+            local r
+            pw, r = muldiv(prev, span, W)
+            if r > 0 then pw = pw + 1 end
+          end
+          local cc = curr
+          if curr + cost + pw <= b then
+            adm, rem = true, b - curr - cost - pw
+            cc = curr + cost
+            if commit then
+              local w = k + 1
+              -- (1/prev > 0: not -0, which %d would print as 0)
+              if cc < 100000000 and prev < 100000000 and 1 / prev > 0 then
+                local h = w / 100000000
+                h = h - h % 1
+                if h > 0 then
+                  val = string.format('%d%08d %d %d', h, w - h * 100000000, cc, prev)
+                else
+                  val = string.format('%d %d %d', w, cc, prev)
+                end
+              else
+                val = string.format('%.0f %.0f %.0f', w, cc, prev)
+              end
+            end
+          else
+            if cost <= b then
+              -- first_fit(pc, room): the smallest offset e < W into a window
+              -- whose previous count is pc with pc*(W-e) <= room*W; none if
+              -- slack = 0.
+              local offset
+              if curr + cost <= b then
+                local room, slack = b - curr - cost, W
+                if prev > 0 and room < prev then
+                  x = room * W
+                  if x < TWO53 then
+                    slack = x / prev
+                    slack = slack - slack % 1
+                  else
+                    slack = muldiv(room, W, prev)
+                  end
+                end
+                if slack > 0 then offset = W - slack end
+              end
+              if offset == nil then
+                local room, slack = b - cost, W
+                if curr > 0 and room < curr then
+                  x = room * W
+                  if x < TWO53 then
+                    slack = x / curr
+                    slack = slack - slack % 1
+                  else
+                    slack = muldiv(room, W, curr)
+                  end
+                end
+                if slack > 0 then
+                  offset = W + (W - slack)
+                else
+                  offset = 2 * W
+                end
+              end
+              rty = lead + offset
+              if not (1 < rty) then rty = 1 end
+            end
+            rem = b - curr - pw
+            if not (0 < rem) then rem = 0 end
+          end
+          -- reset(cc)
+          if cc == 0 and prev == 0 then
+            rst = 0
+          elseif cc == 0 then
+            rst = lead + W
+            if not (0 < rst) then rst = 0 end
+          else
+            rst = lead + 2 * W
+            if not (0 < rst) then rst = 0 end
+          end
+        end
+
+      elseif b <= 65536 and W <= E then
+        -- sliding_log: a LIST of timestamps, newest first; an entry t
+        -- counts during [t, t+W).
+        ok = true
+        local B, fmt = b, string.format
+        local n = redis.pcall('LLEN', key)
+        local wrongtype = type(n) ~= 'number'
+        if wrongtype then
+          n = 0
+        end
+        if B < n then n = B end
+        local cache = {}
+        local function at(j)
+          local t = cache[j]
+          if t == nil then
+            t = tonumber(redis.call('LINDEX', key, fmt('%.0f', j)))
+            if t and t >= 0 then
+              if TWO53 < t then t = TWO53 end
+              t = floor(t)
+            else
+              t = 0
+            end
+            cache[j] = t
+          end
+          return t
+        end
+        -- live = the leading (newest) entries not yet expired
+        local lo, hi = 0, n
+        while lo < hi do
+          local mid = floor((lo + hi) / 2)
+          if at(mid) + W <= now then
+            hi = mid
+          else
+            lo = mid + 1
+          end
+        end
+        local live = lo
+        local newest = nil
+        if n > 0 then
+          newest = at(0)
+        end
+        local free = B - live
+        if cost <= free then
+          local stamp = now
+          if newest then
+            stamp = math.max(newest, now)
+          end
+          local last = newest
+          if cost > 0 then
+            last = stamp
+          end
+          adm, rem = true, free - cost
+          if live + cost > 0 then
+            rst = math.max(0, last + W - now)
+          end
+          if commit then
+            val = function()
+              if wrongtype then
+                redis.call('DEL', key)
+              end
+              local s, left = fmt('%.0f', stamp), cost
+              while left > 0 do
+                local chunk = {}
+                for j = 1, math.min(left, 512) do
+                  chunk[j] = s
+                end
+                left = left - #chunk
+                redis.call('LPUSH', key, unpack(chunk))
+              end
+              redis.call('LTRIM', key, 0, fmt('%.0f', live + cost - 1))
+            end
+          end
+        else
+          rem = free
+          if live > 0 then
+            rst = math.max(0, newest + W - now)
+          end
+          if cost <= B then
+            -- until the oldest live + cost - B live entries have expired
+            rty = math.max(1, at(B - cost) + W - now)
+          end
+        end
+      end
+
+    elseif alg == 'token_bucket' or alg == 'leaky_bucket' then
+      -- state {used, last}, amounts scaled by the period (one request =
+      -- period units, capacity burst*period).
+      local cap = b * p
+      if cap <= E then
+        ok = true
+        local s1, s2 = 0, 0
+        local v = redis.pcall('GET', key)
+        if type(v) == 'string' then
+          local w1, w2 = string.match(v, '^(%d+) (%d+)$')
+          if w1 then
+            -- as this script writes them: plain digits
+            s1, s2 = w1 + 0, w2 + 0
+            if TWO53 < s1 then s1 = TWO53 end
+            if TWO53 < s2 then s2 = TWO53 end
+          else
+            w1, w2 = string.match(v, '^%s*(%S+)%s*(%S*)')
+            s1, s2 = tonumber(w1), tonumber(w2)
+            if s1 and s1 >= 0 then
+              if TWO53 < s1 then s1 = TWO53 end
+              s1 = s1 - s1 % 1
+            else
+              s1 = 0
+            end
+            if s2 and s2 >= 0 then
+              if TWO53 < s2 then s2 = TWO53 end
+              s2 = s2 - s2 % 1
+            else
+              s2 = 0
+            end
+          end
+        end
+        local used, last = s1, s2
+        if cap < used then used = cap end
+        if now > last then
+          local refill = (now - last) * c -- inexact only when > 2^53 > used
+          if refill >= used then
+            used = 0
+          else
+            used = used - refill
+          end
+        end
+        local lag = last - now
+        if not (0 < lag) then lag = 0 end
+        -- drain(amount) = 0 if amount == 0, else lag + ceil(amount / c)
+        local amount
+        if cost <= b and cost * p <= cap - used then
+          local after = used + cost * p
+          local x = (cap - after) / p
+          adm, rem, amount = true, x - x % 1, after
+          if commit then
+            local at = now
+            if now < last then at = last end
+            local ha, h = after / 100000000, at / 100000000
+            ha, h = ha - ha % 1, h - h % 1
+            if h > 0 and ha > 0 then
+              val = string.format('%d%08d %d%08d', ha, after - ha * 100000000, h, at - h * 100000000)
+            elseif h > 0 then
+              val = string.format('%d %d%08d', after, h, at - h * 100000000)
+            else
+              val = string.format('%.0f %.0f', after, at)
+            end
+          end
+        else
+          if cost <= b then
+            rty = used - (b - cost) * p
+            if rty ~= 0 then
+              local y = rty / c
+              local yc = y - y % 1
+              if yc < y then yc = yc + 1 end
+              rty = lag + yc
+            end
+          end
+          local x = (cap - used) / p
+          rem, amount = x - x % 1, used
+        end
+        if amount ~= 0 then
+          local y = amount / c
+          local yc = y - y % 1
+          if yc < y then yc = yc + 1 end
+          rst = lag + yc
+        end
+      end
+    end
+
+    if ok and cost == 0 then
+      -- charges nothing: passes even over the limit, and writes nothing
+      adm, rty, val = true, -1, nil
+    end
+  end
+
+  -- TTL (ms) of a written key: ceil(reset_us / 1000) + 1000.
+  if nkeys == 1 then
+    if adm and val then
+      local t = rst / 1000
+      local tc = t - t % 1
+      if tc < t then tc = tc + 1 end
+      if tc < 100000000 then
+        tc = string.format('%d', tc + 1000)
+      else
+        tc = string.format('%.0f', tc + 1000)
+      end
+      if alg == 'sliding_log' then
+        val()
+        redis.call('PEXPIRE', key, tc)
+      else
+        redis.call('SET', key, val, 'PX', tc)
+      end
+    end
+    if adm then
+      return { 1, ms, 1, rem, rst, rty }
+    end
+    return { 0, ms, 0, rem, rst, rty }
+  end
+
+  local n = 4 * i - 1
+  if adm then
+    reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 1, rem, rst, rty
+    if val then
+      pending = pending or {}
+      pending[npending + 1], pending[npending + 2], pending[npending + 3] = key, val, rst
+      npending = npending + 3
+    end
+  else
+    reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 0, rem, rst, rty
+    all = 0
+  end
 end
 
-local reply = { all and 1 or 0, floor(now / 1000) }
-for i = 1, #KEYS do
-  local o = outcomes[i]
-  local n = #reply
-  reply[n + 1] = o.admitted and 1 or 0
-  reply[n + 2] = o.remaining
-  reply[n + 3] = o.reset
-  reply[n + 4] = o.retry or -1
+if nkeys == 0 then
+  return { 1, ms }
+end
+
+if all == 1 then
+  reply[1] = 1
+  for j = 1, npending, 3 do
+    local key, val = pending[j], pending[j + 1]
+    local t = pending[j + 2] / 1000
+    local tc = t - t % 1
+    if tc < t then tc = tc + 1 end
+    if tc < 100000000 then
+      tc = string.format('%d', tc + 1000)
+    else
+      tc = string.format('%.0f', tc + 1000)
+    end
+    if type(val) == 'function' then
+      val()
+      redis.call('PEXPIRE', key, tc)
+    else
+      redis.call('SET', key, val, 'PX', tc)
+    end
+  end
 end
 return reply
