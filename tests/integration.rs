@@ -13,15 +13,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// An `http {}` body: `zones`, then one server on {PORT} with `body` inside.
-fn server(zones: &str, body: &str) -> String {
-    format!("{zones}\nserver {{\n listen 127.0.0.1:{{PORT}};\n root {{ROOT}};\n{body}\n}}\n")
-}
-
-fn counts(pairs: &[(u16, usize)]) -> BTreeMap<u16, usize> {
-    pairs.iter().copied().filter(|(_, n)| *n > 0).collect()
-}
-
 // ---------------------------------------------------------------------------
 // 1. Exact admission under concurrency, for every algorithm.
 // ---------------------------------------------------------------------------

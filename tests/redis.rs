@@ -18,26 +18,6 @@ use std::time::{Duration, Instant};
 use common::redis::*;
 use common::*;
 
-/// An `http {}` body: `zones`, then one server on {PORT} with `body` inside.
-fn server(zones: &str, body: &str) -> String {
-    format!("{zones}\nserver {{\n listen 127.0.0.1:{{PORT}};\n root {{ROOT}};\n{body}\n}}\n")
-}
-
-fn counts(pairs: &[(u16, usize)]) -> BTreeMap<u16, usize> {
-    pairs.iter().copied().filter(|(_, n)| *n > 0).collect()
-}
-
-/// Error-log lines of Redis failures of zone `zone`.
-fn failed_lines(log: &str, zone: &str) -> Vec<String> {
-    let tag = format!("rl_zone \"{zone}\" redis ");
-    log.lines().filter(|l| l.contains(&tag) && l.contains(" failed")).map(String::from).collect()
-}
-
-/// Lines that show a crashed worker or a fatal error.
-fn crash_lines(log: &str) -> Vec<&str> {
-    log.lines().filter(|l| l.contains("exited on signal") || l.contains("[alert]") || l.contains("[emerg]")).collect()
-}
-
 fn statuses_of(got: &[u16]) -> BTreeMap<u16, usize> {
     let mut m = BTreeMap::new();
     for s in got {

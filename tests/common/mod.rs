@@ -527,3 +527,24 @@ pub fn sf_param(r: &Response, header: &str, item: &str, param: &str) -> u64 {
 }
 
 pub mod redis;
+
+// Shared by the test files.
+
+/// An `http {}` body: `zones`, then one server on {PORT} with `body` inside.
+pub fn server(zones: &str, body: &str) -> String {
+    format!("{zones}\nserver {{\n listen 127.0.0.1:{{PORT}};\n root {{ROOT}};\n{body}\n}}\n")
+}
+pub fn counts(pairs: &[(u16, usize)]) -> BTreeMap<u16, usize> {
+    pairs.iter().copied().filter(|(_, n)| *n > 0).collect()
+}
+
+/// Error-log lines of Redis failures of zone `zone`.
+pub fn failed_lines(log: &str, zone: &str) -> Vec<String> {
+    let tag = format!("rl_zone \"{zone}\" redis ");
+    log.lines().filter(|l| l.contains(&tag) && l.contains(" failed")).map(String::from).collect()
+}
+
+/// Lines that show a crashed worker or a fatal error.
+pub fn crash_lines(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains("exited on signal") || l.contains("[alert]") || l.contains("[emerg]")).collect()
+}
