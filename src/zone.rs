@@ -23,6 +23,11 @@ const RING_TAG: u64 = u64::MAX;
 const RESERVED_PAGES: usize = 2;
 /// Idle states dropped from the LRU tail on each request, as limit_req does.
 const EXPIRE_PER_REQUEST: usize = 2;
+/// How long a state stays idle before a request drops it, as limit_req keeps
+/// its nodes a minute: dropping an idle state changes no decision, but a key
+/// that comes back would be inserted again (and a full zone drops idle
+/// states first anyway).
+const EXPIRE_AFTER_IDLE_S: u32 = 60;
 /// Seconds between two "zone is full" messages.
 const FULL_LOG_INTERVAL_S: u64 = 10;
 
@@ -137,7 +142,8 @@ impl<'a> Locked<'a> {
     /// Drops a few idle states from the LRU tail (and their logs).
     pub fn expire(&mut self, now_s: u32) {
         let shpool = self.shpool;
-        self.table.expire(now_s, EXPIRE_PER_REQUEST, |state| free_ring(shpool, state));
+        let before = now_s.saturating_sub(EXPIRE_AFTER_IDLE_S);
+        self.table.expire(before, EXPIRE_PER_REQUEST, |state| free_ring(shpool, state));
     }
 
     /// Makes sure `hash` has an entry (and, for sliding_log, its log).
