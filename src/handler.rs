@@ -304,9 +304,8 @@ fn shm_decide(mcf: &MainConf, ctx: &mut Ctx, log: *mut ngx_log_t, commit: bool) 
         };
         if single && commit && o.admitted {
             res.charged = true;
-            let idle_at = now_us.saturating_add(o.reset_us).div_ceil(1_000_000);
             if let Some(l) = locks.get_mut(res.lock) {
-                l.set_idle_at(res.hash, idle_at.min(u64::from(u32::MAX)) as u32);
+                l.charged(res.hash, now_us, o.reset_us);
             }
         }
         res.admitted = o.admitted;
@@ -333,8 +332,7 @@ fn shm_decide(mcf: &MainConf, ctx: &mut Ctx, log: *mut ngx_log_t, commit: bool) 
         res.remaining = o.remaining;
         res.reset_us = o.reset_us;
         res.charged = true;
-        let idle_at = now_us.saturating_add(o.reset_us).div_ceil(1_000_000);
-        locked.set_idle_at(res.hash, idle_at.min(u64::from(u32::MAX)) as u32);
+        locked.charged(res.hash, now_us, o.reset_us);
     }
     Ok(true)
 }

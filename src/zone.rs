@@ -219,9 +219,13 @@ impl<'a> Locked<'a> {
         Some(&mut state[..words])
     }
 
-    pub fn set_idle_at(&mut self, hash: [u64; 2], t: u32) {
+    /// Records that the state of `hash`, charged at `now_us`, is back to
+    /// full `reset_us` later (whole seconds, rounded up): until then it is
+    /// not idle.
+    pub fn charged(&mut self, hash: [u64; 2], now_us: u64, reset_us: u64) {
+        let idle_at = now_us.saturating_add(reset_us).div_ceil(1_000_000).min(u64::from(u32::MAX)) as u32;
         if let Some(slot) = self.table.peek(hash) {
-            self.table.set_idle_at(slot, t);
+            self.table.set_idle_at(slot, idle_at);
         }
     }
 }
