@@ -5,17 +5,27 @@
 //!
 //! # Script interface
 //!
-//! - `KEYS[i]`: line `i`'s state key, see [`state_key`].
-//! - `ARGV[1]`: `"1"` = check every line and commit all iff all admit; `"0"` =
-//!   check only, never write (first phase of a two-phase check across Redis
-//!   Cluster slots).
+//! One call checks (and commits) one or more requests: nginx sends the
+//! requests that arrived in one event-loop iteration together, so the call's
+//! own cost (`EVALSHA`, `TIME`, the round trip) is shared by the batch.
+//! Requests are evaluated in order, at the same `now`; each is all-or-nothing
+//! across its lines.
+//!
+//! - `KEYS`: every line's state key (see [`state_key`]), request by request.
+//! - `ARGV[1]`: `"1"` = check every line of a request and commit all of them
+//!   iff all admit; `"0"` = check only, never write (first phase of a
+//!   two-phase check across Redis Cluster slots).
 //! - `ARGV[2]`: now in microseconds; `""` or `"0"` = Redis `TIME` (one clock
 //!   for the whole fleet).
-//! - then per line 5 arguments: algorithm name, count, period_us, burst, cost.
+//! - then per request its number of lines, then per line 2 arguments: the
+//!   limit, `"algorithm count period_us burst"` ([`write_spec`]; the script
+//!   parses each distinct string once per call), and the request's cost
+//!   ([`write_args`]).
 //!
-//! It returns `{all_admitted, now_ms, then per line: admitted, remaining,
-//! reset_us, retry_after_us or -1}`, see [`parse_reply`]. Each line's outcome
-//! is [`Limit::check`]'s at the script's `now`; the commits are
+//! It returns `{now_ms, then per request: all_admitted, then per line:
+//! admitted, remaining, reset_us, retry_after_us or -1}`, see
+//! [`parse_reply`]. Each line's outcome is [`Limit::check`]'s at the script's
+//! `now` (after the requests before it in the call); the commits are
 //! [`Limit::commit`]s. A rejected request writes nothing.
 //!
 //! State: the O(1) algorithms keep [`Limit::state_words`] words as a
@@ -59,9 +69,6 @@ pub const TTL_MARGIN_MS: u64 = 1000;
 /// time): see the module docs.
 pub const MAX_EXACT: u64 = 1 << 52;
 
-/// Arguments of the script per line.
-pub const ARGS_PER_LINE: usize = 5;
-
 /// Whether the script evaluates `limit` exactly like rl-core (for any
 /// `now ≤` [`MAX_EXACT`]); the script rejects the lines for which this is
 /// false.
@@ -86,25 +93,60 @@ pub fn exact(limit: &Limit) -> bool {
     }
 }
 
-/// The script's `ARGV` for `lines` (each a limit and the request's cost on
-/// it), in the order of their `KEYS`. `commit` false checks only;
-/// `now_override_us` replaces Redis `TIME` (tests).
-pub fn script_args(
-    lines: &[(Limit, u64)],
+/// One script argument, as [`write_args`] emits it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg<'a> {
+    Str(&'a str),
+    Int(u64),
+}
+
+/// Emits the script's `ARGV` for `requests` (each a request's lines: a limit
+/// and the request's cost on it), in the order of their `KEYS`. `commit`
+/// false checks only; `now_override_us` replaces Redis `TIME` (tests).
+pub fn write_args<'a>(
+    requests: impl IntoIterator<Item = &'a [(Limit, u64)]>,
+    commit: bool,
+    now_override_us: Option<u64>,
+    mut emit: impl FnMut(Arg<'_>),
+) {
+    emit(Arg::Str(if commit { "1" } else { "0" }));
+    match now_override_us {
+        Some(t) => emit(Arg::Int(t)),
+        None => emit(Arg::Str("")),
+    }
+    let mut spec = String::new();
+    for lines in requests {
+        emit(Arg::Int(lines.len() as u64));
+        for (limit, cost) in lines {
+            spec.clear();
+            write_spec(&mut spec, limit);
+            emit(Arg::Str(&spec));
+            emit(Arg::Int(*cost));
+        }
+    }
+}
+
+/// A line's limit as the script takes it: `"algorithm count period_us
+/// burst"`.
+pub fn write_spec(out: &mut String, limit: &Limit) {
+    let rate = limit.rate();
+    // Writing to a String cannot fail.
+    let _ = write!(out, "{} {} {} {}", limit.algorithm().name(), rate.count, rate.period_us, limit.burst());
+}
+
+/// [`write_args`] as strings.
+pub fn script_args<'a>(
+    requests: impl IntoIterator<Item = &'a [(Limit, u64)]>,
     commit: bool,
     now_override_us: Option<u64>,
 ) -> Vec<String> {
-    let mut args = Vec::with_capacity(2 + ARGS_PER_LINE * lines.len());
-    args.push(if commit { "1" } else { "0" }.to_owned());
-    args.push(now_override_us.map_or_else(String::new, |t| t.to_string()));
-    for (limit, cost) in lines {
-        let rate = limit.rate();
-        args.push(limit.algorithm().name().to_owned());
-        args.push(rate.count.to_string());
-        args.push(rate.period_us.to_string());
-        args.push(limit.burst().to_string());
-        args.push(cost.to_string());
-    }
+    let mut args = Vec::new();
+    write_args(requests, commit, now_override_us, |a| {
+        args.push(match a {
+            Arg::Str(s) => s.to_owned(),
+            Arg::Int(i) => i.to_string(),
+        })
+    });
     args
 }
 
@@ -123,40 +165,54 @@ pub struct ScriptLine {
     pub retry_after_us: Option<u64>,
 }
 
-/// Parses the script's reply for `nlines` lines into (all admitted, Redis
-/// time in ms, per-line outcomes); `None` if it is malformed (wrong length,
-/// flags not 0/1, negative values, or `all_admitted` inconsistent with the
-/// lines).
-pub fn parse_reply(reply: &[i64], nlines: usize) -> Option<(bool, u64, Vec<ScriptLine>)> {
+/// One request's outcome: all lines admitted, and each line's outcome.
+pub type RequestReply = (bool, Vec<ScriptLine>);
+
+/// Parses the script's reply for requests of `nlines[j]` lines each into
+/// (Redis time in ms, per-request outcomes); `None` if it is malformed
+/// (wrong length, flags not 0/1, negative values, or a request's
+/// `all_admitted` inconsistent with its lines).
+pub fn parse_reply(reply: &[i64], nlines: &[usize]) -> Option<(u64, Vec<RequestReply>)> {
     let flag = |x: i64| match x {
         0 => Some(false),
         1 => Some(true),
         _ => None,
     };
-    let len = nlines.checked_mul(4)?.checked_add(2)?;
-    if reply.len() != len {
-        return None;
-    }
-    let all = flag(reply[0])?;
-    let now_ms = u64::try_from(reply[1]).ok()?;
-    let lines = reply[2..]
-        .chunks_exact(4)
-        .map(|l| {
-            Some(ScriptLine {
-                admitted: flag(l[0])?,
-                remaining: u64::try_from(l[1]).ok()?,
-                reset_us: u64::try_from(l[2]).ok()?,
-                retry_after_us: match l[3] {
-                    -1 => None,
-                    r => Some(u64::try_from(r).ok()?),
-                },
+    let (&now_ms, mut rest) = reply.split_first()?;
+    let now_ms = u64::try_from(now_ms).ok()?;
+    let mut out = Vec::with_capacity(nlines.len());
+    for &n in nlines {
+        let (&all, after) = rest.split_first()?;
+        let all = flag(all)?;
+        let len = n.checked_mul(4)?;
+        if after.len() < len {
+            return None;
+        }
+        let (mine, after) = after.split_at(len);
+        rest = after;
+        let lines = mine
+            .chunks_exact(4)
+            .map(|l| {
+                Some(ScriptLine {
+                    admitted: flag(l[0])?,
+                    remaining: u64::try_from(l[1]).ok()?,
+                    reset_us: u64::try_from(l[2]).ok()?,
+                    retry_after_us: match l[3] {
+                        -1 => None,
+                        r => Some(u64::try_from(r).ok()?),
+                    },
+                })
             })
-        })
-        .collect::<Option<Vec<_>>>()?;
-    if all != lines.iter().all(|l| l.admitted) {
+            .collect::<Option<Vec<_>>>()?;
+        if all != lines.iter().all(|l| l.admitted) {
+            return None;
+        }
+        out.push((all, lines));
+    }
+    if !rest.is_empty() {
         return None;
     }
-    Some((all, now_ms, lines))
+    Some((now_ms, out))
 }
 
 /// The hash tag of a client key: 16 hex digits of its SipHash-1-3 with the

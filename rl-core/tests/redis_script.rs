@@ -150,6 +150,7 @@ local function call(cmd, ...)
 end
 
 redis = {
+  error_reply = function(msg) return { err = msg } end,
   call = function(...)
     local ok, r = pcall(call, ...)
     if not ok then
@@ -279,6 +280,20 @@ impl Redis {
     /// EVALSHA: the raw reply, converted as Redis does (numbers must be
     /// integral here; Redis would truncate them).
     fn eval(&self, keys: &[String], args: &[String]) -> Vec<i64> {
+        let reply = self.eval_table(keys, args);
+        assert!(reply.raw_get::<Value>("err").unwrap().is_nil(), "error reply");
+        reply
+            .sequence_values::<Value>()
+            .map(|v| {
+                let x = number(&v.unwrap());
+                assert!(x.fract() == 0.0 && x.abs() < 9.3e18, "non-integral {x}");
+                x as i64
+            })
+            .collect()
+    }
+
+    /// EVALSHA: the reply table as the script returns it.
+    fn eval_table(&self, keys: &[String], args: &[String]) -> Table {
         let g = self.lua.globals();
         g.raw_set(
             "KEYS",
@@ -290,15 +305,7 @@ impl Redis {
             self.lua.create_sequence_from(args.to_vec()).unwrap(),
         )
         .unwrap();
-        let reply: Table = self.script.call(()).unwrap();
-        reply
-            .sequence_values::<Value>()
-            .map(|v| {
-                let x = number(&v.unwrap());
-                assert!(x.fract() == 0.0 && x.abs() < 9.3e18, "non-integral {x}");
-                x as i64
-            })
-            .collect()
+        self.script.call(()).unwrap()
     }
 
     /// One script call for `lines` at `now`, parsed.
@@ -310,12 +317,28 @@ impl Redis {
         commit: bool,
         use_time: bool,
     ) -> (bool, Vec<ScriptLine>) {
+        let mut out = self.run_batch(keys, &[lines], now, commit, use_time);
+        assert_eq!(out.len(), 1);
+        out.remove(0)
+    }
+
+    /// One script call for several requests at `now` (`keys`: every line's
+    /// key, request by request), parsed.
+    fn run_batch(
+        &self,
+        keys: &[String],
+        requests: &[&[(Limit, u64)]],
+        now: u64,
+        commit: bool,
+        use_time: bool,
+    ) -> Vec<(bool, Vec<ScriptLine>)> {
         self.set_now(now);
-        let args = script_args(lines, commit, (!use_time).then_some(now));
+        let args = script_args(requests.iter().copied(), commit, (!use_time).then_some(now));
         let reply = self.eval(keys, &args);
-        let (all, now_ms, out) = parse_reply(&reply, lines.len()).expect("well-formed reply");
+        let nlines: Vec<usize> = requests.iter().map(|r| r.len()).collect();
+        let (now_ms, out) = parse_reply(&reply, &nlines).expect("well-formed reply");
         assert_eq!(now_ms, now / 1000);
-        (all, out)
+        out
     }
 }
 
@@ -727,25 +750,37 @@ fn out_of_range_fails_closed() {
     let k = keys(1);
     let r = Redis::new();
     r.set_now(T0);
-    let reject = vec![0, (T0 / 1000) as i64, 0, 0, 0, -1];
-    let bad: [&[&str]; 9] = [
-        &["nope", "1", "1000000", "1", "1"],
-        &["gcra", "0", "1000000", "1", "1"],
-        &["gcra", "1", "0", "1", "1"],
-        &["gcra", "1", "1000000", "0", "1"],
-        &["gcra", "1", "1000000", "1", "-1"],
-        &["gcra", "1", "1000000", "1", "1.5"],
-        &["gcra", "1", "1000000", "x", "1"],
-        &["gcra", "1", "1000000", "9007199254740992", "1"],
-        &["token_bucket", "1", "4503599627370497", "1", "1"],
+    let reject = vec![(T0 / 1000) as i64, 0, 0, 0, 0, -1];
+    let bad: [[&str; 2]; 11] = [
+        ["nope 1 1000000 1", "1"],
+        ["gcra 0 1000000 1", "1"],
+        ["gcra 1 0 1", "1"],
+        ["gcra 1 1000000 0", "1"],
+        ["gcra 1 1000000 1", "-1"],
+        ["gcra 1 1000000 1", "1.5"],
+        ["gcra 1 1000000 x", "1"],
+        ["gcra 1 1000000", "1"],
+        ["gcra 1  1000000 1", "1"],
+        ["gcra 1 1000000 9007199254740992", "1"],
+        ["token_bucket 1 4503599627370497 1", "1"],
     ];
     for line in bad {
-        let mut args = vec!["1".to_owned(), String::new()];
+        let mut args = vec!["1".to_owned(), String::new(), "1".to_owned()];
         args.extend(line.iter().map(|s| s.to_string()));
         assert_eq!(r.eval(&k, &args), reject, "{line:?}");
     }
-    // Missing arguments.
-    assert_eq!(r.eval(&k, &["1".to_owned(), String::new()]), reject);
+    // Missing arguments, or a missing key.
+    let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(r.eval(&k, &args(&["1", "", "1"])), reject);
+    assert_eq!(r.eval(&[], &args(&["1", "", "1", "gcra 1 1000000 1", "1"])), reject);
+    // No request: just the time. A malformed line count: an error reply.
+    assert_eq!(r.eval(&k, &args(&["1", ""])), [(T0 / 1000) as i64]);
+    for n in ["x", "-1", "1.5", ""] {
+        let reply = r.eval_table(&k, &args(&["1", "", n, "gcra 1 1000000 1", "1"]));
+        let err: String = reply.raw_get("err").unwrap();
+        assert_eq!(err, "rl: malformed arguments", "{n:?}");
+    }
+    assert_eq!(r.writes(), 0);
     // Beyond 2^52 µs (year 2112) every line fails closed.
     let l = case_limit(Algorithm::Gcra);
     let (all, out) = r.run(&k, &[(l, 1)], MAX_EXACT + 1, true, false);
@@ -824,31 +859,21 @@ fn rust_interface() {
     );
     let l = limit(Algorithm::TokenBucket, 10, 60_000_000, 20);
     let g = limit(Algorithm::Gcra, 1, 1_000_000, 1);
+    let (a, b): (&[(Limit, u64)], &[(Limit, u64)]) = (&[(l, 3), (g, 1)], &[(g, 2)]);
     assert_eq!(
-        script_args(&[(l, 3), (g, 1)], true, None),
-        [
-            "1",
-            "",
-            "token_bucket",
-            "10",
-            "60000000",
-            "20",
-            "3",
-            "gcra",
-            "1",
-            "1000000",
-            "1",
-            "1"
-        ]
+        script_args([a, b], true, None),
+        ["1", "", "2", "token_bucket 10 60000000 20", "3", "gcra 1 1000000 1", "1", "1", "gcra 1 1000000 1", "2"]
     );
-    assert_eq!(script_args(&[], false, Some(42)), ["0", "42"]);
-    let ok = [1, 5, 1, 2, 3, -1, 0, 0, 9, 4];
-    assert!(parse_reply(&ok, 2).is_none()); // inconsistent all_admitted
-    let ok = [0, 5, 1, 2, 3, -1, 0, 0, 9, 4];
-    let (all, ms, lines) = parse_reply(&ok, 2).unwrap();
-    assert!(!all && ms == 5);
+    assert_eq!(script_args([], false, Some(42)), ["0", "42"]);
+    let bad = [5, 1, 1, 2, 3, -1, 0, 0, 9, 4];
+    assert!(parse_reply(&bad, &[2]).is_none()); // inconsistent all_admitted
+    let ok = [5, 0, 1, 2, 3, -1, 0, 0, 9, 4, 1, 1, 7, 8, -1];
+    let (ms, reqs) = parse_reply(&ok, &[2, 1]).unwrap();
+    assert_eq!(ms, 5);
+    assert_eq!(reqs.len(), 2);
+    assert!(!reqs[0].0 && reqs[1].0);
     assert_eq!(
-        lines[1],
+        reqs[0].1[1],
         ScriptLine {
             admitted: false,
             remaining: 0,
@@ -856,11 +881,68 @@ fn rust_interface() {
             retry_after_us: Some(4)
         }
     );
-    assert!(parse_reply(&ok, 1).is_none());
-    assert!(parse_reply(&[0, 5, 2, 0, 0, -1], 1).is_none());
-    assert!(parse_reply(&[0, 5, 0, 0, 0, -2], 1).is_none());
-    assert!(parse_reply(&[0, -5, 0, 0, 0, 1], 1).is_none());
-    assert_eq!(parse_reply(&[1, 7], 0), Some((true, 7, vec![])));
+    assert_eq!(reqs[1].1[0].remaining, 7);
+    assert!(parse_reply(&ok, &[2]).is_none()); // left over
+    assert!(parse_reply(&ok, &[2, 2]).is_none()); // short
+    assert!(parse_reply(&ok, &[1, 2]).is_none());
+    assert!(parse_reply(&[5, 0, 2, 0, 0, -1], &[1]).is_none());
+    assert!(parse_reply(&[5, 0, 0, 0, 0, -2], &[1]).is_none());
+    assert!(parse_reply(&[-5, 0, 0, 0, 0, 1], &[1]).is_none());
+    assert!(parse_reply(&[], &[]).is_none());
+    assert_eq!(parse_reply(&[7], &[]), Some((7, vec![])));
+    assert_eq!(parse_reply(&[7, 1], &[0]), Some((7, vec![(true, vec![])])));
+}
+
+/// A batch is the same as its requests one call each, in order, at the same
+/// time: a request sees the writes of the requests before it, a rejected
+/// request charges none of its lines.
+#[test]
+fn batch_is_requests_in_order() {
+    let a = limit(Algorithm::Gcra, 10, 1_000_000, 3);
+    let b = limit(Algorithm::SlidingLog, 1, 1_000_000, 2);
+    let c = limit(Algorithm::Fixed, 100, 60_000_000, 4);
+    let ka = keys(3);
+    let (one, two): (&[(Limit, u64)], &[(Limit, u64)]) = (&[(a, 1)], &[(b, 1), (c, 1)]);
+    let batch = [one, two, one, two, two, one, one];
+    let bkeys: Vec<String> = batch
+        .iter()
+        .flat_map(|r| if r.len() == 1 { vec![ka[0].clone()] } else { vec![ka[1].clone(), ka[2].clone()] })
+        .collect();
+    let r = Redis::new();
+    let got = r.run_batch(&bkeys, &batch, T0, true, true);
+    let admitted: Vec<bool> = got.iter().map(|o| o.0).collect();
+    // `a` admits 3; `b` admits 2 (then rejects, so `c` is charged only twice:
+    // it would still admit one more).
+    assert_eq!(admitted, [true, true, true, true, false, true, false]);
+    assert_eq!(got[4].1[1].remaining, 1);
+    assert_eq!(got[6].1[0].retry_after_us, Some(100_000));
+    // The same, one call per request.
+    let s = Redis::new();
+    let mut off = 0;
+    for (i, req) in batch.iter().enumerate() {
+        let k = &bkeys[off..off + req.len()];
+        off += req.len();
+        assert_eq!(s.run(k, req, T0, true, true), got[i], "request {i}");
+    }
+    // Same state and TTLs, with each string key written once.
+    assert_eq!(r.snapshot(), s.snapshot());
+    let log_writes = 2 * 3; // LPUSH, LTRIM, PEXPIRE per admitted request
+    assert_eq!(r.writes(), 2 + log_writes);
+    assert_eq!(s.writes(), 3 + 2 + log_writes);
+
+    // A key that changes algorithm within a batch (only by hand: keys name
+    // their algorithm) reads and writes as if the requests came one by one.
+    let g: &[(Limit, u64)] = &[(a, 1)];
+    let l: &[(Limit, u64)] = &[(b, 1)];
+    let batch = [g, l, g, l, g];
+    let k = vec![ka[0].clone(); batch.len()];
+    let r = Redis::new();
+    let got = r.run_batch(&k, &batch, T0, true, true);
+    let s = Redis::new();
+    for (i, req) in batch.iter().enumerate() {
+        assert_eq!(s.run(&k[..1], req, T0, true, true), got[i], "request {i}");
+    }
+    assert_eq!(r.snapshot(), s.snapshot());
 }
 
 /// A raw step: (selector, fraction, cost selector).
@@ -1015,6 +1097,59 @@ proptest! {
         jitter in any::<bool>(),
     ) {
         replay(&ls, &ops, t, jitter);
+    }
+
+    /// Batches of requests, each on some of three shared lines: every batch
+    /// equals the model run request by request at the batch's time.
+    #[test]
+    fn prop_batch(
+        ls in prop::collection::vec(small_limit(), 3),
+        batches in prop::collection::vec(
+            (any::<u16>(), prop::collection::vec((1u8..8, prop::collection::vec(any::<u8>(), 3)), 1..12)),
+            1..8,
+        ),
+        t in start(),
+    ) {
+        let w = ls.iter().map(Limit::window_us).max().unwrap();
+        let ks = keys(3);
+        let r = Redis::new();
+        let mut states: Vec<Vec<u64>> = ls.iter().map(|l| vec![0; l.state_words()]).collect();
+        let mut now = t;
+        for (f, reqs) in &batches {
+            now += frac(w, f % 1500);
+            prop_assume!(now <= MAX_EXACT);
+            let mut requests: Vec<Vec<(Limit, u64)>> = Vec::new();
+            let mut which: Vec<Vec<usize>> = Vec::new();
+            for (mask, costs) in reqs {
+                let idx: Vec<usize> = (0..3).filter(|i| mask & (1 << i) != 0).collect();
+                let lines = idx
+                    .iter()
+                    .map(|&i| {
+                        let b = ls[i].burst();
+                        let cost = match costs[i] % 8 { 0 => 0, 6 => b, 7 => b + 1, _ => 1 };
+                        (ls[i], cost)
+                    })
+                    .collect();
+                requests.push(lines);
+                which.push(idx);
+            }
+            let bkeys: Vec<String> = which.iter().flatten().map(|&i| ks[i].clone()).collect();
+            let slices: Vec<&[(Limit, u64)]> = requests.iter().map(Vec::as_slice).collect();
+            let got = r.run_batch(&bkeys, &slices, now, true, false);
+            for (j, (lines, idx)) in requests.iter().zip(&which).enumerate() {
+                let mut sub: Vec<Vec<u64>> = idx.iter().map(|&i| states[i].clone()).collect();
+                let want = model(lines, &mut sub, now, true);
+                for (&i, st) in idx.iter().zip(sub) {
+                    states[i] = st;
+                }
+                prop_assert_eq!(&got[j], &want, "batch request {}", j);
+            }
+            for i in 0..3 {
+                if let Some(v) = r.value(&ks[i]) {
+                    prop_assert_eq!(v, stored(&ls[i], &states[i]), "state of line {}", i);
+                }
+            }
+        }
     }
 
     /// Any parameters: the script is exact iff `exact` says so, else it

@@ -1,7 +1,13 @@
 //! The per-worker Redis I/O thread: a tokio current-thread runtime that owns
-//! one connection per Redis zone (multiplexed, so requests in flight are
-//! pipelined), runs the limit script for each job, and hands replies back to
-//! the nginx thread through a queue and an eventfd.
+//! one connection per Redis zone (multiplexed, so calls in flight are
+//! pipelined), runs the limit script for the jobs the nginx thread sends, and
+//! hands replies back to it through a queue and an eventfd.
+//!
+//! The nginx thread sends the jobs of one event-loop iteration together; the
+//! jobs of a batch on one zone go to Redis in one script call (each job still
+//! all-or-nothing), so `EVALSHA`, `TIME` and the round trip are paid once
+//! per batch. In a Cluster, whose slots a batch would span, each job is a
+//! call of its own.
 
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
@@ -9,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, IntoConnectionInfo, RedisConnectionInfo, Script};
+use redis::{Client, Cmd, IntoConnectionInfo, RedisConnectionInfo, Script};
 use rl_core::limit::Limit;
-use rl_core::redis::{parse_reply, script_args, ScriptLine, LIMIT_SCRIPT};
+use rl_core::redis::{parse_reply, write_args, Arg, RequestReply, ScriptLine, LIMIT_SCRIPT};
 use futures_util::StreamExt;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -61,14 +67,15 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Queues a reply; wakes the nginx thread only when the queue was empty
+    /// Queues replies; wakes the nginx thread only when the queue was empty
     /// (it drains the whole queue after reading the eventfd, so one wake-up
     /// serves every reply queued meanwhile).
-    fn push(&self, reply: Reply) {
+    fn push(&self, replies: impl IntoIterator<Item = Reply>) {
         let was_empty = match self.replies.lock() {
             Ok(mut q) => {
-                q.push(reply);
-                q.len() == 1
+                let was_empty = q.is_empty();
+                q.extend(replies);
+                was_empty && !q.is_empty()
             }
             Err(_) => return,
         };
@@ -80,6 +87,10 @@ impl Shared {
         }
     }
 }
+
+/// Jobs per script call at most; a larger batch is split into several calls
+/// (pipelined on the connection), so that no call runs long in Redis.
+const MAX_BATCH: usize = 64;
 
 /// The thread's body: serve jobs until the sender is dropped.
 pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Arc<Shared>) {
@@ -95,20 +106,34 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
             }
         }
         while let Some(jobs) = rx.recv().await {
+            // The batch by zone, in order.
+            let mut by_zone: Vec<Vec<Job>> = Vec::new();
             for job in jobs {
-                let Some(zc) = conns.get(job.zone).cloned() else {
-                    shared.push(Reply { id: job.id, zone: job.zone, result: Err(Failure::Error("no such zone".into())) });
+                if job.zone >= conns.len() {
+                    let failure = Failure::Error("no such zone".into());
+                    shared.push([Reply { id: job.id, zone: job.zone, result: Err(failure) }]);
                     continue;
-                };
-                let (shared, script) = (shared.clone(), script.clone());
-                tokio::spawn(async move {
-                    let result = match tokio::time::timeout(zc.spec.timeout, zc.run(&script, &job)).await {
-                        Ok(Ok(r)) => Ok(r),
-                        Ok(Err(e)) => Err(Failure::Error(e)),
-                        Err(_) => Err(Failure::Timeout),
-                    };
-                    shared.push(Reply { id: job.id, zone: job.zone, result });
-                });
+                }
+                if by_zone.len() <= job.zone {
+                    by_zone.resize_with(job.zone + 1, Vec::new);
+                }
+                by_zone[job.zone].push(job);
+            }
+            for (z, mut jobs) in by_zone.into_iter().enumerate() {
+                while !jobs.is_empty() {
+                    let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
+                    let (zc, shared, script) = (conns[z].clone(), shared.clone(), script.clone());
+                    tokio::spawn(async move {
+                        let results = match tokio::time::timeout(zc.spec.timeout, zc.run(&script, &jobs)).await {
+                            Ok(results) => results,
+                            Err(_) => jobs.iter().map(|_| Err(Failure::Timeout)).collect(),
+                        };
+                        shared.push(
+                            jobs.iter().zip(results).map(|(job, result)| Reply { id: job.id, zone: job.zone, result }),
+                        );
+                    });
+                    jobs = rest;
+                }
             }
         }
     });
@@ -174,16 +199,38 @@ impl ZoneConn {
         self.state.lock().await.conn = None;
     }
 
-    /// Runs the job: one script call; in a cluster, lines whose keys hash to
-    /// different slots are checked first, then committed, group by group.
-    async fn run(&self, script: &Script, job: &Job) -> Result<(bool, Vec<ScriptLine>), String> {
-        let result = self.run_once(script, job).await;
+    /// Runs a batch of jobs: one script call for all of them, or in a
+    /// cluster one call per job (see [`ZoneConn::run_job`]).
+    async fn run(&self, script: &Script, jobs: &[Job]) -> Vec<Result<RequestReply, Failure>> {
+        if matches!(self.spec.target, Target::Cluster(_)) {
+            let each = jobs.iter().map(|job| self.retrying(|conn| self.run_job(conn, script, job)));
+            return futures_util::future::join_all(each).await.into_iter().map(|r| r.map_err(Failure::Error)).collect();
+        }
+        let requests: Vec<&[(Limit, u64)]> = jobs.iter().map(|j| j.lines.as_slice()).collect();
+        let keys = || jobs.iter().flat_map(|j| j.keys.iter());
+        match self.retrying(|conn| call(conn, script, keys(), &requests, true)).await {
+            Ok((_, replies)) => replies.into_iter().map(Ok).collect(),
+            Err(e) => jobs.iter().map(|_| Err(Failure::Error(e.clone()))).collect(),
+        }
+    }
+
+    /// Runs `f` on the zone's connection. A connection that died while idle
+    /// (Redis restarted) fails its first command: then drop it and run `f`
+    /// once more on a new one, within the same timeout.
+    async fn retrying<T, F, Fut>(&self, f: F) -> Result<T, String>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        let result = f(self.conn().await?).await;
         match result {
-            // A connection that died while idle (Redis restarted) fails its first command: drop
-            // it and try once more on a new one, within the same timeout.
             Err(e) if e.starts_with("io:") => {
                 self.drop_conn().await;
-                match self.run_once(script, job).await {
+                let again = match self.conn().await {
+                    Ok(conn) => f(conn).await,
+                    Err(again) => Err(again),
+                };
+                match again {
                     Err(again) if again.starts_with("io:") => {
                         self.drop_conn().await;
                         Err(again)
@@ -197,76 +244,86 @@ impl ZoneConn {
         }
     }
 
-    async fn run_once(&self, script: &Script, job: &Job) -> Result<(bool, Vec<ScriptLine>), String> {
-        let conn = self.conn().await?;
-        match groups(&conn, &job.tags) {
-            None => self.call(conn, script, job, None, true).await,
-            Some(groups) => self.run_groups(conn, script, job, &groups).await,
-        }
-    }
-
-    async fn run_groups(
-        &self,
-        conn: Conn,
-        script: &Script,
-        job: &Job,
-        groups: &[Vec<usize>],
-    ) -> Result<(bool, Vec<ScriptLine>), String> {
+    /// One job on a cluster: one script call when its lines share a slot;
+    /// else the lines are checked first, then committed, group by group.
+    async fn run_job(&self, conn: Conn, script: &Script, job: &Job) -> Result<RequestReply, String> {
+        let Some(groups) = groups(&job.tags) else {
+            let (_, mut replies) = call(conn, script, job.keys.iter(), &[&job.lines], true).await?;
+            return replies.pop().ok_or_else(|| "malformed script reply".to_string());
+        };
         let mut lines = vec![ScriptLine::default(); job.lines.len()];
-        let checks = groups.iter().map(|g| self.call(conn.clone(), script, job, Some(g), false));
         let mut all = true;
-        for (g, r) in groups.iter().zip(futures_util::future::join_all(checks).await) {
-            let (ok, res) = r?;
-            all &= ok;
-            for (i, l) in g.iter().zip(res) {
-                lines[*i] = l;
+        for commit in [false, true] {
+            let calls = groups.iter().map(|g| {
+                let sub: Vec<(Limit, u64)> = g.iter().map(|&i| job.lines[i]).collect();
+                let conn = conn.clone();
+                async move {
+                    let (_, mut replies) = call(conn, script, g.iter().map(|&i| &job.keys[i]), &[&sub], commit).await?;
+                    replies.pop().ok_or_else(|| "malformed script reply".to_string())
+                }
+            });
+            for (g, r) in groups.iter().zip(futures_util::future::join_all(calls).await) {
+                let (ok, res) = r?;
+                all &= ok;
+                for (i, l) in g.iter().zip(res) {
+                    lines[*i] = l;
+                }
             }
-        }
-        if !all {
-            return Ok((false, lines));
-        }
-        let commits = groups.iter().map(|g| self.call(conn.clone(), script, job, Some(g), true));
-        for (g, r) in groups.iter().zip(futures_util::future::join_all(commits).await) {
-            let (ok, res) = r?;
-            all &= ok;
-            for (i, l) in g.iter().zip(res) {
-                lines[*i] = l;
+            if !all {
+                break;
             }
         }
         Ok((all, lines))
     }
-
-    async fn call(
-        &self,
-        conn: Conn,
-        script: &Script,
-        job: &Job,
-        only: Option<&Vec<usize>>,
-        commit: bool,
-    ) -> Result<(bool, Vec<ScriptLine>), String> {
-        let idx: Vec<usize> = match only {
-            Some(g) => g.clone(),
-            None => (0..job.lines.len()).collect(),
-        };
-        let lines: Vec<(Limit, u64)> = idx.iter().map(|i| job.lines[*i]).collect();
-        let mut inv = script.prepare_invoke();
-        for i in &idx {
-            inv.key(&job.keys[*i]);
-        }
-        for a in script_args(&lines, commit, None) {
-            inv.arg(a);
-        }
-        let reply: Vec<i64> = match conn {
-            Conn::Plain(mut c) => invoke(&mut c, &inv).await?,
-            Conn::Cluster(mut c) => invoke(&mut c, &inv).await?,
-        };
-        let (all, _now_ms, out) = parse_reply(&reply, idx.len()).ok_or_else(|| "malformed script reply".to_string())?;
-        Ok((all, out))
-    }
 }
 
-async fn invoke<C: ConnectionLike + Send>(c: &mut C, inv: &redis::ScriptInvocation<'_>) -> Result<Vec<i64>, String> {
-    inv.invoke_async(c).await.map_err(|e| {
+/// One script call for `requests`, whose lines' keys `keys` gives in order:
+/// `EVALSHA`, or `EVAL` with the script's text after `NOSCRIPT` (Redis
+/// restarted, `SCRIPT FLUSH`), which runs it and caches it again in one
+/// command (a `SCRIPT LOAD` then `EVALSHA` could meet a second flush between
+/// the two).
+async fn call<'a>(
+    conn: Conn,
+    script: &Script,
+    keys: impl Iterator<Item = &'a String> + Clone,
+    requests: &[&[(Limit, u64)]],
+    commit: bool,
+) -> Result<(u64, Vec<RequestReply>), String> {
+    let command = |eval: bool| {
+        let mut cmd = match eval {
+            false => redis::cmd("EVALSHA").arg(script.get_hash()).to_owned(),
+            true => redis::cmd("EVAL").arg(LIMIT_SCRIPT).to_owned(),
+        };
+        cmd.arg(keys.clone().count());
+        for k in keys.clone() {
+            cmd.arg(k.as_str());
+        }
+        write_args(requests.iter().copied(), commit, None, |a| {
+            match a {
+                Arg::Str(s) => cmd.arg(s),
+                Arg::Int(i) => cmd.arg(i),
+            };
+        });
+        cmd
+    };
+    let reply: Vec<i64> = match conn {
+        Conn::Plain(mut c) => invoke(&mut c, command).await?,
+        Conn::Cluster(mut c) => invoke(&mut c, command).await?,
+    };
+    let nlines: Vec<usize> = requests.iter().map(|r| r.len()).collect();
+    parse_reply(&reply, &nlines).ok_or_else(|| "malformed script reply".to_string())
+}
+
+/// Sends `command(false)` (`EVALSHA`), and `command(true)` (`EVAL`) after
+/// `NOSCRIPT`.
+async fn invoke<C: ConnectionLike + Send>(c: &mut C, command: impl Fn(bool) -> Cmd) -> Result<Vec<i64>, String> {
+    let mut result = command(false).query_async(c).await;
+    if let Err(e) = &result {
+        if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
+            result = command(true).query_async(c).await;
+        }
+    }
+    result.map_err(|e| {
         // READONLY: the server was demoted to a replica (failover); reconnect to the master.
         if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.code() == Some("READONLY") {
             format!("io: {e}")
@@ -278,10 +335,7 @@ async fn invoke<C: ConnectionLike + Send>(c: &mut C, inv: &redis::ScriptInvocati
 
 /// For a cluster, the lines grouped by hash tag when there is more than one
 /// tag; `None` when one script call can take every line.
-fn groups(conn: &Conn, tags: &[u64]) -> Option<Vec<Vec<usize>>> {
-    if !matches!(conn, Conn::Cluster(_)) {
-        return None;
-    }
+fn groups(tags: &[u64]) -> Option<Vec<Vec<usize>>> {
     let mut groups: Vec<(u64, Vec<usize>)> = Vec::new();
     for (i, t) in tags.iter().enumerate() {
         match groups.iter_mut().find(|(g, _)| g == t) {

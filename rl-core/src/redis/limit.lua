@@ -1,18 +1,25 @@
--- nginx-rl: check (and commit) every rl_limit line of one request, atomically.
+-- nginx-rl: check (and commit) every rl_limit line of one or more requests,
+-- each request atomically and all of them in one call.
 --
 -- The same state machines as rl-core/src/limit/*.rs, over integer
 -- microseconds, so that for the same sequence of (time, cost) this script
 -- makes the same decisions and reports the same remaining / reset /
 -- retry-after as rl-core's `Limit::check` / `Limit::acquire`.
 --
--- KEYS[i]  the state key of line i.
--- ARGV[1]  "1": check every line, commit all iff all admit; else check only
---          (never writes).
+-- ARGV[1]  "1": check every line of a request, commit all of them iff all
+--          admit; else check only (never writes).
 -- ARGV[2]  now in microseconds; "" or "0" = Redis TIME.
--- ARGV[3 + 5*(i-1) ...]  line i: algorithm, count, period_us, burst, cost.
+-- Then per request, in order: its number of lines n, then per line 2
+-- arguments: the limit, "algorithm count period_us burst" (the same string
+-- for every request on the line), and the request's cost.
+-- KEYS     the state key of every line, in the same order.
 --
--- Returns {all_admitted, now_ms, then per line: admitted, remaining,
--- reset_us, retry_after_us (-1 = none)}, all integers.
+-- Requests are evaluated one after another at the same `now`, as if they
+-- arrived in that order in the same microsecond: a request sees the
+-- writes of the requests before it.
+--
+-- Returns {now_ms, then per request: all_admitted, then per line:
+-- admitted, remaining, reset_us, retry_after_us (-1 = none)}, all integers.
 --
 -- State: for fixed / sliding / token_bucket / leaky_bucket / gcra a string
 -- of rl-core's u64 state words, space-separated (missing key = zeroes); for
@@ -40,14 +47,17 @@
 -- algorithm and runs straight-line code (math.min / max / floor / ceil are
 -- inlined as comparisons and `x - x % 1`, which give the same results on
 -- the finite values they see); the state words are parsed with one pattern
--- (plain digits as written here, else the general tokenizer); a lone line
--- (the usual case) commits and replies without intermediate tables. Only
--- the rare paths (sliding_log, products beyond 2^53, several lines) build
--- closures or tables. Number <-> string conversions dominate what is left:
+-- (plain digits as written here, else the general tokenizer); a request of
+-- one line (the usual case) commits at once, without intermediate tables.
+-- Only the rare paths (sliding_log, products beyond 2^53, several lines in
+-- one request) build closures or tables. One call serves a whole batch of
+-- requests (nginx sends those that arrived in one event-loop iteration), so
+-- the call's own cost and TIME are paid once per batch. Number <-> string conversions dominate what is left:
 -- digit strings are converted by arithmetic, and integers are written with
 -- %d, in halves below 10^8 (a C long may be 32-bit), as %.0f costs several
--- times more. Redis calls: TIME (unless now is given), GET, and SET ... PX
--- when admitted.
+-- times more. Redis calls: TIME (unless now is given) once, then per key
+-- GET, and SET ... PX when admitted (sliding_log: LLEN, LINDEX, LPUSH,
+-- LTRIM, PEXPIRE).
 
 if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
   -- Redis 3.2-4.x: allow writes after TIME (effects replication; later
@@ -78,153 +88,506 @@ else
   ms = ms - ms % 1
 end
 
-local nkeys = #KEYS
 local commit = ARGV[1] == '1'
--- Several lines: the reply so far, all admitted (1/0), and the pending
--- writes as (key, value or sliding_log commit function, reset_us) triples.
-local reply, all, pending, npending
-if nkeys ~= 1 then
-  reply, all, pending, npending = { 0, ms }, 1, nil, 0
-end
+local nargs = #ARGV
+-- The reply so far, and its length.
+local reply, nreply = { ms }, 1
+-- The string states this call has read or will write, by key (a missing key
+-- is false): a key that several requests of the call use is read once and
+-- written once, at the end (with the last write's value and TTL, as if each
+-- request had written it). ttls[key]: the TTL of a pending write; dirty:
+-- the keys with a pending write, in order.
+local held, ttls, dirty, ndirty = {}, {}, {}, 0
+-- The lines' limits by their ARGV string (false if malformed).
+local specs = {}
+-- The next ARGV and KEYS to read.
+local argi, k = 3, 0
 
-for i = 1, nkeys do
-  local a = 5 * i - 2
-  local alg = ARGV[a]
-  local c, p, b, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4]
-  if cost == '1' then
-    cost = 1
-  else
-    cost = tonumber(cost)
-    if cost and not (cost >= 0 and cost == floor(cost)) then
-      cost = nil
-    end
+while argi <= nargs do
+  -- One request: its line count, then its lines.
+  local nlines = tonumber(ARGV[argi])
+  if not nlines or nlines < 0 or nlines % 1 ~= 0 then
+    return redis.error_reply('rl: malformed arguments')
   end
-  local key = KEYS[i]
-  -- The line's outcome; `val` is the state to write if admitted and
-  -- committing: a string to SET, or for sliding_log a function that
-  -- pushes the entries (the TTL is set by the caller).
-  local ok, adm, rem, rst, rty, val = false, false, 0, 0, -1, nil
+  argi = argi + 1
+  -- reply[at]: all admitted (1/0); then per line 4 values.
+  local at = nreply + 1
+  reply[at] = 1
+  nreply = at + 4 * nlines
+  -- Several lines: all admitted so far, and the pending writes as (key,
+  -- value or sliding_log commit function, reset_us) triples.
+  local all, pending, npending = 1, nil, 0
 
-  -- count, period_us, burst: integers in [1, 2^53); cost an integer >= 0.
-  if c and p and b and cost
-      and c % 1 == 0 and c >= 1 and c < TWO53
-      and p % 1 == 0 and p >= 1 and p < TWO53
-      and b % 1 == 0 and b >= 1 and b < TWO53 and now <= E then
-
-    if alg == 'gcra' then
-      -- state {TAT}; T = ceil(period/count); admitted iff
-      -- max(TAT, now) + cost*T - now <= B*T.
-      local T = p / c
-      local Ti = T - T % 1
-      if Ti < T then Ti = Ti + 1 end
-      T = Ti
-      local BT = b * T
-      if BT <= E then
-        ok = true
-        local s = 0
-        local v = redis.pcall('GET', key)
-        if v then
-          -- (a wrong-type error reply is a table: tonumber gives nil)
-          s = tonumber(v)
-          if not s and type(v) == 'string' then
-            s = tonumber(string.match(v, '^%s*(%S*)'))
-          end
-          if s and s >= 0 then
-            if TWO53 < s then s = TWO53 end
-            s = s - s % 1
-          else
-            s = 0
-          end
-        end
-        local backlog = s - now
-        if not (0 < backlog) then backlog = 0 end
-        if cost <= b and backlog <= (b - cost) * T then
-          local charged = backlog + cost * T
-          local x = (BT - charged) / T
-          adm, rem, rst = true, x - x % 1, charged
-          if commit then
-            local w = now + charged
-            local h = w / 100000000
-            h = h - h % 1
-            if h > 0 then
-              val = string.format('%d%08d', h, w - h * 100000000)
-            else
-              val = string.format('%d', w)
-            end
-          end
-        else
-          if cost <= b then
-            rty = backlog - (b - cost) * T
-          end
-          local x = BT - backlog
-          if not (0 < x) then x = 0 end
-          x = x / T
-          rem, rst = x - x % 1, backlog
-        end
+  for i = 1, nlines do
+    -- The line: its limit, "algorithm count period_us burst" (count,
+    -- period_us, burst integers in [1, 2^53); parsed once per call), and
+    -- the request's cost on it (an integer >= 0).
+    local spec, cost = ARGV[argi], ARGV[argi + 1]
+    argi = argi + 2
+    local lim = specs[spec]
+    if lim == nil and spec then
+      lim = false
+      local a, w1, w2, w3 = string.match(spec, '^(%S+) (%S+) (%S+) (%S+)$')
+      local c, p, b = tonumber(w1), tonumber(w2), tonumber(w3)
+      if c and p and b
+          and c % 1 == 0 and c >= 1 and c < TWO53
+          and p % 1 == 0 and p >= 1 and p < TWO53
+          and b % 1 == 0 and b >= 1 and b < TWO53 then
+        lim = { a, c, p, b }
       end
+      specs[spec] = lim
+    end
+    local alg, c, p, b
+    if lim then
+      alg, c, p, b = lim[1], lim[2], lim[3], lim[4]
+    end
+    if cost == '1' then
+      cost = 1
+    else
+      cost = tonumber(cost)
+      if cost and not (cost >= 0 and cost == floor(cost)) then
+        cost = nil
+      end
+    end
+    k = k + 1
+    local key = KEYS[k]
+    -- The line's outcome; `val` is the state to write if admitted and
+    -- committing: a string to SET, or for sliding_log a function that
+    -- pushes the entries (the TTL is set by the caller).
+    local ok, adm, rem, rst, rty, val = false, false, 0, 0, -1, nil
 
-    elseif alg == 'fixed' or alg == 'sliding' or alg == 'sliding_log' then
-      local x = b * p
-      local muldiv
-      if x >= TWO53 or b * (x / c + 1) >= 4e15 then
-        -- Some product below may reach 2^53 (else all of them, at most
-        -- burst*W, stay below): the exact muldiv. floor(a*b/d) and
-        -- (a*b mod d), for integers 0 <= a, b < 2^53 and 1 <= d < 2^53:
-        -- the remainder is always exact, the quotient when < 2^53.
-        muldiv = function(a, b, d)
-          local p = a * b
-          if p < TWO53 then
-            local q = floor(p / d)
-            return q, p - q * d
+    if key and lim and cost and now <= E then
+
+      if alg == 'gcra' then
+        -- state {TAT}; T = ceil(period/count); admitted iff
+        -- max(TAT, now) + cost*T - now <= B*T.
+        local T = p / c
+        local Ti = T - T % 1
+        if Ti < T then Ti = Ti + 1 end
+        T = Ti
+        local BT = b * T
+        if BT <= E then
+          ok = true
+          local s = 0
+          local v = held[key]
+          if v == nil then
+            v = redis.pcall('GET', key)
+            held[key] = v
           end
-          -- a*b = aq*b*d + ar*b; then ar*b = qq*d + r by the bits of b,
-          -- high first.
-          local aq = floor(a / d)
-          local ar = a - aq * d
-          local bits, n, rest = {}, 0, b
-          while rest > 0 do
-            local bit = rest % 2
-            n = n + 1
-            bits[n] = bit
-            rest = (rest - bit) / 2
-          end
-          local qq, r = 0, 0
-          for i = n, 1, -1 do
-            qq = qq + qq
-            if r >= d - r then
-              r, qq = r - (d - r), qq + 1
-            else
-              r = r + r
+          if v then
+            -- (a wrong-type error reply is a table: tonumber gives nil)
+            s = tonumber(v)
+            if not s and type(v) == 'string' then
+              s = tonumber(string.match(v, '^%s*(%S*)'))
             end
-            if bits[i] == 1 then
-              if r >= d - ar then
-                r, qq = r - (d - ar), qq + 1
+            if s and s >= 0 then
+              if TWO53 < s then s = TWO53 end
+              s = s - s % 1
+            else
+              s = 0
+            end
+          end
+          local backlog = s - now
+          if not (0 < backlog) then backlog = 0 end
+          if cost <= b and backlog <= (b - cost) * T then
+            local charged = backlog + cost * T
+            local x = (BT - charged) / T
+            adm, rem, rst = true, x - x % 1, charged
+            if commit then
+              local w = now + charged
+              local h = w / 100000000
+              h = h - h % 1
+              if h > 0 then
+                val = string.format('%d%08d', h, w - h * 100000000)
               else
-                r = r + ar
+                val = string.format('%d', w)
               end
             end
+          else
+            if cost <= b then
+              rty = backlog - (b - cost) * T
+            end
+            local x = BT - backlog
+            if not (0 < x) then x = 0 end
+            x = x / T
+            rem, rst = x - x % 1, backlog
           end
-          return aq * b + qq, r
         end
-      end
-      -- W = ceil(burst*period/count)
-      local W
-      if x < TWO53 then
-        W = x / c
-        W = W - W % 1
-        if x - W * c > 0 then W = W + 1 end
-      else
-        local r
-        W, r = muldiv(b, p, c)
-        if r > 0 then W = W + 1 end
-      end
 
-      if alg == 'fixed' then
-        -- state {k + 1, used}; windows [k*W, (k+1)*W).
-        if W <= E then
+      elseif alg == 'fixed' or alg == 'sliding' or alg == 'sliding_log' then
+        local x = b * p
+        local muldiv
+        if x >= TWO53 or b * (x / c + 1) >= 4e15 then
+          -- Some product below may reach 2^53 (else all of them, at most
+          -- burst*W, stay below): the exact muldiv. floor(a*b/d) and
+          -- (a*b mod d), for integers 0 <= a, b < 2^53 and 1 <= d < 2^53:
+          -- the remainder is always exact, the quotient when < 2^53.
+          muldiv = function(a, b, d)
+            local p = a * b
+            if p < TWO53 then
+              local q = floor(p / d)
+              return q, p - q * d
+            end
+            -- a*b = aq*b*d + ar*b; then ar*b = qq*d + r by the bits of b,
+            -- high first.
+            local aq = floor(a / d)
+            local ar = a - aq * d
+            local bits, n, rest = {}, 0, b
+            while rest > 0 do
+              local bit = rest % 2
+              n = n + 1
+              bits[n] = bit
+              rest = (rest - bit) / 2
+            end
+            local qq, r = 0, 0
+            for i = n, 1, -1 do
+              qq = qq + qq
+              if r >= d - r then
+                r, qq = r - (d - r), qq + 1
+              else
+                r = r + r
+              end
+              if bits[i] == 1 then
+                if r >= d - ar then
+                  r, qq = r - (d - ar), qq + 1
+                else
+                  r = r + ar
+                end
+              end
+            end
+            return aq * b + qq, r
+          end
+        end
+        -- W = ceil(burst*period/count)
+        local W
+        if x < TWO53 then
+          W = x / c
+          W = W - W % 1
+          if x - W * c > 0 then W = W + 1 end
+        else
+          local r
+          W, r = muldiv(b, p, c)
+          if r > 0 then W = W + 1 end
+        end
+
+        if alg == 'fixed' then
+          -- state {k + 1, used}; windows [k*W, (k+1)*W).
+          if W <= E then
+            ok = true
+            local s1, s2 = 0, 0
+            local v = held[key]
+            if v == nil then
+              v = redis.pcall('GET', key)
+              held[key] = v
+            end
+            if type(v) == 'string' then
+              local w1, w2 = string.match(v, '^(%d+) (%d+)$')
+              if w1 then
+                -- as this script writes them: plain digits
+                s1, s2 = w1 + 0, w2 + 0
+                if TWO53 < s1 then s1 = TWO53 end
+                if TWO53 < s2 then s2 = TWO53 end
+              else
+                w1, w2 = string.match(v, '^%s*(%S+)%s*(%S*)')
+                s1, s2 = tonumber(w1), tonumber(w2)
+                if s1 and s1 >= 0 then
+                  if TWO53 < s1 then s1 = TWO53 end
+                  s1 = s1 - s1 % 1
+                else
+                  s1 = 0
+                end
+                if s2 and s2 >= 0 then
+                  if TWO53 < s2 then s2 = TWO53 end
+                  s2 = s2 - s2 % 1
+                else
+                  s2 = 0
+                end
+              end
+            end
+            local k = now / W
+            k = k - k % 1
+            local used = 0
+            if s1 >= 1 and s1 - 1 >= k then
+              k, used = s1 - 1, s2
+              if b < used then used = b end
+            end
+            local to_end = (k + 1) * W - now
+            if not (0 < to_end) then to_end = 0 end
+            local free = b - used
+            if cost <= free then
+              adm, rem, rst = true, free - cost, to_end
+              if used + cost == 0 then rst = 0 end
+              if commit then
+                local w, u = k + 1, used + cost
+                if u < 100000000 then
+                  local h = w / 100000000
+                  h = h - h % 1
+                  if h > 0 then
+                    val = string.format('%d%08d %d', h, w - h * 100000000, u)
+                  else
+                    val = string.format('%d %d', w, u)
+                  end
+                else
+                  val = string.format('%.0f %.0f', w, u)
+                end
+              end
+            else
+              rem, rst = free, to_end
+              if used == 0 then rst = 0 end
+              if cost <= b then rty = to_end end
+            end
+          end
+
+        elseif alg == 'sliding' then
+          -- state {k + 1, curr, prev}; admitted iff
+          -- prev*(W-e) + (curr+cost)*W <= B*W, i.e.
+          -- curr + cost + ceil(prev*(W-e)/W) <= B.
+          if W <= E / 2 then
+            ok = true
+            local s1, s2, s3 = 0, 0, 0
+            local v = held[key]
+            if v == nil then
+              v = redis.pcall('GET', key)
+              held[key] = v
+            end
+            if type(v) == 'string' then
+              local w1, w2, w3 = string.match(v, '^(%d+) (%d+) (%d+)$')
+              if w1 then
+                -- as this script writes them: plain digits
+                s1, s2, s3 = w1 + 0, w2 + 0, w3 + 0
+                if TWO53 < s1 then s1 = TWO53 end
+                if TWO53 < s2 then s2 = TWO53 end
+                if TWO53 < s3 then s3 = TWO53 end
+              else
+                w1, w2, w3 = string.match(v, '^%s*(%S+)%s*(%S*)%s*(%S*)')
+                s1, s2, s3 = tonumber(w1), tonumber(w2), tonumber(w3)
+                if s1 and s1 >= 0 then
+                  if TWO53 < s1 then s1 = TWO53 end
+                  s1 = s1 - s1 % 1
+                else
+                  s1 = 0
+                end
+                if s2 and s2 >= 0 then
+                  if TWO53 < s2 then s2 = TWO53 end
+                  s2 = s2 - s2 % 1
+                else
+                  s2 = 0
+                end
+                if s3 and s3 >= 0 then
+                  if TWO53 < s3 then s3 = TWO53 end
+                  s3 = s3 - s3 % 1
+                else
+                  s3 = 0
+                end
+              end
+            end
+            local k = now / W
+            k = k - k % 1
+            local curr, prev = 0, 0
+            if s1 >= 1 then
+              local sk = s1 - 1
+              if sk >= k then
+                k, curr, prev = sk, s2, s3
+              elseif sk + 1 == k then
+                prev = s2
+              end
+            end
+            if b < curr then curr = b end
+            if b < prev then prev = b end
+            local lead = k * W - now -- start - now: until(off) = max(0, lead + off)
+            local span = -lead -- W - max(0, elapsed), at least 0
+            if not (0 < span) then span = 0 end
+            span = W - span
+            if not (0 < span) then span = 0 end
+            -- pw: ceil of the previous window's weighted count
+            local pw
+            x = prev * span
+            if x < TWO53 then
+              pw = x / W
+              pw = pw - pw % 1
+              if x - pw * W > 0 then pw = pw + 1 end
+            else
+              local r
+              pw, r = muldiv(prev, span, W)
+              if r > 0 then pw = pw + 1 end
+            end
+            local cc = curr
+            if curr + cost + pw <= b then
+              adm, rem = true, b - curr - cost - pw
+              cc = curr + cost
+              if commit then
+                local w = k + 1
+                -- (1/prev > 0: not -0, which %d would print as 0)
+                if cc < 100000000 and prev < 100000000 and 1 / prev > 0 then
+                  local h = w / 100000000
+                  h = h - h % 1
+                  if h > 0 then
+                    val = string.format('%d%08d %d %d', h, w - h * 100000000, cc, prev)
+                  else
+                    val = string.format('%d %d %d', w, cc, prev)
+                  end
+                else
+                  val = string.format('%.0f %.0f %.0f', w, cc, prev)
+                end
+              end
+            else
+              if cost <= b then
+                -- first_fit(pc, room): the smallest offset e < W into a window
+                -- whose previous count is pc with pc*(W-e) <= room*W; none if
+                -- slack = 0.
+                local offset
+                if curr + cost <= b then
+                  local room, slack = b - curr - cost, W
+                  if prev > 0 and room < prev then
+                    x = room * W
+                    if x < TWO53 then
+                      slack = x / prev
+                      slack = slack - slack % 1
+                    else
+                      slack = muldiv(room, W, prev)
+                    end
+                  end
+                  if slack > 0 then offset = W - slack end
+                end
+                if offset == nil then
+                  local room, slack = b - cost, W
+                  if curr > 0 and room < curr then
+                    x = room * W
+                    if x < TWO53 then
+                      slack = x / curr
+                      slack = slack - slack % 1
+                    else
+                      slack = muldiv(room, W, curr)
+                    end
+                  end
+                  if slack > 0 then
+                    offset = W + (W - slack)
+                  else
+                    offset = 2 * W
+                  end
+                end
+                rty = lead + offset
+                if not (1 < rty) then rty = 1 end
+              end
+              rem = b - curr - pw
+              if not (0 < rem) then rem = 0 end
+            end
+            -- reset(cc)
+            if cc == 0 and prev == 0 then
+              rst = 0
+            elseif cc == 0 then
+              rst = lead + W
+              if not (0 < rst) then rst = 0 end
+            else
+              rst = lead + 2 * W
+              if not (0 < rst) then rst = 0 end
+            end
+          end
+
+        elseif b <= 65536 and W <= E then
+          -- sliding_log: a LIST of timestamps, newest first; an entry t
+          -- counts during [t, t+W).
+          ok = true
+          local B, fmt = b, string.format
+          if held[key] ~= nil then
+            -- (only if a key changed algorithm: keys name theirs)
+            if ttls[key] then
+              redis.call('SET', key, held[key], 'PX', string.format('%.0f', ttls[key]))
+              ttls[key] = nil
+            end
+            held[key] = nil
+          end
+          local n = redis.pcall('LLEN', key)
+          local wrongtype = type(n) ~= 'number'
+          if wrongtype then
+            n = 0
+          end
+          if B < n then n = B end
+          local cache = {}
+          local function at(j)
+            local t = cache[j]
+            if t == nil then
+              t = tonumber(redis.call('LINDEX', key, fmt('%.0f', j)))
+              if t and t >= 0 then
+                if TWO53 < t then t = TWO53 end
+                t = floor(t)
+              else
+                t = 0
+              end
+              cache[j] = t
+            end
+            return t
+          end
+          -- live = the leading (newest) entries not yet expired
+          local lo, hi = 0, n
+          while lo < hi do
+            local mid = floor((lo + hi) / 2)
+            if at(mid) + W <= now then
+              hi = mid
+            else
+              lo = mid + 1
+            end
+          end
+          local live = lo
+          local newest = nil
+          if n > 0 then
+            newest = at(0)
+          end
+          local free = B - live
+          if cost <= free then
+            local stamp = now
+            if newest then
+              stamp = math.max(newest, now)
+            end
+            local last = newest
+            if cost > 0 then
+              last = stamp
+            end
+            adm, rem = true, free - cost
+            if live + cost > 0 then
+              rst = math.max(0, last + W - now)
+            end
+            if commit then
+              val = function()
+                if wrongtype then
+                  redis.call('DEL', key)
+                end
+                local s, left = fmt('%.0f', stamp), cost
+                while left > 0 do
+                  local chunk = {}
+                  for j = 1, math.min(left, 512) do
+                    chunk[j] = s
+                  end
+                  left = left - #chunk
+                  redis.call('LPUSH', key, unpack(chunk))
+                end
+                redis.call('LTRIM', key, 0, fmt('%.0f', live + cost - 1))
+              end
+            end
+          else
+            rem = free
+            if live > 0 then
+              rst = math.max(0, newest + W - now)
+            end
+            if cost <= B then
+              -- until the oldest live + cost - B live entries have expired
+              rty = math.max(1, at(B - cost) + W - now)
+            end
+          end
+        end
+
+      elseif alg == 'token_bucket' or alg == 'leaky_bucket' then
+        -- state {used, last}, amounts scaled by the period (one request =
+        -- period units, capacity burst*period).
+        local cap = b * p
+        if cap <= E then
           ok = true
           local s1, s2 = 0, 0
-          local v = redis.pcall('GET', key)
+          local v = held[key]
+          if v == nil then
+            v = redis.pcall('GET', key)
+            held[key] = v
+          end
           if type(v) == 'string' then
             local w1, w2 = string.match(v, '^(%d+) (%d+)$')
             if w1 then
@@ -249,417 +612,138 @@ for i = 1, nkeys do
               end
             end
           end
-          local k = now / W
-          k = k - k % 1
-          local used = 0
-          if s1 >= 1 and s1 - 1 >= k then
-            k, used = s1 - 1, s2
-            if b < used then used = b end
-          end
-          local to_end = (k + 1) * W - now
-          if not (0 < to_end) then to_end = 0 end
-          local free = b - used
-          if cost <= free then
-            adm, rem, rst = true, free - cost, to_end
-            if used + cost == 0 then rst = 0 end
-            if commit then
-              local w, u = k + 1, used + cost
-              if u < 100000000 then
-                local h = w / 100000000
-                h = h - h % 1
-                if h > 0 then
-                  val = string.format('%d%08d %d', h, w - h * 100000000, u)
-                else
-                  val = string.format('%d %d', w, u)
-                end
-              else
-                val = string.format('%.0f %.0f', w, u)
-              end
-            end
-          else
-            rem, rst = free, to_end
-            if used == 0 then rst = 0 end
-            if cost <= b then rty = to_end end
-          end
-        end
-
-      elseif alg == 'sliding' then
-        -- state {k + 1, curr, prev}; admitted iff
-        -- prev*(W-e) + (curr+cost)*W <= B*W, i.e.
-        -- curr + cost + ceil(prev*(W-e)/W) <= B.
-        if W <= E / 2 then
-          ok = true
-          local s1, s2, s3 = 0, 0, 0
-          local v = redis.pcall('GET', key)
-          if type(v) == 'string' then
-            local w1, w2, w3 = string.match(v, '^(%d+) (%d+) (%d+)$')
-            if w1 then
-              -- as this script writes them: plain digits
-              s1, s2, s3 = w1 + 0, w2 + 0, w3 + 0
-              if TWO53 < s1 then s1 = TWO53 end
-              if TWO53 < s2 then s2 = TWO53 end
-              if TWO53 < s3 then s3 = TWO53 end
+          local used, last = s1, s2
+          if cap < used then used = cap end
+          if now > last then
+            local refill = (now - last) * c -- inexact only when > 2^53 > used
+            if refill >= used then
+              used = 0
             else
-              w1, w2, w3 = string.match(v, '^%s*(%S+)%s*(%S*)%s*(%S*)')
-              s1, s2, s3 = tonumber(w1), tonumber(w2), tonumber(w3)
-              if s1 and s1 >= 0 then
-                if TWO53 < s1 then s1 = TWO53 end
-                s1 = s1 - s1 % 1
-              else
-                s1 = 0
-              end
-              if s2 and s2 >= 0 then
-                if TWO53 < s2 then s2 = TWO53 end
-                s2 = s2 - s2 % 1
-              else
-                s2 = 0
-              end
-              if s3 and s3 >= 0 then
-                if TWO53 < s3 then s3 = TWO53 end
-                s3 = s3 - s3 % 1
-              else
-                s3 = 0
-              end
+              used = used - refill
             end
           end
-          local k = now / W
-          k = k - k % 1
-          local curr, prev = 0, 0
-          if s1 >= 1 then
-            local sk = s1 - 1
-            if sk >= k then
-              k, curr, prev = sk, s2, s3
-            elseif sk + 1 == k then
-              prev = s2
-            end
-          end
-          if b < curr then curr = b end
-          if b < prev then prev = b end
-          local lead = k * W - now -- start - now: until(off) = max(0, lead + off)
-          local span = -lead -- W - max(0, elapsed), at least 0
-          if not (0 < span) then span = 0 end
-          span = W - span
-          if not (0 < span) then span = 0 end
-          -- pw: ceil of the previous window's weighted count
-          local pw
-          x = prev * span
-          if x < TWO53 then
-            pw = x / W
-            pw = pw - pw % 1
-            if x - pw * W > 0 then pw = pw + 1 end
-          else
-            local r
-            pw, r = muldiv(prev, span, W)
-            if r > 0 then pw = pw + 1 end
-          end
-          local cc = curr
-          if curr + cost + pw <= b then
-            adm, rem = true, b - curr - cost - pw
-            cc = curr + cost
+          local lag = last - now
+          if not (0 < lag) then lag = 0 end
+          -- drain(amount) = 0 if amount == 0, else lag + ceil(amount / c)
+          local amount
+          if cost <= b and cost * p <= cap - used then
+            local after = used + cost * p
+            local x = (cap - after) / p
+            adm, rem, amount = true, x - x % 1, after
             if commit then
-              local w = k + 1
-              -- (1/prev > 0: not -0, which %d would print as 0)
-              if cc < 100000000 and prev < 100000000 and 1 / prev > 0 then
-                local h = w / 100000000
-                h = h - h % 1
-                if h > 0 then
-                  val = string.format('%d%08d %d %d', h, w - h * 100000000, cc, prev)
-                else
-                  val = string.format('%d %d %d', w, cc, prev)
-                end
+              local at = now
+              if now < last then at = last end
+              local ha, h = after / 100000000, at / 100000000
+              ha, h = ha - ha % 1, h - h % 1
+              if h > 0 and ha > 0 then
+                val = string.format('%d%08d %d%08d', ha, after - ha * 100000000, h, at - h * 100000000)
+              elseif h > 0 then
+                val = string.format('%d %d%08d', after, h, at - h * 100000000)
               else
-                val = string.format('%.0f %.0f %.0f', w, cc, prev)
+                val = string.format('%.0f %.0f', after, at)
               end
             end
           else
             if cost <= b then
-              -- first_fit(pc, room): the smallest offset e < W into a window
-              -- whose previous count is pc with pc*(W-e) <= room*W; none if
-              -- slack = 0.
-              local offset
-              if curr + cost <= b then
-                local room, slack = b - curr - cost, W
-                if prev > 0 and room < prev then
-                  x = room * W
-                  if x < TWO53 then
-                    slack = x / prev
-                    slack = slack - slack % 1
-                  else
-                    slack = muldiv(room, W, prev)
-                  end
-                end
-                if slack > 0 then offset = W - slack end
+              rty = used - (b - cost) * p
+              if rty ~= 0 then
+                local y = rty / c
+                local yc = y - y % 1
+                if yc < y then yc = yc + 1 end
+                rty = lag + yc
               end
-              if offset == nil then
-                local room, slack = b - cost, W
-                if curr > 0 and room < curr then
-                  x = room * W
-                  if x < TWO53 then
-                    slack = x / curr
-                    slack = slack - slack % 1
-                  else
-                    slack = muldiv(room, W, curr)
-                  end
-                end
-                if slack > 0 then
-                  offset = W + (W - slack)
-                else
-                  offset = 2 * W
-                end
-              end
-              rty = lead + offset
-              if not (1 < rty) then rty = 1 end
             end
-            rem = b - curr - pw
-            if not (0 < rem) then rem = 0 end
+            local x = (cap - used) / p
+            rem, amount = x - x % 1, used
           end
-          -- reset(cc)
-          if cc == 0 and prev == 0 then
-            rst = 0
-          elseif cc == 0 then
-            rst = lead + W
-            if not (0 < rst) then rst = 0 end
-          else
-            rst = lead + 2 * W
-            if not (0 < rst) then rst = 0 end
-          end
-        end
-
-      elseif b <= 65536 and W <= E then
-        -- sliding_log: a LIST of timestamps, newest first; an entry t
-        -- counts during [t, t+W).
-        ok = true
-        local B, fmt = b, string.format
-        local n = redis.pcall('LLEN', key)
-        local wrongtype = type(n) ~= 'number'
-        if wrongtype then
-          n = 0
-        end
-        if B < n then n = B end
-        local cache = {}
-        local function at(j)
-          local t = cache[j]
-          if t == nil then
-            t = tonumber(redis.call('LINDEX', key, fmt('%.0f', j)))
-            if t and t >= 0 then
-              if TWO53 < t then t = TWO53 end
-              t = floor(t)
-            else
-              t = 0
-            end
-            cache[j] = t
-          end
-          return t
-        end
-        -- live = the leading (newest) entries not yet expired
-        local lo, hi = 0, n
-        while lo < hi do
-          local mid = floor((lo + hi) / 2)
-          if at(mid) + W <= now then
-            hi = mid
-          else
-            lo = mid + 1
-          end
-        end
-        local live = lo
-        local newest = nil
-        if n > 0 then
-          newest = at(0)
-        end
-        local free = B - live
-        if cost <= free then
-          local stamp = now
-          if newest then
-            stamp = math.max(newest, now)
-          end
-          local last = newest
-          if cost > 0 then
-            last = stamp
-          end
-          adm, rem = true, free - cost
-          if live + cost > 0 then
-            rst = math.max(0, last + W - now)
-          end
-          if commit then
-            val = function()
-              if wrongtype then
-                redis.call('DEL', key)
-              end
-              local s, left = fmt('%.0f', stamp), cost
-              while left > 0 do
-                local chunk = {}
-                for j = 1, math.min(left, 512) do
-                  chunk[j] = s
-                end
-                left = left - #chunk
-                redis.call('LPUSH', key, unpack(chunk))
-              end
-              redis.call('LTRIM', key, 0, fmt('%.0f', live + cost - 1))
-            end
-          end
-        else
-          rem = free
-          if live > 0 then
-            rst = math.max(0, newest + W - now)
-          end
-          if cost <= B then
-            -- until the oldest live + cost - B live entries have expired
-            rty = math.max(1, at(B - cost) + W - now)
+          if amount ~= 0 then
+            local y = amount / c
+            local yc = y - y % 1
+            if yc < y then yc = yc + 1 end
+            rst = lag + yc
           end
         end
       end
 
-    elseif alg == 'token_bucket' or alg == 'leaky_bucket' then
-      -- state {used, last}, amounts scaled by the period (one request =
-      -- period units, capacity burst*period).
-      local cap = b * p
-      if cap <= E then
-        ok = true
-        local s1, s2 = 0, 0
-        local v = redis.pcall('GET', key)
-        if type(v) == 'string' then
-          local w1, w2 = string.match(v, '^(%d+) (%d+)$')
-          if w1 then
-            -- as this script writes them: plain digits
-            s1, s2 = w1 + 0, w2 + 0
-            if TWO53 < s1 then s1 = TWO53 end
-            if TWO53 < s2 then s2 = TWO53 end
-          else
-            w1, w2 = string.match(v, '^%s*(%S+)%s*(%S*)')
-            s1, s2 = tonumber(w1), tonumber(w2)
-            if s1 and s1 >= 0 then
-              if TWO53 < s1 then s1 = TWO53 end
-              s1 = s1 - s1 % 1
-            else
-              s1 = 0
-            end
-            if s2 and s2 >= 0 then
-              if TWO53 < s2 then s2 = TWO53 end
-              s2 = s2 - s2 % 1
-            else
-              s2 = 0
-            end
-          end
-        end
-        local used, last = s1, s2
-        if cap < used then used = cap end
-        if now > last then
-          local refill = (now - last) * c -- inexact only when > 2^53 > used
-          if refill >= used then
-            used = 0
-          else
-            used = used - refill
-          end
-        end
-        local lag = last - now
-        if not (0 < lag) then lag = 0 end
-        -- drain(amount) = 0 if amount == 0, else lag + ceil(amount / c)
-        local amount
-        if cost <= b and cost * p <= cap - used then
-          local after = used + cost * p
-          local x = (cap - after) / p
-          adm, rem, amount = true, x - x % 1, after
-          if commit then
-            local at = now
-            if now < last then at = last end
-            local ha, h = after / 100000000, at / 100000000
-            ha, h = ha - ha % 1, h - h % 1
-            if h > 0 and ha > 0 then
-              val = string.format('%d%08d %d%08d', ha, after - ha * 100000000, h, at - h * 100000000)
-            elseif h > 0 then
-              val = string.format('%d %d%08d', after, h, at - h * 100000000)
-            else
-              val = string.format('%.0f %.0f', after, at)
-            end
-          end
-        else
-          if cost <= b then
-            rty = used - (b - cost) * p
-            if rty ~= 0 then
-              local y = rty / c
-              local yc = y - y % 1
-              if yc < y then yc = yc + 1 end
-              rty = lag + yc
-            end
-          end
-          local x = (cap - used) / p
-          rem, amount = x - x % 1, used
-        end
-        if amount ~= 0 then
-          local y = amount / c
-          local yc = y - y % 1
-          if yc < y then yc = yc + 1 end
-          rst = lag + yc
-        end
+      if ok and cost == 0 then
+        -- charges nothing: passes even over the limit, and writes nothing
+        adm, rty, val = true, -1, nil
       end
     end
 
-    if ok and cost == 0 then
-      -- charges nothing: passes even over the limit, and writes nothing
-      adm, rty, val = true, -1, nil
+    -- TTL (ms) of a written key: ceil(reset_us / 1000) + 1000.
+
+    local n = at + 4 * i - 3
+    if nlines == 1 then
+      -- The usual case: write at once (TTL in ms: ceil(reset_us / 1000) + 1000).
+      if adm and val then
+        local t = rst / 1000
+        local tc = t - t % 1
+        if tc < t then tc = tc + 1 end
+        tc = tc + 1000
+        if alg == 'sliding_log' then
+          val()
+          redis.call('PEXPIRE', key, string.format('%.0f', tc))
+        else
+          if not ttls[key] then
+            ndirty = ndirty + 1
+            dirty[ndirty] = key
+          end
+          held[key], ttls[key] = val, tc
+        end
+      end
+      if adm then
+        reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 1, rem, rst, rty
+      else
+        reply[at], reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 0, 0, rem, rst, rty
+      end
+    elseif adm then
+      reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 1, rem, rst, rty
+      if val then
+        pending = pending or {}
+        pending[npending + 1], pending[npending + 2], pending[npending + 3] = key, val, rst
+        npending = npending + 3
+      end
+    else
+      reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 0, rem, rst, rty
+      all = 0
     end
   end
 
-  -- TTL (ms) of a written key: ceil(reset_us / 1000) + 1000.
-  if nkeys == 1 then
-    if adm and val then
-      local t = rst / 1000
+  if all == 0 then
+    reply[at] = 0
+  else
+    for j = 1, npending, 3 do
+      local key, val = pending[j], pending[j + 1]
+      local t = pending[j + 2] / 1000
       local tc = t - t % 1
       if tc < t then tc = tc + 1 end
-      if tc < 100000000 then
-        tc = string.format('%d', tc + 1000)
-      else
-        tc = string.format('%.0f', tc + 1000)
-      end
-      if alg == 'sliding_log' then
+      tc = tc + 1000
+      if type(val) == 'function' then
         val()
-        redis.call('PEXPIRE', key, tc)
+        redis.call('PEXPIRE', key, string.format('%.0f', tc))
       else
-        redis.call('SET', key, val, 'PX', tc)
+        if not ttls[key] then
+          ndirty = ndirty + 1
+          dirty[ndirty] = key
+        end
+        held[key], ttls[key] = val, tc
       end
     end
-    if adm then
-      return { 1, ms, 1, rem, rst, rty }
-    end
-    return { 0, ms, 0, rem, rst, rty }
-  end
-
-  local n = 4 * i - 1
-  if adm then
-    reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 1, rem, rst, rty
-    if val then
-      pending = pending or {}
-      pending[npending + 1], pending[npending + 2], pending[npending + 3] = key, val, rst
-      npending = npending + 3
-    end
-  else
-    reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 0, rem, rst, rty
-    all = 0
   end
 end
 
-if nkeys == 0 then
-  return { 1, ms }
-end
-
-if all == 1 then
-  reply[1] = 1
-  for j = 1, npending, 3 do
-    local key, val = pending[j], pending[j + 1]
-    local t = pending[j + 2] / 1000
-    local tc = t - t % 1
-    if tc < t then tc = tc + 1 end
+for j = 1, ndirty do
+  local key = dirty[j]
+  local tc = ttls[key]
+  if tc then
     if tc < 100000000 then
-      tc = string.format('%d', tc + 1000)
+      tc = string.format('%d', tc)
     else
-      tc = string.format('%.0f', tc + 1000)
+      tc = string.format('%.0f', tc)
     end
-    if type(val) == 'function' then
-      val()
-      redis.call('PEXPIRE', key, tc)
-    else
-      redis.call('SET', key, val, 'PX', tc)
-    end
+    redis.call('SET', key, held[key], 'PX', tc)
+    ttls[key] = nil
   end
 end
 return reply
