@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::TcpSettings;
 use redis::{Client, Cmd, IntoConnectionInfo, RedisConnectionInfo, Script};
 use rl_core::limit::Limit;
 use rl_core::redis::{parse_reply, write_args, Arg, RequestReply, ScriptLine, LIMIT_SCRIPT};
@@ -346,12 +347,20 @@ fn groups(tags: &[u64]) -> Option<Vec<Vec<usize>>> {
     (groups.len() > 1).then(|| groups.into_iter().map(|(_, v)| v).collect())
 }
 
+/// TCP settings of the data connections: `TCP_NODELAY`, as Redis clients and
+/// nginx's own upstream connections use, so that a call sent while another
+/// is in flight is not held back by Nagle's algorithm until the first reply.
+fn tcp() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
 /// Opens a connection; for a sentinel zone, also says which master it went to.
 async fn connect(target: &Target) -> Result<(Conn, Option<(String, u16)>), String> {
     let io = |e: redis::RedisError| format!("io: {e}");
     match target {
         Target::Single(url) => {
-            let client = Client::open(url.as_str()).map_err(|e| e.to_string())?;
+            let info = url.as_str().into_connection_info().map_err(|e| e.to_string())?.set_tcp_settings(tcp());
+            let client = Client::open(info).map_err(|e| e.to_string())?;
             Ok((Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?), None))
         }
         Target::Sentinel { sentinels, master, node, tls } => {
@@ -361,12 +370,16 @@ async fn connect(target: &Target) -> Result<(Conn, Option<(String, u16)>), Strin
                 .as_str()
                 .into_connection_info()
                 .map_err(|e| e.to_string())?
-                .set_redis_settings(node.clone());
+                .set_redis_settings(node.clone())
+                .set_tcp_settings(tcp());
             let client = Client::open(info).map_err(|e| e.to_string())?;
             Ok((Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?), Some((host, port))))
         }
         Target::Cluster(nodes) => {
-            let client = redis::cluster::ClusterClient::new(nodes.clone()).map_err(|e| e.to_string())?;
+            let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                .tcp_settings(tcp())
+                .build()
+                .map_err(|e| e.to_string())?;
             Ok((Conn::Cluster(client.get_async_connection().await.map_err(io)?), None))
         }
     }

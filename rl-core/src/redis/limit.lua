@@ -98,6 +98,49 @@ local reply, nreply = { ms }, 1
 -- request had written it). ttls[key]: the TTL of a pending write; dirty:
 -- the keys with a pending write, in order.
 local held, ttls, dirty, ndirty = {}, {}, {}, 0
+-- A state this call wrote is kept as numbers until the end: nk[key] its
+-- algorithm, n1 / n2 / n3 its words (held[key] is then stale).
+local nk, n1, n2, n3 = {}, {}, {}, {}
+
+-- An integer word as digits (%d in halves below 10^8: a C long may be
+-- 32-bit, and %.0f costs several times more).
+local function word(x)
+  if x < 100000000 then
+    return string.format('%d', x)
+  end
+  local h = x / 100000000
+  h = h - h % 1
+  if h < 100000000 then
+    return string.format('%d%08d', h, x - h * 100000000)
+  end
+  return string.format('%.0f', x)
+end
+
+-- The string of a state kept as numbers.
+local function encode(key)
+  local a = nk[key]
+  if a == 'gcra' then
+    return word(n1[key])
+  elseif a == 'sliding' then
+    return word(n1[key]) .. ' ' .. word(n2[key]) .. ' ' .. word(n3[key])
+  end
+  return word(n1[key]) .. ' ' .. word(n2[key])
+end
+
+-- A key's state as a string (GET, once per call), for a line whose
+-- algorithm did not write it as numbers in this call.
+local function str(key)
+  local v = held[key]
+  if nk[key] then
+    -- (another algorithm's numbers: only a key that changed algorithm)
+    v = encode(key)
+    held[key], nk[key] = v, nil
+  elseif v == nil then
+    v = redis.pcall('GET', key)
+    held[key] = v
+  end
+  return v
+end
 -- The lines' limits by their ARGV string (false if malformed).
 local specs = {}
 -- The next ARGV and KEYS to read.
@@ -115,7 +158,7 @@ while argi <= nargs do
   reply[at] = 1
   nreply = at + 4 * nlines
   -- Several lines: all admitted so far, and the pending writes as (key,
-  -- value or sliding_log commit function, reset_us) triples.
+  -- what, reset_us, algorithm, v1, v2, v3) tuples (see `val` below).
   local all, pending, npending = 1, nil, 0
 
   for i = 1, nlines do
@@ -151,10 +194,11 @@ while argi <= nargs do
     end
     k = k + 1
     local key = KEYS[k]
-    -- The line's outcome; `val` is the state to write if admitted and
-    -- committing: a string to SET, or for sliding_log a function that
-    -- pushes the entries (the TTL is set by the caller).
-    local ok, adm, rem, rst, rty, val = false, false, 0, 0, -1, nil
+    -- The line's outcome; `val` says what to write if admitted and
+    -- committing: true for the words v1, v2, v3 (SET at the end of the
+    -- call), or for sliding_log a function that pushes the entries (the TTL
+    -- is set by the caller).
+    local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
 
     if key and lim and cost and now <= E then
 
@@ -169,22 +213,22 @@ while argi <= nargs do
         if BT <= E then
           ok = true
           local s = 0
-          local v = held[key]
-          if v == nil then
-            v = redis.pcall('GET', key)
-            held[key] = v
-          end
-          if v then
-            -- (a wrong-type error reply is a table: tonumber gives nil)
-            s = tonumber(v)
-            if not s and type(v) == 'string' then
-              s = tonumber(string.match(v, '^%s*(%S*)'))
-            end
-            if s and s >= 0 then
-              if TWO53 < s then s = TWO53 end
-              s = s - s % 1
-            else
-              s = 0
+          if nk[key] == alg then
+            s = n1[key]
+          else
+            local v = str(key)
+            if v then
+              -- (a wrong-type error reply is a table: tonumber gives nil)
+              s = tonumber(v)
+              if not s and type(v) == 'string' then
+                s = tonumber(string.match(v, '^%s*(%S*)'))
+              end
+              if s and s >= 0 then
+                if TWO53 < s then s = TWO53 end
+                s = s - s % 1
+              else
+                s = 0
+              end
             end
           end
           local backlog = s - now
@@ -194,14 +238,7 @@ while argi <= nargs do
             local x = (BT - charged) / T
             adm, rem, rst = true, x - x % 1, charged
             if commit then
-              local w = now + charged
-              local h = w / 100000000
-              h = h - h % 1
-              if h > 0 then
-                val = string.format('%d%08d', h, w - h * 100000000)
-              else
-                val = string.format('%d', w)
-              end
+              val, v1 = true, now + charged
             end
           else
             if cost <= b then
@@ -275,10 +312,11 @@ while argi <= nargs do
           if W <= E then
             ok = true
             local s1, s2 = 0, 0
-            local v = held[key]
-            if v == nil then
-              v = redis.pcall('GET', key)
-              held[key] = v
+            local v
+            if nk[key] == alg then
+              s1, s2 = n1[key], n2[key]
+            else
+              v = str(key)
             end
             if type(v) == 'string' then
               local w1, w2 = string.match(v, '^(%d+) (%d+)$')
@@ -318,18 +356,7 @@ while argi <= nargs do
               adm, rem, rst = true, free - cost, to_end
               if used + cost == 0 then rst = 0 end
               if commit then
-                local w, u = k + 1, used + cost
-                if u < 100000000 then
-                  local h = w / 100000000
-                  h = h - h % 1
-                  if h > 0 then
-                    val = string.format('%d%08d %d', h, w - h * 100000000, u)
-                  else
-                    val = string.format('%d %d', w, u)
-                  end
-                else
-                  val = string.format('%.0f %.0f', w, u)
-                end
+                val, v1, v2 = true, k + 1, used + cost
               end
             else
               rem, rst = free, to_end
@@ -345,10 +372,11 @@ while argi <= nargs do
           if W <= E / 2 then
             ok = true
             local s1, s2, s3 = 0, 0, 0
-            local v = held[key]
-            if v == nil then
-              v = redis.pcall('GET', key)
-              held[key] = v
+            local v
+            if nk[key] == alg then
+              s1, s2, s3 = n1[key], n2[key], n3[key]
+            else
+              v = str(key)
             end
             if type(v) == 'string' then
               local w1, w2, w3 = string.match(v, '^(%d+) (%d+) (%d+)$')
@@ -416,19 +444,7 @@ while argi <= nargs do
               adm, rem = true, b - curr - cost - pw
               cc = curr + cost
               if commit then
-                local w = k + 1
-                -- (1/prev > 0: not -0, which %d would print as 0)
-                if cc < 100000000 and prev < 100000000 and 1 / prev > 0 then
-                  local h = w / 100000000
-                  h = h - h % 1
-                  if h > 0 then
-                    val = string.format('%d%08d %d %d', h, w - h * 100000000, cc, prev)
-                  else
-                    val = string.format('%d %d %d', w, cc, prev)
-                  end
-                else
-                  val = string.format('%.0f %.0f %.0f', w, cc, prev)
-                end
+                val, v1, v2, v3 = true, k + 1, cc, prev
               end
             else
               if cost <= b then
@@ -489,10 +505,10 @@ while argi <= nargs do
           -- counts during [t, t+W).
           ok = true
           local B, fmt = b, string.format
-          if held[key] ~= nil then
+          if held[key] ~= nil or nk[key] then
             -- (only if a key changed algorithm: keys name theirs)
             if ttls[key] then
-              redis.call('SET', key, held[key], 'PX', string.format('%.0f', ttls[key]))
+              redis.call('SET', key, str(key), 'PX', string.format('%.0f', ttls[key]))
               ttls[key] = nil
             end
             held[key] = nil
@@ -583,10 +599,11 @@ while argi <= nargs do
         if cap <= E then
           ok = true
           local s1, s2 = 0, 0
-          local v = held[key]
-          if v == nil then
-            v = redis.pcall('GET', key)
-            held[key] = v
+          local v
+          if nk[key] == alg then
+            s1, s2 = n1[key], n2[key]
+          else
+            v = str(key)
           end
           if type(v) == 'string' then
             local w1, w2 = string.match(v, '^(%d+) (%d+)$')
@@ -633,15 +650,7 @@ while argi <= nargs do
             if commit then
               local at = now
               if now < last then at = last end
-              local ha, h = after / 100000000, at / 100000000
-              ha, h = ha - ha % 1, h - h % 1
-              if h > 0 and ha > 0 then
-                val = string.format('%d%08d %d%08d', ha, after - ha * 100000000, h, at - h * 100000000)
-              elseif h > 0 then
-                val = string.format('%d %d%08d', after, h, at - h * 100000000)
-              else
-                val = string.format('%.0f %.0f', after, at)
-              end
+              val, v1, v2 = true, after, at
             end
           else
             if cost <= b then
@@ -689,7 +698,7 @@ while argi <= nargs do
             ndirty = ndirty + 1
             dirty[ndirty] = key
           end
-          held[key], ttls[key] = val, tc
+          nk[key], n1[key], n2[key], n3[key], ttls[key] = alg, v1, v2, v3, tc
         end
       end
       if adm then
@@ -701,8 +710,10 @@ while argi <= nargs do
       reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 1, rem, rst, rty
       if val then
         pending = pending or {}
-        pending[npending + 1], pending[npending + 2], pending[npending + 3] = key, val, rst
-        npending = npending + 3
+        local j = npending
+        pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4] = key, val, rst, alg
+        pending[j + 5], pending[j + 6], pending[j + 7] = v1, v2, v3
+        npending = j + 7
       end
     else
       reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 0, rem, rst, rty
@@ -713,7 +724,7 @@ while argi <= nargs do
   if all == 0 then
     reply[at] = 0
   else
-    for j = 1, npending, 3 do
+    for j = 1, npending, 7 do
       local key, val = pending[j], pending[j + 1]
       local t = pending[j + 2] / 1000
       local tc = t - t % 1
@@ -727,7 +738,8 @@ while argi <= nargs do
           ndirty = ndirty + 1
           dirty[ndirty] = key
         end
-        held[key], ttls[key] = val, tc
+        nk[key], n1[key], n2[key], n3[key] = pending[j + 3], pending[j + 4], pending[j + 5], pending[j + 6]
+        ttls[key] = tc
       end
     end
   end
@@ -742,7 +754,7 @@ for j = 1, ndirty do
     else
       tc = string.format('%.0f', tc)
     end
-    redis.call('SET', key, held[key], 'PX', tc)
+    redis.call('SET', key, str(key), 'PX', tc)
     ttls[key] = nil
   end
 end
