@@ -21,7 +21,7 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Request}
 use ngx::ngx_log_error;
 
 use crate::config::{Backend, HeadersMode, Line, MainConf};
-use crate::redis_zone::io::{Job, Reply};
+use crate::redis_zone::io::{Job, JobLine, Reply};
 use crate::zone::Locked;
 use crate::Module;
 
@@ -398,17 +398,15 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
     // SAFETY: the request is valid.
     let log = unsafe { (*(*r).connection).log };
     for (z, zone) in mcf.redis.iter().enumerate() {
-        let mut job = Job { id: 0, zone: z, keys: Vec::new(), tags: Vec::new(), lines: Vec::new() };
+        let mut job = Job { id: 0, zone: z, lines: Vec::new() };
         for (line, res) in lines.iter().zip(ctx.results().iter()) {
             // SAFETY: configuration lines live as long as the cycle.
             let line = unsafe { &**line };
             if !res.active || line.backend != Backend::Redis(z) {
                 continue;
             }
-            let tag = rl_core::redis::key_tag(res.key.as_bytes());
-            job.keys.push(rl_core::redis::state_key(&zone.prefix, &tag, line.id));
-            job.tags.push(u64::from_str_radix(&tag, 16).unwrap_or(0));
-            job.lines.push((line.limit, line.cost));
+            let tag = rl_core::redis::tag_of(res.key.as_bytes());
+            job.lines.push(JobLine { tag, line_id: line.id, limit: line.limit, cost: line.cost });
         }
         if job.lines.is_empty() {
             continue;

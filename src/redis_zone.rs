@@ -76,7 +76,7 @@ impl RedisZone {
         Ok(RedisZone {
             name: name.to_string(),
             shown: redact(url),
-            spec: ZoneSpec { target, timeout },
+            spec: ZoneSpec { target, timeout, prefix: prefix.clone() },
             on_error_allow: allow,
             prefix,
             errors: Cell::new(0),

@@ -17,15 +17,17 @@
 //!   two-phase check across Redis Cluster slots).
 //! - `ARGV[2]`: now in microseconds; `""` or `"0"` = Redis `TIME` (one clock
 //!   for the whole fleet).
-//! - then per request its number of lines, then per line 2 arguments: the
-//!   limit, `"algorithm count period_us burst"` ([`write_spec`]; the script
-//!   parses each distinct string once per call), and the request's cost
+//! - then per request its lines, one argument each: `"algorithm count
+//!   period_us burst cost"` ([`write_spec`]; the requests of a location share
+//!   it, and the script parses each distinct string once per call); a request
+//!   of other than one line is preceded by its number of lines
 //!   ([`write_args`]).
 //!
-//! It returns `{now_ms, then per request: all_admitted, then per line:
-//! admitted, remaining, reset_us, retry_after_us or -1}`, see
-//! [`parse_reply`]. Each line's outcome is [`Limit::check`]'s at the script's
-//! `now` (after the requests before it in the call); the commits are
+//! It returns `{now_ms, then per line: remaining, reset_us, and -2 if
+//! admitted, else the retry-after in µs or -1 (never)}`, see
+//! [`parse_reply`]; a request is admitted (and committed) iff all its lines
+//! are. Each line's outcome is [`Limit::check`]'s at the script's `now`
+//! (after the requests before it in the call); the commits are
 //! [`Limit::commit`]s. A rejected request writes nothing.
 //!
 //! State: the O(1) algorithms keep [`Limit::state_words`] words as a
@@ -103,35 +105,53 @@ pub enum Arg<'a> {
 /// Emits the script's `ARGV` for `requests` (each a request's lines: a limit
 /// and the request's cost on it), in the order of their `KEYS`. `commit`
 /// false checks only; `now_override_us` replaces Redis `TIME` (tests).
-pub fn write_args<'a>(
-    requests: impl IntoIterator<Item = &'a [(Limit, u64)]>,
+pub fn write_args<R, L>(
+    requests: R,
     commit: bool,
     now_override_us: Option<u64>,
     mut emit: impl FnMut(Arg<'_>),
-) {
+) where
+    R: IntoIterator<Item = L>,
+    L: IntoIterator<Item = (Limit, u64)>,
+    L::IntoIter: ExactSizeIterator,
+{
     emit(Arg::Str(if commit { "1" } else { "0" }));
     match now_override_us {
         Some(t) => emit(Arg::Int(t)),
         None => emit(Arg::Str("")),
     }
+    // The spec of the last line seen (requests on one location share it).
     let mut spec = String::new();
+    let mut last: Option<(Limit, u64)> = None;
     for lines in requests {
-        emit(Arg::Int(lines.len() as u64));
-        for (limit, cost) in lines {
-            spec.clear();
-            write_spec(&mut spec, limit);
+        let lines = lines.into_iter();
+        if lines.len() != 1 {
+            emit(Arg::Int(lines.len() as u64));
+        }
+        for line in lines {
+            if last != Some(line) {
+                spec.clear();
+                write_spec(&mut spec, &line.0, line.1);
+                last = Some(line);
+            }
             emit(Arg::Str(&spec));
-            emit(Arg::Int(*cost));
         }
     }
 }
 
-/// A line's limit as the script takes it: `"algorithm count period_us
-/// burst"`.
-pub fn write_spec(out: &mut String, limit: &Limit) {
+/// A line as the script takes it: `"algorithm count period_us burst
+/// cost"`.
+pub fn write_spec(out: &mut String, limit: &Limit, cost: u64) {
     let rate = limit.rate();
     // Writing to a String cannot fail.
-    let _ = write!(out, "{} {} {} {}", limit.algorithm().name(), rate.count, rate.period_us, limit.burst());
+    let _ = write!(
+        out,
+        "{} {} {} {} {cost}",
+        limit.algorithm().name(),
+        rate.count,
+        rate.period_us,
+        limit.burst()
+    );
 }
 
 /// [`write_args`] as strings.
@@ -141,6 +161,7 @@ pub fn script_args<'a>(
     now_override_us: Option<u64>,
 ) -> Vec<String> {
     let mut args = Vec::new();
+    let requests = requests.into_iter().map(|r| r.iter().copied());
     write_args(requests, commit, now_override_us, |a| {
         args.push(match a {
             Arg::Str(s) => s.to_owned(),
@@ -170,44 +191,35 @@ pub type RequestReply = (bool, Vec<ScriptLine>);
 
 /// Parses the script's reply for requests of `nlines[j]` lines each into
 /// (Redis time in ms, per-request outcomes); `None` if it is malformed
-/// (wrong length, flags not 0/1, negative values, or a request's
-/// `all_admitted` inconsistent with its lines).
+/// (wrong length, negative values, unknown codes).
 pub fn parse_reply(reply: &[i64], nlines: &[usize]) -> Option<(u64, Vec<RequestReply>)> {
-    let flag = |x: i64| match x {
-        0 => Some(false),
-        1 => Some(true),
-        _ => None,
-    };
     let (&now_ms, mut rest) = reply.split_first()?;
     let now_ms = u64::try_from(now_ms).ok()?;
     let mut out = Vec::with_capacity(nlines.len());
     for &n in nlines {
-        let (&all, after) = rest.split_first()?;
-        let all = flag(all)?;
-        let len = n.checked_mul(4)?;
-        if after.len() < len {
+        let len = n.checked_mul(3)?;
+        if rest.len() < len {
             return None;
         }
-        let (mine, after) = after.split_at(len);
+        let (mine, after) = rest.split_at(len);
         rest = after;
         let lines = mine
-            .chunks_exact(4)
+            .chunks_exact(3)
             .map(|l| {
+                let (admitted, retry_after_us) = match l[2] {
+                    -2 => (true, None),
+                    -1 => (false, None),
+                    r => (false, Some(u64::try_from(r).ok()?)),
+                };
                 Some(ScriptLine {
-                    admitted: flag(l[0])?,
-                    remaining: u64::try_from(l[1]).ok()?,
-                    reset_us: u64::try_from(l[2]).ok()?,
-                    retry_after_us: match l[3] {
-                        -1 => None,
-                        r => Some(u64::try_from(r).ok()?),
-                    },
+                    admitted,
+                    remaining: u64::try_from(l[0]).ok()?,
+                    reset_us: u64::try_from(l[1]).ok()?,
+                    retry_after_us,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
-        if all != lines.iter().all(|l| l.admitted) {
-            return None;
-        }
-        out.push((all, lines));
+        out.push((lines.iter().all(|l| l.admitted), lines));
     }
     if !rest.is_empty() {
         return None;
@@ -215,13 +227,26 @@ pub fn parse_reply(reply: &[i64], nlines: &[usize]) -> Option<(u64, Vec<RequestR
     Some((now_ms, out))
 }
 
-/// The hash tag of a client key: 16 hex digits of its SipHash-1-3 with the
+/// The hash tag of a client key as a number: its SipHash-1-3 with the
 /// all-zero key. Deterministic across builds and hosts, hides raw client keys
 /// from Redis, and puts all of a client's lines in one Cluster slot.
-pub fn key_tag(client_key: &[u8]) -> String {
+pub fn tag_of(client_key: &[u8]) -> u64 {
     let mut h = SipHasher13::new_with_keys(0, 0);
     h.write(client_key);
-    format!("{:016x}", h.finish())
+    h.finish()
+}
+
+/// [`tag_of`] as it appears in keys: 16 hex digits.
+pub fn key_tag(client_key: &[u8]) -> String {
+    format!("{:016x}", tag_of(client_key))
+}
+
+/// Appends a line's state key, `{prefix}{{{tag:016x}}}:{line_id:016x}`, to
+/// `out`.
+pub fn write_state_key(out: &mut String, prefix: &str, tag: u64, line_id: u64) {
+    out.push_str(prefix);
+    // Writing to a String cannot fail.
+    let _ = write!(out, "{{{tag:016x}}}:{line_id:016x}");
 }
 
 /// A line's state key: `{prefix}{{{tag}}}:{line_id:016x}`.

@@ -10,8 +10,8 @@ use proptest::sample::select;
 use rl_core::limit::{Algorithm, Limit, Outcome};
 use rl_core::parse::Rate;
 use rl_core::redis::{
-    exact, key_tag, parse_reply, script_args, state_key, ScriptLine, LIMIT_SCRIPT, MAX_EXACT,
-    TTL_MARGIN_MS,
+    exact, key_tag, parse_reply, script_args, state_key, tag_of, write_state_key, ScriptLine,
+    LIMIT_SCRIPT, MAX_EXACT, TTL_MARGIN_MS,
 };
 
 /// The fake Redis: the commands the script may use, with Redis' argument and
@@ -281,7 +281,10 @@ impl Redis {
     /// integral here; Redis would truncate them).
     fn eval(&self, keys: &[String], args: &[String]) -> Vec<i64> {
         let reply = self.eval_table(keys, args);
-        assert!(reply.raw_get::<Value>("err").unwrap().is_nil(), "error reply");
+        assert!(
+            reply.raw_get::<Value>("err").unwrap().is_nil(),
+            "error reply"
+        );
         reply
             .sequence_values::<Value>()
             .map(|v| {
@@ -620,9 +623,8 @@ fn foreign_state_reads_like_the_model() {
             }
         };
         let n = words.len();
-        let joined = |w: &[u64], sep: &str| {
-            w.iter().map(u64::to_string).collect::<Vec<_>>().join(sep)
-        };
+        let joined =
+            |w: &[u64], sep: &str| w.iter().map(u64::to_string).collect::<Vec<_>>().join(sep);
         let with = |i: usize, x: u64| {
             let mut w = words.clone();
             w[i] = x;
@@ -630,11 +632,32 @@ fn foreign_state_reads_like_the_model() {
         };
         let mut cases: Vec<(String, Vec<u64>, bool)> = vec![
             (joined(&words, " "), words.clone(), false),
-            (format!("\t {} \n", joined(&words, " \t\r ")), words.clone(), false),
-            (format!("{} 77 x", joined(&words, " ")), words.clone(), false),
+            (
+                format!("\t {} \n", joined(&words, " \t\r ")),
+                words.clone(),
+                false,
+            ),
+            (
+                format!("{} 77 x", joined(&words, " ")),
+                words.clone(),
+                false,
+            ),
             (format!("{}e0", joined(&words, "e0 ")), words.clone(), false),
-            (format!("{}.75", joined(&words, ".25 ")), words.clone(), false),
-            (format!("{}", words[0]), with(0, words[0]).iter().take(1).chain(&vec![0; n - 1]).copied().collect(), false),
+            (
+                format!("{}.75", joined(&words, ".25 ")),
+                words.clone(),
+                false,
+            ),
+            (
+                format!("{}", words[0]),
+                with(0, words[0])
+                    .iter()
+                    .take(1)
+                    .chain(&vec![0; n - 1])
+                    .copied()
+                    .collect(),
+                false,
+            ),
             (String::new(), vec![0; n], false),
             ("   ".to_owned(), vec![0; n], false),
             (joined(&words, " "), vec![0; n], true),
@@ -685,15 +708,31 @@ fn words_print_exactly() {
     let e = MAX_EXACT;
     let t = 1_700_000_000_000_000;
     let cases: [(Limit, u64, &[u64]); 12] = [
-        (limit(Gcra, 1, 1_000_000, 1), 1, &[5, 99_000_000, t, t + 99_000_000, t + 3, e]),
+        (
+            limit(Gcra, 1, 1_000_000, 1),
+            1,
+            &[5, 99_000_000, t, t + 99_000_000, t + 3, e],
+        ),
         // TAT = 2^53 exactly.
         (limit(Gcra, 1, e / 2, 2), 2, &[e]),
-        (limit(TokenBucket, 1, 100_000_000, 3), 1, &[5, 99_999_999, t, t + 1, e]),
+        (
+            limit(TokenBucket, 1, 100_000_000, 3),
+            1,
+            &[5, 99_999_999, t, t + 1, e],
+        ),
         (limit(LeakyBucket, 1, 7, 1 << 40), 1 << 38, &[3, t, e]),
         (limit(TokenBucket, 1, 1_000, 3), 1, &[3, t, t + 5, e]),
         (limit(Fixed, 1, 1, 200_000_000), 150_000_000, &[7, t, e]),
-        (limit(Fixed, 1, 1_000, 3), 1, &[99_999_999, 100_000_000, t, t + 5, e]),
-        (limit(Sliding, 1, 1, 200_000_000), 150_000_000, &[7, t + 1, e]),
+        (
+            limit(Fixed, 1, 1_000, 3),
+            1,
+            &[99_999_999, 100_000_000, t, t + 5, e],
+        ),
+        (
+            limit(Sliding, 1, 1, 200_000_000),
+            150_000_000,
+            &[7, t + 1, e],
+        ),
         (limit(Sliding, 1, 10, 3), 1, &[99_999_999, t, t + 30, e]),
         // W = 1: the window index is now, its low half 0000000x.
         (limit(Fixed, 1, 1, 1), 1, &[t + 4, e]),
@@ -750,33 +789,36 @@ fn out_of_range_fails_closed() {
     let k = keys(1);
     let r = Redis::new();
     r.set_now(T0);
-    let reject = vec![(T0 / 1000) as i64, 0, 0, 0, 0, -1];
-    let bad: [[&str; 2]; 11] = [
-        ["nope 1 1000000 1", "1"],
-        ["gcra 0 1000000 1", "1"],
-        ["gcra 1 0 1", "1"],
-        ["gcra 1 1000000 0", "1"],
-        ["gcra 1 1000000 1", "-1"],
-        ["gcra 1 1000000 1", "1.5"],
-        ["gcra 1 1000000 x", "1"],
-        ["gcra 1 1000000", "1"],
-        ["gcra 1  1000000 1", "1"],
-        ["gcra 1 1000000 9007199254740992", "1"],
-        ["token_bucket 1 4503599627370497 1", "1"],
+    let reject = vec![(T0 / 1000) as i64, 0, 0, -1];
+    let bad = [
+        "nope 1 1000000 1 1",
+        "gcra 0 1000000 1 1",
+        "gcra 1 0 1 1",
+        "gcra 1 1000000 0 1",
+        "gcra 1 1000000 1 -1",
+        "gcra 1 1000000 1 1.5",
+        "gcra 1 1000000 1 x",
+        "gcra 1 1000000 x 1",
+        "gcra 1 1000000 1",
+        "gcra 1  1000000 1 1",
+        "gcra 1 1000000 1 1 1",
+        "gcra 1 1000000 9007199254740992 1",
+        "gcra 1 1000000 1 9007199254740992",
+        "token_bucket 1 4503599627370497 1 1",
     ];
+    let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     for line in bad {
-        let mut args = vec!["1".to_owned(), String::new(), "1".to_owned()];
-        args.extend(line.iter().map(|s| s.to_string()));
-        assert_eq!(r.eval(&k, &args), reject, "{line:?}");
+        assert_eq!(r.eval(&k, &args(&["1", "", line])), reject, "{line:?}");
+        assert_eq!(r.eval(&k, &args(&["1", "", "1", line])), reject, "{line:?}");
     }
     // Missing arguments, or a missing key.
-    let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     assert_eq!(r.eval(&k, &args(&["1", "", "1"])), reject);
-    assert_eq!(r.eval(&[], &args(&["1", "", "1", "gcra 1 1000000 1", "1"])), reject);
+    assert_eq!(r.eval(&[], &args(&["1", "", "gcra 1 1000000 1 1"])), reject);
     // No request: just the time. A malformed line count: an error reply.
     assert_eq!(r.eval(&k, &args(&["1", ""])), [(T0 / 1000) as i64]);
-    for n in ["x", "-1", "1.5", ""] {
-        let reply = r.eval_table(&k, &args(&["1", "", n, "gcra 1 1000000 1", "1"]));
+    assert_eq!(r.eval(&k, &args(&["1", "", "0"])), [(T0 / 1000) as i64]);
+    for n in ["-1", "1.5"] {
+        let reply = r.eval_table(&k, &args(&["1", "", n, "gcra 1 1000000 1 1"]));
         let err: String = reply.raw_get("err").unwrap();
         assert_eq!(err, "rl: malformed arguments", "{n:?}");
     }
@@ -853,6 +895,9 @@ fn rust_interface() {
     assert_ne!(tag, key_tag(b"203.0.113.8"));
     // Pinned: the tag must not change across builds or hosts.
     assert_eq!(key_tag(b""), "d1fba762150c532c");
+    let mut k = String::from("x");
+    write_state_key(&mut k, "rl:", tag_of(b"203.0.113.7"), 0x2a);
+    assert_eq!(k, format!("x{}", state_key("rl:", &tag, 0x2a)));
     assert_eq!(
         state_key("rl:", "0123456789abcdef", 0x2a),
         "rl:{0123456789abcdef}:000000000000002a"
@@ -860,18 +905,26 @@ fn rust_interface() {
     let l = limit(Algorithm::TokenBucket, 10, 60_000_000, 20);
     let g = limit(Algorithm::Gcra, 1, 1_000_000, 1);
     let (a, b): (&[(Limit, u64)], &[(Limit, u64)]) = (&[(l, 3), (g, 1)], &[(g, 2)]);
+    let c: &[(Limit, u64)] = &[];
     assert_eq!(
-        script_args([a, b], true, None),
-        ["1", "", "2", "token_bucket 10 60000000 20", "3", "gcra 1 1000000 1", "1", "1", "gcra 1 1000000 1", "2"]
+        script_args([a, b, c, b], true, None),
+        [
+            "1",
+            "",
+            "2",
+            "token_bucket 10 60000000 20 3",
+            "gcra 1 1000000 1 1",
+            "gcra 1 1000000 1 2",
+            "0",
+            "gcra 1 1000000 1 2"
+        ]
     );
     assert_eq!(script_args([], false, Some(42)), ["0", "42"]);
-    let bad = [5, 1, 1, 2, 3, -1, 0, 0, 9, 4];
-    assert!(parse_reply(&bad, &[2]).is_none()); // inconsistent all_admitted
-    let ok = [5, 0, 1, 2, 3, -1, 0, 0, 9, 4, 1, 1, 7, 8, -1];
-    let (ms, reqs) = parse_reply(&ok, &[2, 1]).unwrap();
+    let ok = [5, 2, 3, -2, 0, 9, 4, 7, 8, -2, 0, 1, -1];
+    let (ms, reqs) = parse_reply(&ok, &[2, 1, 0, 1]).unwrap();
     assert_eq!(ms, 5);
-    assert_eq!(reqs.len(), 2);
-    assert!(!reqs[0].0 && reqs[1].0);
+    assert_eq!(reqs.len(), 4);
+    assert!(!reqs[0].0 && reqs[1].0 && reqs[2].0 && !reqs[3].0);
     assert_eq!(
         reqs[0].1[1],
         ScriptLine {
@@ -881,16 +934,24 @@ fn rust_interface() {
             retry_after_us: Some(4)
         }
     );
-    assert_eq!(reqs[1].1[0].remaining, 7);
-    assert!(parse_reply(&ok, &[2]).is_none()); // left over
-    assert!(parse_reply(&ok, &[2, 2]).is_none()); // short
-    assert!(parse_reply(&ok, &[1, 2]).is_none());
-    assert!(parse_reply(&[5, 0, 2, 0, 0, -1], &[1]).is_none());
-    assert!(parse_reply(&[5, 0, 0, 0, 0, -2], &[1]).is_none());
-    assert!(parse_reply(&[-5, 0, 0, 0, 0, 1], &[1]).is_none());
+    assert_eq!(
+        reqs[1].1[0],
+        ScriptLine {
+            admitted: true,
+            remaining: 7,
+            reset_us: 8,
+            retry_after_us: None
+        }
+    );
+    assert_eq!(reqs[3].1[0].retry_after_us, None);
+    assert!(parse_reply(&ok, &[2, 1]).is_none()); // left over
+    assert!(parse_reply(&ok, &[2, 1, 2]).is_none()); // short
+    assert!(parse_reply(&[5, 0, 0, -3], &[1]).is_none());
+    assert!(parse_reply(&[5, -1, 0, -2], &[1]).is_none());
+    assert!(parse_reply(&[-5, 0, 0, -2], &[1]).is_none());
     assert!(parse_reply(&[], &[]).is_none());
     assert_eq!(parse_reply(&[7], &[]), Some((7, vec![])));
-    assert_eq!(parse_reply(&[7, 1], &[0]), Some((7, vec![(true, vec![])])));
+    assert_eq!(parse_reply(&[7], &[0]), Some((7, vec![(true, vec![])])));
 }
 
 /// A batch is the same as its requests one call each, in order, at the same
@@ -906,7 +967,13 @@ fn batch_is_requests_in_order() {
     let batch = [one, two, one, two, two, one, one];
     let bkeys: Vec<String> = batch
         .iter()
-        .flat_map(|r| if r.len() == 1 { vec![ka[0].clone()] } else { vec![ka[1].clone(), ka[2].clone()] })
+        .flat_map(|r| {
+            if r.len() == 1 {
+                vec![ka[0].clone()]
+            } else {
+                vec![ka[1].clone(), ka[2].clone()]
+            }
+        })
         .collect();
     let r = Redis::new();
     let got = r.run_batch(&bkeys, &batch, T0, true, true);

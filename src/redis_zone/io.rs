@@ -18,7 +18,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::{Client, Cmd, IntoConnectionInfo, RedisConnectionInfo, Script};
 use rl_core::limit::Limit;
-use rl_core::redis::{parse_reply, write_args, Arg, RequestReply, ScriptLine, LIMIT_SCRIPT};
+use rl_core::redis::{parse_reply, write_args, write_state_key, Arg, RequestReply, ScriptLine, LIMIT_SCRIPT};
 use futures_util::StreamExt;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -38,16 +38,25 @@ pub enum Target {
 pub struct ZoneSpec {
     pub target: Target,
     pub timeout: Duration,
+    /// Prepended to every state key.
+    pub prefix: String,
 }
 
 /// One request's lines on one Redis zone.
 pub struct Job {
     pub id: u64,
     pub zone: usize,
-    pub keys: Vec<String>,
-    /// The cluster hash tag of each line's key.
-    pub tags: Vec<u64>,
-    pub lines: Vec<(Limit, u64)>,
+    pub lines: Vec<JobLine>,
+}
+
+/// A line of a job: whose state (the client key's tag, see
+/// [`rl_core::redis::tag_of`], and the line's id), and what to check.
+#[derive(Clone, Copy)]
+pub struct JobLine {
+    pub tag: u64,
+    pub line_id: u64,
+    pub limit: Limit,
+    pub cost: u64,
 }
 
 pub enum Failure {
@@ -207,9 +216,8 @@ impl ZoneConn {
             let each = jobs.iter().map(|job| self.retrying(|conn| self.run_job(conn, script, job)));
             return futures_util::future::join_all(each).await.into_iter().map(|r| r.map_err(Failure::Error)).collect();
         }
-        let requests: Vec<&[(Limit, u64)]> = jobs.iter().map(|j| j.lines.as_slice()).collect();
-        let keys = || jobs.iter().flat_map(|j| j.keys.iter());
-        match self.retrying(|conn| call(conn, script, keys(), &requests, true)).await {
+        let requests: Vec<&[JobLine]> = jobs.iter().map(|j| j.lines.as_slice()).collect();
+        match self.retrying(|conn| call(conn, script, &self.spec.prefix, &requests, true)).await {
             Ok((_, replies)) => replies.into_iter().map(Ok).collect(),
             Err(e) => jobs.iter().map(|_| Err(Failure::Error(e.clone()))).collect(),
         }
@@ -248,18 +256,20 @@ impl ZoneConn {
     /// One job on a cluster: one script call when its lines share a slot;
     /// else the lines are checked first, then committed, group by group.
     async fn run_job(&self, conn: Conn, script: &Script, job: &Job) -> Result<RequestReply, String> {
-        let Some(groups) = groups(&job.tags) else {
-            let (_, mut replies) = call(conn, script, job.keys.iter(), &[&job.lines], true).await?;
+        let prefix = &self.spec.prefix;
+        let tags: Vec<u64> = job.lines.iter().map(|l| l.tag).collect();
+        let Some(groups) = groups(&tags) else {
+            let (_, mut replies) = call(conn, script, prefix, &[&job.lines], true).await?;
             return replies.pop().ok_or_else(|| "malformed script reply".to_string());
         };
         let mut lines = vec![ScriptLine::default(); job.lines.len()];
         let mut all = true;
         for commit in [false, true] {
             let calls = groups.iter().map(|g| {
-                let sub: Vec<(Limit, u64)> = g.iter().map(|&i| job.lines[i]).collect();
+                let sub: Vec<JobLine> = g.iter().map(|&i| job.lines[i]).collect();
                 let conn = conn.clone();
                 async move {
-                    let (_, mut replies) = call(conn, script, g.iter().map(|&i| &job.keys[i]), &[&sub], commit).await?;
+                    let (_, mut replies) = call(conn, script, prefix, &[&sub], commit).await?;
                     replies.pop().ok_or_else(|| "malformed script reply".to_string())
                 }
             });
@@ -278,16 +288,16 @@ impl ZoneConn {
     }
 }
 
-/// One script call for `requests`, whose lines' keys `keys` gives in order:
-/// `EVALSHA`, or `EVAL` with the script's text after `NOSCRIPT` (Redis
-/// restarted, `SCRIPT FLUSH`), which runs it and caches it again in one
-/// command (a `SCRIPT LOAD` then `EVALSHA` could meet a second flush between
-/// the two).
-async fn call<'a>(
+/// One script call for `requests` (each a request's lines) on keys under
+/// `prefix`: `EVALSHA`, or `EVAL` with the script's text after `NOSCRIPT`
+/// (Redis restarted, `SCRIPT FLUSH`), which runs it and caches it again in
+/// one command (a `SCRIPT LOAD` then `EVALSHA` could meet a second flush
+/// between the two).
+async fn call(
     conn: Conn,
     script: &Script,
-    keys: impl Iterator<Item = &'a String> + Clone,
-    requests: &[&[(Limit, u64)]],
+    prefix: &str,
+    requests: &[&[JobLine]],
     commit: bool,
 ) -> Result<(u64, Vec<RequestReply>), String> {
     let command = |eval: bool| {
@@ -295,11 +305,15 @@ async fn call<'a>(
             false => redis::cmd("EVALSHA").arg(script.get_hash()).to_owned(),
             true => redis::cmd("EVAL").arg(LIMIT_SCRIPT).to_owned(),
         };
-        cmd.arg(keys.clone().count());
-        for k in keys.clone() {
-            cmd.arg(k.as_str());
+        cmd.arg(requests.iter().map(|r| r.len()).sum::<usize>());
+        let mut key = String::new();
+        for line in requests.iter().flat_map(|r| r.iter()) {
+            key.clear();
+            write_state_key(&mut key, prefix, line.tag, line.line_id);
+            cmd.arg(key.as_str());
         }
-        write_args(requests.iter().copied(), commit, None, |a| {
+        let lines = requests.iter().map(|r| r.iter().map(|l| (l.limit, l.cost)));
+        write_args(lines, commit, None, |a| {
             match a {
                 Arg::Str(s) => cmd.arg(s),
                 Arg::Int(i) => cmd.arg(i),

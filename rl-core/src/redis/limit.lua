@@ -9,17 +9,19 @@
 -- ARGV[1]  "1": check every line of a request, commit all of them iff all
 --          admit; else check only (never writes).
 -- ARGV[2]  now in microseconds; "" or "0" = Redis TIME.
--- Then per request, in order: its number of lines n, then per line 2
--- arguments: the limit, "algorithm count period_us burst" (the same string
--- for every request on the line), and the request's cost.
+-- Then per request, in order: its lines, each one argument
+-- "algorithm count period_us burst cost" (the same string for every
+-- request with the same limit and cost, so parsed once per call); a
+-- request of other than one line is preceded by its number of lines.
 -- KEYS     the state key of every line, in the same order.
 --
 -- Requests are evaluated one after another at the same `now`, as if they
 -- arrived in that order in the same microsecond: a request sees the
 -- writes of the requests before it.
 --
--- Returns {now_ms, then per request: all_admitted, then per line:
--- admitted, remaining, reset_us, retry_after_us (-1 = none)}, all integers.
+-- Returns {now_ms, then per line: remaining, reset_us, and -2 if admitted,
+-- else the retry-after in us or -1 (never)}, all integers. A request is
+-- admitted (and committed) iff all its lines are.
 --
 -- State: for fixed / sliding / token_bucket / leaky_bucket / gcra a string
 -- of rl-core's u64 state words, space-separated (missing key = zeroes); for
@@ -147,50 +149,46 @@ local specs = {}
 local argi, k = 3, 0
 
 while argi <= nargs do
-  -- One request: its line count, then its lines.
+  -- One request: one line, or its number of lines then its lines.
   local nlines = tonumber(ARGV[argi])
-  if not nlines or nlines < 0 or nlines % 1 ~= 0 then
-    return redis.error_reply('rl: malformed arguments')
+  if nlines then
+    if nlines < 0 or nlines % 1 ~= 0 then
+      return redis.error_reply('rl: malformed arguments')
+    end
+    argi = argi + 1
+  else
+    nlines = 1
   end
-  argi = argi + 1
-  -- reply[at]: all admitted (1/0); then per line 4 values.
+  -- reply[at ...]: per line 3 values.
   local at = nreply + 1
-  reply[at] = 1
-  nreply = at + 4 * nlines
+  nreply = nreply + 3 * nlines
   -- Several lines: all admitted so far, and the pending writes as (key,
   -- what, reset_us, algorithm, v1, v2, v3) tuples (see `val` below).
   local all, pending, npending = 1, nil, 0
 
   for i = 1, nlines do
-    -- The line: its limit, "algorithm count period_us burst" (count,
-    -- period_us, burst integers in [1, 2^53); parsed once per call), and
-    -- the request's cost on it (an integer >= 0).
-    local spec, cost = ARGV[argi], ARGV[argi + 1]
-    argi = argi + 2
+    -- The line: "algorithm count period_us burst cost" (count, period_us,
+    -- burst integers in [1, 2^53), cost an integer >= 0), parsed once per
+    -- call.
+    local spec = ARGV[argi]
+    argi = argi + 1
     local lim = specs[spec]
     if lim == nil and spec then
       lim = false
-      local a, w1, w2, w3 = string.match(spec, '^(%S+) (%S+) (%S+) (%S+)$')
-      local c, p, b = tonumber(w1), tonumber(w2), tonumber(w3)
-      if c and p and b
+      local a, w1, w2, w3, w4 = string.match(spec, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+      local c, p, b, x = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4)
+      if c and p and b and x
           and c % 1 == 0 and c >= 1 and c < TWO53
           and p % 1 == 0 and p >= 1 and p < TWO53
-          and b % 1 == 0 and b >= 1 and b < TWO53 then
-        lim = { a, c, p, b }
+          and b % 1 == 0 and b >= 1 and b < TWO53
+          and x % 1 == 0 and x >= 0 and x < TWO53 then
+        lim = { a, c, p, b, x }
       end
       specs[spec] = lim
     end
-    local alg, c, p, b
+    local alg, c, p, b, cost
     if lim then
-      alg, c, p, b = lim[1], lim[2], lim[3], lim[4]
-    end
-    if cost == '1' then
-      cost = 1
-    else
-      cost = tonumber(cost)
-      if cost and not (cost >= 0 and cost == floor(cost)) then
-        cost = nil
-      end
+      alg, c, p, b, cost = lim[1], lim[2], lim[3], lim[4], lim[5]
     end
     k = k + 1
     local key = KEYS[k]
@@ -200,7 +198,7 @@ while argi <= nargs do
     -- is set by the caller).
     local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
 
-    if key and lim and cost and now <= E then
+    if key and lim and now <= E then
 
       if alg == 'gcra' then
         -- state {TAT}; T = ceil(period/count); admitted iff
@@ -682,7 +680,7 @@ while argi <= nargs do
 
     -- TTL (ms) of a written key: ceil(reset_us / 1000) + 1000.
 
-    local n = at + 4 * i - 3
+    local n = at + 3 * i - 3
     if nlines == 1 then
       -- The usual case: write at once (TTL in ms: ceil(reset_us / 1000) + 1000).
       if adm and val then
@@ -702,12 +700,12 @@ while argi <= nargs do
         end
       end
       if adm then
-        reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 1, rem, rst, rty
+        reply[n], reply[n + 1], reply[n + 2] = rem, rst, -2
       else
-        reply[at], reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 0, 0, rem, rst, rty
+        reply[n], reply[n + 1], reply[n + 2] = rem, rst, rty
       end
     elseif adm then
-      reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 1, rem, rst, rty
+      reply[n], reply[n + 1], reply[n + 2] = rem, rst, -2
       if val then
         pending = pending or {}
         local j = npending
@@ -716,14 +714,12 @@ while argi <= nargs do
         npending = j + 7
       end
     else
-      reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = 0, rem, rst, rty
+      reply[n], reply[n + 1], reply[n + 2] = rem, rst, rty
       all = 0
     end
   end
 
-  if all == 0 then
-    reply[at] = 0
-  else
+  if all == 1 then
     for j = 1, npending, 7 do
       local key, val = pending[j], pending[j + 1]
       local t = pending[j + 2] / 1000
