@@ -398,7 +398,7 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
     // SAFETY: the request is valid.
     let log = unsafe { (*(*r).connection).log };
     for (z, zone) in mcf.redis.iter().enumerate() {
-        let mut job = Job { id: 0, zone: z, lines: Vec::new() };
+        let mut job = Job { id: 0, zone: z, lines: Default::default() };
         for (line, res) in lines.iter().zip(ctx.results().iter()) {
             // SAFETY: configuration lines live as long as the cycle.
             let line = unsafe { &**line };

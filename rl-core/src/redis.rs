@@ -58,6 +58,7 @@ use std::fmt::Write as _;
 use std::hash::Hasher;
 
 use siphasher::sip::SipHasher13;
+use smallvec::SmallVec;
 
 use crate::limit::{Algorithm, Limit};
 
@@ -186,8 +187,12 @@ pub struct ScriptLine {
     pub retry_after_us: Option<u64>,
 }
 
+/// One request's lines' outcomes (inline up to two lines: no allocation for
+/// the usual request).
+pub type Lines = SmallVec<[ScriptLine; 2]>;
+
 /// One request's outcome: all lines admitted, and each line's outcome.
-pub type RequestReply = (bool, Vec<ScriptLine>);
+pub type RequestReply = (bool, Lines);
 
 /// Parses the script's reply for requests of `nlines[j]` lines each into
 /// (Redis time in ms, per-request outcomes); `None` if it is malformed
@@ -218,7 +223,7 @@ pub fn parse_reply(reply: &[i64], nlines: &[usize]) -> Option<(u64, Vec<RequestR
                     retry_after_us,
                 })
             })
-            .collect::<Option<Vec<_>>>()?;
+            .collect::<Option<Lines>>()?;
         out.push((lines.iter().all(|l| l.admitted), lines));
     }
     if !rest.is_empty() {

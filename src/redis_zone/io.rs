@@ -18,8 +18,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::{Client, Cmd, IntoConnectionInfo, RedisConnectionInfo, Script};
 use rl_core::limit::Limit;
-use rl_core::redis::{parse_reply, write_args, write_state_key, Arg, RequestReply, ScriptLine, LIMIT_SCRIPT};
+use rl_core::redis::{parse_reply, write_args, write_state_key, Arg, Lines, RequestReply, ScriptLine, LIMIT_SCRIPT};
 use futures_util::StreamExt;
+use smallvec::SmallVec;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Where a zone's Redis is.
@@ -46,7 +47,8 @@ pub struct ZoneSpec {
 pub struct Job {
     pub id: u64,
     pub zone: usize,
-    pub lines: Vec<JobLine>,
+    /// Inline up to two lines: no allocation for the usual request.
+    pub lines: SmallVec<[JobLine; 2]>,
 }
 
 /// A line of a job: whose state (the client key's tag, see
@@ -67,7 +69,7 @@ pub enum Failure {
 pub struct Reply {
     pub id: u64,
     pub zone: usize,
-    pub result: Result<(bool, Vec<ScriptLine>), Failure>,
+    pub result: Result<RequestReply, Failure>,
 }
 
 /// The queue the nginx thread drains when the eventfd fires.
@@ -259,10 +261,10 @@ impl ZoneConn {
         let prefix = &self.spec.prefix;
         let tags: Vec<u64> = job.lines.iter().map(|l| l.tag).collect();
         let Some(groups) = groups(&tags) else {
-            let (_, mut replies) = call(conn, script, prefix, &[&job.lines], true).await?;
+            let (_, mut replies) = call(conn, script, prefix, &[job.lines.as_slice()], true).await?;
             return replies.pop().ok_or_else(|| "malformed script reply".to_string());
         };
-        let mut lines = vec![ScriptLine::default(); job.lines.len()];
+        let mut lines: Lines = smallvec::smallvec![ScriptLine::default(); job.lines.len()];
         let mut all = true;
         for commit in [false, true] {
             let calls = groups.iter().map(|g| {
