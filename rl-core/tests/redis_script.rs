@@ -58,6 +58,15 @@ function commands.GET(key)
   return e and e.v or false
 end
 
+function commands.MGET(...)
+  local out = {}
+  for i, key in ipairs({ ... }) do
+    local e = live(key)
+    out[i] = (e and e.kind == 'string' and e.v) or false
+  end
+  return out
+end
+
 function commands.SET(key, value, px, ms, extra)
   assert(px == 'PX' and extra == nil, 'the script always sets PX')
   local ms = int_arg(ms)

@@ -94,12 +94,12 @@ local commit = ARGV[1] == '1'
 local nargs = #ARGV
 -- The reply so far, and its length.
 local reply, nreply = { ms }, 1
--- The string states this call has read or will write, by key (a missing key
--- is false): a key that several requests of the call use is read once and
--- written once, at the end (with the last write's value and TTL, as if each
--- request had written it). ttls[key]: the TTL of a pending write; dirty:
--- the keys with a pending write, in order.
-local held, ttls, dirty, ndirty = {}, {}, {}, 0
+-- The string states this call has read, by key (a missing key, or one of
+-- another type, is false): a key that several requests of the call use is
+-- read once and written once, at the end (with the last write's value and
+-- TTL, as if each request had written it). ttls[key]: the TTL of a pending
+-- write.
+local held, ttls = {}, {}
 -- A state this call wrote is kept as numbers until the end: nk[key] its
 -- algorithm, n1 / n2 / n3 its words (held[key] is then stale).
 local nk, n1, n2, n3 = {}, {}, {}, {}
@@ -139,9 +139,32 @@ local function str(key)
     held[key], nk[key] = v, nil
   elseif v == nil then
     v = redis.pcall('GET', key)
+    if type(v) ~= 'string' then v = false end
     held[key] = v
   end
   return v
+end
+
+-- Read every distinct key with MGET, 256 at a time (one call instead of a
+-- GET each; MGET answers nil for a key of another type, which GET reads as
+-- fresh too).
+do
+  local nkeys, list, n = #KEYS, {}, 0
+  for i = 1, nkeys + 1 do
+    local key = KEYS[i]
+    if key and held[key] == nil then
+      held[key] = false
+      n = n + 1
+      list[n] = key
+    end
+    if n == 256 or (i > nkeys and n > 0) then
+      local got = redis.call('MGET', unpack(list, 1, n))
+      for j = 1, n do
+        held[list[j]] = got[j] or false
+      end
+      n = 0
+    end
+  end
 end
 -- The lines' limits by their ARGV string (false if malformed).
 local specs = {}
@@ -692,10 +715,6 @@ while argi <= nargs do
           val()
           redis.call('PEXPIRE', key, string.format('%.0f', tc))
         else
-          if not ttls[key] then
-            ndirty = ndirty + 1
-            dirty[ndirty] = key
-          end
           nk[key], n1[key], n2[key], n3[key], ttls[key] = alg, v1, v2, v3, tc
         end
       end
@@ -730,10 +749,6 @@ while argi <= nargs do
         val()
         redis.call('PEXPIRE', key, string.format('%.0f', tc))
       else
-        if not ttls[key] then
-          ndirty = ndirty + 1
-          dirty[ndirty] = key
-        end
         nk[key], n1[key], n2[key], n3[key] = pending[j + 3], pending[j + 4], pending[j + 5], pending[j + 6]
         ttls[key] = tc
       end
@@ -741,17 +756,12 @@ while argi <= nargs do
   end
 end
 
-for j = 1, ndirty do
-  local key = dirty[j]
-  local tc = ttls[key]
-  if tc then
-    if tc < 100000000 then
-      tc = string.format('%d', tc)
-    else
-      tc = string.format('%.0f', tc)
-    end
-    redis.call('SET', key, str(key), 'PX', tc)
-    ttls[key] = nil
+for key, tc in pairs(ttls) do
+  if tc < 100000000 then
+    tc = string.format('%d', tc)
+  else
+    tc = string.format('%.0f', tc)
   end
+  redis.call('SET', key, str(key), 'PX', tc)
 end
 return reply
