@@ -145,6 +145,41 @@ local function str(key)
   return v
 end
 
+-- Plain digits, as this script writes a state of 1, 2 or 3 words.
+local PLAIN = { '^(%d+)$', '^(%d+) (%d+)$', '^(%d+) (%d+) (%d+)$' }
+
+-- A word of a state written by someone else: >= 0, floored, at most 2^53;
+-- anything else reads as 0.
+local function clamp(x)
+  if x and x >= 0 then
+    if TWO53 < x then x = TWO53 end
+    return x - x % 1
+  end
+  return 0
+end
+
+-- The state words of `key` for a line of algorithm `alg`, whose state has
+-- `n` words (a missing key, or missing words, read as 0).
+local function state(key, alg, n)
+  if nk[key] == alg then
+    return n1[key], n2[key], n3[key]
+  end
+  local v = str(key)
+  if not v then
+    return 0, 0, 0
+  end
+  local w1, w2, w3 = string.match(v, PLAIN[n])
+  if w1 then
+    w1, w2, w3 = w1 + 0, (w2 or 0) + 0, (w3 or 0) + 0
+    if TWO53 < w1 then w1 = TWO53 end
+    if TWO53 < w2 then w2 = TWO53 end
+    if TWO53 < w3 then w3 = TWO53 end
+    return w1, w2, w3
+  end
+  w1, w2, w3 = string.match(v, '^%s*(%S*)%s*(%S*)%s*(%S*)')
+  return clamp(tonumber(w1)), clamp(tonumber(w2)), clamp(tonumber(w3))
+end
+
 -- Read every distinct key with MGET, 256 at a time (one call instead of a
 -- GET each; MGET answers nil for a key of another type, which GET reads as
 -- fresh too).
@@ -233,25 +268,7 @@ while argi <= nargs do
         local BT = b * T
         if BT <= E then
           ok = true
-          local s = 0
-          if nk[key] == alg then
-            s = n1[key]
-          else
-            local v = str(key)
-            if v then
-              -- (a wrong-type error reply is a table: tonumber gives nil)
-              s = tonumber(v)
-              if not s and type(v) == 'string' then
-                s = tonumber(string.match(v, '^%s*(%S*)'))
-              end
-              if s and s >= 0 then
-                if TWO53 < s then s = TWO53 end
-                s = s - s % 1
-              else
-                s = 0
-              end
-            end
-          end
+          local s = state(key, alg, 1)
           local backlog = s - now
           if not (0 < backlog) then backlog = 0 end
           if cost <= b and backlog <= (b - cost) * T then
@@ -332,37 +349,7 @@ while argi <= nargs do
           -- state {k + 1, used}; windows [k*W, (k+1)*W).
           if W <= E then
             ok = true
-            local s1, s2 = 0, 0
-            local v
-            if nk[key] == alg then
-              s1, s2 = n1[key], n2[key]
-            else
-              v = str(key)
-            end
-            if type(v) == 'string' then
-              local w1, w2 = string.match(v, '^(%d+) (%d+)$')
-              if w1 then
-                -- as this script writes them: plain digits
-                s1, s2 = w1 + 0, w2 + 0
-                if TWO53 < s1 then s1 = TWO53 end
-                if TWO53 < s2 then s2 = TWO53 end
-              else
-                w1, w2 = string.match(v, '^%s*(%S+)%s*(%S*)')
-                s1, s2 = tonumber(w1), tonumber(w2)
-                if s1 and s1 >= 0 then
-                  if TWO53 < s1 then s1 = TWO53 end
-                  s1 = s1 - s1 % 1
-                else
-                  s1 = 0
-                end
-                if s2 and s2 >= 0 then
-                  if TWO53 < s2 then s2 = TWO53 end
-                  s2 = s2 - s2 % 1
-                else
-                  s2 = 0
-                end
-              end
-            end
+            local s1, s2 = state(key, alg, 2)
             local k = now / W
             k = k - k % 1
             local used = 0
@@ -392,44 +379,7 @@ while argi <= nargs do
           -- curr + cost + ceil(prev*(W-e)/W) <= B.
           if W <= E / 2 then
             ok = true
-            local s1, s2, s3 = 0, 0, 0
-            local v
-            if nk[key] == alg then
-              s1, s2, s3 = n1[key], n2[key], n3[key]
-            else
-              v = str(key)
-            end
-            if type(v) == 'string' then
-              local w1, w2, w3 = string.match(v, '^(%d+) (%d+) (%d+)$')
-              if w1 then
-                -- as this script writes them: plain digits
-                s1, s2, s3 = w1 + 0, w2 + 0, w3 + 0
-                if TWO53 < s1 then s1 = TWO53 end
-                if TWO53 < s2 then s2 = TWO53 end
-                if TWO53 < s3 then s3 = TWO53 end
-              else
-                w1, w2, w3 = string.match(v, '^%s*(%S+)%s*(%S*)%s*(%S*)')
-                s1, s2, s3 = tonumber(w1), tonumber(w2), tonumber(w3)
-                if s1 and s1 >= 0 then
-                  if TWO53 < s1 then s1 = TWO53 end
-                  s1 = s1 - s1 % 1
-                else
-                  s1 = 0
-                end
-                if s2 and s2 >= 0 then
-                  if TWO53 < s2 then s2 = TWO53 end
-                  s2 = s2 - s2 % 1
-                else
-                  s2 = 0
-                end
-                if s3 and s3 >= 0 then
-                  if TWO53 < s3 then s3 = TWO53 end
-                  s3 = s3 - s3 % 1
-                else
-                  s3 = 0
-                end
-              end
-            end
+            local s1, s2, s3 = state(key, alg, 3)
             local k = now / W
             k = k - k % 1
             local curr, prev = 0, 0
@@ -619,37 +569,7 @@ while argi <= nargs do
         local cap = b * p
         if cap <= E then
           ok = true
-          local s1, s2 = 0, 0
-          local v
-          if nk[key] == alg then
-            s1, s2 = n1[key], n2[key]
-          else
-            v = str(key)
-          end
-          if type(v) == 'string' then
-            local w1, w2 = string.match(v, '^(%d+) (%d+)$')
-            if w1 then
-              -- as this script writes them: plain digits
-              s1, s2 = w1 + 0, w2 + 0
-              if TWO53 < s1 then s1 = TWO53 end
-              if TWO53 < s2 then s2 = TWO53 end
-            else
-              w1, w2 = string.match(v, '^%s*(%S+)%s*(%S*)')
-              s1, s2 = tonumber(w1), tonumber(w2)
-              if s1 and s1 >= 0 then
-                if TWO53 < s1 then s1 = TWO53 end
-                s1 = s1 - s1 % 1
-              else
-                s1 = 0
-              end
-              if s2 and s2 >= 0 then
-                if TWO53 < s2 then s2 = TWO53 end
-                s2 = s2 - s2 % 1
-              else
-                s2 = 0
-              end
-            end
-          end
+          local s1, s2 = state(key, alg, 2)
           local used, last = s1, s2
           if cap < used then used = cap end
           if now > last then
