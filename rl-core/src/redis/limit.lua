@@ -44,22 +44,22 @@
 -- (fail closed: admitted 0, retry -1), so the script never over-admits;
 -- rl_core::redis::exact() tells which limits are in range.
 --
--- Cost. EVALSHA runs this whole body on every call, so it creates no
--- closures or tables on the common paths: each line dispatches on its
--- algorithm and runs straight-line code (math.min / max / floor / ceil are
--- inlined as comparisons and `x - x % 1`, which give the same results on
--- the finite values they see); the state words are parsed with one pattern
--- (plain digits as written here, else the general tokenizer); a request of
--- one line (the usual case) commits at once, without intermediate tables.
--- Only the rare paths (sliding_log, products beyond 2^53, several lines in
--- one request) build closures or tables. One call serves a whole batch of
--- requests (nginx sends those that arrived in one event-loop iteration), so
--- the call's own cost and TIME are paid once per batch. Number <-> string conversions dominate what is left:
--- digit strings are converted by arithmetic, and integers are written with
--- %d, in halves below 10^8 (a C long may be 32-bit), as %.0f costs several
--- times more. Redis calls: TIME (unless now is given) once, then per key
--- GET, and SET ... PX when admitted (sliding_log: LLEN, LINDEX, LPUSH,
--- LTRIM, PEXPIRE).
+-- Cost. One call serves a whole batch of requests (nginx sends those that
+-- arrived in one event-loop iteration), so the call's own cost (EVALSHA,
+-- TIME, its helper functions and tables) is paid once per batch. Per line
+-- the script dispatches on the algorithm and runs straight-line code
+-- (math.min / max / floor / ceil are inlined as comparisons and
+-- `x - x % 1`, which give the same results on the finite values they see);
+-- each distinct line string is parsed once per call; a state's words are
+-- parsed with one pattern (plain digits as written here, else the general
+-- tokenizer), and a key the call already wrote is read back as numbers.
+-- Only the rare paths (sliding_log, several lines in one request) build
+-- closures or tables per line. Number <-> string conversions dominate what
+-- is left: digit strings are converted by arithmetic, and integers are
+-- written with %d, in halves below 10^8 (a C long may be 32-bit), as %.0f
+-- costs several times more. Redis calls: TIME (unless now is given) and
+-- MGET of the distinct keys once, then per written key one SET ... PX
+-- (sliding_log: LLEN, LINDEX, LPUSH, LTRIM, PEXPIRE per line).
 
 if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
   -- Redis 3.2-4.x: allow writes after TIME (effects replication; later
@@ -143,6 +143,45 @@ local function str(key)
     held[key] = v
   end
   return v
+end
+
+-- floor(a*b/d) and (a*b mod d), exactly, for integers 0 <= a, b < 2^53 and
+-- 1 <= d < 2^53 (the remainder always, the quotient when < 2^53): plain
+-- doubles while a*b < 2^53, else long division by the bits of b.
+local function muldiv(a, b, d)
+  local p = a * b
+  if p < TWO53 then
+    local q = p / d
+    q = q - q % 1
+    return q, p - q * d
+  end
+  -- a*b = aq*b*d + ar*b; then ar*b = qq*d + r by the bits of b, high first.
+  local aq = floor(a / d)
+  local ar = a - aq * d
+  local bits, n, rest = {}, 0, b
+  while rest > 0 do
+    local bit = rest % 2
+    n = n + 1
+    bits[n] = bit
+    rest = (rest - bit) / 2
+  end
+  local qq, r = 0, 0
+  for i = n, 1, -1 do
+    qq = qq + qq
+    if r >= d - r then
+      r, qq = r - (d - r), qq + 1
+    else
+      r = r + r
+    end
+    if bits[i] == 1 then
+      if r >= d - ar then
+        r, qq = r - (d - ar), qq + 1
+      else
+        r = r + ar
+      end
+    end
+  end
+  return aq * b + qq, r
 end
 
 -- Plain digits, as this script writes a state of 1, 2 or 3 words.
@@ -290,60 +329,9 @@ while argi <= nargs do
         end
 
       elseif alg == 'fixed' or alg == 'sliding' or alg == 'sliding_log' then
-        local x = b * p
-        local muldiv
-        if x >= TWO53 or b * (x / c + 1) >= 4e15 then
-          -- Some product below may reach 2^53 (else all of them, at most
-          -- burst*W, stay below): the exact muldiv. floor(a*b/d) and
-          -- (a*b mod d), for integers 0 <= a, b < 2^53 and 1 <= d < 2^53:
-          -- the remainder is always exact, the quotient when < 2^53.
-          muldiv = function(a, b, d)
-            local p = a * b
-            if p < TWO53 then
-              local q = floor(p / d)
-              return q, p - q * d
-            end
-            -- a*b = aq*b*d + ar*b; then ar*b = qq*d + r by the bits of b,
-            -- high first.
-            local aq = floor(a / d)
-            local ar = a - aq * d
-            local bits, n, rest = {}, 0, b
-            while rest > 0 do
-              local bit = rest % 2
-              n = n + 1
-              bits[n] = bit
-              rest = (rest - bit) / 2
-            end
-            local qq, r = 0, 0
-            for i = n, 1, -1 do
-              qq = qq + qq
-              if r >= d - r then
-                r, qq = r - (d - r), qq + 1
-              else
-                r = r + r
-              end
-              if bits[i] == 1 then
-                if r >= d - ar then
-                  r, qq = r - (d - ar), qq + 1
-                else
-                  r = r + ar
-                end
-              end
-            end
-            return aq * b + qq, r
-          end
-        end
         -- W = ceil(burst*period/count)
-        local W
-        if x < TWO53 then
-          W = x / c
-          W = W - W % 1
-          if x - W * c > 0 then W = W + 1 end
-        else
-          local r
-          W, r = muldiv(b, p, c)
-          if r > 0 then W = W + 1 end
-        end
+        local W, r = muldiv(b, p, c)
+        if r > 0 then W = W + 1 end
 
         if alg == 'fixed' then
           -- state {k + 1, used}; windows [k*W, (k+1)*W).
@@ -399,17 +387,8 @@ while argi <= nargs do
             span = W - span
             if not (0 < span) then span = 0 end
             -- pw: ceil of the previous window's weighted count
-            local pw
-            x = prev * span
-            if x < TWO53 then
-              pw = x / W
-              pw = pw - pw % 1
-              if x - pw * W > 0 then pw = pw + 1 end
-            else
-              local r
-              pw, r = muldiv(prev, span, W)
-              if r > 0 then pw = pw + 1 end
-            end
+            local pw, r = muldiv(prev, span, W)
+            if r > 0 then pw = pw + 1 end
             local cc = curr
             if curr + cost + pw <= b then
               adm, rem = true, b - curr - cost - pw
@@ -426,26 +405,14 @@ while argi <= nargs do
                 if curr + cost <= b then
                   local room, slack = b - curr - cost, W
                   if prev > 0 and room < prev then
-                    x = room * W
-                    if x < TWO53 then
-                      slack = x / prev
-                      slack = slack - slack % 1
-                    else
-                      slack = muldiv(room, W, prev)
-                    end
+                    slack = muldiv(room, W, prev)
                   end
                   if slack > 0 then offset = W - slack end
                 end
                 if offset == nil then
                   local room, slack = b - cost, W
                   if curr > 0 and room < curr then
-                    x = room * W
-                    if x < TWO53 then
-                      slack = x / curr
-                      slack = slack - slack % 1
-                    else
-                      slack = muldiv(room, W, curr)
-                    end
+                    slack = muldiv(room, W, curr)
                   end
                   if slack > 0 then
                     offset = W + (W - slack)
