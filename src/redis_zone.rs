@@ -33,7 +33,6 @@ pub struct RedisZone {
     pub shown: String,
     pub spec: ZoneSpec,
     pub on_error_allow: bool,
-    pub prefix: String,
     /// Errors seen by this worker (timeouts included).
     pub errors: Cell<u64>,
     /// Log throttling: the second of the last message and messages in it.
@@ -76,9 +75,8 @@ impl RedisZone {
         Ok(RedisZone {
             name: name.to_string(),
             shown: redact(url),
-            spec: ZoneSpec { target, timeout, prefix: prefix.clone() },
+            spec: ZoneSpec { target, timeout, prefix },
             on_error_allow: allow,
-            prefix,
             errors: Cell::new(0),
             log_second: Cell::new(0),
             log_count: Cell::new(0),

@@ -254,14 +254,9 @@ pub fn write_state_key(out: &mut String, prefix: &str, tag: u64, line_id: u64) {
     let _ = write!(out, "{{{tag:016x}}}:{line_id:016x}");
 }
 
-/// A line's state key: `{prefix}{{{tag}}}:{line_id:016x}`.
-pub fn state_key(prefix: &str, key_tag: &str, line_id: u64) -> String {
-    let mut key = String::with_capacity(prefix.len() + key_tag.len() + 20);
-    key.push_str(prefix);
-    key.push('{');
-    key.push_str(key_tag);
-    key.push('}');
-    // Writing to a String cannot fail.
-    let _ = write!(key, ":{line_id:016x}");
+/// A line's state key (see [`write_state_key`]).
+pub fn state_key(prefix: &str, tag: u64, line_id: u64) -> String {
+    let mut key = String::with_capacity(prefix.len() + 40);
+    write_state_key(&mut key, prefix, tag, line_id);
     key
 }

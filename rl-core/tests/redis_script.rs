@@ -367,8 +367,8 @@ fn limit(alg: Algorithm, count: u64, period_us: u64, burst: u64) -> Limit {
 }
 
 fn keys(n: usize) -> Vec<String> {
-    let tag = key_tag(b"client");
-    (0..n).map(|i| state_key("rl:", &tag, i as u64)).collect()
+    let tag = tag_of(b"client");
+    (0..n).map(|i| state_key("rl:", tag, i as u64)).collect()
 }
 
 /// The model's answer in the script's terms.
@@ -904,11 +904,12 @@ fn rust_interface() {
     assert_ne!(tag, key_tag(b"203.0.113.8"));
     // Pinned: the tag must not change across builds or hosts.
     assert_eq!(key_tag(b""), "d1fba762150c532c");
+    // Keys carry the tag as hex in a Cluster hash tag; writing appends.
     let mut k = String::from("x");
     write_state_key(&mut k, "rl:", tag_of(b"203.0.113.7"), 0x2a);
-    assert_eq!(k, format!("x{}", state_key("rl:", &tag, 0x2a)));
+    assert_eq!(k, format!("xrl:{{{tag}}}:000000000000002a"));
     assert_eq!(
-        state_key("rl:", "0123456789abcdef", 0x2a),
+        state_key("rl:", 0x0123456789abcdef, 0x2a),
         "rl:{0123456789abcdef}:000000000000002a"
     );
     let l = limit(Algorithm::TokenBucket, 10, 60_000_000, 20);

@@ -261,8 +261,7 @@ impl ZoneConn {
         let prefix = &self.spec.prefix;
         let tags: Vec<u64> = job.lines.iter().map(|l| l.tag).collect();
         let Some(groups) = groups(&tags) else {
-            let (_, mut replies) = call(conn, script, prefix, &[job.lines.as_slice()], true).await?;
-            return replies.pop().ok_or_else(|| "malformed script reply".to_string());
+            return call_one(conn, script, prefix, &job.lines, true).await;
         };
         let mut lines: Lines = smallvec::smallvec![ScriptLine::default(); job.lines.len()];
         let mut all = true;
@@ -270,10 +269,7 @@ impl ZoneConn {
             let calls = groups.iter().map(|g| {
                 let sub: Vec<JobLine> = g.iter().map(|&i| job.lines[i]).collect();
                 let conn = conn.clone();
-                async move {
-                    let (_, mut replies) = call(conn, script, prefix, &[&sub], commit).await?;
-                    replies.pop().ok_or_else(|| "malformed script reply".to_string())
-                }
+                async move { call_one(conn, script, prefix, &sub, commit).await }
             });
             for (g, r) in groups.iter().zip(futures_util::future::join_all(calls).await) {
                 let (ok, res) = r?;
@@ -329,6 +325,12 @@ async fn call(
     };
     let nlines: Vec<usize> = requests.iter().map(|r| r.len()).collect();
     parse_reply(&reply, &nlines).ok_or_else(|| "malformed script reply".to_string())
+}
+
+/// [`call`] for one request.
+async fn call_one(conn: Conn, script: &Script, prefix: &str, lines: &[JobLine], commit: bool) -> Result<RequestReply, String> {
+    let (_, mut replies) = call(conn, script, prefix, &[lines], commit).await?;
+    replies.pop().ok_or_else(|| "malformed script reply".to_string())
 }
 
 /// Sends `command(false)` (`EVALSHA`), and `command(true)` (`EVAL`) after
