@@ -572,8 +572,10 @@ fn state_keys_have_ttl_and_expire() {
     for k in &keys {
         assert!(key_shape_ok(k, "rl:"), "key {k:?} is not rl:{{<16 hex>}}:<16 hex>");
         let pttl: i64 = redis.cli(&["PTTL", k]).parse().unwrap();
-        // TTL = reset (at most 2 windows of 0.5 s, for `sliding`) + 1 s.
-        assert!(pttl > 0 && pttl <= 2000, "PTTL of {k}: {pttl}");
+        // TTL = reset (at most 2 windows of 0.5 s, for `sliding`) + 1 s,
+        // + up to 1 s of slack for string states (set once, kept by the
+        // next writes).
+        assert!(pttl > 0 && pttl <= 3000, "PTTL of {k}: {pttl}");
         max_ttl = max_ttl.max(pttl);
     }
     // Every line has its own key, all with the same client tag.
@@ -583,7 +585,7 @@ fn state_keys_have_ttl_and_expire() {
     assert_eq!(pkeys.len(), 1, "prefix=myapp: {pkeys:?}");
     assert!(key_shape_ok(&pkeys[0], "myapp:"), "{pkeys:?}");
     let pttl: i64 = redis.cli(&["PTTL", &pkeys[0]]).parse().unwrap();
-    assert!(pttl > 0 && pttl <= 2000, "PTTL of {}: {pttl}", pkeys[0]);
+    assert!(pttl > 0 && pttl <= 3000, "PTTL of {}: {pttl}", pkeys[0]);
 
     thread::sleep(Duration::from_millis(max_ttl.max(pttl) as u64 + 300));
     assert_eq!(redis.keys("rl:*"), Vec::<String>::new(), "keys left after their TTL");

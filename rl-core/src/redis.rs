@@ -30,11 +30,16 @@
 //! (after the requests before it in the call); the commits are
 //! [`Limit::commit`]s. A rejected request writes nothing.
 //!
-//! State: the O(1) algorithms keep [`Limit::state_words`] words as a
-//! space-separated string (`SET key "w0 w1" PX ttl`); `sliding_log` keeps a
-//! LIST of admission timestamps, newest first. Every write sets a TTL of the
-//! key's reset time + [`TTL_MARGIN_MS`]; by then its state reads as fresh, so
-//! expiry never changes a decision and memory stays bounded.
+//! State: the O(1) algorithms keep [`Limit::state_words`] words and the
+//! key's expiry (ms of the Redis clock) as a string of a 0 byte and
+//! little-endian doubles (exact for integers below 2^53; Lua's `struct`
+//! packs them far faster than it formats digits). `sliding_log` keeps a LIST
+//! of admission timestamps, newest first. Every key lives at least until its
+//! reset time + [`TTL_MARGIN_MS`], when its state reads as fresh, so expiry
+//! never changes a decision, and at most [`TTL_SLACK_MS`] longer, so memory
+//! stays bounded: see [`expiry_after_write`]. A write that keeps the expiry
+//! overwrites the value in place (`SETRANGE`), which costs Redis much less
+//! than `SET ... PX`.
 //!
 //! # Exactness
 //!
@@ -67,6 +72,25 @@ pub const LIMIT_SCRIPT: &str = include_str!("redis/limit.lua");
 
 /// Added to every key's reset time to get its TTL.
 pub const TTL_MARGIN_MS: u64 = 1000;
+
+/// How much longer than needed a key may live: when a write needs a later
+/// expiry, the script sets this much more, so that a busy key's TTL is set
+/// about once per `TTL_SLACK_MS` rather than on every write.
+pub const TTL_SLACK_MS: u64 = 1000;
+
+/// The expiry (ms of the Redis clock) of a string state key after a write at
+/// `now_ms` of a state that resets in `reset_us`, when the key had expiry
+/// `prev_ms` (0: missing, or not known from its value): kept while it covers
+/// the reset time + [`TTL_MARGIN_MS`], else that + [`TTL_SLACK_MS`].
+/// (`sliding_log` keys get exactly the reset time + [`TTL_MARGIN_MS`].)
+pub fn expiry_after_write(prev_ms: u64, now_ms: u64, reset_us: u64) -> u64 {
+    let need = now_ms + reset_us.div_ceil(1000) + TTL_MARGIN_MS;
+    if prev_ms < need {
+        need + TTL_SLACK_MS
+    } else {
+        prev_ms
+    }
+}
 
 /// Bound on the script's intermediate values (2^52 µs ≈ year 2112 as a Unix
 /// time): see the module docs.

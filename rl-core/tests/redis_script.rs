@@ -10,15 +10,15 @@ use proptest::sample::select;
 use rl_core::limit::{Algorithm, Limit, Outcome};
 use rl_core::parse::Rate;
 use rl_core::redis::{
-    exact, key_tag, parse_reply, script_args, state_key, tag_of, write_state_key, ScriptLine,
-    LIMIT_SCRIPT, MAX_EXACT, TTL_MARGIN_MS,
+    exact, expiry_after_write, key_tag, parse_reply, script_args, state_key, tag_of,
+    write_state_key, ScriptLine, LIMIT_SCRIPT, MAX_EXACT, TTL_MARGIN_MS, TTL_SLACK_MS,
 };
 
 /// The fake Redis: the commands the script may use, with Redis' argument and
 /// reply conversions, lazy expiry on `fake.now` (µs), a write counter, and
 /// Redis' protection against globals.
 const FAKE_REDIS: &str = r#"
-fake = { now = 0, data = {}, writes = 0, calls = 0, expired = 0 }
+fake = { now = 0, data = {}, writes = 0, calls = 0, expired = 0, count = {} }
 
 local function live(key)
   local e = fake.data[key]
@@ -74,6 +74,16 @@ function commands.SET(key, value, px, ms, extra)
   fake.data[key] = { kind = 'string', v = value, exp = fake.now + ms * 1000 }
   fake.writes = fake.writes + 1
   return { ok = 'OK' }
+end
+
+-- The script overwrites a whole value of the same length in place (the
+-- key keeps its TTL).
+function commands.SETRANGE(key, offset, value)
+  local e = typed(key, 'string')
+  assert(e and offset == '0' and #value == #e.v, 'SETRANGE overwrites a whole value')
+  e.v = value
+  fake.writes = fake.writes + 1
+  return #value
 end
 
 function commands.PEXPIRE(key, ms)
@@ -144,6 +154,7 @@ end
 
 local function call(cmd, ...)
   fake.calls = fake.calls + 1
+  fake.count[string.upper(cmd)] = (fake.count[string.upper(cmd)] or 0) + 1
   local f = commands[string.upper(cmd)]
   if not f then error({ err = 'ERR unknown command ' .. cmd }) end
   local args = { ... }
@@ -184,11 +195,33 @@ function fake.expiry(key)
   return e and e.exp or false
 end
 
+-- A string state as the script writes it: its words, and the expiry it
+-- carries (ms), or nil if it is not one.
+local function decode(v)
+  if string.byte(v, 1) ~= 0 or (#v - 1) % 8 ~= 0 then return nil end
+  local fmt = '<' .. string.rep('d', (#v - 1) / 8)
+  local out = { struct.unpack(fmt, v, 2) }
+  out[#out] = nil -- the next position
+  local x = table.remove(out)
+  for i, w in ipairs(out) do out[i] = string.format('%.0f', w) end
+  return table.concat(out, ' '), x
+end
+
+-- The words of a string state (or the raw value if the script did not
+-- write it), or a list joined by spaces.
 function fake.value(key)
   local e = live(key)
   if not e then return false end
-  if e.kind == 'string' then return e.v end
+  if e.kind == 'string' then return decode(e.v) or e.v end
   return table.concat(e.v, ' ')
+end
+
+-- The expiry (ms) a string state carries, or false.
+function fake.stored_expiry(key)
+  local e = live(key)
+  if not (e and e.kind == 'string') then return false end
+  local _, x = decode(e.v)
+  return x or false
 end
 
 function fake.kind(key)
@@ -206,7 +239,12 @@ function fake.snapshot()
   for _, k in ipairs(keys) do
     local e = fake.data[k]
     local v = e.v
-    if e.kind == 'list' then v = table.concat(v, ',') end
+    if e.kind == 'list' then
+      v = table.concat(v, ',')
+    else
+      local w, x = decode(v)
+      if w then v = w .. '#' .. string.format('%.0f', x) end
+    end
     out[#out + 1] = k .. '=' .. e.kind .. ':' .. v .. '@' .. tostring(e.exp)
   end
   return table.concat(out, ';')
@@ -226,9 +264,58 @@ struct Redis {
     fake: Table,
 }
 
+/// Redis' `struct` library, the formats the script uses: `<` (little
+/// endian), `B` (a byte), `d` (a double).
+fn struct_lib(lua: &Lua) -> Table {
+    fn items(fmt: &[u8]) -> impl Iterator<Item = u8> + '_ {
+        assert_eq!(fmt.first(), Some(&b'<'), "struct: little endian only");
+        fmt[1..].iter().map(|&c| {
+            assert!(c == b'B' || c == b'd', "struct: format {}", c as char);
+            c
+        })
+    }
+    let t = lua.create_table().unwrap();
+    let pack = lua
+        .create_function(|lua, (fmt, args): (mlua::String, mlua::Variadic<f64>)| {
+            let mut out = Vec::new();
+            let mut args = args.iter();
+            for c in items(&fmt.as_bytes()) {
+                let x = *args.next().expect("struct.pack: too few arguments");
+                match c {
+                    b'B' => out.push(x as u8),
+                    _ => out.extend_from_slice(&x.to_le_bytes()),
+                }
+            }
+            lua.create_string(&out)
+        })
+        .unwrap();
+    let unpack = lua
+        .create_function(|_, (fmt, data, init): (mlua::String, mlua::String, Option<usize>)| {
+            let data = data.as_bytes();
+            let mut pos = init.unwrap_or(1) - 1;
+            let mut out = Vec::new();
+            for c in items(&fmt.as_bytes()) {
+                let n = if c == b'B' { 1 } else { 8 };
+                let b = data.get(pos..pos + n).expect("struct.unpack: data string too short");
+                out.push(match c {
+                    b'B' => f64::from(b[0]),
+                    _ => f64::from_le_bytes(b.try_into().unwrap()),
+                });
+                pos += n;
+            }
+            out.push((pos + 1) as f64);
+            Ok(mlua::Variadic::from_iter(out))
+        })
+        .unwrap();
+    t.set("pack", pack).unwrap();
+    t.set("unpack", unpack).unwrap();
+    t
+}
+
 impl Redis {
     fn new() -> Redis {
         let lua = Lua::new();
+        lua.globals().set("struct", struct_lib(&lua)).unwrap();
         lua.load(FAKE_REDIS).set_name("fake_redis").exec().unwrap();
         let script = lua
             .load(LIMIT_SCRIPT)
@@ -245,6 +332,12 @@ impl Redis {
 
     fn writes(&self) -> u64 {
         self.fake.get::<f64>("writes").unwrap() as u64
+    }
+
+    /// How many times the script called `cmd`.
+    fn count(&self, cmd: &str) -> u64 {
+        let count: Table = self.fake.get("count").unwrap();
+        count.get::<Option<f64>>(cmd).unwrap().unwrap_or(0.0) as u64
     }
 
     fn snapshot(&self) -> String {
@@ -271,7 +364,16 @@ impl Redis {
         }
     }
 
-    /// The key's value: a string, or a list joined by spaces.
+    /// The expiry (ms) a string state carries in its value.
+    fn stored_expiry(&self, key: &str) -> Option<u64> {
+        match self.helper("stored_expiry", key) {
+            Value::Boolean(false) => None,
+            v => Some(number(&v) as u64),
+        }
+    }
+
+    /// The key's value: a string state's words (the raw string if the
+    /// script did not write it), or a list joined by spaces.
     fn value(&self, key: &str) -> Option<String> {
         match self.helper("value", key) {
             Value::String(s) => Some(s.to_str().unwrap().to_owned()),
@@ -422,6 +524,8 @@ struct Pair {
     redis: Redis,
     keys: Vec<String>,
     states: Vec<Vec<u64>>,
+    /// Each string state key's expiry (ms) as the TTL policy predicts it.
+    expiries: Vec<u64>,
 }
 
 impl Pair {
@@ -433,6 +537,7 @@ impl Pair {
                 .iter()
                 .map(|(l, _)| vec![0; l.state_words()])
                 .collect(),
+            expiries: vec![0; lines.len()],
         }
     }
 
@@ -444,6 +549,11 @@ impl Pair {
         use_time: bool,
     ) -> (bool, Vec<ScriptLine>) {
         self.redis.set_now(now);
+        for (key, x) in self.keys.iter().zip(self.expiries.iter_mut()) {
+            if self.redis.value(key).is_none() {
+                *x = 0; // expired (or never written)
+            }
+        }
         let (snap, writes) = (self.redis.snapshot(), self.redis.writes());
         let got = self.redis.run(&self.keys, lines, now, commit, use_time);
         let want = model(lines, &mut self.states, now, commit);
@@ -465,12 +575,23 @@ impl Pair {
                 _ => "string",
             };
             assert_eq!(self.redis.kind(key).as_deref(), Some(kind));
-            // Every key has a TTL: reset + margin, set when written.
+            // Every key has a TTL: for a log, reset + margin, set when
+            // written; for a string state, as expiry_after_write() says,
+            // and the value carries it.
             let exp = self.redis.expiry(key).expect("key without TTL");
-            if wrote && *c > 0 {
-                let ttl_ms = want.1[i].reset_us.div_ceil(1000) + TTL_MARGIN_MS;
-                assert_eq!(exp, now + ttl_ms * 1000, "TTL of line {i}");
+            if l.algorithm() == Algorithm::SlidingLog {
+                if wrote && *c > 0 {
+                    let ttl_ms = want.1[i].reset_us.div_ceil(1000) + TTL_MARGIN_MS;
+                    assert_eq!(exp, now + ttl_ms * 1000, "TTL of line {i}");
+                }
+                continue;
             }
+            if wrote && *c > 0 {
+                let x = &mut self.expiries[i];
+                *x = expiry_after_write(*x, now / 1000, want.1[i].reset_us);
+            }
+            assert_eq!(self.redis.stored_expiry(key), Some(self.expiries[i]), "line {i}");
+            assert_eq!(exp / 1000, self.expiries[i], "TTL of line {i}");
         }
         got
     }
@@ -568,6 +689,26 @@ fn cases_sliding_weights_previous_window() {
     assert!(!o.admitted && o.retry_after_us == Some(250_000), "{o:?}");
 }
 
+/// A busy key's TTL is set about once per TTL_SLACK_MS; the writes between
+/// keep its expiry (which always covers the state's reset + margin: `step`
+/// checks it) and overwrite the value in place.
+#[test]
+fn busy_key_sets_its_ttl_once_per_slack() {
+    use Algorithm::*;
+    for alg in [Fixed, Sliding, TokenBucket, LeakyBucket, Gcra] {
+        // 1000 r/s, burst 100 (fixed windows of 100 ms), 1 request per
+        // 10 ms for 3 s: all admitted.
+        let l = limit(alg, 1000, 1_000_000, 100);
+        let mut p = Pair::new(&[(l, 1)]);
+        for i in 0..300 {
+            assert!(p.step(&[(l, 1)], T0 + i * 10_000, true, false).0, "{alg}");
+        }
+        let (sets, in_place) = (p.redis.count("SET"), p.redis.count("SETRANGE"));
+        assert_eq!(sets + in_place, 300, "{alg}");
+        assert!((3..=4).contains(&sets), "{alg}: {sets} SET ... PX in 3 s");
+    }
+}
+
 #[test]
 fn expired_key_reads_as_fresh() {
     for alg in Algorithm::ALL {
@@ -576,7 +717,8 @@ fn expired_key_reads_as_fresh() {
         let o = p.step(&[(l, 3)], T0, true, false).1[0];
         let key = p.keys[0].clone();
         let exp = p.redis.expiry(&key).unwrap();
-        assert_eq!(exp, T0 + o.reset_us.div_ceil(1000) * 1000 + 1_000_000);
+        let slack = if alg == Algorithm::SlidingLog { 0 } else { TTL_SLACK_MS * 1000 };
+        assert_eq!(exp, T0 + o.reset_us.div_ceil(1000) * 1000 + 1_000_000 + slack);
         p.redis.set_now(exp - 1);
         assert!(p.redis.value(&key).is_some(), "{alg}");
         p.redis.set_now(exp);
@@ -698,7 +840,10 @@ fn foreign_state_reads_like_the_model() {
                     l.commit(&mut s, now, cost);
                     assert_eq!(r.value(&k[0]), Some(stored(&l, &s)), "{what}");
                     assert_eq!(r.kind(&k[0]).as_deref(), Some("string"), "{what}");
-                    let ttl_ms = want.reset_us.div_ceil(1000) + TTL_MARGIN_MS;
+                    let mut ttl_ms = want.reset_us.div_ceil(1000) + TTL_MARGIN_MS;
+                    if alg != Algorithm::SlidingLog {
+                        ttl_ms += TTL_SLACK_MS; // the raw value carried no expiry
+                    }
                     assert_eq!(r.expiry(&k[0]), Some(now + ttl_ms * 1000), "{what}");
                 } else {
                     assert_eq!(r.writes(), 0, "{what}");

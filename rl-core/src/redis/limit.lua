@@ -24,11 +24,17 @@
 -- admitted (and committed) iff all its lines are.
 --
 -- State: for fixed / sliding / token_bucket / leaky_bucket / gcra a string
--- of rl-core's u64 state words, space-separated (missing key = zeroes); for
--- sliding_log a LIST of the admission timestamps, newest first. Every write
--- sets a TTL of the key's reset time + 1000 ms: by then the state reads as
--- fresh, so expiry never changes a decision. A rejected request, or mode
--- "0", writes nothing. A key of the wrong type reads as fresh.
+-- of a 0 byte, then rl-core's u64 state words and the key's expiry (ms of
+-- the Redis clock) as little-endian doubles (missing key = zeroes; a text
+-- of digits, as older versions wrote, still reads); for sliding_log a LIST
+-- of the admission timestamps, newest first. A key lives at least until its
+-- reset time + 1000 ms, when the state reads as fresh, so expiry never
+-- changes a decision: a write that needs a later expiry sets that + 1000 ms
+-- (SET ... PX), the next writes keep it and overwrite the value in place
+-- (SETRANGE, of the same length), so a busy key's TTL is set about once a
+-- second (rl_core::redis::expiry_after_write). A sliding_log write sets its
+-- TTL to reset + 1000 ms. A rejected request, or mode "0", writes nothing.
+-- A key of the wrong type reads as fresh.
 --
 -- Exactness. Lua 5.1 numbers are doubles, exact for integers up to 2^53.
 -- With E = 2^52 (now <= E is true until the year 2112), results are exact
@@ -46,20 +52,20 @@
 --
 -- Cost. One call serves a whole batch of requests (nginx sends those that
 -- arrived in one event-loop iteration), so the call's own cost (EVALSHA,
--- TIME, its helper functions and tables) is paid once per batch. Per line
--- the script dispatches on the algorithm and runs straight-line code
--- (math.min / max / floor / ceil are inlined as comparisons and
--- `x - x % 1`, which give the same results on the finite values they see);
--- each distinct line string is parsed once per call; a state's words are
--- parsed with one pattern (plain digits as written here, else the general
--- tokenizer), and a key the call already wrote is read back as numbers.
--- Only the rare paths (sliding_log, several lines in one request) build
--- closures or tables per line. Number <-> string conversions dominate what
--- is left: digit strings are converted by arithmetic, and integers are
--- written with %d, in halves below 10^8 (a C long may be 32-bit), as %.0f
--- costs several times more. Redis calls: TIME (unless now is given) and
--- MGET of the distinct keys once, then per written key one SET ... PX
--- (sliding_log: LLEN, LINDEX, LPUSH, LTRIM, PEXPIRE per line).
+-- TIME, MGET, its helper functions and tables) is paid once per batch. In
+-- Redis' Lua every table access costs about a hundred machine
+-- instructions, and a table or closure built, or a C function called,
+-- about a thousand: per line the script does as few of each as it can.
+-- Each distinct line string is parsed once per call, with its algorithm's
+-- constants (W, T, capacity); per line it dispatches on the algorithm and
+-- runs straight-line code (math.min / max / floor / ceil are inlined as
+-- comparisons and `x - x % 1`, which give the same results on the finite
+-- values they see); a state is unpacked and packed by one struct call each.
+-- A key that only one line of the call uses is written at once; a key
+-- several lines share is kept as numbers and written once, at the end.
+-- Redis calls: TIME (unless now is given) and MGET of the distinct keys once
+-- per call, then per written key one SETRANGE (or SET ... PX about once a
+-- second; sliding_log: LLEN, LINDEX, LPUSH, LTRIM, PEXPIRE per line).
 
 if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
   -- Redis 3.2-4.x: allow writes after TIME (effects replication; later
@@ -68,6 +74,7 @@ if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
   pcall(redis.replicate_commands)
 end
 
+local KEYS, ARGV = KEYS, ARGV
 local floor = math.floor
 local TWO53 = 9007199254740992
 local E = 4503599627370496
@@ -94,55 +101,164 @@ local commit = ARGV[1] == '1'
 local nargs = #ARGV
 -- The reply so far, and its length.
 local reply, nreply = { ms }, 1
--- The string states this call has read, by key (a missing key, or one of
--- another type, is false): a key that several requests of the call use is
--- read once and written once, at the end (with the last write's value and
--- TTL, as if each request had written it). ttls[key]: the TTL of a pending
--- write.
-local held, ttls = {}, {}
--- A state this call wrote is kept as numbers until the end: nk[key] its
--- algorithm, n1 / n2 / n3 its words (held[key] is then stale).
-local nk, n1, n2, n3 = {}, {}, {}, {}
 
--- An integer word as digits (%d in halves below 10^8: a C long may be
--- 32-bit, and %.0f costs several times more).
-local function word(x)
+-- The call's distinct keys: slot[key] = j, names[j] = key, in order of first
+-- use; cur[j] the string MGET read (false: missing, or of another type; nil:
+-- read it again, after a sliding_log line used the key).
+local slot, names, cur, nslots = {}, {}, nil, 0
+-- A key that only one line of the call uses is written at once. The others'
+-- states are kept as numbers and SET once at the end (with the last write's
+-- value and expiry, as if each request had written it): slot j's record is
+-- R[6j-5 .. 6j] = algorithm, w1, w2, w3, expiry, and the expiry the key had
+-- before the call (-1 once the algorithm changed); R[6j] = true marks such a
+-- slot before its first write. (One flat table: in Redis' Lua a table per
+-- key, or a C function call such as type(), costs about as much as the
+-- rest of a line's work.)
+local R = {}
+
+-- Stored form: a 0 byte, then the state's words and the key's expiry (ms of
+-- the Redis clock) as little-endian doubles, exact below 2^53 (struct's C
+-- code packs and unpacks them several times faster than Lua formats or
+-- parses digits).
+local pack, unpack_ = struct.pack, struct.unpack
+local function encode(j)
+  local o = 6 * j
+  local a = R[o - 5]
+  if a == 'gcra' then
+    return pack('<Bdd', 0, R[o - 4], R[o - 1])
+  elseif a == 'sliding' then
+    return pack('<Bdddd', 0, R[o - 4], R[o - 3], R[o - 2], R[o - 1])
+  end
+  return pack('<Bddd', 0, R[o - 4], R[o - 3], R[o - 1])
+end
+
+-- A word of a state written by someone else: >= 0, floored, at most 2^53;
+-- anything else (NaN included) reads as 0.
+local function clamp(x)
+  if x and x >= 0 then
+    if TWO53 < x then x = TWO53 end
+    return x - x % 1
+  end
+  return 0
+end
+
+-- The state words of slot j for a line of algorithm `alg`, whose state has
+-- `n` words (a missing key, or missing words, read as 0). Sets `sx` to the
+-- key's expiry as stored with the state (0: unknown).
+local sx = 0
+local function state(j, alg, n)
+  local o = 6 * j
+  local a = R[o - 5]
+  if a == alg then
+    sx = R[o - 1]
+    return R[o - 4], R[o - 3], R[o - 2]
+  end
+  local v
+  if a then
+    -- (another algorithm's numbers: only a key that changed algorithm)
+    v = encode(j)
+  else
+    v = cur[j]
+    if v == nil then
+      v = redis.pcall('GET', names[j])
+      if type(v) ~= 'string' then v = false end
+      cur[j] = v
+    end
+  end
+  sx = 0
+  if not v then
+    return 0, 0, 0
+  end
+  if #v == 9 + 8 * n then
+    local m, w1, w2, w3, x
+    if n == 2 then
+      m, w1, w2, x = unpack_('<Bddd', v)
+      w3 = 0
+    elseif n == 1 then
+      m, w1, x = unpack_('<Bdd', v)
+      w2, w3 = 0, 0
+    else
+      m, w1, w2, w3, x = unpack_('<Bdddd', v)
+    end
+    if m == 0 then
+      if 0 < x then sx = x end
+      if 0 <= w1 and 0 <= w2 and 0 <= w3 and w1 <= TWO53 and w2 <= TWO53 and w3 <= TWO53
+          and w1 % 1 == 0 and w2 % 1 == 0 and w3 % 1 == 0 then
+        return w1, w2, w3
+      end
+      return clamp(w1), clamp(w2), clamp(w3)
+    end
+  end
+  if string.byte(v, 1) == 0 then
+    -- another algorithm's binary state reads as fresh
+    return 0, 0, 0
+  end
+  -- Text: words as digits (as an older version of this script wrote them),
+  -- or anything else, token by token.
+  local w1, w2, w3 = string.match(v, '^%s*(%S*)%s*(%S*)%s*(%S*)')
+  return clamp(tonumber(w1)), clamp(tonumber(w2)), clamp(tonumber(w3))
+end
+
+-- Records a committed line's new state {alg, v1, v2, v3} for slot j, whose
+-- state was read with expiry x0, and which must live at least tc ms more.
+-- The expiry is kept while it suffices, else set TTL_SLACK ms beyond the
+-- need, so that a busy key's TTL is set about once per TTL_SLACK, and its
+-- other writes overwrite the value in place (SETRANGE costs Redis much less
+-- than SET ... PX).
+local TTL_SLACK = 1000
+-- A TTL in ms as PX's argument (%d below 10^8: a C long may be 32-bit).
+local function ttl(x)
   if x < 100000000 then
     return string.format('%d', x)
   end
-  local h = x / 100000000
-  h = h - h % 1
-  if h < 100000000 then
-    return string.format('%d%08d', h, x - h * 100000000)
-  end
   return string.format('%.0f', x)
 end
-
--- The string of a state kept as numbers.
-local function encode(key)
-  local a = nk[key]
-  if a == 'gcra' then
-    return word(n1[key])
-  elseif a == 'sliding' then
-    return word(n1[key]) .. ' ' .. word(n2[key]) .. ' ' .. word(n3[key])
+local function put(j, alg, v1, v2, v3, x0, tc)
+  local x = ms + tc
+  if x0 < x then
+    x = x + TTL_SLACK
+  else
+    x = x0
   end
-  return word(n1[key]) .. ' ' .. word(n2[key])
+  local o = 6 * j
+  local a = R[o - 5]
+  if a == nil and not R[o] then
+    -- The call's only line on this key: written at once.
+    local v
+    if alg == 'gcra' then
+      v = pack('<Bdd', 0, v1, x)
+    elseif alg == 'sliding' then
+      v = pack('<Bdddd', 0, v1, v2, v3, x)
+    else
+      v = pack('<Bddd', 0, v1, v2, x)
+    end
+    if x == x0 then
+      redis.call('SETRANGE', names[j], '0', v)
+    else
+      redis.call('SET', names[j], v, 'PX', ttl(x - ms))
+    end
+    return
+  end
+  if a == nil then
+    R[o] = x0
+  elseif a ~= alg then
+    R[o] = -1
+  end
+  R[o - 5], R[o - 4], R[o - 3], R[o - 2], R[o - 1] = alg, v1, v2, v3, x
 end
 
--- A key's state as a string (GET, once per call), for a line whose
--- algorithm did not write it as numbers in this call.
-local function str(key)
-  local v = held[key]
-  if nk[key] then
-    -- (another algorithm's numbers: only a key that changed algorithm)
-    v = encode(key)
-    held[key], nk[key] = v, nil
-  elseif v == nil then
-    v = redis.pcall('GET', key)
-    if type(v) ~= 'string' then v = false end
-    held[key] = v
+-- Writes slot j's record (there must be one) and forgets it: in place when
+-- the key keeps its expiry (then it holds this algorithm's state, of the same
+-- length), else SET ... PX.
+local function flush(j)
+  local o = 6 * j
+  local x = R[o - 1]
+  if x == R[o] then
+    redis.call('SETRANGE', names[j], '0', encode(j))
+  else
+    redis.call('SET', names[j], encode(j), 'PX', ttl(x - ms))
   end
-  return v
+  R[o - 5] = nil
 end
 
 -- floor(a*b/d) and (a*b mod d), exactly, for integers 0 <= a, b < 2^53 and
@@ -184,111 +300,134 @@ local function muldiv(a, b, d)
   return aq * b + qq, r
 end
 
--- Plain digits, as this script writes a state of 1, 2 or 3 words.
-local PLAIN = { '^(%d+)$', '^(%d+) (%d+)$', '^(%d+) (%d+) (%d+)$' }
-
--- A word of a state written by someone else: >= 0, floored, at most 2^53;
--- anything else reads as 0.
-local function clamp(x)
-  if x and x >= 0 then
-    if TWO53 < x then x = TWO53 end
-    return x - x % 1
-  end
-  return 0
-end
-
--- The state words of `key` for a line of algorithm `alg`, whose state has
--- `n` words (a missing key, or missing words, read as 0).
-local function state(key, alg, n)
-  if nk[key] == alg then
-    return n1[key], n2[key], n3[key]
-  end
-  local v = str(key)
-  if not v then
-    return 0, 0, 0
-  end
-  local w1, w2, w3 = string.match(v, PLAIN[n])
-  if w1 then
-    w1, w2, w3 = w1 + 0, (w2 or 0) + 0, (w3 or 0) + 0
-    if TWO53 < w1 then w1 = TWO53 end
-    if TWO53 < w2 then w2 = TWO53 end
-    if TWO53 < w3 then w3 = TWO53 end
-    return w1, w2, w3
-  end
-  w1, w2, w3 = string.match(v, '^%s*(%S*)%s*(%S*)%s*(%S*)')
-  return clamp(tonumber(w1)), clamp(tonumber(w2)), clamp(tonumber(w3))
-end
-
 -- Read every distinct key with MGET, 256 at a time (one call instead of a
 -- GET each; MGET answers nil for a key of another type, which GET reads as
 -- fresh too).
 do
-  local nkeys, list, n = #KEYS, {}, 0
+  local nkeys, n = #KEYS, 0
   for i = 1, nkeys + 1 do
     local key = KEYS[i]
-    if key and held[key] == nil then
-      held[key] = false
-      n = n + 1
-      list[n] = key
+    if key then
+      local j = slot[key]
+      if j == nil then
+        nslots = nslots + 1
+        slot[key], names[nslots] = nslots, key
+        n = n + 1
+      else
+        R[6 * j] = true
+      end
     end
     if n == 256 or (i > nkeys and n > 0) then
-      local got = redis.call('MGET', unpack(list, 1, n))
-      for j = 1, n do
-        held[list[j]] = got[j] or false
+      local got = redis.call('MGET', unpack(names, nslots - n + 1, nslots))
+      if cur == nil then
+        cur = got
+      else
+        for j = 1, n do
+          cur[nslots - n + j] = got[j]
+        end
       end
       n = 0
     end
   end
+  cur = cur or {}
 end
--- The lines' limits by their ARGV string (false if malformed).
+-- The arguments after ARGV[2], by their string, parsed once per call: a
+-- line "algorithm count period_us burst cost" (count, period_us, burst
+-- integers in [1, 2^53), cost an integer >= 0) as {algorithm, count,
+-- period_us, burst, cost, K, BT}, where K is the algorithm's constant (W =
+-- ceil(burst*period/count) for fixed / sliding / sliding_log, T =
+-- ceil(period/count) for gcra, with BT = burst*T; burst*period for the
+-- buckets), or false when out of the exact range; a malformed line as
+-- false; a number of lines as {0, n}; nil for a malformed number.
 local specs = {}
+local function parse(s)
+  local n = tonumber(s)
+  if n then
+    if n < 0 or n % 1 ~= 0 then
+      return nil
+    end
+    return { 0, n }
+  end
+  local a, w1, w2, w3, w4 = string.match(s, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  local c, p, b, x = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4)
+  if not (c and p and b and x
+      and c % 1 == 0 and c >= 1 and c < TWO53
+      and p % 1 == 0 and p >= 1 and p < TWO53
+      and b % 1 == 0 and b >= 1 and b < TWO53
+      and x % 1 == 0 and x >= 0 and x < TWO53) then
+    return false
+  end
+  local K, BT = false, false
+  if a == 'gcra' then
+    local T = p / c
+    local Ti = T - T % 1
+    if Ti < T then Ti = Ti + 1 end
+    if b * Ti <= E then
+      K, BT = Ti, b * Ti
+    end
+  elseif a == 'fixed' or a == 'sliding' or a == 'sliding_log' then
+    local W, r = muldiv(b, p, c)
+    if r > 0 then W = W + 1 end
+    if (a == 'fixed' and W <= E) or (a == 'sliding' and W <= E / 2)
+        or (a == 'sliding_log' and b <= 65536 and W <= E) then
+      K = W
+    end
+  elseif a == 'token_bucket' or a == 'leaky_bucket' then
+    if b * p <= E then
+      K = b * p
+    end
+  end
+  return { a, c, p, b, x, K, BT }
+end
+
 -- The next ARGV and KEYS to read.
 local argi, k = 3, 0
 
 while argi <= nargs do
   -- One request: one line, or its number of lines then its lines.
-  local nlines = tonumber(ARGV[argi])
-  if nlines then
-    if nlines < 0 or nlines % 1 ~= 0 then
+  local s = ARGV[argi]
+  local lim = specs[s]
+  if lim == nil then
+    lim = parse(s)
+    if lim == nil then
       return redis.error_reply('rl: malformed arguments')
     end
+    specs[s] = lim
+  end
+  local nlines = 1
+  if lim and lim[1] == 0 then
+    nlines, lim = lim[2], nil
     argi = argi + 1
-  else
-    nlines = 1
   end
   -- reply[at ...]: per line 3 values.
   local at = nreply + 1
   nreply = nreply + 3 * nlines
-  -- Several lines: all admitted so far, and the pending writes as (key,
-  -- what, reset_us, algorithm, v1, v2, v3) tuples (see `val` below).
+  -- Several lines: all admitted so far, and the pending writes as (slot,
+  -- what, reset_us, algorithm, v1, v2, v3, expiry read) tuples (see `val`
+  -- below).
   local all, pending, npending = 1, nil, 0
 
   for i = 1, nlines do
-    -- The line: "algorithm count period_us burst cost" (count, period_us,
-    -- burst integers in [1, 2^53), cost an integer >= 0), parsed once per
-    -- call.
-    local spec = ARGV[argi]
-    argi = argi + 1
-    local lim = specs[spec]
-    if lim == nil and spec then
-      lim = false
-      local a, w1, w2, w3, w4 = string.match(spec, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
-      local c, p, b, x = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4)
-      if c and p and b and x
-          and c % 1 == 0 and c >= 1 and c < TWO53
-          and p % 1 == 0 and p >= 1 and p < TWO53
-          and b % 1 == 0 and b >= 1 and b < TWO53
-          and x % 1 == 0 and x >= 0 and x < TWO53 then
-        lim = { a, c, p, b, x }
+    -- The line's limit (already known for a request of one line).
+    if i > 1 or nlines ~= 1 then
+      s = ARGV[argi]
+      lim = nil
+      if s then
+        lim = specs[s]
+        if lim == nil then
+          lim = parse(s) or false
+          specs[s] = lim
+        end
       end
-      specs[spec] = lim
     end
-    local alg, c, p, b, cost
+    argi = argi + 1
+    local alg, b, cost, K
     if lim then
-      alg, c, p, b, cost = lim[1], lim[2], lim[3], lim[4], lim[5]
+      alg, b, cost, K = lim[1], lim[4], lim[5], lim[6]
     end
     k = k + 1
     local key = KEYS[k]
+    local j = slot[key]
     -- The line's outcome; `val` says what to write if admitted and
     -- committing: true for the words v1, v2, v3 (SET at the end of the
     -- call), or for sliding_log a function that pushes the entries (the TTL
@@ -300,14 +439,10 @@ while argi <= nargs do
       if alg == 'gcra' then
         -- state {TAT}; T = ceil(period/count); admitted iff
         -- max(TAT, now) + cost*T - now <= B*T.
-        local T = p / c
-        local Ti = T - T % 1
-        if Ti < T then Ti = Ti + 1 end
-        T = Ti
-        local BT = b * T
-        if BT <= E then
+        local T, BT = K, lim[7]
+        if T then
           ok = true
-          local s = state(key, alg, 1)
+          local s = state(j, alg, 1)
           local backlog = s - now
           if not (0 < backlog) then backlog = 0 end
           if cost <= b and backlog <= (b - cost) * T then
@@ -330,14 +465,13 @@ while argi <= nargs do
 
       elseif alg == 'fixed' or alg == 'sliding' or alg == 'sliding_log' then
         -- W = ceil(burst*period/count)
-        local W, r = muldiv(b, p, c)
-        if r > 0 then W = W + 1 end
+        local W = K
 
         if alg == 'fixed' then
           -- state {k + 1, used}; windows [k*W, (k+1)*W).
-          if W <= E then
+          if W then
             ok = true
-            local s1, s2 = state(key, alg, 2)
+            local s1, s2 = state(j, alg, 2)
             local k = now / W
             k = k - k % 1
             local used = 0
@@ -365,9 +499,9 @@ while argi <= nargs do
           -- state {k + 1, curr, prev}; admitted iff
           -- prev*(W-e) + (curr+cost)*W <= B*W, i.e.
           -- curr + cost + ceil(prev*(W-e)/W) <= B.
-          if W <= E / 2 then
+          if W then
             ok = true
-            local s1, s2, s3 = state(key, alg, 3)
+            local s1, s2, s3 = state(j, alg, 3)
             local k = now / W
             k = k - k % 1
             local curr, prev = 0, 0
@@ -438,19 +572,17 @@ while argi <= nargs do
             end
           end
 
-        elseif b <= 65536 and W <= E then
+        elseif W then
           -- sliding_log: a LIST of timestamps, newest first; an entry t
           -- counts during [t, t+W).
           ok = true
           local B, fmt = b, string.format
-          if held[key] ~= nil or nk[key] then
-            -- (only if a key changed algorithm: keys name theirs)
-            if ttls[key] then
-              redis.call('SET', key, str(key), 'PX', string.format('%.0f', ttls[key]))
-              ttls[key] = nil
-            end
-            held[key] = nil
+          -- (a string state pending here only if a key changed algorithm:
+          -- keys name theirs) written first, and read again after
+          if R[6 * j - 5] then
+            flush(j)
           end
+          cur[j] = nil
           local n = redis.pcall('LLEN', key)
           local wrongtype = type(n) ~= 'number'
           if wrongtype then
@@ -533,10 +665,10 @@ while argi <= nargs do
       elseif alg == 'token_bucket' or alg == 'leaky_bucket' then
         -- state {used, last}, amounts scaled by the period (one request =
         -- period units, capacity burst*period).
-        local cap = b * p
-        if cap <= E then
+        local cap, c, p = K, lim[2], lim[3]
+        if cap then
           ok = true
-          local s1, s2 = state(key, alg, 2)
+          local s1, s2 = state(j, alg, 2)
           local used, last = s1, s2
           if cap < used then used = cap end
           if now > last then
@@ -602,7 +734,7 @@ while argi <= nargs do
           val()
           redis.call('PEXPIRE', key, string.format('%.0f', tc))
         else
-          nk[key], n1[key], n2[key], n3[key], ttls[key] = alg, v1, v2, v3, tc
+          put(j, alg, v1, v2, v3, sx, tc)
         end
       end
       if adm then
@@ -614,10 +746,10 @@ while argi <= nargs do
       reply[n], reply[n + 1], reply[n + 2] = rem, rst, -2
       if val then
         pending = pending or {}
-        local j = npending
-        pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4] = key, val, rst, alg
-        pending[j + 5], pending[j + 6], pending[j + 7] = v1, v2, v3
-        npending = j + 7
+        local q = npending
+        pending[q + 1], pending[q + 2], pending[q + 3], pending[q + 4] = j, val, rst, alg
+        pending[q + 5], pending[q + 6], pending[q + 7], pending[q + 8] = v1, v2, v3, sx
+        npending = q + 8
       end
     else
       reply[n], reply[n + 1], reply[n + 2] = rem, rst, rty
@@ -626,29 +758,25 @@ while argi <= nargs do
   end
 
   if all == 1 then
-    for j = 1, npending, 7 do
-      local key, val = pending[j], pending[j + 1]
-      local t = pending[j + 2] / 1000
+    for q = 1, npending, 8 do
+      local j, val = pending[q], pending[q + 1]
+      local t = pending[q + 2] / 1000
       local tc = t - t % 1
       if tc < t then tc = tc + 1 end
       tc = tc + 1000
       if type(val) == 'function' then
         val()
-        redis.call('PEXPIRE', key, string.format('%.0f', tc))
+        redis.call('PEXPIRE', names[j], string.format('%.0f', tc))
       else
-        nk[key], n1[key], n2[key], n3[key] = pending[j + 3], pending[j + 4], pending[j + 5], pending[j + 6]
-        ttls[key] = tc
+        put(j, pending[q + 3], pending[q + 4], pending[q + 5], pending[q + 6], pending[q + 7], tc)
       end
     end
   end
 end
 
-for key, tc in pairs(ttls) do
-  if tc < 100000000 then
-    tc = string.format('%d', tc)
-  else
-    tc = string.format('%.0f', tc)
+for j = 1, nslots do
+  if R[6 * j - 5] then
+    flush(j)
   end
-  redis.call('SET', key, str(key), 'PX', tc)
 end
 return reply
