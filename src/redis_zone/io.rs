@@ -214,14 +214,37 @@ impl ZoneConn {
     /// Runs a batch of jobs: one script call for all of them, or in a
     /// cluster one call per job (see [`ZoneConn::run_job`]).
     async fn run(&self, script: &Script, jobs: &[Job]) -> Vec<Result<RequestReply, Failure>> {
-        if matches!(self.spec.target, Target::Cluster(_)) {
-            let each = jobs.iter().map(|job| self.retrying(|conn| self.run_job(conn, script, job)));
-            return futures_util::future::join_all(each).await.into_iter().map(|r| r.map_err(Failure::Error)).collect();
+        if !matches!(self.spec.target, Target::Cluster(_)) {
+            return self.run_batch(script, jobs.iter()).await;
         }
-        let requests: Vec<&[JobLine]> = jobs.iter().map(|j| j.lines.as_slice()).collect();
+        // A call's keys must share a slot: the jobs whose lines all have one
+        // client tag go in one call per slot; the others one by one.
+        let (groups, singles) = by_slot(jobs, &self.spec.prefix);
+        let batches = groups.iter().map(|g| self.run_batch(script, g.iter().map(|&i| &jobs[i])));
+        let each = singles.iter().map(|&i| {
+            let job = &jobs[i];
+            self.retrying(move |conn| self.run_job(conn, script, job))
+        });
+        let (batches, each) =
+            futures_util::future::join(futures_util::future::join_all(batches), futures_util::future::join_all(each)).await;
+        let mut out: Vec<Option<Result<RequestReply, Failure>>> = jobs.iter().map(|_| None).collect();
+        for (g, results) in groups.iter().zip(batches) {
+            for (&i, r) in g.iter().zip(results) {
+                out[i] = Some(r);
+            }
+        }
+        for (&i, r) in singles.iter().zip(each) {
+            out[i] = Some(r.map_err(Failure::Error));
+        }
+        out.into_iter().map(|r| r.unwrap_or_else(|| Err(Failure::Error("no reply".into())))).collect()
+    }
+
+    /// Jobs in one script call (their keys must share a slot on a cluster).
+    async fn run_batch<'a>(&self, script: &Script, jobs: impl Iterator<Item = &'a Job>) -> Vec<Result<RequestReply, Failure>> {
+        let requests: Vec<&[JobLine]> = jobs.map(|j| j.lines.as_slice()).collect();
         match self.retrying(|conn| call(conn, script, &self.spec.prefix, &requests, true)).await {
             Ok((_, replies)) => replies.into_iter().map(Ok).collect(),
-            Err(e) => jobs.iter().map(|_| Err(Failure::Error(e.clone()))).collect(),
+            Err(e) => requests.iter().map(|_| Err(Failure::Error(e.clone()))).collect(),
         }
     }
 
@@ -350,6 +373,33 @@ async fn invoke<C: ConnectionLike + Send>(c: &mut C, command: impl Fn(bool) -> C
             e.to_string()
         }
     })
+}
+
+/// For a cluster: the indices of the jobs whose lines all have one client
+/// tag, grouped by the slot of their keys (under `prefix`), in order; and
+/// the other jobs.
+fn by_slot(jobs: &[Job], prefix: &str) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let mut groups: Vec<(redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
+    let mut others = Vec::new();
+    let mut key = String::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let Some(first) = job.lines.first() else {
+            others.push(i);
+            continue;
+        };
+        if job.lines.iter().any(|l| l.tag != first.tag) {
+            others.push(i);
+            continue;
+        }
+        key.clear();
+        write_state_key(&mut key, prefix, first.tag, first.line_id);
+        let slot = redis::cluster_routing::Slot::for_key(&key);
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, v)) => v.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    (groups.into_iter().map(|(_, v)| v).collect(), others)
 }
 
 /// For a cluster, the lines grouped by hash tag when there is more than one
