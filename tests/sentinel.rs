@@ -55,6 +55,20 @@ fn sentinel_exact_counts() {
     }
     let log = ngx.error_log();
     assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+
+    // Each zone of each worker checks the master every 500 ms, on the
+    // sentinel connection it keeps (opened at its first check, within 1 s of
+    // the zone's first request): 2 s of checks (16 here) open no new
+    // connection (the only one counted is the second INFO's own).
+    let accepted = || {
+        let stats = sentinel.cli(&["INFO", "stats"]);
+        let line = stats.lines().find_map(|l| l.strip_prefix("total_connections_received:"));
+        line.and_then(|n| n.trim().parse::<u64>().ok()).expect("total_connections_received")
+    };
+    thread::sleep(Duration::from_secs(1));
+    let before = accepted();
+    thread::sleep(Duration::from_secs(2));
+    assert_eq!(accepted() - before, 1, "connections the sentinel accepted in 2 s");
 }
 
 // ---------------------------------------------------------------------------

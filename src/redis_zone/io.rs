@@ -460,37 +460,57 @@ const MASTER_CHECK: Duration = Duration::from_millis(500);
 
 /// Asks the sentinels, in turn, where the master is.
 async fn sentinel_master(sentinels: &[String], master: &str) -> Result<(String, u16), String> {
-    let mut last = format!("no sentinel answered for master \"{master}\"");
-    for s in sentinels {
-        let ask = async {
-            let client = Client::open(s.as_str())?;
-            let mut c = client.get_multiplexed_async_connection().await?;
-            redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(master)
-                .query_async::<Option<(String, u16)>>(&mut c)
-                .await
-        };
-        match tokio::time::timeout(SENTINEL_TIMEOUT, ask).await {
-            Ok(Ok(Some(addr))) => return Ok(addr),
-            Ok(Ok(None)) => last = format!("sentinel {s} does not know master \"{master}\""),
-            Ok(Err(e)) => last = format!("io: sentinel {s}: {e}"),
-            Err(_) => last = format!("io: sentinel {s} timed out"),
-        }
-    }
-    Err(last)
+    Sentinels::default().master(sentinels, master).await
 }
 
-/// A failover that leaves the old master running (SENTINEL FAILOVER, a
-/// network split) breaks no connection: follow the sentinels'
-/// `+switch-master` announcements (milliseconds after a switch), and check
-/// the master's address twice a second besides, and drop a connection to a
-/// former master.
+/// A connection to the sentinel that answered last, kept for the next
+/// question (the watcher asks every [`MASTER_CHECK`]).
+#[derive(Default)]
+struct Sentinels {
+    conn: Option<MultiplexedConnection>,
+}
+
+impl Sentinels {
+    /// The master's address: asked of the kept sentinel, else of each
+    /// sentinel in turn (the first that answers is kept).
+    async fn master(&mut self, sentinels: &[String], master: &str) -> Result<(String, u16), String> {
+        let ask = |mut c: MultiplexedConnection| async move {
+            let cmd = redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(master).to_owned();
+            let addr = cmd.query_async::<Option<(String, u16)>>(&mut c).await;
+            (c, addr)
+        };
+        if let Some(c) = self.conn.take() {
+            if let Ok((c, Ok(Some(addr)))) = tokio::time::timeout(SENTINEL_TIMEOUT, ask(c)).await {
+                self.conn = Some(c);
+                return Ok(addr);
+            }
+        }
+        let mut last = format!("no sentinel answered for master \"{master}\"");
+        for s in sentinels {
+            let open = async {
+                let c = Client::open(s.as_str())?.get_multiplexed_async_connection().await?;
+                Ok::<_, redis::RedisError>(ask(c).await)
+            };
+            match tokio::time::timeout(SENTINEL_TIMEOUT, open).await {
+                Ok(Ok((c, Ok(Some(addr))))) => {
+                    self.conn = Some(c);
+                    return Ok(addr);
+                }
+                Ok(Ok((_, Ok(None)))) => last = format!("sentinel {s} does not know master \"{master}\""),
+                Ok(Ok((_, Err(e)))) | Ok(Err(e)) => last = format!("io: sentinel {s}: {e}"),
+                Err(_) => last = format!("io: sentinel {s} timed out"),
+            }
+        }
+        Err(last)
+    }
+}
+
 async fn watch_master(zc: Arc<ZoneConn>) {
     let Target::Sentinel { sentinels, master, .. } = &zc.spec.target else {
         return;
     };
     let mut announcements = None;
+    let mut asker = Sentinels::default();
     loop {
         if announcements.is_none() {
             announcements = subscribe_switches(sentinels).await;
@@ -517,7 +537,7 @@ async fn watch_master(zc: Arc<ZoneConn>) {
         };
         let current = zc.state.lock().await.master.clone();
         let Some(current) = current else { continue };
-        let moved = switched || sentinel_master(sentinels, master).await.is_ok_and(|now| now != current);
+        let moved = switched || asker.master(sentinels, master).await.is_ok_and(|now| now != current);
         if moved {
             let mut st = zc.state.lock().await;
             st.conn = None;
