@@ -6,8 +6,9 @@
 //! The nginx thread sends the jobs of one event-loop iteration together; the
 //! jobs of a batch on one zone go to Redis in one script call (each job still
 //! all-or-nothing), so `EVALSHA`, `TIME` and the round trip are paid once
-//! per batch. In a Cluster, whose slots a batch would span, each job is a
-//! call of its own.
+//! per batch. In a Cluster, where a call's keys must share a slot, the jobs
+//! whose lines have one client key go in one call per slot, the others one
+//! by one (see [`ZoneConn::run`]).
 
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
@@ -212,7 +213,8 @@ impl ZoneConn {
     }
 
     /// Runs a batch of jobs: one script call for all of them, or in a
-    /// cluster one call per job (see [`ZoneConn::run_job`]).
+    /// cluster one call per slot for the jobs whose lines have one client
+    /// key, and [`ZoneConn::run_job`] for each of the others.
     async fn run(&self, script: &Script, jobs: &[Job]) -> Vec<Result<RequestReply, Failure>> {
         if !matches!(self.spec.target, Target::Cluster(_)) {
             return self.run_batch(script, jobs.iter()).await;
@@ -505,6 +507,11 @@ impl Sentinels {
     }
 }
 
+/// A failover that leaves the old master running (SENTINEL FAILOVER, a
+/// network split) breaks no connection: follow the sentinels'
+/// `+switch-master` announcements (milliseconds after a switch), and check
+/// the master's address twice a second besides, and drop a connection to a
+/// former master.
 async fn watch_master(zc: Arc<ZoneConn>) {
     let Target::Sentinel { sentinels, master, .. } = &zc.spec.target else {
         return;

@@ -199,12 +199,13 @@ local function state(j, alg, n)
   return clamp(tonumber(w1)), clamp(tonumber(w2)), clamp(tonumber(w3))
 end
 
--- Records a committed line's new state {alg, v1, v2, v3} for slot j, whose
--- state was read with expiry x0, and which must live at least tc ms more.
--- The expiry is kept while it suffices, else set TTL_SLACK ms beyond the
--- need, so that a busy key's TTL is set about once per TTL_SLACK, and its
--- other writes overwrite the value in place (SETRANGE costs Redis much less
--- than SET ... PX).
+-- Commits a line of slot j whose state is back to full in rst us, so that
+-- the key must live ceil(rst / 1000) + 1000 ms more. sliding_log: `val`
+-- pushes the entries, and the TTL is set. Else the new state {alg, v1, v2,
+-- v3} of a state read with expiry x0: the expiry is kept while it
+-- suffices, else set TTL_SLACK ms beyond the need, so that a busy key's TTL
+-- is set about once per TTL_SLACK, and its other writes overwrite the value
+-- in place (SETRANGE costs Redis much less than SET ... PX).
 local TTL_SLACK = 1000
 -- A TTL in ms as PX's argument (%d below 10^8: a C long may be 32-bit).
 local function ttl(x)
@@ -213,7 +214,16 @@ local function ttl(x)
   end
   return string.format('%.0f', x)
 end
-local function put(j, alg, v1, v2, v3, x0, tc)
+local function put(j, alg, val, v1, v2, v3, x0, rst)
+  local t = rst / 1000
+  local tc = t - t % 1
+  if tc < t then tc = tc + 1 end
+  tc = tc + 1000
+  if alg == 'sliding_log' then
+    val()
+    redis.call('PEXPIRE', names[j], ttl(tc))
+    return
+  end
   local x = ms + tc
   if x0 < x then
     x = x + TTL_SLACK
@@ -429,9 +439,8 @@ while argi <= nargs do
     local key = KEYS[k]
     local j = slot[key]
     -- The line's outcome; `val` says what to write if admitted and
-    -- committing: true for the words v1, v2, v3 (SET at the end of the
-    -- call), or for sliding_log a function that pushes the entries (the TTL
-    -- is set by the caller).
+    -- committing: true for the words v1, v2, v3, or for sliding_log a
+    -- function that pushes the entries (`put` writes either).
     local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
 
     if key and lim and now <= E then
@@ -720,22 +729,11 @@ while argi <= nargs do
       end
     end
 
-    -- TTL (ms) of a written key: ceil(reset_us / 1000) + 1000.
-
     local n = at + 3 * i - 3
     if nlines == 1 then
-      -- The usual case: write at once (TTL in ms: ceil(reset_us / 1000) + 1000).
+      -- The usual case: committed at once.
       if adm and val then
-        local t = rst / 1000
-        local tc = t - t % 1
-        if tc < t then tc = tc + 1 end
-        tc = tc + 1000
-        if alg == 'sliding_log' then
-          val()
-          redis.call('PEXPIRE', key, string.format('%.0f', tc))
-        else
-          put(j, alg, v1, v2, v3, sx, tc)
-        end
+        put(j, alg, val, v1, v2, v3, sx, rst)
       end
       if adm then
         reply[n], reply[n + 1], reply[n + 2] = rem, rst, -2
@@ -759,17 +757,8 @@ while argi <= nargs do
 
   if all == 1 then
     for q = 1, npending, 8 do
-      local j, val = pending[q], pending[q + 1]
-      local t = pending[q + 2] / 1000
-      local tc = t - t % 1
-      if tc < t then tc = tc + 1 end
-      tc = tc + 1000
-      if type(val) == 'function' then
-        val()
-        redis.call('PEXPIRE', names[j], string.format('%.0f', tc))
-      else
-        put(j, pending[q + 3], pending[q + 4], pending[q + 5], pending[q + 6], pending[q + 7], tc)
-      end
+      put(pending[q], pending[q + 3], pending[q + 1], pending[q + 4], pending[q + 5], pending[q + 6],
+        pending[q + 7], pending[q + 2])
     end
   end
 end
