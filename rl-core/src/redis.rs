@@ -20,8 +20,9 @@
 //! - then per request its lines, one argument each: `"algorithm count
 //!   period_us burst cost"` ([`write_spec`]; the requests of a location share
 //!   it, and the script parses each distinct string once per call); a request
-//!   of other than one line is preceded by its number of lines
-//!   ([`write_args`]).
+//!   of other than one line is preceded by its number of lines; `n ≥ 2`
+//!   consecutive requests of one line each with the same string are sent as
+//!   `"-n"` and the string once ([`write_args`]).
 //!
 //! It returns `{now_ms, then per line: remaining, reset_us, and -2 if
 //! admitted, else the retry-after in µs or -1 (never)}`, see
@@ -125,6 +126,8 @@ pub fn exact(limit: &Limit) -> bool {
 pub enum Arg<'a> {
     Str(&'a str),
     Int(u64),
+    /// `-n`.
+    Neg(u64),
 }
 
 /// Emits the script's `ARGV` for `requests` (each a request's lines: a limit
@@ -146,22 +149,57 @@ pub fn write_args<R, L>(
         None => emit(Arg::Str("")),
     }
     // The spec of the last line seen (requests on one location share it).
-    let mut spec = String::new();
-    let mut last: Option<(Limit, u64)> = None;
+    let mut spec = Spec::default();
+    // Consecutive requests of one line each, all with the same line.
+    let mut run: Option<((Limit, u64), u64)> = None;
     for lines in requests {
-        let lines = lines.into_iter();
-        if lines.len() != 1 {
-            emit(Arg::Int(lines.len() as u64));
-        }
-        for line in lines {
-            if last != Some(line) {
-                spec.clear();
-                write_spec(&mut spec, &line.0, line.1);
-                last = Some(line);
+        let mut lines = lines.into_iter();
+        if lines.len() == 1 {
+            if let Some(line) = lines.next() {
+                match &mut run {
+                    Some((l, n)) if *l == line => *n += 1,
+                    _ => {
+                        flush_run(run.take(), &mut spec, &mut emit);
+                        run = Some((line, 1));
+                    }
+                }
             }
-            emit(Arg::Str(&spec));
+            continue;
+        }
+        flush_run(run.take(), &mut spec, &mut emit);
+        emit(Arg::Int(lines.len() as u64));
+        for line in lines {
+            emit(Arg::Str(spec.of(line)));
         }
     }
+    flush_run(run, &mut spec, &mut emit);
+}
+
+/// The last line string written, kept while the next lines are the same.
+#[derive(Default)]
+struct Spec {
+    text: String,
+    of: Option<(Limit, u64)>,
+}
+
+impl Spec {
+    fn of(&mut self, line: (Limit, u64)) -> &str {
+        if self.of != Some(line) {
+            self.text.clear();
+            write_spec(&mut self.text, &line.0, line.1);
+            self.of = Some(line);
+        }
+        &self.text
+    }
+}
+
+/// Emits `n` requests of one `line` each: the line, or `-n` then the line.
+fn flush_run(run: Option<((Limit, u64), u64)>, spec: &mut Spec, emit: &mut impl FnMut(Arg<'_>)) {
+    let Some((line, n)) = run else { return };
+    if n > 1 {
+        emit(Arg::Neg(n));
+    }
+    emit(Arg::Str(spec.of(line)));
 }
 
 /// A line as the script takes it: `"algorithm count period_us burst
@@ -191,6 +229,7 @@ pub fn script_args<'a>(
         args.push(match a {
             Arg::Str(s) => s.to_owned(),
             Arg::Int(i) => i.to_string(),
+            Arg::Neg(i) => format!("-{i}"),
         })
     });
     args

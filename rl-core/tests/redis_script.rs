@@ -971,11 +971,20 @@ fn out_of_range_fails_closed() {
     // No request: just the time. A malformed line count: an error reply.
     assert_eq!(r.eval(&k, &args(&["1", ""])), [(T0 / 1000) as i64]);
     assert_eq!(r.eval(&k, &args(&["1", "", "0"])), [(T0 / 1000) as i64]);
-    for n in ["-1", "1.5"] {
+    // A malformed count, or a run of more requests than there are keys.
+    for n in ["1.5", "-1.5", "-2"] {
         let reply = r.eval_table(&k, &args(&["1", "", n, "gcra 1 1000000 1 1"]));
         let err: String = reply.raw_get("err").unwrap();
         assert_eq!(err, "rl: malformed arguments", "{n:?}");
     }
+    // A run whose line is not a line: each of its requests fails closed.
+    let k3 = keys(3);
+    for line in ["nope 1 1000000 1 1", "2", "-1"] {
+        let want: Vec<i64> = [(T0 / 1000) as i64].into_iter().chain(reject[1..].repeat(3)).collect();
+        assert_eq!(r.eval(&k3, &args(&["1", "", "-3", line])), want, "{line:?}");
+    }
+    assert_eq!(r.eval(&k3, &args(&["1", "", "-3"])).len(), 1 + 3 * 3);
+    assert_eq!(r.eval(&k, &args(&["1", "", "-0"])), [(T0 / 1000) as i64]);
     assert_eq!(r.writes(), 0);
     // Beyond 2^52 µs (year 2112) every line fails closed.
     let l = case_limit(Algorithm::Gcra);
@@ -1113,6 +1122,42 @@ fn rust_interface() {
 /// A batch is the same as its requests one call each, in order, at the same
 /// time: a request sees the writes of the requests before it, a rejected
 /// request charges none of its lines.
+#[test]
+fn runs_of_one_line_requests() {
+    let a = limit(Algorithm::Gcra, 10, 1_000_000, 3);
+    let b = limit(Algorithm::Fixed, 100, 60_000_000, 4);
+    let (sa, sa2, sb) = (spec(&a, 1), spec(&a, 2), spec(&b, 1));
+    let one: &[(Limit, u64)] = &[(a, 1)];
+    let two: &[(Limit, u64)] = &[(a, 1), (b, 1)];
+    let other: &[(Limit, u64)] = &[(a, 2)];
+    // Runs of two or more requests of the same one line; the others as before.
+    let batch = [one, one, one, two, one, other, other, one];
+    let args = script_args(batch.iter().copied(), true, None);
+    let want = ["1", "", "-3", &sa, "2", &sa, &sb, &sa, "-2", &sa2, &sa];
+    assert_eq!(args, want);
+    // A run is evaluated as its requests one by one: the same outcomes and state.
+    let k = keys(2);
+    let bkeys: Vec<String> = batch.iter().flat_map(|r| k[..r.len()].to_vec()).collect();
+    let r = Redis::new();
+    let got = r.run_batch(&bkeys, &batch, T0, true, true);
+    let s = Redis::new();
+    let mut off = 0;
+    for (i, req) in batch.iter().enumerate() {
+        let n = req.len();
+        assert_eq!(s.run(&bkeys[off..off + n], req, T0, true, true), got[i], "request {i}");
+        off += n;
+    }
+    assert_eq!(r.snapshot(), s.snapshot());
+    let admitted: Vec<bool> = got.iter().map(|o| o.0).collect();
+    assert_eq!(admitted, [true, true, true, false, false, false, false, false]);
+}
+
+fn spec(l: &Limit, cost: u64) -> String {
+    let mut s = String::new();
+    rl_core::redis::write_spec(&mut s, l, cost);
+    s
+}
+
 #[test]
 fn batch_is_requests_in_order() {
     let a = limit(Algorithm::Gcra, 10, 1_000_000, 3);

@@ -340,6 +340,8 @@ async fn call(
             match a {
                 Arg::Str(s) => cmd.arg(s),
                 Arg::Int(i) => cmd.arg(i),
+                // A run's length: at most a batch.
+                Arg::Neg(n) => cmd.arg(-(n as i64)),
             };
         });
         cmd

@@ -12,7 +12,9 @@
 -- Then per request, in order: its lines, each one argument
 -- "algorithm count period_us burst cost" (the same string for every
 -- request with the same limit and cost, so parsed once per call); a
--- request of other than one line is preceded by its number of lines.
+-- request of other than one line is preceded by its number of lines; n
+-- consecutive requests of one line each with the same string may be sent
+-- as "-n" then that string once.
 -- KEYS     the state key of every line, in the same order.
 --
 -- Requests are evaluated one after another at the same `now`, as if they
@@ -348,13 +350,16 @@ end
 -- ceil(burst*period/count) for fixed / sliding / sliding_log, T =
 -- ceil(period/count) for gcra, with BT = burst*T; burst*period for the
 -- buckets), or false when out of the exact range; a malformed line as
--- false; a number of lines as {0, n}; nil for a malformed number.
+-- false; a number of lines as {0, n}, a run "-n" as {-1, n}; nil for a
+-- malformed number.
 local specs = {}
 local function parse(s)
   local n = tonumber(s)
   if n then
-    if n < 0 or n % 1 ~= 0 then
+    if n % 1 ~= 0 then
       return nil
+    elseif n < 0 then
+      return { -1, -n }
     end
     return { 0, n }
   end
@@ -390,24 +395,56 @@ local function parse(s)
   return { a, c, p, b, x, K, BT }
 end
 
--- The next ARGV and KEYS to read.
+-- The next ARGV and KEYS to read; the requests left in a run, their line,
+-- and how far a line advances ARGV (0 in a run).
 local argi, k = 3, 0
+local run, rlim, step = 0, nil, 1
 
-while argi <= nargs do
+while run > 0 or argi <= nargs do
   -- One request: one line, or its number of lines then its lines.
-  local s = ARGV[argi]
-  local lim = specs[s]
-  if lim == nil then
-    lim = parse(s)
-    if lim == nil then
-      return redis.error_reply('rl: malformed arguments')
-    end
-    specs[s] = lim
-  end
+  local s, lim
   local nlines = 1
-  if lim and lim[1] == 0 then
-    nlines, lim = lim[2], nil
-    argi = argi + 1
+  if run > 0 then
+    run, lim = run - 1, rlim
+  else
+    s = ARGV[argi]
+    lim = specs[s]
+    if lim == nil then
+      lim = parse(s)
+      if lim == nil then
+        return redis.error_reply('rl: malformed arguments')
+      end
+      specs[s] = lim
+    end
+    step = 1
+    if lim and lim[1] == 0 then
+      nlines, lim = lim[2], nil
+      argi = argi + 1
+    elseif lim and lim[1] == -1 then
+      -- A run: this request and the next n - 1, one line each.
+      if lim[2] > #KEYS then
+        return redis.error_reply('rl: malformed arguments')
+      end
+      run = lim[2] - 1
+      s = ARGV[argi + 1]
+      lim = false
+      if s then
+        lim = specs[s]
+        if lim == nil then
+          lim = parse(s) or false
+          specs[s] = lim
+        end
+      end
+      if lim and (lim[1] == 0 or lim[1] == -1) then
+        lim = false
+      end
+      rlim, argi, step = lim, argi + 2, 0
+      if run < 0 then
+        -- "-0": no request
+        run = 0
+        nlines = 0
+      end
+    end
   end
   -- reply[at ...]: per line 3 values.
   local at = nreply + 1
@@ -430,7 +467,7 @@ while argi <= nargs do
         end
       end
     end
-    argi = argi + 1
+    argi = argi + step
     local alg, b, cost, K
     if lim then
       alg, b, cost, K = lim[1], lim[4], lim[5], lim[6]
