@@ -363,16 +363,14 @@ fn paused_redis_delays_only_its_requests() {
 }
 
 // ---------------------------------------------------------------------------
-// 5. SCRIPT FLUSH under load.
+// 5. FUNCTION FLUSH and SCRIPT FLUSH under load.
 // ---------------------------------------------------------------------------
 
-#[test]
-fn script_flush_during_load() {
-    let redis = Redis::start();
-    let ngx = Nginx::start(&server(
-        &format!("rl_zone r redis={} timeout=1s;", redis.url()),
-        "location / { rl_limit zone=r rate=50r/h burst=50; }",
-    ));
+/// 300 requests from 10 threads on a burst of 50, on a zone at `url`, while
+/// `flush` (a Redis command) runs twice: before the burst is used up, and
+/// after. Exactly 50 admitted, and no failure logged.
+fn flush_during_load(redis: &Redis, url: &str, flush: &'static [&'static str]) {
+    let ngx = Nginx::start(&server(&format!("rl_zone r redis={url} timeout=1s;"), "location / { rl_limit zone=r rate=50r/h burst=50; }"));
     let port = ngx.port;
     let done = Arc::new(AtomicUsize::new(0));
     let redis_port = redis.port;
@@ -383,13 +381,9 @@ fn script_flush_during_load() {
                 let mut st = Vec::new();
                 for _ in 0..30 {
                     st.push(get(port, "/index.html", &[]).status);
-                    // SCRIPT FLUSH before the burst is used up, and once more after.
                     let n = done.fetch_add(1, Ordering::SeqCst) + 1;
                     if n == 25 || n == 150 {
-                        let out = std::process::Command::new("redis-cli")
-                            .args(["-p", &redis_port.to_string(), "SCRIPT", "FLUSH"])
-                            .output()
-                            .unwrap();
+                        let out = std::process::Command::new("redis-cli").arg("-p").arg(redis_port.to_string()).args(flush).output().unwrap();
                         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
                     }
                 }
@@ -403,14 +397,41 @@ fn script_flush_during_load() {
     assert_eq!(st, counts(&[(200, 50), (429, 250)]), "Redis failures: {:?}", failed_lines(&log, "r"));
     assert!(failed_lines(&log, "r").is_empty(), "{:?}", failed_lines(&log, "r"));
     assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
-    // The flushes were seen: a NOSCRIPT for the first call, and at least one after each flush.
-    let stats = redis.cli(&["INFO", "errorstats"]);
-    let noscript: u64 = stats
-        .lines()
-        .find_map(|l| l.strip_prefix("errorstat_NOSCRIPT:count="))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0);
-    assert!(noscript >= 3, "NOSCRIPT errors seen by Redis: {noscript} (the flushes did not hit the load?):\n{stats}");
+}
+
+/// Errors of `code` (`ERR`, `NOSCRIPT`, ...) Redis has answered, from `INFO errorstats`.
+fn errors(redis: &Redis, code: &str) -> u64 {
+    let tag = format!("errorstat_{code}:count=");
+    redis.cli(&["INFO", "errorstats"]).lines().find_map(|l| l.trim().strip_prefix(tag.as_str())).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+}
+
+/// On Redis 7 the script is a function library: loaded by the first call,
+/// and again after `FUNCTION FLUSH`, with no failed request.
+#[test]
+fn function_flush_during_load() {
+    let redis = Redis::start();
+    flush_during_load(&redis, &redis.url(), &["FUNCTION", "FLUSH"]);
+    // The flushes were seen: "Function not found" for the first call, and at
+    // least once after each flush, each time followed by a FUNCTION LOAD.
+    let (missing, loads) = (errors(&redis, "ERR"), redis.calls("function|load"));
+    assert!(missing >= 3 && loads >= 3, "Function not found: {missing}, FUNCTION LOAD: {loads} (the flushes did not hit the load?)");
+    assert!(redis.calls("fcall") > 0);
+    assert_eq!(redis.calls("evalsha") + redis.calls("eval"), 0);
+}
+
+/// A user who may not load functions gets the script with EVALSHA, which
+/// survives `SCRIPT FLUSH` (NOSCRIPT, then EVAL) with no failed request.
+#[test]
+fn script_flush_during_load() {
+    let redis = Redis::start();
+    assert_eq!(redis.cli(&["ACL", "SETUSER", "rl", "on", ">rl-secret", "~*", "&*", "+@all", "-function"]), "OK");
+    flush_during_load(&redis, &format!("redis://rl:rl-secret@127.0.0.1:{}", redis.port), &["SCRIPT", "FLUSH"]);
+    // FUNCTION LOAD refused (for the first calls of each worker), then EVALSHA; the flushes were
+    // seen: a NOSCRIPT for the first call, and at least one after each flush.
+    assert!(errors(&redis, "NOPERM") >= 1, "{}", redis.cli(&["INFO", "errorstats"]));
+    let noscript = errors(&redis, "NOSCRIPT");
+    assert!(noscript >= 3, "NOSCRIPT errors seen by Redis: {noscript} (the flushes did not hit the load?)");
+    assert!(redis.calls("evalsha") > 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -449,6 +470,14 @@ fn cluster_exact_and_all_or_nothing() {
     assert_eq!(keys.len(), 6, "state keys in the cluster: {keys:?}");
     let holding = cluster.ports.iter().filter(|p| !cluster.cli(**p, &["--scan", "--pattern", "rl:*"]).is_empty()).count();
     eprintln!("state keys spread over {holding} of 3 masters");
+    // The library was loaded on every master (FUNCTION LOAD goes to all of
+    // them), and the script ran as a function wherever keys live.
+    for &p in &cluster.ports {
+        assert!(cluster.cli(p, &["FUNCTION", "LIST"]).contains("rl_"), "no library on master {p}");
+        let fcalls = cluster.cli(p, &["INFO", "commandstats"]).contains("cmdstat_fcall:");
+        let has_keys = !cluster.cli(p, &["--scan", "--pattern", "rl:*"]).is_empty();
+        assert!(fcalls || !has_keys, "master {p} holds keys but ran no FCALL");
+    }
 
     // Two lines, two keys (two hash tags: two slots, most likely two masters).
     let req = |user: &str, team: &str| ngx.get("/team.html", &[("X-User", user), ("X-Team", team)]);

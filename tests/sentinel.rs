@@ -75,10 +75,10 @@ fn sentinel_exact_counts() {
 // 2. Failover: the state follows the master.
 // ---------------------------------------------------------------------------
 
-/// Total `EVALSHA` + `EVAL` calls on a server (the module's script calls;
+/// Total `FCALL` + `EVALSHA` + `EVAL` calls on a server (the module's script calls;
 /// replicated script effects do not count as such on a replica).
 fn script_calls(r: &Redis) -> u64 {
-    r.calls("evalsha") + r.calls("eval")
+    r.calls("fcall") + r.calls("evalsha") + r.calls("eval")
 }
 
 /// One request after the switch: when (since the switch), its status, and

@@ -13,6 +13,7 @@ use rl_core::redis::{
     exact, expiry_after_write, key_tag, parse_reply, script_args, state_key, tag_of,
     write_state_key, ScriptLine, LIMIT_SCRIPT, MAX_EXACT, TTL_MARGIN_MS, TTL_SLACK_MS,
 };
+use rl_core::redis::{function_library, function_name};
 
 /// The fake Redis: the commands the script may use, with Redis' argument and
 /// reply conversions, lazy expiry on `fake.now` (µs), a write counter, and
@@ -257,10 +258,51 @@ setmetatable(_G, {
 })
 "#;
 
+/// Loads a function library as Redis 7 does: while it loads, no global but
+/// `redis.register_function` is in reach; then the registered function is
+/// called with (keys, args), call after call, its upvalues kept.
+const LOAD_LIBRARY: &str = r##"
+local text = ...
+local real = _G
+local loading, registered = true, nil
+local load_redis = {
+  register_function = function(name, f) registered = { name, f } end,
+}
+local env = setmetatable({}, {
+  __index = function(_, k)
+    if loading then
+      if k == 'redis' then return load_redis end
+      error('Script attempted to access nonexistent global variable ' .. tostring(k), 2)
+    end
+    return real[k]
+  end,
+  __newindex = function(_, k) error('Attempt to modify a readonly table: ' .. tostring(k), 2) end,
+})
+-- Redis reads the "#!lua name=..." line itself and compiles the rest.
+local name = string.match(text, '^#!lua name=([%w_]+)\n')
+assert(name, 'no library name')
+local chunk = assert(loadstring(string.sub(text, #name + 13), 'library'))
+setfenv(chunk, env)
+chunk()
+loading = false
+assert(registered and registered[1] == name, 'the library registers a function of its own name')
+return registered[1], registered[2]
+"##;
+
+/// How the fake Redis runs the script: as `EVALSHA` runs it (a chunk over the
+/// globals `KEYS` and `ARGV`, fresh each call), or as Redis 7 runs a function
+/// library (`FUNCTION LOAD` once, then `FCALL`).
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Mode {
+    Eval,
+    Function,
+}
+
 /// A fake Redis with the script loaded.
 struct Redis {
     lua: Lua,
     script: Function,
+    mode: Mode,
     fake: Table,
 }
 
@@ -313,17 +355,33 @@ fn struct_lib(lua: &Lua) -> Table {
 }
 
 impl Redis {
+    /// The script as a function library, as the module runs it on Redis 7.
     fn new() -> Redis {
+        Redis::with(Mode::Function)
+    }
+
+    fn with(mode: Mode) -> Redis {
         let lua = Lua::new();
         lua.globals().set("struct", struct_lib(&lua)).unwrap();
         lua.load(FAKE_REDIS).set_name("fake_redis").exec().unwrap();
-        let script = lua
-            .load(LIMIT_SCRIPT)
-            .set_name("limit.lua")
-            .into_function()
-            .unwrap();
+        let script = match mode {
+            Mode::Eval => lua
+                .load(LIMIT_SCRIPT)
+                .set_name("limit.lua")
+                .into_function()
+                .unwrap(),
+            Mode::Function => {
+                let (name, f): (String, Function) = lua
+                    .load(LOAD_LIBRARY)
+                    .set_name("load_library")
+                    .call(function_library())
+                    .unwrap();
+                assert_eq!(name, function_name());
+                f
+            }
+        };
         let fake = lua.globals().raw_get("fake").unwrap();
-        Redis { lua, script, fake }
+        Redis { lua, script, mode, fake }
     }
 
     fn set_now(&self, now_us: u64) {
@@ -406,19 +464,16 @@ impl Redis {
             .collect()
     }
 
-    /// EVALSHA: the reply table as the script returns it.
+    /// EVALSHA or FCALL: the reply table as the script returns it.
     fn eval_table(&self, keys: &[String], args: &[String]) -> Table {
+        let keys = self.lua.create_sequence_from(keys.to_vec()).unwrap();
+        let args = self.lua.create_sequence_from(args.to_vec()).unwrap();
+        if self.mode == Mode::Function {
+            return self.script.call((keys, args)).unwrap();
+        }
         let g = self.lua.globals();
-        g.raw_set(
-            "KEYS",
-            self.lua.create_sequence_from(keys.to_vec()).unwrap(),
-        )
-        .unwrap();
-        g.raw_set(
-            "ARGV",
-            self.lua.create_sequence_from(args.to_vec()).unwrap(),
-        )
-        .unwrap();
+        g.raw_set("KEYS", keys).unwrap();
+        g.raw_set("ARGV", args).unwrap();
         self.script.call(()).unwrap()
     }
 
@@ -1122,6 +1177,27 @@ fn rust_interface() {
 /// A batch is the same as its requests one call each, in order, at the same
 /// time: a request sees the writes of the requests before it, a rejected
 /// request charges none of its lines.
+/// A library keeps the lines it parsed from call to call, a bounded few:
+/// many distinct lines over many calls answer as `EVALSHA` does.
+#[test]
+fn function_keeps_few_parsed_lines() {
+    let (f, e) = (Redis::with(Mode::Function), Redis::with(Mode::Eval));
+    let k = keys(1);
+    for i in 0..300u64 {
+        let l = limit(Algorithm::Gcra, 1 + i % 150, 1_000_000, 1 + i % 7);
+        let now = T0 + i * 1000;
+        assert_eq!(f.run(&k, &[(l, 1 + i % 3)], now, true, true), e.run(&k, &[(l, 1 + i % 3)], now, true, true), "call {i}");
+    }
+    assert_eq!(f.snapshot(), e.snapshot());
+    // The library's text: a name of its own, and the script's body.
+    let lib = function_library();
+    let name = function_name();
+    assert!(lib.starts_with(&format!("#!lua name={name}\n")));
+    assert!(name.len() == 19 && name.starts_with("rl_"));
+    assert!(LIMIT_SCRIPT.ends_with("\nreturn limit(KEYS, ARGV)\n"));
+    assert!(!lib.contains("return limit(KEYS, ARGV)"));
+}
+
 #[test]
 fn runs_of_one_line_requests() {
     let a = limit(Algorithm::Gcra, 10, 1_000_000, 3);
@@ -1365,6 +1441,40 @@ proptest! {
         jitter in any::<bool>(),
     ) {
         replay(&ls, &ops, t, jitter);
+    }
+
+    /// The function library (`FCALL`) and the script (`EVALSHA`) answer
+    /// alike and leave the same keys, call after call.
+    #[test]
+    fn prop_function_equals_eval(
+        ls in prop::collection::vec(small_limit(), 3),
+        calls in prop::collection::vec(
+            (0u16..1500, prop::collection::vec((1u8..8, 0u8..4), 1..10)),
+            1..10,
+        ),
+        t in start(),
+    ) {
+        let w = ls.iter().map(Limit::window_us).max().unwrap();
+        let ks = keys(3);
+        let (f, e) = (Redis::with(Mode::Function), Redis::with(Mode::Eval));
+        let mut now = t;
+        for (step, reqs) in &calls {
+            now += frac(w, *step);
+            prop_assume!(now <= MAX_EXACT);
+            let requests: Vec<Vec<(Limit, u64)>> = reqs
+                .iter()
+                .map(|(mask, cost)| (0..3).filter(|i| mask & (1 << i) != 0).map(|i| (ls[i], u64::from(*cost))).collect())
+                .collect();
+            let bkeys: Vec<String> = reqs
+                .iter()
+                .flat_map(|(mask, _)| (0..3).filter(move |i| mask & (1 << i) != 0))
+                .map(|i| ks[i].clone())
+                .collect();
+            let slices: Vec<&[(Limit, u64)]> = requests.iter().map(Vec::as_slice).collect();
+            let use_time = step % 2 == 0;
+            prop_assert_eq!(f.run_batch(&bkeys, &slices, now, true, use_time), e.run_batch(&bkeys, &slices, now, true, use_time));
+            prop_assert_eq!(f.snapshot(), e.snapshot());
+        }
     }
 
     /// Batches of requests, each on some of three shared lines: every batch

@@ -5,21 +5,23 @@
 //!
 //! The nginx thread sends the jobs of one event-loop iteration together; the
 //! jobs of a batch on one zone go to Redis in one script call (each job still
-//! all-or-nothing), so `EVALSHA`, `TIME` and the round trip are paid once
-//! per batch. In a Cluster, where a call's keys must share a slot, the jobs
+//! all-or-nothing), so `FCALL`, `TIME` and the round trip are paid once
+//! per batch. The script runs as a Redis function where the server has them
+//! (Redis 7+, see [`Code`]), else with `EVALSHA`. In a Cluster, where a call's keys must share a slot, the jobs
 //! whose lines have one client key go in one call per slot, the others one
 //! by one (see [`ZoneConn::run`]).
 
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{Client, Cmd, IntoConnectionInfo, RedisConnectionInfo, Script};
+use redis::{Client, Cmd, IntoConnectionInfo, RedisConnectionInfo, RedisError, Script};
 use rl_core::limit::Limit;
-use rl_core::redis::{parse_reply, write_args, write_state_key, Arg, Lines, RequestReply, ScriptLine, LIMIT_SCRIPT};
+use rl_core::redis::{function_library, function_name, parse_reply, write_args, write_state_key, Arg, Lines, RequestReply, ScriptLine, LIMIT_SCRIPT};
 use futures_util::StreamExt;
 use smallvec::SmallVec;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -111,7 +113,7 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
         return;
     };
     rt.block_on(async move {
-        let script = Arc::new(Script::new(LIMIT_SCRIPT));
+        let code = Arc::new(Code::new());
         let conns: Vec<Arc<ZoneConn>> = zones.into_iter().map(|z| Arc::new(ZoneConn::new(z))).collect();
         for zc in &conns {
             if matches!(zc.spec.target, Target::Sentinel { .. }) {
@@ -135,9 +137,9 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
             for (z, mut jobs) in by_zone.into_iter().enumerate() {
                 while !jobs.is_empty() {
                     let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
-                    let (zc, shared, script) = (conns[z].clone(), shared.clone(), script.clone());
+                    let (zc, shared, code) = (conns[z].clone(), shared.clone(), code.clone());
                     tokio::spawn(async move {
-                        let results = match tokio::time::timeout(zc.spec.timeout, zc.run(&script, &jobs)).await {
+                        let results = match tokio::time::timeout(zc.spec.timeout, zc.run(&code, &jobs)).await {
                             Ok(results) => results,
                             Err(_) => jobs.iter().map(|_| Err(Failure::Timeout)).collect(),
                         };
@@ -162,6 +164,8 @@ enum Conn {
 struct ZoneConn {
     spec: ZoneSpec,
     state: tokio::sync::Mutex<ConnState>,
+    /// The script runs as a Redis function (until the server shows it cannot).
+    fcall: AtomicBool,
 }
 
 struct ConnState {
@@ -179,7 +183,11 @@ const MAX_BACKOFF: Duration = Duration::from_millis(400);
 
 impl ZoneConn {
     fn new(spec: ZoneSpec) -> ZoneConn {
-        ZoneConn { spec, state: tokio::sync::Mutex::new(ConnState { conn: None, failures: 0, next_try: None, last_error: String::new(), master: None }) }
+        ZoneConn {
+            spec,
+            state: tokio::sync::Mutex::new(ConnState { conn: None, failures: 0, next_try: None, last_error: String::new(), master: None }),
+            fcall: AtomicBool::new(true),
+        }
     }
 
     async fn conn(&self) -> Result<Conn, String> {
@@ -215,17 +223,17 @@ impl ZoneConn {
     /// Runs a batch of jobs: one script call for all of them, or in a
     /// cluster one call per slot for the jobs whose lines have one client
     /// key, and [`ZoneConn::run_job`] for each of the others.
-    async fn run(&self, script: &Script, jobs: &[Job]) -> Vec<Result<RequestReply, Failure>> {
+    async fn run(&self, code: &Code, jobs: &[Job]) -> Vec<Result<RequestReply, Failure>> {
         if !matches!(self.spec.target, Target::Cluster(_)) {
-            return self.run_batch(script, jobs.iter()).await;
+            return self.run_batch(code, jobs.iter()).await;
         }
         // A call's keys must share a slot: the jobs whose lines all have one
         // client tag go in one call per slot; the others one by one.
         let (groups, singles) = by_slot(jobs, &self.spec.prefix);
-        let batches = groups.iter().map(|g| self.run_batch(script, g.iter().map(|&i| &jobs[i])));
+        let batches = groups.iter().map(|g| self.run_batch(code, g.iter().map(|&i| &jobs[i])));
         let each = singles.iter().map(|&i| {
             let job = &jobs[i];
-            self.retrying(move |conn| self.run_job(conn, script, job))
+            self.retrying(move |conn| self.run_job(conn, code, job))
         });
         let (batches, each) =
             futures_util::future::join(futures_util::future::join_all(batches), futures_util::future::join_all(each)).await;
@@ -242,9 +250,10 @@ impl ZoneConn {
     }
 
     /// Jobs in one script call (their keys must share a slot on a cluster).
-    async fn run_batch<'a>(&self, script: &Script, jobs: impl Iterator<Item = &'a Job>) -> Vec<Result<RequestReply, Failure>> {
+    async fn run_batch<'a>(&self, code: &Code, jobs: impl Iterator<Item = &'a Job>) -> Vec<Result<RequestReply, Failure>> {
         let requests: Vec<&[JobLine]> = jobs.map(|j| j.lines.as_slice()).collect();
-        match self.retrying(|conn| call(conn, script, &self.spec.prefix, &requests, true)).await {
+        let via = Via { code, fcall: &self.fcall };
+        match self.retrying(|conn| call(conn, via, &self.spec.prefix, &requests, true)).await {
             Ok((_, replies)) => replies.into_iter().map(Ok).collect(),
             Err(e) => requests.iter().map(|_| Err(Failure::Error(e.clone()))).collect(),
         }
@@ -282,11 +291,12 @@ impl ZoneConn {
 
     /// One job on a cluster: one script call when its lines share a slot;
     /// else the lines are checked first, then committed, group by group.
-    async fn run_job(&self, conn: Conn, script: &Script, job: &Job) -> Result<RequestReply, String> {
+    async fn run_job(&self, conn: Conn, code: &Code, job: &Job) -> Result<RequestReply, String> {
         let prefix = &self.spec.prefix;
+        let via = Via { code, fcall: &self.fcall };
         let tags: Vec<u64> = job.lines.iter().map(|l| l.tag).collect();
         let Some(groups) = groups(&tags) else {
-            return call_one(conn, script, prefix, &job.lines, true).await;
+            return call_one(conn, via, prefix, &job.lines, true).await;
         };
         let mut lines: Lines = smallvec::smallvec![ScriptLine::default(); job.lines.len()];
         let mut all = true;
@@ -294,7 +304,7 @@ impl ZoneConn {
             let calls = groups.iter().map(|g| {
                 let sub: Vec<JobLine> = g.iter().map(|&i| job.lines[i]).collect();
                 let conn = conn.clone();
-                async move { call_one(conn, script, prefix, &sub, commit).await }
+                async move { call_one(conn, via, prefix, &sub, commit).await }
             });
             for (g, r) in groups.iter().zip(futures_util::future::join_all(calls).await) {
                 let (ok, res) = r?;
@@ -312,21 +322,19 @@ impl ZoneConn {
 }
 
 /// One script call for `requests` (each a request's lines) on keys under
-/// `prefix`: `EVALSHA`, or `EVAL` with the script's text after `NOSCRIPT`
-/// (Redis restarted, `SCRIPT FLUSH`), which runs it and caches it again in
-/// one command (a `SCRIPT LOAD` then `EVALSHA` could meet a second flush
-/// between the two).
+/// `prefix` (see [`invoke`] for how).
 async fn call(
     conn: Conn,
-    script: &Script,
+    via: Via<'_>,
     prefix: &str,
     requests: &[&[JobLine]],
     commit: bool,
 ) -> Result<(u64, Vec<RequestReply>), String> {
-    let command = |eval: bool| {
-        let mut cmd = match eval {
-            false => redis::cmd("EVALSHA").arg(script.get_hash()).to_owned(),
-            true => redis::cmd("EVAL").arg(LIMIT_SCRIPT).to_owned(),
+    let command = |how: How| {
+        let mut cmd = match how {
+            How::Fcall => redis::cmd("FCALL").arg(&via.code.function).to_owned(),
+            How::Evalsha => redis::cmd("EVALSHA").arg(via.code.script.get_hash()).to_owned(),
+            How::Eval => redis::cmd("EVAL").arg(LIMIT_SCRIPT).to_owned(),
         };
         cmd.arg(requests.iter().map(|r| r.len()).sum::<usize>());
         let mut key = String::new();
@@ -347,36 +355,112 @@ async fn call(
         cmd
     };
     let reply: Vec<i64> = match conn {
-        Conn::Plain(mut c) => invoke(&mut c, command).await?,
-        Conn::Cluster(mut c) => invoke(&mut c, command).await?,
+        Conn::Plain(mut c) => invoke(&mut c, via, command).await?,
+        Conn::Cluster(mut c) => invoke(&mut c, via, command).await?,
     };
     let nlines: Vec<usize> = requests.iter().map(|r| r.len()).collect();
     parse_reply(&reply, &nlines).ok_or_else(|| "malformed script reply".to_string())
 }
 
 /// [`call`] for one request.
-async fn call_one(conn: Conn, script: &Script, prefix: &str, lines: &[JobLine], commit: bool) -> Result<RequestReply, String> {
-    let (_, mut replies) = call(conn, script, prefix, &[lines], commit).await?;
+async fn call_one(conn: Conn, via: Via<'_>, prefix: &str, lines: &[JobLine], commit: bool) -> Result<RequestReply, String> {
+    let (_, mut replies) = call(conn, via, prefix, &[lines], commit).await?;
     replies.pop().ok_or_else(|| "malformed script reply".to_string())
 }
 
-/// Sends `command(false)` (`EVALSHA`), and `command(true)` (`EVAL`) after
-/// `NOSCRIPT`.
-async fn invoke<C: ConnectionLike + Send>(c: &mut C, command: impl Fn(bool) -> Cmd) -> Result<Vec<i64>, String> {
-    let mut result = command(false).query_async(c).await;
-    if let Err(e) = &result {
-        if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
-            result = command(true).query_async(c).await;
+/// The limit script: as a Redis function library, and as a script.
+pub struct Code {
+    script: Script,
+    /// The library's function (and library) name.
+    function: String,
+    /// The library's text, for `FUNCTION LOAD`.
+    library: String,
+}
+
+impl Code {
+    fn new() -> Code {
+        Code { script: Script::new(LIMIT_SCRIPT), function: function_name(), library: function_library() }
+    }
+}
+
+/// How a zone runs the script: `fcall` until its server shows it cannot.
+#[derive(Clone, Copy)]
+struct Via<'a> {
+    code: &'a Code,
+    fcall: &'a AtomicBool,
+}
+
+#[derive(Clone, Copy)]
+enum How {
+    Fcall,
+    Evalsha,
+    Eval,
+}
+
+/// Sends the call as `command(How::Fcall)` while the zone uses functions:
+/// after `Function not found` (first call, Redis restarted, `FUNCTION
+/// FLUSH`) it loads the library (on every master of a cluster) and calls
+/// again. A server without functions (Redis before 7.0) or that does not
+/// let this user load them turns the zone to `EVALSHA` for good; another
+/// failure to load, for this call. `EVALSHA` is followed after `NOSCRIPT`
+/// (Redis restarted, `SCRIPT FLUSH`) by `EVAL` with the script's text,
+/// which runs it and caches it again in one command (a `SCRIPT LOAD` then
+/// `EVALSHA` could meet a second flush between the two).
+async fn invoke<C: ConnectionLike + Send>(c: &mut C, via: Via<'_>, command: impl Fn(How) -> Cmd) -> Result<Vec<i64>, String> {
+    if via.fcall.load(Ordering::Relaxed) {
+        let mut result = command(How::Fcall).query_async(c).await;
+        if let Err(e) = &result {
+            if unsupported(e) {
+                via.fcall.store(false, Ordering::Relaxed);
+            } else if detail_starts(e, "Function not found") {
+                let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&via.code.library).query_async::<redis::Value>(c).await;
+                match load {
+                    Ok(_) => result = command(How::Fcall).query_async(c).await,
+                    Err(e) if is_io(&e) => return Err(describe(e)),
+                    Err(e) if unsupported(&e) => via.fcall.store(false, Ordering::Relaxed),
+                    Err(_) => return evalsha(c, command).await,
+                }
+            }
+        }
+        if via.fcall.load(Ordering::Relaxed) {
+            return result.map_err(describe);
         }
     }
-    result.map_err(|e| {
-        // READONLY: the server was demoted to a replica (failover); reconnect to the master.
-        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.code() == Some("READONLY") {
-            format!("io: {e}")
-        } else {
-            e.to_string()
+    evalsha(c, command).await
+}
+
+/// `EVALSHA`, and `EVAL` after `NOSCRIPT` (see [`invoke`]).
+async fn evalsha<C: ConnectionLike + Send>(c: &mut C, command: impl Fn(How) -> Cmd) -> Result<Vec<i64>, String> {
+    let mut result = command(How::Evalsha).query_async(c).await;
+    if let Err(e) = &result {
+        if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
+            result = command(How::Eval).query_async(c).await;
         }
-    })
+    }
+    result.map_err(describe)
+}
+
+/// A server without functions, or a user not allowed to load them.
+fn unsupported(e: &RedisError) -> bool {
+    e.code() == Some("NOPERM") || detail_starts(e, "unknown command") || detail_starts(e, "unknown subcommand")
+}
+
+fn detail_starts(e: &RedisError, text: &str) -> bool {
+    e.detail().is_some_and(|d| d.get(..text.len()).is_some_and(|d| d.eq_ignore_ascii_case(text)))
+}
+
+/// READONLY: the server was demoted to a replica (failover); reconnect to the master.
+fn is_io(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.code() == Some("READONLY")
+}
+
+/// An error as [`ZoneConn::retrying`] reads it: `io: ...` when a new connection may help.
+fn describe(e: RedisError) -> String {
+    if is_io(&e) {
+        format!("io: {e}")
+    } else {
+        e.to_string()
+    }
 }
 
 /// For a cluster: the indices of the jobs whose lines all have one client

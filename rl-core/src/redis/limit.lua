@@ -52,62 +52,46 @@
 -- (fail closed: admitted 0, retry -1), so the script never over-admits;
 -- rl_core::redis::exact() tells which limits are in range.
 --
+-- Runs as EVAL runs it (the last line), or, all but the last line, as a
+-- Redis 7 function library: rl_core::redis::function_library() names it
+-- and registers `limit`. Loading a library may not touch globals, hence
+-- the library functions bound by the first call; the helpers then live from
+-- call to call, and so do the parsed lines (`specs`, a bounded few).
+--
 -- Cost. One call serves a whole batch of requests (nginx sends those that
--- arrived in one event-loop iteration), so the call's own cost (EVALSHA,
--- TIME, MGET, its helper functions and tables) is paid once per batch. In
--- Redis' Lua every table access costs about a hundred machine
--- instructions, and a table or closure built, or a C function called,
--- about a thousand: per line the script does as few of each as it can.
--- Each distinct line string is parsed once per call, with its algorithm's
--- constants (W, T, capacity); per line it dispatches on the algorithm and
--- runs straight-line code (math.min / max / floor / ceil are inlined as
--- comparisons and `x - x % 1`, which give the same results on the finite
--- values they see); a state is unpacked and packed by one struct call each.
--- A key that only one line of the call uses is written at once; a key
--- several lines share is kept as numbers and written once, at the end.
+-- arrived in one event-loop iteration), so the call's own cost (FCALL or
+-- EVALSHA, TIME, MGET, its tables, and for EVALSHA its helper functions) is
+-- paid once per batch. In Redis' Lua every table access costs about a
+-- hundred machine instructions, and a table or closure built, or a C
+-- function called, about a thousand: per line the script does as few of
+-- each as it can. Each distinct line string is parsed once per call (or
+-- library), with its algorithm's constants (W, T, capacity); per line it
+-- dispatches on the algorithm and runs straight-line code (math.min / max /
+-- floor / ceil are inlined as comparisons and `x - x % 1`, which give the
+-- same results on the finite values they see); a state is unpacked and
+-- packed by one struct call each. A key that only one line of the call
+-- uses is written at once; a key several lines share is kept as numbers and
+-- written once, at the end.
 -- Redis calls: TIME (unless now is given) and MGET of the distinct keys once
 -- per call, then per written key one SETRANGE (or SET ... PX about once a
 -- second; sliding_log: LLEN, LINDEX, LPUSH, LTRIM, PEXPIRE per line).
 
-if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
-  -- Redis 3.2-4.x: allow writes after TIME (effects replication; later
-  -- versions always do this, and from 7.0, which has REDIS_VERSION_NUM,
-  -- the call is a no-op).
-  pcall(redis.replicate_commands)
-end
-
-local KEYS, ARGV = KEYS, ARGV
-local floor = math.floor
 local TWO53 = 9007199254740992
 local E = 4503599627370496
+-- math.floor and struct's functions, bound by the first call (a library
+-- cannot reach them while Redis loads it).
+local floor, pack, unpack_
 
--- The clock.
-local now, ms = ARGV[2], nil
-if now == '' then
-  now = nil
-else
-  now = tonumber(now)
-end
-if now and now >= 1 then
-  now = floor(now)
-  ms = floor(now / 1000)
-else
-  -- TIME replies two integer strings: arithmetic converts them.
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-  ms = now / 1000
-  ms = ms - ms % 1
-end
-
-local commit = ARGV[1] == '1'
-local nargs = #ARGV
+-- The call's state, set by every call (in a library the helpers below
+-- outlive a call). now: us; ms: now in ms; commit: mode "1".
+local now, ms, commit
 -- The reply so far, and its length.
-local reply, nreply = { ms }, 1
+local reply, nreply
 
 -- The call's distinct keys: slot[key] = j, names[j] = key, in order of first
 -- use; cur[j] the string MGET read (false: missing, or of another type; nil:
 -- read it again, after a sliding_log line used the key).
-local slot, names, cur, nslots = {}, {}, nil, 0
+local slot, names, cur, nslots
 -- A key that only one line of the call uses is written at once. The others'
 -- states are kept as numbers and SET once at the end (with the last write's
 -- value and expiry, as if each request had written it): slot j's record is
@@ -116,13 +100,12 @@ local slot, names, cur, nslots = {}, {}, nil, 0
 -- slot before its first write. (One flat table: in Redis' Lua a table per
 -- key, or a C function call such as type(), costs about as much as the
 -- rest of a line's work.)
-local R = {}
+local R
 
 -- Stored form: a 0 byte, then the state's words and the key's expiry (ms of
 -- the Redis clock) as little-endian doubles, exact below 2^53 (struct's C
 -- code packs and unpacks them several times faster than Lua formats or
 -- parses digits).
-local pack, unpack_ = struct.pack, struct.unpack
 local function encode(j)
   local o = 6 * j
   local a = R[o - 5]
@@ -312,37 +295,6 @@ local function muldiv(a, b, d)
   return aq * b + qq, r
 end
 
--- Read every distinct key with MGET, 256 at a time (one call instead of a
--- GET each; MGET answers nil for a key of another type, which GET reads as
--- fresh too).
-do
-  local nkeys, n = #KEYS, 0
-  for i = 1, nkeys + 1 do
-    local key = KEYS[i]
-    if key then
-      local j = slot[key]
-      if j == nil then
-        nslots = nslots + 1
-        slot[key], names[nslots] = nslots, key
-        n = n + 1
-      else
-        R[6 * j] = true
-      end
-    end
-    if n == 256 or (i > nkeys and n > 0) then
-      local got = redis.call('MGET', unpack(names, nslots - n + 1, nslots))
-      if cur == nil then
-        cur = got
-      else
-        for j = 1, n do
-          cur[nslots - n + j] = got[j]
-        end
-      end
-      n = 0
-    end
-  end
-  cur = cur or {}
-end
 -- The arguments after ARGV[2], by their string, parsed once per call: a
 -- line "algorithm count period_us burst cost" (count, period_us, burst
 -- integers in [1, 2^53), cost an integer >= 0) as {algorithm, count,
@@ -352,7 +304,7 @@ end
 -- buckets), or false when out of the exact range; a malformed line as
 -- false; a number of lines as {0, n}, a run "-n" as {-1, n}; nil for a
 -- malformed number.
-local specs = {}
+local specs, nspecs = {}, 0
 local function parse(s)
   local n = tonumber(s)
   if n then
@@ -395,414 +347,489 @@ local function parse(s)
   return { a, c, p, b, x, K, BT }
 end
 
--- The next ARGV and KEYS to read; the requests left in a run, their line,
--- and how far a line advances ARGV (0 in a run).
-local argi, k = 3, 0
-local run, rlim, step = 0, nil, 1
-
-while run > 0 or argi <= nargs do
-  -- One request: one line, or its number of lines then its lines.
-  local s, lim
-  local nlines = 1
-  if run > 0 then
-    run, lim = run - 1, rlim
-  else
-    s = ARGV[argi]
-    lim = specs[s]
-    if lim == nil then
-      lim = parse(s)
-      if lim == nil then
-        return redis.error_reply('rl: malformed arguments')
-      end
-      specs[s] = lim
-    end
-    step = 1
-    if lim and lim[1] == 0 then
-      nlines, lim = lim[2], nil
-      argi = argi + 1
-    elseif lim and lim[1] == -1 then
-      -- A run: this request and the next n - 1, one line each.
-      if lim[2] > #KEYS then
-        return redis.error_reply('rl: malformed arguments')
-      end
-      run = lim[2] - 1
-      s = ARGV[argi + 1]
-      lim = false
-      if s then
-        lim = specs[s]
-        if lim == nil then
-          lim = parse(s) or false
-          specs[s] = lim
-        end
-      end
-      if lim and (lim[1] == 0 or lim[1] == -1) then
-        lim = false
-      end
-      rlim, argi, step = lim, argi + 2, 0
-      if run < 0 then
-        -- "-0": no request
-        run = 0
-        nlines = 0
-      end
-    end
+-- Checks (and commits) the requests of one call: the script's body.
+local function limit(KEYS, ARGV)
+  if not pack then
+    floor, pack, unpack_ = math.floor, struct.pack, struct.unpack
   end
-  -- reply[at ...]: per line 3 values.
-  local at = nreply + 1
-  nreply = nreply + 3 * nlines
-  -- Several lines: all admitted so far, and the pending writes as (slot,
-  -- what, reset_us, algorithm, v1, v2, v3, expiry read) tuples (see `val`
-  -- below).
-  local all, pending, npending = 1, nil, 0
+  if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
+    -- Redis 3.2-4.x: allow writes after TIME (effects replication; later
+    -- versions always do this, and from 7.0, which has REDIS_VERSION_NUM,
+    -- the call is a no-op).
+    pcall(redis.replicate_commands)
+  end
+  -- The clock.
+  now, ms = ARGV[2], nil
+  if now == '' then
+    now = nil
+  else
+    now = tonumber(now)
+  end
+  if now and now >= 1 then
+    now = floor(now)
+    ms = floor(now / 1000)
+  else
+    -- TIME replies two integer strings: arithmetic converts them.
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+    ms = now / 1000
+    ms = ms - ms % 1
+  end
 
-  for i = 1, nlines do
-    -- The line's limit (already known for a request of one line).
-    if i > 1 or nlines ~= 1 then
+  commit = ARGV[1] == '1'
+  local nargs = #ARGV
+  reply, nreply = { ms }, 1
+
+  slot, names, cur, nslots = {}, {}, nil, 0
+  R = {}
+  sx = 0
+  if nspecs > 64 then
+    -- (a library keeps the parsed lines from call to call: a few)
+    specs, nspecs = {}, 0
+  end
+
+  -- Read every distinct key with MGET, 256 at a time (one call instead of a
+  -- GET each; MGET answers nil for a key of another type, which GET reads as
+  -- fresh too).
+  do
+    local nkeys, n = #KEYS, 0
+    for i = 1, nkeys + 1 do
+      local key = KEYS[i]
+      if key then
+        local j = slot[key]
+        if j == nil then
+          nslots = nslots + 1
+          slot[key], names[nslots] = nslots, key
+          n = n + 1
+        else
+          R[6 * j] = true
+        end
+      end
+      if n == 256 or (i > nkeys and n > 0) then
+        local got = redis.call('MGET', unpack(names, nslots - n + 1, nslots))
+        if cur == nil then
+          cur = got
+        else
+          for j = 1, n do
+            cur[nslots - n + j] = got[j]
+          end
+        end
+        n = 0
+      end
+    end
+    cur = cur or {}
+  end
+  -- The next ARGV and KEYS to read; the requests left in a run, their line,
+  -- and how far a line advances ARGV (0 in a run).
+  local argi, k = 3, 0
+  local run, rlim, step = 0, nil, 1
+
+  while run > 0 or argi <= nargs do
+    -- One request: one line, or its number of lines then its lines.
+    local s, lim
+    local nlines = 1
+    if run > 0 then
+      run, lim = run - 1, rlim
+    else
       s = ARGV[argi]
-      lim = nil
-      if s then
-        lim = specs[s]
+      lim = specs[s]
+      if lim == nil then
+        lim = parse(s)
         if lim == nil then
-          lim = parse(s) or false
-          specs[s] = lim
+          return redis.error_reply('rl: malformed arguments')
+        end
+        specs[s], nspecs = lim, nspecs + 1
+      end
+      step = 1
+      if lim and lim[1] == 0 then
+        nlines, lim = lim[2], nil
+        argi = argi + 1
+      elseif lim and lim[1] == -1 then
+        -- A run: this request and the next n - 1, one line each.
+        if lim[2] > #KEYS then
+          return redis.error_reply('rl: malformed arguments')
+        end
+        run = lim[2] - 1
+        s = ARGV[argi + 1]
+        lim = false
+        if s then
+          lim = specs[s]
+          if lim == nil then
+            lim = parse(s) or false
+            specs[s], nspecs = lim, nspecs + 1
+          end
+        end
+        if lim and (lim[1] == 0 or lim[1] == -1) then
+          lim = false
+        end
+        rlim, argi, step = lim, argi + 2, 0
+        if run < 0 then
+          -- "-0": no request
+          run = 0
+          nlines = 0
         end
       end
     end
-    argi = argi + step
-    local alg, b, cost, K
-    if lim then
-      alg, b, cost, K = lim[1], lim[4], lim[5], lim[6]
-    end
-    k = k + 1
-    local key = KEYS[k]
-    local j = slot[key]
-    -- The line's outcome; `val` says what to write if admitted and
-    -- committing: true for the words v1, v2, v3, or for sliding_log a
-    -- function that pushes the entries (`put` writes either).
-    local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
+    -- reply[at ...]: per line 3 values.
+    local at = nreply + 1
+    nreply = nreply + 3 * nlines
+    -- Several lines: all admitted so far, and the pending writes as (slot,
+    -- what, reset_us, algorithm, v1, v2, v3, expiry read) tuples (see `val`
+    -- below).
+    local all, pending, npending = 1, nil, 0
 
-    if key and lim and now <= E then
-
-      if alg == 'gcra' then
-        -- state {TAT}; T = ceil(period/count); admitted iff
-        -- max(TAT, now) + cost*T - now <= B*T.
-        local T, BT = K, lim[7]
-        if T then
-          ok = true
-          local s = state(j, alg, 1)
-          local backlog = s - now
-          if not (0 < backlog) then backlog = 0 end
-          if cost <= b and backlog <= (b - cost) * T then
-            local charged = backlog + cost * T
-            local x = (BT - charged) / T
-            adm, rem, rst = true, x - x % 1, charged
-            if commit then
-              val, v1 = true, now + charged
-            end
-          else
-            if cost <= b then
-              rty = backlog - (b - cost) * T
-            end
-            local x = BT - backlog
-            if not (0 < x) then x = 0 end
-            x = x / T
-            rem, rst = x - x % 1, backlog
+    for i = 1, nlines do
+      -- The line's limit (already known for a request of one line).
+      if i > 1 or nlines ~= 1 then
+        s = ARGV[argi]
+        lim = nil
+        if s then
+          lim = specs[s]
+          if lim == nil then
+            lim = parse(s) or false
+            specs[s], nspecs = lim, nspecs + 1
           end
         end
+      end
+      argi = argi + step
+      local alg, b, cost, K
+      if lim then
+        alg, b, cost, K = lim[1], lim[4], lim[5], lim[6]
+      end
+      k = k + 1
+      local key = KEYS[k]
+      local j = slot[key]
+      -- The line's outcome; `val` says what to write if admitted and
+      -- committing: true for the words v1, v2, v3, or for sliding_log a
+      -- function that pushes the entries (`put` writes either).
+      local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
 
-      elseif alg == 'fixed' or alg == 'sliding' or alg == 'sliding_log' then
-        -- W = ceil(burst*period/count)
-        local W = K
+      if key and lim and now <= E then
 
-        if alg == 'fixed' then
-          -- state {k + 1, used}; windows [k*W, (k+1)*W).
-          if W then
+        if alg == 'gcra' then
+          -- state {TAT}; T = ceil(period/count); admitted iff
+          -- max(TAT, now) + cost*T - now <= B*T.
+          local T, BT = K, lim[7]
+          if T then
             ok = true
-            local s1, s2 = state(j, alg, 2)
-            local k = now / W
-            k = k - k % 1
-            local used = 0
-            if s1 >= 1 and s1 - 1 >= k then
-              k, used = s1 - 1, s2
-              if b < used then used = b end
-            end
-            local to_end = (k + 1) * W - now
-            if not (0 < to_end) then to_end = 0 end
-            local free = b - used
-            if cost <= free then
-              adm, rem, rst = true, free - cost, to_end
-              if used + cost == 0 then rst = 0 end
+            local s = state(j, alg, 1)
+            local backlog = s - now
+            if not (0 < backlog) then backlog = 0 end
+            if cost <= b and backlog <= (b - cost) * T then
+              local charged = backlog + cost * T
+              local x = (BT - charged) / T
+              adm, rem, rst = true, x - x % 1, charged
               if commit then
-                val, v1, v2 = true, k + 1, used + cost
-              end
-            else
-              rem, rst = free, to_end
-              if used == 0 then rst = 0 end
-              if cost <= b then rty = to_end end
-            end
-          end
-
-        elseif alg == 'sliding' then
-          -- state {k + 1, curr, prev}; admitted iff
-          -- prev*(W-e) + (curr+cost)*W <= B*W, i.e.
-          -- curr + cost + ceil(prev*(W-e)/W) <= B.
-          if W then
-            ok = true
-            local s1, s2, s3 = state(j, alg, 3)
-            local k = now / W
-            k = k - k % 1
-            local curr, prev = 0, 0
-            if s1 >= 1 then
-              local sk = s1 - 1
-              if sk >= k then
-                k, curr, prev = sk, s2, s3
-              elseif sk + 1 == k then
-                prev = s2
-              end
-            end
-            if b < curr then curr = b end
-            if b < prev then prev = b end
-            local lead = k * W - now -- start - now: until(off) = max(0, lead + off)
-            local span = -lead -- W - max(0, elapsed), at least 0
-            if not (0 < span) then span = 0 end
-            span = W - span
-            if not (0 < span) then span = 0 end
-            -- pw: ceil of the previous window's weighted count
-            local pw, r = muldiv(prev, span, W)
-            if r > 0 then pw = pw + 1 end
-            local cc = curr
-            if curr + cost + pw <= b then
-              adm, rem = true, b - curr - cost - pw
-              cc = curr + cost
-              if commit then
-                val, v1, v2, v3 = true, k + 1, cc, prev
+                val, v1 = true, now + charged
               end
             else
               if cost <= b then
-                -- first_fit(pc, room): the smallest offset e < W into a window
-                -- whose previous count is pc with pc*(W-e) <= room*W; none if
-                -- slack = 0.
-                local offset
-                if curr + cost <= b then
-                  local room, slack = b - curr - cost, W
-                  if prev > 0 and room < prev then
-                    slack = muldiv(room, W, prev)
-                  end
-                  if slack > 0 then offset = W - slack end
-                end
-                if offset == nil then
-                  local room, slack = b - cost, W
-                  if curr > 0 and room < curr then
-                    slack = muldiv(room, W, curr)
-                  end
-                  if slack > 0 then
-                    offset = W + (W - slack)
-                  else
-                    offset = 2 * W
-                  end
-                end
-                rty = lead + offset
-                if not (1 < rty) then rty = 1 end
+                rty = backlog - (b - cost) * T
               end
-              rem = b - curr - pw
-              if not (0 < rem) then rem = 0 end
-            end
-            -- reset(cc)
-            if cc == 0 and prev == 0 then
-              rst = 0
-            elseif cc == 0 then
-              rst = lead + W
-              if not (0 < rst) then rst = 0 end
-            else
-              rst = lead + 2 * W
-              if not (0 < rst) then rst = 0 end
+              local x = BT - backlog
+              if not (0 < x) then x = 0 end
+              x = x / T
+              rem, rst = x - x % 1, backlog
             end
           end
 
-        elseif W then
-          -- sliding_log: a LIST of timestamps, newest first; an entry t
-          -- counts during [t, t+W).
-          ok = true
-          local B, fmt = b, string.format
-          -- (a string state pending here only if a key changed algorithm:
-          -- keys name theirs) written first, and read again after
-          if R[6 * j - 5] then
-            flush(j)
-          end
-          cur[j] = nil
-          local n = redis.pcall('LLEN', key)
-          local wrongtype = type(n) ~= 'number'
-          if wrongtype then
-            n = 0
-          end
-          if B < n then n = B end
-          local cache = {}
-          local function at(j)
-            local t = cache[j]
-            if t == nil then
-              t = tonumber(redis.call('LINDEX', key, fmt('%.0f', j)))
-              if t and t >= 0 then
-                if TWO53 < t then t = TWO53 end
-                t = floor(t)
+        elseif alg == 'fixed' or alg == 'sliding' or alg == 'sliding_log' then
+          -- W = ceil(burst*period/count)
+          local W = K
+
+          if alg == 'fixed' then
+            -- state {k + 1, used}; windows [k*W, (k+1)*W).
+            if W then
+              ok = true
+              local s1, s2 = state(j, alg, 2)
+              local k = now / W
+              k = k - k % 1
+              local used = 0
+              if s1 >= 1 and s1 - 1 >= k then
+                k, used = s1 - 1, s2
+                if b < used then used = b end
+              end
+              local to_end = (k + 1) * W - now
+              if not (0 < to_end) then to_end = 0 end
+              local free = b - used
+              if cost <= free then
+                adm, rem, rst = true, free - cost, to_end
+                if used + cost == 0 then rst = 0 end
+                if commit then
+                  val, v1, v2 = true, k + 1, used + cost
+                end
               else
-                t = 0
+                rem, rst = free, to_end
+                if used == 0 then rst = 0 end
+                if cost <= b then rty = to_end end
               end
-              cache[j] = t
             end
-            return t
-          end
-          -- live = the leading (newest) entries not yet expired
-          local lo, hi = 0, n
-          while lo < hi do
-            local mid = floor((lo + hi) / 2)
-            if at(mid) + W <= now then
-              hi = mid
-            else
-              lo = mid + 1
-            end
-          end
-          local live = lo
-          local newest = nil
-          if n > 0 then
-            newest = at(0)
-          end
-          local free = B - live
-          if cost <= free then
-            local stamp = now
-            if newest then
-              stamp = math.max(newest, now)
-            end
-            local last = newest
-            if cost > 0 then
-              last = stamp
-            end
-            adm, rem = true, free - cost
-            if live + cost > 0 then
-              rst = math.max(0, last + W - now)
-            end
-            if commit then
-              val = function()
-                if wrongtype then
-                  redis.call('DEL', key)
+
+          elseif alg == 'sliding' then
+            -- state {k + 1, curr, prev}; admitted iff
+            -- prev*(W-e) + (curr+cost)*W <= B*W, i.e.
+            -- curr + cost + ceil(prev*(W-e)/W) <= B.
+            if W then
+              ok = true
+              local s1, s2, s3 = state(j, alg, 3)
+              local k = now / W
+              k = k - k % 1
+              local curr, prev = 0, 0
+              if s1 >= 1 then
+                local sk = s1 - 1
+                if sk >= k then
+                  k, curr, prev = sk, s2, s3
+                elseif sk + 1 == k then
+                  prev = s2
                 end
-                local s, left = fmt('%.0f', stamp), cost
-                while left > 0 do
-                  local chunk = {}
-                  for j = 1, math.min(left, 512) do
-                    chunk[j] = s
+              end
+              if b < curr then curr = b end
+              if b < prev then prev = b end
+              local lead = k * W - now -- start - now: until(off) = max(0, lead + off)
+              local span = -lead -- W - max(0, elapsed), at least 0
+              if not (0 < span) then span = 0 end
+              span = W - span
+              if not (0 < span) then span = 0 end
+              -- pw: ceil of the previous window's weighted count
+              local pw, r = muldiv(prev, span, W)
+              if r > 0 then pw = pw + 1 end
+              local cc = curr
+              if curr + cost + pw <= b then
+                adm, rem = true, b - curr - cost - pw
+                cc = curr + cost
+                if commit then
+                  val, v1, v2, v3 = true, k + 1, cc, prev
+                end
+              else
+                if cost <= b then
+                  -- first_fit(pc, room): the smallest offset e < W into a window
+                  -- whose previous count is pc with pc*(W-e) <= room*W; none if
+                  -- slack = 0.
+                  local offset
+                  if curr + cost <= b then
+                    local room, slack = b - curr - cost, W
+                    if prev > 0 and room < prev then
+                      slack = muldiv(room, W, prev)
+                    end
+                    if slack > 0 then offset = W - slack end
                   end
-                  left = left - #chunk
-                  redis.call('LPUSH', key, unpack(chunk))
+                  if offset == nil then
+                    local room, slack = b - cost, W
+                    if curr > 0 and room < curr then
+                      slack = muldiv(room, W, curr)
+                    end
+                    if slack > 0 then
+                      offset = W + (W - slack)
+                    else
+                      offset = 2 * W
+                    end
+                  end
+                  rty = lead + offset
+                  if not (1 < rty) then rty = 1 end
                 end
-                redis.call('LTRIM', key, 0, fmt('%.0f', live + cost - 1))
+                rem = b - curr - pw
+                if not (0 < rem) then rem = 0 end
+              end
+              -- reset(cc)
+              if cc == 0 and prev == 0 then
+                rst = 0
+              elseif cc == 0 then
+                rst = lead + W
+                if not (0 < rst) then rst = 0 end
+              else
+                rst = lead + 2 * W
+                if not (0 < rst) then rst = 0 end
               end
             end
-          else
-            rem = free
-            if live > 0 then
-              rst = math.max(0, newest + W - now)
-            end
-            if cost <= B then
-              -- until the oldest live + cost - B live entries have expired
-              rty = math.max(1, at(B - cost) + W - now)
-            end
-          end
-        end
 
-      elseif alg == 'token_bucket' or alg == 'leaky_bucket' then
-        -- state {used, last}, amounts scaled by the period (one request =
-        -- period units, capacity burst*period).
-        local cap, c, p = K, lim[2], lim[3]
-        if cap then
-          ok = true
-          local s1, s2 = state(j, alg, 2)
-          local used, last = s1, s2
-          if cap < used then used = cap end
-          if now > last then
-            local refill = (now - last) * c -- inexact only when > 2^53 > used
-            if refill >= used then
-              used = 0
+          elseif W then
+            -- sliding_log: a LIST of timestamps, newest first; an entry t
+            -- counts during [t, t+W).
+            ok = true
+            local B, fmt = b, string.format
+            -- (a string state pending here only if a key changed algorithm:
+            -- keys name theirs) written first, and read again after
+            if R[6 * j - 5] then
+              flush(j)
+            end
+            cur[j] = nil
+            local n = redis.pcall('LLEN', key)
+            local wrongtype = type(n) ~= 'number'
+            if wrongtype then
+              n = 0
+            end
+            if B < n then n = B end
+            local cache = {}
+            local function at(j)
+              local t = cache[j]
+              if t == nil then
+                t = tonumber(redis.call('LINDEX', key, fmt('%.0f', j)))
+                if t and t >= 0 then
+                  if TWO53 < t then t = TWO53 end
+                  t = floor(t)
+                else
+                  t = 0
+                end
+                cache[j] = t
+              end
+              return t
+            end
+            -- live = the leading (newest) entries not yet expired
+            local lo, hi = 0, n
+            while lo < hi do
+              local mid = floor((lo + hi) / 2)
+              if at(mid) + W <= now then
+                hi = mid
+              else
+                lo = mid + 1
+              end
+            end
+            local live = lo
+            local newest = nil
+            if n > 0 then
+              newest = at(0)
+            end
+            local free = B - live
+            if cost <= free then
+              local stamp = now
+              if newest then
+                stamp = math.max(newest, now)
+              end
+              local last = newest
+              if cost > 0 then
+                last = stamp
+              end
+              adm, rem = true, free - cost
+              if live + cost > 0 then
+                rst = math.max(0, last + W - now)
+              end
+              if commit then
+                val = function()
+                  if wrongtype then
+                    redis.call('DEL', key)
+                  end
+                  local s, left = fmt('%.0f', stamp), cost
+                  while left > 0 do
+                    local chunk = {}
+                    for j = 1, math.min(left, 512) do
+                      chunk[j] = s
+                    end
+                    left = left - #chunk
+                    redis.call('LPUSH', key, unpack(chunk))
+                  end
+                  redis.call('LTRIM', key, 0, fmt('%.0f', live + cost - 1))
+                end
+              end
             else
-              used = used - refill
-            end
-          end
-          local lag = last - now
-          if not (0 < lag) then lag = 0 end
-          -- drain(amount) = 0 if amount == 0, else lag + ceil(amount / c)
-          local amount
-          if cost <= b and cost * p <= cap - used then
-            local after = used + cost * p
-            local x = (cap - after) / p
-            adm, rem, amount = true, x - x % 1, after
-            if commit then
-              local at = now
-              if now < last then at = last end
-              val, v1, v2 = true, after, at
-            end
-          else
-            if cost <= b then
-              rty = used - (b - cost) * p
-              if rty ~= 0 then
-                local y = rty / c
-                local yc = y - y % 1
-                if yc < y then yc = yc + 1 end
-                rty = lag + yc
+              rem = free
+              if live > 0 then
+                rst = math.max(0, newest + W - now)
+              end
+              if cost <= B then
+                -- until the oldest live + cost - B live entries have expired
+                rty = math.max(1, at(B - cost) + W - now)
               end
             end
-            local x = (cap - used) / p
-            rem, amount = x - x % 1, used
           end
-          if amount ~= 0 then
-            local y = amount / c
-            local yc = y - y % 1
-            if yc < y then yc = yc + 1 end
-            rst = lag + yc
+
+        elseif alg == 'token_bucket' or alg == 'leaky_bucket' then
+          -- state {used, last}, amounts scaled by the period (one request =
+          -- period units, capacity burst*period).
+          local cap, c, p = K, lim[2], lim[3]
+          if cap then
+            ok = true
+            local s1, s2 = state(j, alg, 2)
+            local used, last = s1, s2
+            if cap < used then used = cap end
+            if now > last then
+              local refill = (now - last) * c -- inexact only when > 2^53 > used
+              if refill >= used then
+                used = 0
+              else
+                used = used - refill
+              end
+            end
+            local lag = last - now
+            if not (0 < lag) then lag = 0 end
+            -- drain(amount) = 0 if amount == 0, else lag + ceil(amount / c)
+            local amount
+            if cost <= b and cost * p <= cap - used then
+              local after = used + cost * p
+              local x = (cap - after) / p
+              adm, rem, amount = true, x - x % 1, after
+              if commit then
+                local at = now
+                if now < last then at = last end
+                val, v1, v2 = true, after, at
+              end
+            else
+              if cost <= b then
+                rty = used - (b - cost) * p
+                if rty ~= 0 then
+                  local y = rty / c
+                  local yc = y - y % 1
+                  if yc < y then yc = yc + 1 end
+                  rty = lag + yc
+                end
+              end
+              local x = (cap - used) / p
+              rem, amount = x - x % 1, used
+            end
+            if amount ~= 0 then
+              local y = amount / c
+              local yc = y - y % 1
+              if yc < y then yc = yc + 1 end
+              rst = lag + yc
+            end
           end
+        end
+
+        if ok and cost == 0 then
+          -- charges nothing: passes even over the limit, and writes nothing
+          adm, rty, val = true, -1, nil
         end
       end
 
-      if ok and cost == 0 then
-        -- charges nothing: passes even over the limit, and writes nothing
-        adm, rty, val = true, -1, nil
-      end
-    end
-
-    local n = at + 3 * i - 3
-    if nlines == 1 then
-      -- The usual case: committed at once.
-      if adm and val then
-        put(j, alg, val, v1, v2, v3, sx, rst)
-      end
-      if adm then
+      local n = at + 3 * i - 3
+      if nlines == 1 then
+        -- The usual case: committed at once.
+        if adm and val then
+          put(j, alg, val, v1, v2, v3, sx, rst)
+        end
+        if adm then
+          reply[n], reply[n + 1], reply[n + 2] = rem, rst, -2
+        else
+          reply[n], reply[n + 1], reply[n + 2] = rem, rst, rty
+        end
+      elseif adm then
         reply[n], reply[n + 1], reply[n + 2] = rem, rst, -2
+        if val then
+          pending = pending or {}
+          local q = npending
+          pending[q + 1], pending[q + 2], pending[q + 3], pending[q + 4] = j, val, rst, alg
+          pending[q + 5], pending[q + 6], pending[q + 7], pending[q + 8] = v1, v2, v3, sx
+          npending = q + 8
+        end
       else
         reply[n], reply[n + 1], reply[n + 2] = rem, rst, rty
+        all = 0
       end
-    elseif adm then
-      reply[n], reply[n + 1], reply[n + 2] = rem, rst, -2
-      if val then
-        pending = pending or {}
-        local q = npending
-        pending[q + 1], pending[q + 2], pending[q + 3], pending[q + 4] = j, val, rst, alg
-        pending[q + 5], pending[q + 6], pending[q + 7], pending[q + 8] = v1, v2, v3, sx
-        npending = q + 8
+    end
+
+    if all == 1 then
+      for q = 1, npending, 8 do
+        put(pending[q], pending[q + 3], pending[q + 1], pending[q + 4], pending[q + 5], pending[q + 6],
+          pending[q + 7], pending[q + 2])
       end
-    else
-      reply[n], reply[n + 1], reply[n + 2] = rem, rst, rty
-      all = 0
     end
   end
 
-  if all == 1 then
-    for q = 1, npending, 8 do
-      put(pending[q], pending[q + 3], pending[q + 1], pending[q + 4], pending[q + 5], pending[q + 6],
-        pending[q + 7], pending[q + 2])
+  for j = 1, nslots do
+    if R[6 * j - 5] then
+      flush(j)
     end
   end
+  return reply
 end
 
-for j = 1, nslots do
-  if R[6 * j - 5] then
-    flush(j)
-  end
-end
-return reply
+return limit(KEYS, ARGV)
