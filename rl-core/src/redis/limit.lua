@@ -256,6 +256,18 @@ local function flush(j)
   R[o - 5] = nil
 end
 
+-- The buckets' time to drain `amount` at `c` per us after `lag` us: 0 if
+-- amount is 0, else lag + ceil(amount / c).
+local function drain(amount, c, lag)
+  if amount == 0 then
+    return 0
+  end
+  local y = amount / c
+  local yc = y - y % 1
+  if yc < y then yc = yc + 1 end
+  return lag + yc
+end
+
 -- floor(a*b/d) and (a*b mod d), exactly, for integers 0 <= a, b < 2^53 and
 -- 1 <= d < 2^53 (the remainder always, the quotient when < 2^53): plain
 -- doubles while a*b < 2^53, else long division by the bits of b.
@@ -345,6 +357,22 @@ local function parse(s)
     end
   end
   return { a, c, p, b, x, K, BT }
+end
+
+-- The line an argument s gives (false: none, malformed, or a number).
+local function line(s)
+  if not s then
+    return false
+  end
+  local lim = specs[s]
+  if lim == nil then
+    lim = parse(s) or false
+    specs[s], nspecs = lim, nspecs + 1
+  end
+  if lim and (lim[1] == 0 or lim[1] == -1) then
+    return false
+  end
+  return lim
 end
 
 -- Checks (and commits) the requests of one call: the script's body.
@@ -450,19 +478,8 @@ local function limit(KEYS, ARGV)
           return redis.error_reply('rl: malformed arguments')
         end
         run = lim[2] - 1
-        s = ARGV[argi + 1]
-        lim = false
-        if s then
-          lim = specs[s]
-          if lim == nil then
-            lim = parse(s) or false
-            specs[s], nspecs = lim, nspecs + 1
-          end
-        end
-        if lim and (lim[1] == 0 or lim[1] == -1) then
-          lim = false
-        end
-        rlim, argi, step = lim, argi + 2, 0
+        rlim = line(ARGV[argi + 1])
+        lim, argi, step = rlim, argi + 2, 0
         if run < 0 then
           -- "-0": no request
           run = 0
@@ -481,15 +498,7 @@ local function limit(KEYS, ARGV)
     for i = 1, nlines do
       -- The line's limit (already known for a request of one line).
       if i > 1 or nlines ~= 1 then
-        s = ARGV[argi]
-        lim = nil
-        if s then
-          lim = specs[s]
-          if lim == nil then
-            lim = parse(s) or false
-            specs[s], nspecs = lim, nspecs + 1
-          end
-        end
+        lim = line(ARGV[argi])
       end
       argi = argi + step
       local alg, b, cost, K
@@ -751,8 +760,7 @@ local function limit(KEYS, ARGV)
             end
             local lag = last - now
             if not (0 < lag) then lag = 0 end
-            -- drain(amount) = 0 if amount == 0, else lag + ceil(amount / c)
-            local amount
+              local amount
             if cost <= b and cost * p <= cap - used then
               local after = used + cost * p
               local x = (cap - after) / p
@@ -764,23 +772,12 @@ local function limit(KEYS, ARGV)
               end
             else
               if cost <= b then
-                rty = used - (b - cost) * p
-                if rty ~= 0 then
-                  local y = rty / c
-                  local yc = y - y % 1
-                  if yc < y then yc = yc + 1 end
-                  rty = lag + yc
-                end
+                rty = drain(used - (b - cost) * p, c, lag)
               end
               local x = (cap - used) / p
               rem, amount = x - x % 1, used
             end
-            if amount ~= 0 then
-              local y = amount / c
-              local yc = y - y % 1
-              if yc < y then yc = yc + 1 end
-              rst = lag + yc
-            end
+            rst = drain(amount, c, lag)
           end
         end
 
