@@ -6,10 +6,11 @@
 //! The nginx thread sends the jobs of one event-loop iteration together; the
 //! jobs of a batch on one zone go to Redis in one script call (each job still
 //! all-or-nothing), so `FCALL`, `TIME` and the round trip are paid once
-//! per batch. The script runs as a Redis function where the server has them
-//! (Redis 7+, see [`Code`]), else with `EVALSHA`. In a Cluster, where a call's keys must share a slot, the jobs
-//! whose lines have one client key go in one call per slot, the others one
-//! by one (see [`ZoneConn::run`]).
+//! per batch. The script runs as a Redis function where the server has
+//! them (Redis 7+, see [`Code`]), else with `EVALSHA`. In a Cluster, where
+//! a call's keys must share a slot, the jobs whose lines have one client
+//! key go in one call per slot, the others one by one (see
+//! [`ZoneConn::run`]).
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
