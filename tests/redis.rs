@@ -558,6 +558,36 @@ fn password_protected_redis() {
     }
 }
 
+/// A Redis user with the ACL the README gives (the script's calls and
+/// commands, on `rl:*` keys only) limits exactly, every algorithm.
+#[test]
+fn least_privilege_acl_user() {
+    let redis = Redis::start();
+    let acl = "on >acl-pw ~rl:* +fcall +function|load +evalsha +eval +time +mget +get +set +setrange +del +llen \
+               +lindex +lpush +ltrim +pexpire +select";
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains(&format!("ACL SETUSER nginx {}", acl.replace("acl-pw", "PASSWORD"))), "the README gives another ACL");
+    let mut args = vec!["ACL", "SETUSER", "nginx"];
+    args.extend(acl.split_whitespace());
+    assert_eq!(redis.cli(&args), "OK");
+    let algs = ["fixed", "sliding", "sliding_log", "token_bucket", "leaky_bucket", "gcra"];
+    let locations: String =
+        algs.iter().map(|a| format!("location = /{a}.html {{ rl_limit zone=r key=$http_x_k rate=5r/h burst=5 algorithm={a}; }}\n")).collect();
+    let mut setup = Nginx::setup(&server(&format!("rl_zone r redis=redis://nginx:acl-pw@127.0.0.1:{}/1 timeout=1s;", redis.port), &locations));
+    for a in algs {
+        setup = setup.file(&format!("html/{a}.html"), &format!("{a}\n"));
+    }
+    let ngx = setup.start();
+    for a in algs {
+        let rs = ngx.concurrent(20, &format!("/{a}.html"), &[("X-K", a)]);
+        assert_eq!(statuses(&rs), counts(&[(200, 5), (429, 15)]), "algorithm={a}");
+    }
+    let log = ngx.error_log();
+    assert!(failed_lines(&log, "r").is_empty(), "{:?}", failed_lines(&log, "r"));
+    assert!(redis.calls("fcall") > 0);
+}
+
 // ---------------------------------------------------------------------------
 // 8. State keys: naming, TTL, expiry.
 // ---------------------------------------------------------------------------
