@@ -401,9 +401,9 @@ enum How {
 /// Sends the call as `command(How::Fcall)` while the zone uses functions:
 /// after `Function not found` (first call, Redis restarted, `FUNCTION
 /// FLUSH`) it loads the library (on every master of a cluster) and calls
-/// again. A server without functions (Redis before 7.0) or that does not
-/// let this user load them turns the zone to `EVALSHA` for good; another
-/// failure to load, for this call. `EVALSHA` is followed after `NOSCRIPT`
+/// again. A server without functions (Redis before 7.0), that does not let
+/// this user load them, or that refuses the library (`ERR`) turns the zone
+/// to `EVALSHA` for good; another failure to load, for this call. `EVALSHA` is followed after `NOSCRIPT`
 /// (Redis restarted, `SCRIPT FLUSH`) by `EVAL` with the script's text,
 /// which runs it and caches it again in one command (a `SCRIPT LOAD` then
 /// `EVALSHA` could meet a second flush between the two).
@@ -418,7 +418,9 @@ async fn invoke<C: ConnectionLike + Send>(c: &mut C, via: Via<'_>, command: impl
                 match load {
                     Ok(_) => result = command(How::Fcall).query_async(c).await,
                     Err(e) if is_io(&e) => return Err(describe(e)),
-                    Err(e) if unsupported(&e) => via.fcall.store(false, Ordering::Relaxed),
+                    // ERR: a server that cannot take this library (it would refuse it again).
+                    Err(e) if unsupported(&e) || e.code() == Some("ERR") => via.fcall.store(false, Ordering::Relaxed),
+                    // OOM, NOREPLICAS, BUSY, LOADING...: this call without functions, the next may load.
                     Err(_) => return evalsha(c, command).await,
                 }
             }
