@@ -399,12 +399,6 @@ fn flush_during_load(redis: &Redis, url: &str, flush: &'static [&'static str]) {
     assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
 }
 
-/// Errors of `code` (`ERR`, `NOSCRIPT`, ...) Redis has answered, from `INFO errorstats`.
-fn errors(redis: &Redis, code: &str) -> u64 {
-    let tag = format!("errorstat_{code}:count=");
-    redis.cli(&["INFO", "errorstats"]).lines().find_map(|l| l.trim().strip_prefix(tag.as_str())).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
-}
-
 /// On Redis 7 the script is a function library: loaded by the first call,
 /// and again after `FUNCTION FLUSH`, with no failed request.
 #[test]
@@ -413,7 +407,7 @@ fn function_flush_during_load() {
     flush_during_load(&redis, &redis.url(), &["FUNCTION", "FLUSH"]);
     // The flushes were seen: "Function not found" for the first call, and at
     // least once after each flush, each time followed by a FUNCTION LOAD.
-    let (missing, loads) = (errors(&redis, "ERR"), redis.calls("function|load"));
+    let (missing, loads) = (redis.errors("ERR"), redis.calls("function|load"));
     assert!(missing >= 3 && loads >= 3, "Function not found: {missing}, FUNCTION LOAD: {loads} (the flushes did not hit the load?)");
     assert!(redis.calls("fcall") > 0);
     assert_eq!(redis.calls("evalsha") + redis.calls("eval"), 0);
@@ -428,8 +422,8 @@ fn script_flush_during_load() {
     flush_during_load(&redis, &format!("redis://rl:rl-secret@127.0.0.1:{}", redis.port), &["SCRIPT", "FLUSH"]);
     // FUNCTION LOAD refused (for the first calls of each worker), then EVALSHA; the flushes were
     // seen: a NOSCRIPT for the first call, and at least one after each flush.
-    assert!(errors(&redis, "NOPERM") >= 1, "{}", redis.cli(&["INFO", "errorstats"]));
-    let noscript = errors(&redis, "NOSCRIPT");
+    assert!(redis.errors("NOPERM") >= 1, "{}", redis.cli(&["INFO", "errorstats"]));
+    let noscript = redis.errors("NOSCRIPT");
     assert!(noscript >= 3, "NOSCRIPT errors seen by Redis: {noscript} (the flushes did not hit the load?)");
     assert!(redis.calls("evalsha") > 0);
 }

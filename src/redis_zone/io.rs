@@ -403,10 +403,11 @@ enum How {
 /// FLUSH`) it loads the library (on every master of a cluster) and calls
 /// again. A server without functions (Redis before 7.0), that does not let
 /// this user load them, or that refuses the library (`ERR`) turns the zone
-/// to `EVALSHA` for good; another failure to load, for this call. `EVALSHA` is followed after `NOSCRIPT`
-/// (Redis restarted, `SCRIPT FLUSH`) by `EVAL` with the script's text,
-/// which runs it and caches it again in one command (a `SCRIPT LOAD` then
-/// `EVALSHA` could meet a second flush between the two).
+/// to `EVALSHA` for good; another failure to load, for this call.
+/// `EVALSHA` is followed after `NOSCRIPT` (Redis restarted, `SCRIPT FLUSH`)
+/// by `EVAL` with the script's text, which runs it and caches it again in
+/// one command (a `SCRIPT LOAD` then `EVALSHA` could meet a second flush
+/// between the two).
 async fn invoke<C: ConnectionLike + Send>(c: &mut C, via: Via<'_>, command: impl Fn(How) -> Cmd) -> Result<Vec<i64>, String> {
     if via.fcall.load(Ordering::Relaxed) {
         let mut result = command(How::Fcall).query_async(c).await;

@@ -291,6 +291,17 @@ impl Redis {
             .unwrap_or(0)
     }
 
+    /// Errors of `code` (`ERR`, `NOSCRIPT`, ...) this server has answered,
+    /// from `INFO errorstats`.
+    pub fn errors(&self, code: &str) -> u64 {
+        let tag = format!("errorstat_{code}:count=");
+        self.cli(&["INFO", "errorstats"])
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(tag.as_str()))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// `role:master` or `role:slave`, from `INFO replication`.
     pub fn role(&self) -> String {
         self.cli(&["INFO", "replication"])

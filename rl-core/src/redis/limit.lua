@@ -359,17 +359,22 @@ local function parse(s)
   return { a, c, p, b, x, K, BT }
 end
 
--- The line an argument s gives (false: none, malformed, or a number).
-local function line(s)
-  if not s then
-    return false
-  end
+-- parse(s), kept in `specs` (nil, a malformed number, is not kept).
+local function parsed(s)
   local lim = specs[s]
   if lim == nil then
-    lim = parse(s) or false
-    specs[s], nspecs = lim, nspecs + 1
+    lim = parse(s)
+    if lim ~= nil then
+      specs[s], nspecs = lim, nspecs + 1
+    end
   end
-  if lim and (lim[1] == 0 or lim[1] == -1) then
+  return lim
+end
+
+-- The line an argument s gives (false: none, malformed, or a number).
+local function line(s)
+  local lim = s and parsed(s)
+  if not lim or lim[1] == 0 or lim[1] == -1 then
     return false
   end
   return lim
@@ -454,19 +459,14 @@ local function limit(KEYS, ARGV)
 
   while run > 0 or argi <= nargs do
     -- One request: one line, or its number of lines then its lines.
-    local s, lim
+    local lim
     local nlines = 1
     if run > 0 then
       run, lim = run - 1, rlim
     else
-      s = ARGV[argi]
-      lim = specs[s]
+      lim = parsed(ARGV[argi])
       if lim == nil then
-        lim = parse(s)
-        if lim == nil then
-          return redis.error_reply('rl: malformed arguments')
-        end
-        specs[s], nspecs = lim, nspecs + 1
+        return redis.error_reply('rl: malformed arguments')
       end
       step = 1
       if lim and lim[1] == 0 then
