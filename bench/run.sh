@@ -62,14 +62,15 @@ ensure_packages() {
 }
 
 # ---------------------------------------------------------------- scenarios
-declare -A S_INST S_PATH S_KEYS S_EXPECT S_GROUP S_REF S_QUICK S_DESC
+declare -A S_INST S_PATH S_KEYS S_EXPECT S_GROUP S_REF S_QUICK S_CONNS S_DESC
 IDS=()
 load_scenarios() {
-    local id inst path nkeys expect group ref quick desc
-    while IFS=$'\t' read -r id inst path nkeys expect group ref quick desc; do
+    local id inst path nkeys expect group ref quick conns desc
+    while IFS=$'\t' read -r id inst path nkeys expect group ref quick conns desc; do
         [[ -z $id || $id == \#* ]] && continue
+        [[ $conns == - ]] && conns=$CONNS
         S_INST[$id]=$inst S_PATH[$id]=$path S_KEYS[$id]=$nkeys S_EXPECT[$id]=$expect
-        S_GROUP[$id]=$group S_REF[$id]=$ref S_QUICK[$id]=$quick S_DESC[$id]=$desc
+        S_GROUP[$id]=$group S_REF[$id]=$ref S_QUICK[$id]=$quick S_CONNS[$id]=$conns S_DESC[$id]=$desc
         [[ -n $QUICK && $quick != 1 ]] && continue
         [[ -n $ONLY && ! $id =~ $ONLY ]] && continue
         IDS+=("$id")
@@ -210,7 +211,7 @@ run_one() {
     kill -0 "$w" 2>/dev/null || die "the nginx worker of '$inst' is gone (crashed?), see $TMP/$inst/error.log"
     c0=$(cpu_ns "$w")
     [[ $inst == lua || $inst == rlredis ]] && r0=$(cpu_ns "$REDIS_PID")
-    taskset -c "$CLIENT_CPU" wrk -t"$THREADS" -c"$CONNS" -d"${secs}s" --timeout 5s \
+    taskset -c "$CLIENT_CPU" wrk -t"$THREADS" -c"${S_CONNS[$id]}" -d"${secs}s" --timeout 5s \
         -s "$BENCH/wrk/load.lua" "http://127.0.0.1:${PORT[$inst]}${S_PATH[$id]}" -- "${S_KEYS[$id]}" \
         >"$out" 2>&1 &
     WRK_PID=$!
@@ -423,7 +424,7 @@ main() {
         echo "redis	$(redis-server --version | awk '{print $3}' | sed 's/v=//')"
         echo "wrk	$(dpkg-query -W -f='${Version}' wrk 2>/dev/null)"
         echo "module	$module_info"
-        echo "setup	$ROUNDS round(s) of ${SECS}s per scenario in a fresh random order each round, after a warm-up of ${WARM}s per scenario; wrk -t$THREADS -c$CONNS; nginx: 1 worker on CPU $NGX_CPU; wrk and redis-server on CPU $CLIENT_CPU"
+        echo "setup	$ROUNDS round(s) of ${SECS}s per scenario in a fresh random order each round, after a warm-up of ${WARM}s per scenario; wrk -t$THREADS -c$CONNS (unless a scenario says otherwise); nginx: 1 worker on CPU $NGX_CPU; wrk and redis-server on CPU $CLIENT_CPU"
         echo "load	load average $load0 at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
         echo "elapsed	${elapsed}s"
         echo "memz	$MEMZ"
