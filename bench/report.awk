@@ -353,10 +353,9 @@ END {
         print "  or `X-User` out of 1,000 (the peer keys on it too). nginx-rl sends the requests of one event-loop iteration"
         print "  in one script call, which reads and writes a key that several of them share once: the one-key scenarios"
         print "  show that best case, the 1K-keys ones the usual case of distinct clients."
-        print "  The 1K-keys scenarios run twice: with the 32 connections of every scenario, where the peer's worker is"
-        print "  saturated but nginx-rl's is not (each request waits on a round trip through the worker's I/O thread and"
-        print "  Redis, so 32 requests in flight set its pace: a latency, not a capacity), and with 128 connections, where"
-        print "  both are at capacity (nginx-rl's CPU 1, wrk and Redis, is then the limit) and p99 is compared at equal load."
+        print "  The 1K-keys scenarios run twice: with the 32 connections of every scenario, and with 128. The peer's"
+        print "  worker is saturated at both. nginx-rl's batches grow with the requests in flight, so its cost per request"
+        print "  (nginx and Redis) falls as the load rises: 32 connections show it at a moderate load, 128 at capacity."
         print "  nginx CPU counts every thread of the worker process; redis-server CPU is shown apart."
     }
 }
