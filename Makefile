@@ -17,7 +17,7 @@ RUN_CONF     ?= $(ROOT)/nginx-conf/example.conf
 CARGO        ?= cargo
 
 # Debian packages the build, the tests and the benchmark need.
-APT_PACKAGES := nginx nginx-dev libclang-dev pkg-config libssl-dev libpcre2-dev zlib1g-dev redis-server
+APT_PACKAGES := nginx nginx-dev libclang-dev pkg-config libssl-dev libpcre2-dev zlib1g-dev redis-server openssl
 
 .PHONY: all deps build build-debian build-vendored install run stop test test-core test-integration bench bench-quick clean
 

@@ -164,7 +164,9 @@ pub extern "C" fn cmd_rl_zone(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, con
             conf_err!(cf, "too many Redis zones in \"rl_zone\" directive, at most {} are supported", MAX_REDIS_ZONES);
         }
         let params: Vec<&str> = args[2..].iter().map(text).collect();
-        match RedisZone::parse(name, &params) {
+        // SAFETY: cf and its cycle are valid while the configuration is parsed.
+        let conf_prefix = unsafe { (*(*cf).cycle).conf_prefix.to_str().unwrap_or("") };
+        match RedisZone::parse(name, &params, conf_prefix) {
             Ok(z) => mcf.redis.push(Box::new(z)),
             Err(e) => conf_err!(cf, "{} in \"rl_zone\" directive", e),
         }

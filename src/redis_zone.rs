@@ -20,7 +20,7 @@ use ngx::ffi::{
     NGX_LOG_ERR,
 };
 use ngx::ngx_log_error;
-use redis::{IntoConnectionInfo, RedisConnectionInfo};
+use redis::{ClientTlsConfig, IntoConnectionInfo, RedisConnectionInfo, TlsCertificates};
 use rl_core::parse::parse_duration_ms;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
@@ -44,12 +44,16 @@ pub struct RedisZone {
 const LOG_PER_SECOND: u32 = 3;
 
 impl RedisZone {
-    /// Parses `redis=URL [timeout=TIME] [on_error=allow|deny] [prefix=STRING]`.
-    pub fn parse(name: &str, args: &[&str]) -> Result<RedisZone, String> {
+    /// Parses `redis=URL [timeout=TIME] [on_error=allow|deny] [prefix=STRING]
+    /// [ssl_trusted_certificate=FILE] [ssl_certificate=FILE
+    /// ssl_certificate_key=FILE]`; relative file names are taken from
+    /// `conf_prefix`, as nginx does.
+    pub fn parse(name: &str, args: &[&str], conf_prefix: &str) -> Result<RedisZone, String> {
         let mut url = None;
         let mut timeout = Duration::from_millis(50);
         let mut allow = true;
         let mut prefix = "rl:".to_string();
+        let (mut trusted, mut cert, mut key) = (None, None, None);
         for a in args {
             if let Some(v) = a.strip_prefix("redis=") {
                 url = Some(v);
@@ -66,16 +70,28 @@ impl RedisZone {
                 };
             } else if let Some(v) = a.strip_prefix("prefix=") {
                 prefix = v.to_string();
+            } else if let Some(v) = a.strip_prefix("ssl_trusted_certificate=") {
+                trusted = Some(v);
+            } else if let Some(v) = a.strip_prefix("ssl_certificate=") {
+                cert = Some(v);
+            } else if let Some(v) = a.strip_prefix("ssl_certificate_key=") {
+                key = Some(v);
             } else {
                 return Err(format!("invalid parameter \"{}\"", redact(a)));
             }
         }
         let url = url.ok_or_else(|| "missing \"redis\" parameter".to_string())?;
         let target = parse_target(url).map_err(|e| format!("invalid redis URL \"{}\": {e}", redact(url)))?;
+        let tls = tls_files(url, trusted, cert.zip(key), conf_prefix)?;
+        match (cert, key) {
+            (Some(c), None) => return Err(format!("no \"ssl_certificate_key\" is defined for certificate \"{c}\"")),
+            (None, Some(_)) => return Err("\"ssl_certificate_key\" needs \"ssl_certificate\"".into()),
+            _ => {}
+        }
         Ok(RedisZone {
             name: name.to_string(),
             shown: redact(url),
-            spec: ZoneSpec { target, timeout, prefix },
+            spec: ZoneSpec { target, timeout, prefix, tls },
             on_error_allow: allow,
             errors: Cell::new(0),
             log_second: Cell::new(0),
@@ -106,6 +122,40 @@ impl RedisZone {
             );
         }
     }
+}
+
+/// The certificates of a `rediss` zone's `ssl_*` parameters, read (and
+/// checked) now: the trusted CAs, and the client certificate and its key.
+fn tls_files(url: &str, trusted: Option<&str>, client: Option<(&str, &str)>, conf_prefix: &str) -> Result<Option<TlsCertificates>, String> {
+    if trusted.is_none() && client.is_none() {
+        return Ok(None);
+    }
+    if !url.starts_with("rediss") {
+        return Err("\"ssl_*\" parameters need a \"rediss\" URL".into());
+    }
+    let read = |what: &str, file: &str| {
+        let path = if file.starts_with('/') { file.to_string() } else { format!("{conf_prefix}{file}") };
+        std::fs::read(&path).map_err(|e| format!("cannot load {what} \"{path}\": {e}"))
+    };
+    let root_cert = match trusted {
+        Some(file) => {
+            let pem = read("trusted certificates", file)?;
+            if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+                return Err(format!("no certificate in \"{file}\" (\"ssl_trusted_certificate\" wants PEM)"));
+            }
+            Some(pem)
+        }
+        None => None,
+    };
+    let client_tls = match client {
+        Some((cert, key)) => Some(ClientTlsConfig { client_cert: read("certificate", cert)?, client_key: read("certificate key", key)? }),
+        None => None,
+    };
+    let certs = TlsCertificates { client_tls, root_cert };
+    // Parses them as a connection will (it connects to nothing).
+    let probe = "rediss://127.0.0.1:6379".into_connection_info().map_err(|e| e.to_string())?;
+    io::client(probe, &Some(certs.clone()))?;
+    Ok(Some(certs))
 }
 
 /// Replaces the password of `scheme://user:password@host` with `***`.

@@ -552,6 +552,72 @@ fn password_protected_redis() {
     }
 }
 
+// ---------------------------------------------------------------------------
+// 7b. TLS (`rediss://`), with a private CA and client certificates.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn tls_redis_with_private_ca() {
+    let certs = TestCerts::make();
+    let (redis, tls_port) = Redis::with_tls(&certs);
+    let url = format!("rediss://127.0.0.1:{tls_port}/0");
+    let (ca, cert, key, other) = (certs.path("ca.pem"), certs.path("client.pem"), certs.path("client.key"), certs.path("other.pem"));
+    let conf = server(
+        &format!(
+            "rl_zone ok redis={url} timeout=1s ssl_trusted_certificate={ca} ssl_certificate={cert} ssl_certificate_key={key};\n\
+             rl_zone untrusted redis={url} timeout=1s on_error=deny ssl_trusted_certificate={other} ssl_certificate={cert} ssl_certificate_key={key};\n\
+             rl_zone nocert redis={url} timeout=1s on_error=deny ssl_trusted_certificate={ca};"
+        ),
+        "location = /index.html { rl_limit zone=ok key=$http_x_k rate=5r/h burst=5; }\n\
+         location = /a.html { rl_limit zone=untrusted rate=2r/h burst=2; }\n\
+         location = /b.html { rl_limit zone=nocert rate=2r/h burst=2; }",
+    );
+    let (ok, out) = nginx_t(&conf);
+    assert!(ok, "nginx -t refused:\n{out}");
+
+    let ngx = Nginx::start(&conf);
+    let rs = ngx.concurrent(20, "/index.html", &[("X-K", "tls")]);
+    assert_eq!(statuses(&rs), counts(&[(200, 5), (429, 15)]), "over TLS, trusted CA and client certificate");
+    assert_eq!(redis.keys("rl:*").len(), 1, "the state went to the TLS server");
+
+    // A server certificate of a CA the zone does not trust, and a server
+    // that wants a client certificate the zone does not have: on_error=deny.
+    let a: Vec<u16> = (0..3).map(|_| ngx.get("/a.html", &[]).status).collect();
+    assert_eq!(a, [429; 3], "untrusted server certificate");
+    let b: Vec<u16> = (0..3).map(|_| ngx.get("/b.html", &[]).status).collect();
+    assert_eq!(b, [429; 3], "no client certificate");
+    let log = ngx.error_log();
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+    let untrusted = failed_lines(&log, "untrusted");
+    assert!(!untrusted.is_empty(), "no failure logged for zone untrusted:\n{log}");
+    eprintln!("untrusted: {}", untrusted[0]);
+    assert!(untrusted[0].contains("certificate"), "{untrusted:?}");
+    let nocert = failed_lines(&log, "nocert");
+    assert!(!nocert.is_empty(), "no failure logged for zone nocert:\n{log}");
+    eprintln!("nocert: {}", nocert[0]);
+    assert!(failed_lines(&log, "ok").is_empty(), "{:?}", failed_lines(&log, "ok"));
+
+    // nginx -t: the ssl_* parameters' mistakes.
+    let zone = |params: &str| server(&format!("rl_zone z {params};"), "location / { rl_limit zone=z rate=1r/s; }");
+    let missing = certs.path("missing.pem");
+    let cases: Vec<(&str, String, Vec<String>)> = vec![
+        ("plain URL", zone(&format!("redis=redis://127.0.0.1:6379 ssl_trusted_certificate={ca}")), vec!["\"rediss\" URL".into()]),
+        ("missing file", zone(&format!("redis={url} ssl_trusted_certificate={missing}")), vec![format!("cannot load trusted certificates \"{missing}\"")]),
+        ("not PEM", zone(&format!("redis={url} ssl_trusted_certificate={}", certs.path("server.ext"))), vec!["no certificate in".into()]),
+        ("certificate without key", zone(&format!("redis={url} ssl_certificate={cert}")), vec!["no \"ssl_certificate_key\"".into()]),
+        ("key is not a key", zone(&format!("redis={url} ssl_certificate={cert} ssl_certificate_key={ca}")), vec!["private key".into()]),
+    ];
+    let mut failures = Vec::new();
+    for (what, conf, needles) in &cases {
+        let (ok, out) = nginx_t(conf);
+        let missing: Vec<&String> = needles.iter().filter(|n| !out.contains(n.as_str())).collect();
+        if ok || !out.contains("[emerg]") || !out.contains("in \"rl_zone\" directive") || !missing.is_empty() {
+            failures.push(format!("{what}: accepted={ok}, missing {missing:?} in:\n{out}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n----\n"));
+}
+
 /// A Redis user with the ACL the README gives (the script's calls and
 /// commands, on `rl:*` keys only) limits exactly, every algorithm.
 #[test]

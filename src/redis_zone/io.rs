@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{Client, Cmd, IntoConnectionInfo, RedisConnectionInfo, RedisError, Script};
+use redis::{Client, Cmd, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, RedisError, Script, TlsCertificates};
 use rl_core::limit::Limit;
 use rl_core::redis::{function_library, function_name, parse_reply, write_args, write_state_key, Arg, Lines, RequestReply, ScriptLine, LIMIT_SCRIPT};
 use futures_util::StreamExt;
@@ -45,6 +45,9 @@ pub struct ZoneSpec {
     pub timeout: Duration,
     /// Prepended to every state key.
     pub prefix: String,
+    /// For `rediss` URLs: the trusted CA certificates (else the public
+    /// roots) and the client certificate, from the zone's `ssl_*` parameters.
+    pub tls: Option<TlsCertificates>,
 }
 
 /// One request's lines on one Redis zone.
@@ -113,6 +116,9 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
         return;
     };
+    // rustls, for `rediss://`, needs a crypto provider chosen once per
+    // process (an error if another thread of this worker chose one first).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     rt.block_on(async move {
         let code = Arc::new(Code::new());
         let conns: Vec<Arc<ZoneConn>> = zones.into_iter().map(|z| Arc::new(ZoneConn::new(z))).collect();
@@ -199,7 +205,7 @@ impl ZoneConn {
         if st.next_try.is_some_and(|t| Instant::now() < t) {
             return Err(format!("not connected, reconnecting after: {}", st.last_error));
         }
-        match connect(&self.spec.target).await {
+        match connect(&self.spec.target, &self.spec.tls).await {
             Ok((c, master)) => {
                 st.conn = Some(c.clone());
                 st.master = master;
@@ -514,32 +520,42 @@ fn tcp() -> TcpSettings {
     TcpSettings::default().set_nodelay(true)
 }
 
+/// A client for one server, with the zone's certificates if it has any.
+pub fn client(info: ConnectionInfo, tls: &Option<TlsCertificates>) -> Result<Client, String> {
+    match tls {
+        Some(certs) => Client::build_with_tls(info, certs.clone()),
+        None => Client::open(info),
+    }
+    .map_err(|e| e.to_string())
+}
+
 /// Opens a connection; for a sentinel zone, also says which master it went to.
-async fn connect(target: &Target) -> Result<(Conn, Option<(String, u16)>), String> {
+async fn connect(target: &Target, tls: &Option<TlsCertificates>) -> Result<(Conn, Option<(String, u16)>), String> {
     let io = |e: redis::RedisError| format!("io: {e}");
     match target {
         Target::Single(url) => {
             let info = url.as_str().into_connection_info().map_err(|e| e.to_string())?.set_tcp_settings(tcp());
-            let client = Client::open(info).map_err(|e| e.to_string())?;
+            let client = client(info, tls)?;
             Ok((Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?), None))
         }
-        Target::Sentinel { sentinels, master, node, tls } => {
+        Target::Sentinel { sentinels, master, node, tls: secure } => {
             let (host, port) = sentinel_master(sentinels, master).await?;
-            let scheme = if *tls { "rediss" } else { "redis" };
+            let scheme = if *secure { "rediss" } else { "redis" };
             let info = format!("{scheme}://{host}:{port}")
                 .as_str()
                 .into_connection_info()
                 .map_err(|e| e.to_string())?
                 .set_redis_settings(node.clone())
                 .set_tcp_settings(tcp());
-            let client = Client::open(info).map_err(|e| e.to_string())?;
+            let client = client(info, tls)?;
             Ok((Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?), Some((host, port))))
         }
         Target::Cluster(nodes) => {
-            let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
-                .tcp_settings(tcp())
-                .build()
-                .map_err(|e| e.to_string())?;
+            let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.clone()).tcp_settings(tcp());
+            if let Some(certs) = tls {
+                builder = builder.certs(certs.clone());
+            }
+            let client = builder.build().map_err(|e| e.to_string())?;
             Ok((Conn::Cluster(client.get_async_connection().await.map_err(io)?), None))
         }
     }

@@ -103,6 +103,34 @@ impl Redis {
         panic!("redis-server did not start; logs in {}", dir.display());
     }
 
+    /// A server that also serves TLS on `tls_port`, with the certificates
+    /// of `certs` (see [`TestCerts`]); clients must show a certificate the
+    /// test CA signed. The plain port stays for the harness' `redis-cli`.
+    pub fn with_tls(certs: &TestCerts) -> (Redis, u16) {
+        for _ in 0..5 {
+            let tls_port = free_port();
+            let f = |name: &str| certs.dir.join(name).display().to_string();
+            let extra = vec![
+                "--tls-port".into(),
+                tls_port.to_string(),
+                "--tls-cert-file".into(),
+                f("server.pem"),
+                "--tls-key-file".into(),
+                f("server.key"),
+                "--tls-ca-cert-file".into(),
+                f("ca.pem"),
+                "--tls-auth-clients".into(),
+                "yes".into(),
+            ];
+            let dir = temp_dir("redis");
+            let port = free_port();
+            if let Some(child) = spawn(port, None, &dir, &extra) {
+                return (Redis { port, password: None, dir, extra, child: Some(child) }, tls_port);
+            }
+        }
+        panic!("redis-server with TLS did not start");
+    }
+
     /// `redis://127.0.0.1:PORT` (no password).
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
@@ -148,6 +176,50 @@ impl Redis {
 impl Drop for Redis {
     fn drop(&mut self) {
         self.stop();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A test CA, a server certificate for 127.0.0.1 and a client certificate
+/// it signed (PEM files `ca.pem`, `server.pem`, `server.key`, `client.pem`,
+/// `client.key`), and a certificate of another CA (`other.pem`, `other.key`),
+/// made with the `openssl` command.
+pub struct TestCerts {
+    pub dir: PathBuf,
+}
+
+impl TestCerts {
+    pub fn make() -> TestCerts {
+        let dir = temp_dir("certs");
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl").args(args).current_dir(&dir).output().expect("cannot run openssl (is the openssl package installed?)");
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+        for ca in ["ca", "other"] {
+            run(&[&["req", "-x509", "-days", "2", "-subj", &format!("/CN=nginx-rl test {ca}"), "-keyout", &format!("{ca}.key"), "-out", &format!("{ca}.pem")][..], &ec[..]].concat());
+        }
+        fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+        fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+        for who in ["server", "client"] {
+            run(&[&["req", "-subj", &format!("/CN=nginx-rl test {who}"), "-keyout", &format!("{who}.key"), "-out", &format!("{who}.csr")][..], &ec[..]].concat());
+            run(&["x509", "-req", "-days", "2", "-in", &format!("{who}.csr"), "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"]
+                .iter()
+                .copied()
+                .chain(["-extfile", &format!("{who}.ext"), "-out", &format!("{who}.pem")])
+                .collect::<Vec<&str>>());
+        }
+        TestCerts { dir }
+    }
+
+    /// The absolute path of one of the files.
+    pub fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+}
+
+impl Drop for TestCerts {
+    fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
