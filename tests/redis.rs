@@ -618,6 +618,38 @@ fn tls_redis_with_private_ca() {
     assert!(failures.is_empty(), "{}", failures.join("\n----\n"));
 }
 
+/// A Cluster over TLS: the zone follows the masters' redirections to their
+/// TLS ports, with the same CA and client certificate.
+#[test]
+fn tls_cluster() {
+    let certs = TestCerts::make();
+    let cluster = Cluster::start_tls(3, &certs);
+    let tls = format!(
+        "ssl_trusted_certificate={} ssl_certificate={} ssl_certificate_key={}",
+        certs.path("ca.pem"),
+        certs.path("client.pem"),
+        certs.path("client.key")
+    );
+    let conf = server(
+        &format!("rl_zone c redis={} timeout=1s {tls};", cluster.tls_url()),
+        "location = /index.html { rl_limit zone=c key=$http_x_k rate=10r/h burst=10 algorithm=gcra; }",
+    );
+    let ngx = Nginx::start(&conf);
+    // (the clients of cluster_exact_and_all_or_nothing: their keys are on every master)
+    for key in (0..3).flat_map(|i| (0..2).map(move |k| format!("client-{i}-{k}"))) {
+        let rs = ngx.concurrent(30, "/index.html", &[("X-K", &key)]);
+        assert_eq!(statuses(&rs), counts(&[(200, 10), (429, 20)]), "TLS cluster, key {key}");
+    }
+    let keys = cluster.keys("rl:*");
+    assert_eq!(keys.len(), 6, "state keys in the cluster: {keys:?}");
+    let slots: Vec<String> = keys.iter().map(|k| cluster.cli(cluster.ports[0], &["CLUSTER", "KEYSLOT", k])).collect();
+    let holding = cluster.ports.iter().filter(|p| !cluster.cli(**p, &["--scan", "--pattern", "rl:*"]).is_empty()).count();
+    assert!(holding >= 2, "6 clients' keys on {holding} master(s) only: slots {slots:?}");
+    let log = ngx.error_log();
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+    assert!(failed_lines(&log, "c").is_empty(), "{:?}", failed_lines(&log, "c"));
+}
+
 /// A Redis user with the ACL the README gives (the script's calls and
 /// commands, on `rl:*` keys only) limits exactly, every algorithm.
 #[test]

@@ -227,20 +227,34 @@ impl Drop for TestCerts {
 /// A Redis Cluster of masters only, on 127.0.0.1.
 pub struct Cluster {
     pub ports: Vec<u16>,
+    /// With [`Cluster::start_tls`]: each master's TLS port.
+    pub tls_ports: Vec<u16>,
     dir: PathBuf,
     children: Vec<Child>,
 }
 
 impl Cluster {
     pub fn start(masters: usize) -> Cluster {
+        Cluster::start_with(masters, None)
+    }
+
+    /// A cluster whose masters also serve TLS (`tls-cluster yes`: a client
+    /// on TLS is redirected to TLS ports), with the certificates of `certs`
+    /// (clients must show one the test CA signed). The plain ports stay
+    /// for the harness' `redis-cli`.
+    pub fn start_tls(masters: usize, certs: &TestCerts) -> Cluster {
+        Cluster::start_with(masters, Some(certs))
+    }
+
+    fn start_with(masters: usize, certs: Option<&TestCerts>) -> Cluster {
         let dir = temp_dir("cluster");
-        let mut cluster = Cluster { ports: Vec::new(), dir: dir.clone(), children: Vec::new() };
+        let mut cluster = Cluster { ports: Vec::new(), tls_ports: Vec::new(), dir: dir.clone(), children: Vec::new() };
         while cluster.ports.len() < masters {
-            let (port, bus) = (free_port(), free_port());
-            if port == bus || cluster.ports.contains(&port) {
+            let (port, bus, tls_port) = (free_port(), free_port(), free_port());
+            if port == bus || port == tls_port || bus == tls_port || cluster.ports.contains(&port) {
                 continue;
             }
-            let extra: Vec<String> = [
+            let mut extra: Vec<String> = [
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
@@ -253,8 +267,21 @@ impl Cluster {
             .iter()
             .map(|s| s.to_string())
             .collect();
+            if let Some(certs) = certs {
+                for (k, v) in [
+                    ("--tls-port", tls_port.to_string()),
+                    ("--tls-cert-file", certs.path("server.pem")),
+                    ("--tls-key-file", certs.path("server.key")),
+                    ("--tls-ca-cert-file", certs.path("ca.pem")),
+                    ("--tls-cluster", "yes".into()),
+                ] {
+                    extra.push(k.into());
+                    extra.push(v);
+                }
+            }
             if let Some(c) = spawn(port, None, &dir, &extra) {
                 cluster.ports.push(port);
+                cluster.tls_ports.push(tls_port);
                 cluster.children.push(c);
             }
         }
@@ -292,6 +319,12 @@ impl Cluster {
     pub fn url(&self) -> String {
         let nodes: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// `rediss+cluster://127.0.0.1:T1,127.0.0.1:T2,...` (the TLS ports).
+    pub fn tls_url(&self) -> String {
+        let nodes: Vec<String> = self.tls_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("rediss+cluster://{}", nodes.join(","))
     }
 
     /// `redis-cli -p PORT args...` on one node.
