@@ -198,8 +198,9 @@ fn parse_target(url: &str) -> Result<Target, String> {
                 }
                 node = node.set_password(pass);
             }
-            let sentinels = hosts_of(hosts)?.into_iter().map(|h| format!("redis://{h}")).collect();
-            Ok(Target::Sentinel { sentinels, master: master.to_string(), node, tls: scheme.starts_with("rediss") })
+            let base = if scheme.starts_with("rediss") { "rediss" } else { "redis" };
+            let sentinels = hosts_of(hosts)?.into_iter().map(|h| format!("{base}://{h}")).collect();
+            Ok(Target::Sentinel { sentinels, master: master.to_string(), node, tls: base == "rediss" })
         }
         "redis+cluster" | "rediss+cluster" => {
             let (creds, hosts) = split_creds(rest);

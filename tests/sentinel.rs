@@ -71,6 +71,34 @@ fn sentinel_exact_counts() {
     assert_eq!(accepted() - before, 1, "connections the sentinel accepted in 2 s");
 }
 
+/// `rediss+sentinel://`: the sentinel and the master both over TLS, with a
+/// private CA and a client certificate (the sentinel gives the master's TLS
+/// port: it monitors it over TLS). The zone asks the sentinel on its TLS
+/// port only, so the exact counts show both connections worked.
+#[test]
+fn sentinel_over_tls() {
+    let certs = TestCerts::make();
+    let (master, master_tls) = Redis::with_tls(&certs);
+    let sentinel = Sentinel::start_tls(master_tls, &certs);
+    let tls = format!(
+        "ssl_trusted_certificate={} ssl_certificate={} ssl_certificate_key={}",
+        certs.path("ca.pem"),
+        certs.path("client.pem"),
+        certs.path("client.key")
+    );
+    let conf = server(
+        &format!("rl_zone s redis={} timeout=1s on_error=deny {tls};", sentinel.tls_url()),
+        "location = /index.html { rl_limit zone=s rate=20r/h burst=20; }",
+    );
+    let ngx = Nginx::start(&conf);
+    let rs = ngx.concurrent(60, "/index.html", &[]);
+    let log = ngx.error_log();
+    assert_eq!(statuses(&rs), counts(&[(200, 20), (429, 40)]), "failures: {:?}", failed_lines(&log, "s"));
+    assert_eq!(master.keys("rl:*").len(), 1, "the state is on the master");
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+    assert!(failed_lines(&log, "s").is_empty(), "{:?}", failed_lines(&log, "s"));
+}
+
 // ---------------------------------------------------------------------------
 // 2. Failover: the state follows the master.
 // ---------------------------------------------------------------------------

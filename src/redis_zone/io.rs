@@ -539,7 +539,7 @@ async fn connect(target: &Target, tls: &Option<TlsCertificates>) -> Result<(Conn
             Ok((Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?), None))
         }
         Target::Sentinel { sentinels, master, node, tls: secure } => {
-            let (host, port) = sentinel_master(sentinels, master).await?;
+            let (host, port) = sentinel_master(sentinels, master, tls).await?;
             let scheme = if *secure { "rediss" } else { "redis" };
             let info = format!("{scheme}://{host}:{port}")
                 .as_str()
@@ -567,8 +567,18 @@ const SENTINEL_TIMEOUT: Duration = Duration::from_millis(500);
 const MASTER_CHECK: Duration = Duration::from_millis(500);
 
 /// Asks the sentinels, in turn, where the master is.
-async fn sentinel_master(sentinels: &[String], master: &str) -> Result<(String, u16), String> {
-    Sentinels::default().master(sentinels, master).await
+async fn sentinel_master(sentinels: &[String], master: &str, tls: &Option<TlsCertificates>) -> Result<(String, u16), String> {
+    Sentinels::default().master(sentinels, master, tls).await
+}
+
+/// A client for a sentinel (`redis://` or, for a `rediss+sentinel` zone,
+/// `rediss://` with the zone's certificates).
+fn sentinel_client(url: &str, tls: &Option<TlsCertificates>) -> Result<Client, redis::RedisError> {
+    let info = url.into_connection_info()?;
+    match tls {
+        Some(certs) if url.starts_with("rediss") => Client::build_with_tls(info, certs.clone()),
+        _ => Client::open(info),
+    }
 }
 
 /// A connection to the sentinel that answered last, kept for the next
@@ -581,7 +591,7 @@ struct Sentinels {
 impl Sentinels {
     /// The master's address: asked of the kept sentinel, else of each
     /// sentinel in turn (the first that answers is kept).
-    async fn master(&mut self, sentinels: &[String], master: &str) -> Result<(String, u16), String> {
+    async fn master(&mut self, sentinels: &[String], master: &str, tls: &Option<TlsCertificates>) -> Result<(String, u16), String> {
         let ask = |mut c: MultiplexedConnection| async move {
             let cmd = redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(master).to_owned();
             let addr = cmd.query_async::<Option<(String, u16)>>(&mut c).await;
@@ -596,7 +606,7 @@ impl Sentinels {
         let mut last = format!("no sentinel answered for master \"{master}\"");
         for s in sentinels {
             let open = async {
-                let c = Client::open(s.as_str())?.get_multiplexed_async_connection().await?;
+                let c = sentinel_client(s, tls)?.get_multiplexed_async_connection().await?;
                 Ok::<_, redis::RedisError>(ask(c).await)
             };
             match tokio::time::timeout(SENTINEL_TIMEOUT, open).await {
@@ -626,7 +636,7 @@ async fn watch_master(zc: Arc<ZoneConn>) {
     let mut asker = Sentinels::default();
     loop {
         if announcements.is_none() {
-            announcements = subscribe_switches(sentinels).await;
+            announcements = subscribe_switches(sentinels, &zc.spec.tls).await;
         }
         let switched = match announcements.as_mut() {
             Some(pubsub) => {
@@ -650,7 +660,7 @@ async fn watch_master(zc: Arc<ZoneConn>) {
         };
         let current = zc.state.lock().await.master.clone();
         let Some(current) = current else { continue };
-        let moved = switched || asker.master(sentinels, master).await.is_ok_and(|now| now != current);
+        let moved = switched || asker.master(sentinels, master, &zc.spec.tls).await.is_ok_and(|now| now != current);
         if moved {
             let mut st = zc.state.lock().await;
             st.conn = None;
@@ -660,10 +670,10 @@ async fn watch_master(zc: Arc<ZoneConn>) {
 }
 
 /// Subscribes to `+switch-master` on the first sentinel that answers.
-async fn subscribe_switches(sentinels: &[String]) -> Option<redis::aio::PubSub> {
+async fn subscribe_switches(sentinels: &[String], tls: &Option<TlsCertificates>) -> Option<redis::aio::PubSub> {
     for s in sentinels {
         let sub = async {
-            let mut ps = Client::open(s.as_str())?.get_async_pubsub().await?;
+            let mut ps = sentinel_client(s, tls)?.get_async_pubsub().await?;
             ps.subscribe("+switch-master").await?;
             Ok::<_, redis::RedisError>(ps)
         };

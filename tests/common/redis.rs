@@ -421,6 +421,8 @@ impl Redis {
 /// `down-after-milliseconds 500` and `failover-timeout 5000`.
 pub struct Sentinel {
     pub port: u16,
+    /// With [`Sentinel::start_tls`]: its TLS port.
+    pub tls_port: u16,
     pub master_name: String,
     dir: PathBuf,
     child: Option<Child>,
@@ -430,11 +432,34 @@ impl Sentinel {
     /// A sentinel monitoring the server on `master_port`; waits until it
     /// answers with the master's address.
     pub fn start(master_port: u16) -> Sentinel {
+        Sentinel::start_with(master_port, None)
+    }
+
+    /// A sentinel that also serves TLS, and monitors the master over TLS
+    /// (`tls-replication yes`) on its TLS port `master_tls_port`, with the
+    /// certificates of `certs`. The plain port stays for the harness.
+    pub fn start_tls(master_tls_port: u16, certs: &TestCerts) -> Sentinel {
+        Sentinel::start_with(master_tls_port, Some(certs))
+    }
+
+    fn start_with(master_port: u16, certs: Option<&TestCerts>) -> Sentinel {
         let dir = temp_dir("sentinel");
         let name = "mymaster";
         for _ in 0..5 {
-            let port = free_port();
+            let (port, tls_port) = (free_port(), free_port());
+            if port == tls_port {
+                continue;
+            }
             let conf = dir.join(format!("sentinel-{port}.conf"));
+            let tls = match certs {
+                Some(c) => format!(
+                    "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-replication yes\n",
+                    c.path("server.pem"),
+                    c.path("server.key"),
+                    c.path("ca.pem")
+                ),
+                None => String::new(),
+            };
             fs::write(
                 &conf,
                 format!(
@@ -442,6 +467,7 @@ impl Sentinel {
                      bind 127.0.0.1\n\
                      daemonize no\n\
                      dir {dir}\n\
+                     {tls}\
                      sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
                      sentinel down-after-milliseconds {name} 500\n\
                      sentinel failover-timeout {name} 5000\n",
@@ -465,7 +491,7 @@ impl Sentinel {
                     break;
                 }
                 if cli_output(port, None, &["SENTINEL", "get-master-addr-by-name", name]).as_deref() == Some(want.as_str()) {
-                    return Sentinel { port, master_name: name.to_string(), dir, child: Some(child) };
+                    return Sentinel { port, tls_port, master_name: name.to_string(), dir, child: Some(child) };
                 }
                 if Instant::now() > deadline {
                     let _ = child.kill();
@@ -481,6 +507,11 @@ impl Sentinel {
     /// `redis+sentinel://127.0.0.1:PORT/mymaster`.
     pub fn url(&self) -> String {
         format!("redis+sentinel://127.0.0.1:{}/{}", self.port, self.master_name)
+    }
+
+    /// `rediss+sentinel://127.0.0.1:TLS_PORT/mymaster`.
+    pub fn tls_url(&self) -> String {
+        format!("rediss+sentinel://127.0.0.1:{}/{}", self.tls_port, self.master_name)
     }
 
     /// `redis-cli -p PORT args...` on the sentinel: its output, trimmed.
