@@ -176,6 +176,9 @@ pub fn redact(s: &str) -> String {
 
 fn parse_target(url: &str) -> Result<Target, String> {
     let (scheme, rest) = url.split_once("://").ok_or("no scheme")?;
+    if url.contains('#') {
+        return Err("no \"#\" fragment is supported (the certificate of a rediss server is always verified: \"ssl_trusted_certificate\" names a private CA)".into());
+    }
     match scheme {
         "redis" | "rediss" => {
             url.into_connection_info().map_err(|e| e.to_string())?;

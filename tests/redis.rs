@@ -602,6 +602,7 @@ fn tls_redis_with_private_ca() {
     let missing = certs.path("missing.pem");
     let cases: Vec<(&str, String, Vec<String>)> = vec![
         ("plain URL", zone(&format!("redis=redis://127.0.0.1:6379 ssl_trusted_certificate={ca}")), vec!["\"rediss\" URL".into()]),
+        ("insecure", zone("redis=rediss://127.0.0.1:6379/#insecure"), vec!["always verified".into()]),
         ("missing file", zone(&format!("redis={url} ssl_trusted_certificate={missing}")), vec![format!("cannot load trusted certificates \"{missing}\"")]),
         ("not PEM", zone(&format!("redis={url} ssl_trusted_certificate={}", certs.path("server.ext"))), vec!["no certificate in".into()]),
         ("certificate without key", zone(&format!("redis={url} ssl_certificate={cert}")), vec!["no \"ssl_certificate_key\"".into()]),
