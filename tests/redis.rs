@@ -625,12 +625,7 @@ fn tls_redis_with_private_ca() {
 fn tls_cluster() {
     let certs = TestCerts::make();
     let cluster = Cluster::start_tls(3, &certs);
-    let tls = format!(
-        "ssl_trusted_certificate={} ssl_certificate={} ssl_certificate_key={}",
-        certs.path("ca.pem"),
-        certs.path("client.pem"),
-        certs.path("client.key")
-    );
+    let tls = certs.zone_params();
     let conf = server(
         &format!("rl_zone c redis={} timeout=1s {tls};", cluster.tls_url()),
         "location = /index.html { rl_limit zone=c key=$http_x_k rate=10r/h burst=10 algorithm=gcra; }",

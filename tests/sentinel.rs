@@ -80,12 +80,7 @@ fn sentinel_over_tls() {
     let certs = TestCerts::make();
     let (master, master_tls) = Redis::with_tls(&certs);
     let sentinel = Sentinel::start_tls(master_tls, &certs);
-    let tls = format!(
-        "ssl_trusted_certificate={} ssl_certificate={} ssl_certificate_key={}",
-        certs.path("ca.pem"),
-        certs.path("client.pem"),
-        certs.path("client.key")
-    );
+    let tls = certs.zone_params();
     let conf = server(
         &format!("rl_zone s redis={} timeout=1s on_error=deny {tls};", sentinel.tls_url()),
         "location = /index.html { rl_limit zone=s rate=20r/h burst=20; }",

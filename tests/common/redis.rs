@@ -212,6 +212,17 @@ impl TestCerts {
         TestCerts { dir }
     }
 
+    /// The `rl_zone` parameters of a client of the test CA:
+    /// `ssl_trusted_certificate=... ssl_certificate=... ssl_certificate_key=...`.
+    pub fn zone_params(&self) -> String {
+        format!(
+            "ssl_trusted_certificate={} ssl_certificate={} ssl_certificate_key={}",
+            self.path("ca.pem"),
+            self.path("client.pem"),
+            self.path("client.key")
+        )
+    }
+
     /// The absolute path of one of the files.
     pub fn path(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
