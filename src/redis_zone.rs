@@ -154,7 +154,7 @@ fn tls_files(url: &str, trusted: Option<&str>, client: Option<(&str, &str)>, con
     let certs = TlsCertificates { client_tls, root_cert };
     // Parses them as a connection will (it connects to nothing).
     let probe = "rediss://127.0.0.1:6379".into_connection_info().map_err(|e| e.to_string())?;
-    io::client(probe, &Some(certs.clone()))?;
+    io::client(probe, &Some(certs.clone())).map_err(|e| e.to_string())?;
     Ok(Some(certs))
 }
 

@@ -520,13 +520,13 @@ fn tcp() -> TcpSettings {
     TcpSettings::default().set_nodelay(true)
 }
 
-/// A client for one server, with the zone's certificates if it has any.
-pub fn client(info: ConnectionInfo, tls: &Option<TlsCertificates>) -> Result<Client, String> {
+/// A client for one server (a node or a sentinel), with the zone's
+/// certificates if it has any (then its URLs are all `rediss`).
+pub fn client(info: ConnectionInfo, tls: &Option<TlsCertificates>) -> redis::RedisResult<Client> {
     match tls {
         Some(certs) => Client::build_with_tls(info, certs.clone()),
         None => Client::open(info),
     }
-    .map_err(|e| e.to_string())
 }
 
 /// Opens a connection; for a sentinel zone, also says which master it went to.
@@ -535,7 +535,7 @@ async fn connect(target: &Target, tls: &Option<TlsCertificates>) -> Result<(Conn
     match target {
         Target::Single(url) => {
             let info = url.as_str().into_connection_info().map_err(|e| e.to_string())?.set_tcp_settings(tcp());
-            let client = client(info, tls)?;
+            let client = client(info, tls).map_err(|e| e.to_string())?;
             Ok((Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?), None))
         }
         Target::Sentinel { sentinels, master, node, tls: secure } => {
@@ -547,7 +547,7 @@ async fn connect(target: &Target, tls: &Option<TlsCertificates>) -> Result<(Conn
                 .map_err(|e| e.to_string())?
                 .set_redis_settings(node.clone())
                 .set_tcp_settings(tcp());
-            let client = client(info, tls)?;
+            let client = client(info, tls).map_err(|e| e.to_string())?;
             Ok((Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?), Some((host, port))))
         }
         Target::Cluster(nodes) => {
@@ -569,16 +569,6 @@ const MASTER_CHECK: Duration = Duration::from_millis(500);
 /// Asks the sentinels, in turn, where the master is.
 async fn sentinel_master(sentinels: &[String], master: &str, tls: &Option<TlsCertificates>) -> Result<(String, u16), String> {
     Sentinels::default().master(sentinels, master, tls).await
-}
-
-/// A client for a sentinel (`redis://` or, for a `rediss+sentinel` zone,
-/// `rediss://` with the zone's certificates).
-fn sentinel_client(url: &str, tls: &Option<TlsCertificates>) -> Result<Client, redis::RedisError> {
-    let info = url.into_connection_info()?;
-    match tls {
-        Some(certs) if url.starts_with("rediss") => Client::build_with_tls(info, certs.clone()),
-        _ => Client::open(info),
-    }
 }
 
 /// A connection to the sentinel that answered last, kept for the next
@@ -606,7 +596,7 @@ impl Sentinels {
         let mut last = format!("no sentinel answered for master \"{master}\"");
         for s in sentinels {
             let open = async {
-                let c = sentinel_client(s, tls)?.get_multiplexed_async_connection().await?;
+                let c = client(s.as_str().into_connection_info()?, tls)?.get_multiplexed_async_connection().await?;
                 Ok::<_, redis::RedisError>(ask(c).await)
             };
             match tokio::time::timeout(SENTINEL_TIMEOUT, open).await {
@@ -673,7 +663,7 @@ async fn watch_master(zc: Arc<ZoneConn>) {
 async fn subscribe_switches(sentinels: &[String], tls: &Option<TlsCertificates>) -> Option<redis::aio::PubSub> {
     for s in sentinels {
         let sub = async {
-            let mut ps = sentinel_client(s, tls)?.get_async_pubsub().await?;
+            let mut ps = client(s.as_str().into_connection_info()?, tls)?.get_async_pubsub().await?;
             ps.subscribe("+switch-master").await?;
             Ok::<_, redis::RedisError>(ps)
         };
