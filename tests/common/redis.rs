@@ -107,22 +107,11 @@ impl Redis {
     /// of `certs` (see [`TestCerts`]); clients must show a certificate the
     /// test CA signed. The plain port stays for the harness' `redis-cli`.
     pub fn with_tls(certs: &TestCerts) -> (Redis, u16) {
+        let dir = temp_dir("redis");
         for _ in 0..5 {
             let tls_port = free_port();
-            let f = |name: &str| certs.dir.join(name).display().to_string();
-            let extra = vec![
-                "--tls-port".into(),
-                tls_port.to_string(),
-                "--tls-cert-file".into(),
-                f("server.pem"),
-                "--tls-key-file".into(),
-                f("server.key"),
-                "--tls-ca-cert-file".into(),
-                f("ca.pem"),
-                "--tls-auth-clients".into(),
-                "yes".into(),
-            ];
-            let dir = temp_dir("redis");
+            let mut extra = certs.server_args(tls_port);
+            extra.extend(["--tls-auth-clients".into(), "yes".into()]);
             let port = free_port();
             if let Some(child) = spawn(port, None, &dir, &extra) {
                 return (Redis { port, password: None, dir, extra, child: Some(child) }, tls_port);
@@ -212,6 +201,17 @@ impl TestCerts {
         TestCerts { dir }
     }
 
+    /// `redis-server` arguments to serve TLS on `tls_port` with the server
+    /// certificate, trusting the test CA.
+    pub fn server_args(&self, tls_port: u16) -> Vec<String> {
+        let mut args = vec!["--tls-port".to_string(), tls_port.to_string()];
+        for (opt, file) in [("--tls-cert-file", "server.pem"), ("--tls-key-file", "server.key"), ("--tls-ca-cert-file", "ca.pem")] {
+            args.push(opt.into());
+            args.push(self.path(file));
+        }
+        args
+    }
+
     /// The `rl_zone` parameters of a client of the test CA:
     /// `ssl_trusted_certificate=... ssl_certificate=... ssl_certificate_key=...`.
     pub fn zone_params(&self) -> String {
@@ -279,16 +279,8 @@ impl Cluster {
             .map(|s| s.to_string())
             .collect();
             if let Some(certs) = certs {
-                for (k, v) in [
-                    ("--tls-port", tls_port.to_string()),
-                    ("--tls-cert-file", certs.path("server.pem")),
-                    ("--tls-key-file", certs.path("server.key")),
-                    ("--tls-ca-cert-file", certs.path("ca.pem")),
-                    ("--tls-cluster", "yes".into()),
-                ] {
-                    extra.push(k.into());
-                    extra.push(v);
-                }
+                extra.extend(certs.server_args(tls_port));
+                extra.extend(["--tls-cluster".into(), "yes".into()]);
             }
             if let Some(c) = spawn(port, None, &dir, &extra) {
                 cluster.ports.push(port);
