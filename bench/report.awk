@@ -17,7 +17,7 @@ file == 1 { meta[$1] = $2; next }
 file == 2 {
     if ($1 == "" || substr($1, 1, 1) == "#") next
     ns++; sid[ns] = $1; inst[$1] = $2; path[$1] = $3; nkeys[$1] = $4; expect[$1] = $5
-    group[$1] = $6; ref[$1] = $7; conns[$1] = $9; desc[$1] = $10
+    group[$1] = $6; ref[$1] = $7; desc[$1] = $10
     if (!(($6) in gseen)) { gseen[$6] = 1; ng++; gname[ng] = $6 }
     next
 }
@@ -286,8 +286,8 @@ END {
                      sprintf("%+d vs %+d", INS[id] - INS["baseline"], INS["limit_req_k1m"] - INS["baseline"]), INS[id] <= INS["limit_req_k1m"])
         }
     }
-    split("fixed sliding gcra fixed_k1k gcra_k1k fixed_k1k_c128 gcra_k1k_c128", rds, " ")
-    for (k = 1; k <= 7; k++) {
+    nrds = split("fixed sliding gcra fixed_k1k gcra_k1k fixed_k1k_c128 gcra_k1k_c128", rds, " ")
+    for (k = 1; k <= nrds; k++) {
         id = "rlredis_" rds[k]; r = ref[id]
         if ((id in R) && (r in R)) {
             goal("Redis zone req/s >= 1.5x the Lua peer (`" r "`): `" rds[k] "`", sprintf("%.3fx", R[id] / R[r]) busynote(id, r), R[id] >= 1.5 * R[r])
