@@ -407,29 +407,36 @@ enum How {
 /// Sends the call as `command(How::Fcall)` while the zone uses functions:
 /// after `Function not found` (first call, Redis restarted, `FUNCTION
 /// FLUSH`) it loads the library (on every master of a cluster) and calls
-/// again. A server without functions (Redis before 7.0), that does not let
-/// this user load them, or that refuses the library (`ERR`) turns the zone
-/// to `EVALSHA` for good; another failure to load, for this call.
-/// `EVALSHA` is followed after `NOSCRIPT` (Redis restarted, `SCRIPT FLUSH`)
-/// by `EVAL` with the script's text, which runs it and caches it again in
-/// one command (a `SCRIPT LOAD` then `EVALSHA` could meet a second flush
-/// between the two).
+/// again, up to [`MAX_LOADS`] times. A server without functions (Redis
+/// before 7.0), that does not let this user load them, or that refuses the
+/// library (`ERR`) turns the zone to `EVALSHA` for good; another failure to
+/// load, for this call. `EVALSHA` is followed after `NOSCRIPT` (Redis
+/// restarted, `SCRIPT FLUSH`) by `EVAL` with the script's text, which runs
+/// it and caches it again in one command (a `SCRIPT LOAD` then `EVALSHA`
+/// could meet a second flush between the two).
 async fn invoke<C: ConnectionLike + Send>(c: &mut C, via: Via<'_>, command: impl Fn(How) -> Cmd) -> Result<Vec<i64>, String> {
     if via.fcall.load(Ordering::Relaxed) {
         let mut result = command(How::Fcall).query_async(c).await;
-        if let Err(e) = &result {
-            if unsupported(e) {
-                via.fcall.store(false, Ordering::Relaxed);
-            } else if detail_starts(e, "Function not found") {
-                let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&via.code.library).query_async::<redis::Value>(c).await;
-                match load {
-                    Ok(_) => result = command(How::Fcall).query_async(c).await,
-                    Err(e) if is_io(&e) => return Err(describe(e)),
-                    // ERR: a server that cannot take this library (it would refuse it again).
-                    Err(e) if unsupported(&e) || e.code() == Some("ERR") => via.fcall.store(false, Ordering::Relaxed),
-                    // OOM, NOREPLICAS, BUSY, LOADING...: this call without functions, the next may load.
-                    Err(_) => return evalsha(c, command).await,
+        if result.as_ref().is_err_and(unsupported) {
+            via.fcall.store(false, Ordering::Relaxed);
+        }
+        // No function (yet, or no more): load the library and call again. A
+        // flush can land between the load and the call (there is no atomic
+        // load-and-call, as EVAL is for a script): then load again, a few times.
+        let mut loads = 0;
+        while loads < MAX_LOADS && result.as_ref().is_err_and(|e| detail_starts(e, "Function not found")) {
+            loads += 1;
+            let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&via.code.library).query_async::<redis::Value>(c).await;
+            match load {
+                Ok(_) => result = command(How::Fcall).query_async(c).await,
+                Err(e) if is_io(&e) => return Err(describe(e)),
+                // ERR: a server that cannot take this library (it would refuse it again).
+                Err(e) if unsupported(&e) || e.code() == Some("ERR") => {
+                    via.fcall.store(false, Ordering::Relaxed);
+                    break;
                 }
+                // OOM, NOREPLICAS, BUSY, LOADING...: this call without functions, the next may load.
+                Err(_) => return evalsha(c, command).await,
             }
         }
         if via.fcall.load(Ordering::Relaxed) {
@@ -438,6 +445,9 @@ async fn invoke<C: ConnectionLike + Send>(c: &mut C, via: Via<'_>, command: impl
     }
     evalsha(c, command).await
 }
+
+/// `FUNCTION LOAD`s one call makes at most (see [`invoke`]).
+const MAX_LOADS: u32 = 3;
 
 /// `EVALSHA`, and `EVAL` after `NOSCRIPT` (see [`invoke`]).
 async fn evalsha<C: ConnectionLike + Send>(c: &mut C, command: impl Fn(How) -> Cmd) -> Result<Vec<i64>, String> {
