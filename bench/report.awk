@@ -127,6 +127,7 @@ END {
     print "| client | wrk " meta["wrk"] " |"
     print "| method | " meta["setup"] " |"
     print "| noise | " meta["load"] " (the machine is shared: medians over interleaved rounds) |"
+    if (meta["wakeup"] != "" && meta["wakeup"] != "-") print "| wake-ups | " meta["wakeup"] " |"
     if (failed + 0) print "| **status** | **BROKEN: some scenario answered with the wrong status mix, see the tables** |"
     print ""
 
@@ -353,9 +354,15 @@ END {
         print "  or `X-User` out of 1,000 (the peer keys on it too). nginx-rl sends the requests of one event-loop iteration"
         print "  in one script call, which reads and writes a key that several of them share once: the one-key scenarios"
         print "  show that best case, the 1K-keys ones the usual case of distinct clients."
-        print "  The 1K-keys scenarios run twice: with the 32 connections of every scenario, and with 128. The peer's"
-        print "  worker is saturated at both. nginx-rl's batches grow with the requests in flight, so its cost per request"
-        print "  (nginx and Redis) falls as the load rises: 32 connections show it at a moderate load, 128 at capacity."
+        print "  The 1K-keys scenarios run with the 32 connections of every scenario and with 128; `fixed` also with 1, 4"
+        print "  and 16. The peer's worker is saturated from 16 connections up. nginx-rl's batches grow with the requests in"
+        print "  flight, so its cost per request (nginx and Redis) falls as the load rises: 32 connections show it at a"
+        print "  moderate load, 128 at capacity. Below that its worker idles between batches, and each request or reply"
+        print "  that arrives then has to wake it (and its I/O thread): the `wake-ups` row above says what a wake-up costs"
+        print "  on this machine. Where it costs tens of microseconds (a virtual machine whose idle CPUs halt), the rows of"
+        print "  1 to 16 connections measure mostly wake-ups; and with few connections wrk falls into step with the"
+        print "  batches (a batch's replies reach it together, so its next requests arrive together and form the next"
+        print "  batch), where the peer's saturated worker answers them one by one."
         print "  nginx CPU counts every thread of the worker process; redis-server CPU is shown apart."
     }
 }

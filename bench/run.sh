@@ -193,6 +193,21 @@ start_redis() {
     die "redis-server does not start"
 }
 
+# What waking a sleeping thread costs here (bench/wakeup.c): a round trip
+# between CPU 0 and the client's CPU, and within CPU 0, and the guest's idle
+# settings, which decide the former on a virtual machine. Prints one line,
+# or nothing without a C compiler.
+wakeups() {
+    cc -O2 -pthread -o "$TMP/wakeup" "$BENCH/wakeup.c" 2>/dev/null || return 0
+    local cross same idle=
+    cross=$("$TMP/wakeup" "$NGX_CPU" "$CLIENT_CPU") && same=$("$TMP/wakeup" "$NGX_CPU" "$NGX_CPU") || return 0
+    [[ -r /sys/devices/system/cpu/cpuidle/current_driver ]] &&
+        idle="; cpuidle driver $(cat /sys/devices/system/cpu/cpuidle/current_driver)"
+    [[ -r /sys/module/haltpoll/parameters/guest_halt_poll_ns ]] &&
+        idle="$idle, guest_halt_poll_ns=$(cat /sys/module/haltpoll/parameters/guest_halt_poll_ns)"
+    echo "a thread wakes another and is woken back (bench/wakeup.c) in ${cross} us between CPU $NGX_CPU and CPU $CLIENT_CPU, ${same} us within CPU $NGX_CPU$idle"
+}
+
 # CPU time (ns) a process has used, all its threads.
 cpu_ns() {
     local s=0 a f
@@ -354,8 +369,10 @@ main() {
 
     REDIS_PORT=0
     REDIS_PORT=$(free_port) && [[ -n $REDIS_PORT ]] || die "no free port"
-    local load0 start_s
+    local load0 start_s wake
     load0=$(cut -d' ' -f1-3 /proc/loadavg)
+    wake=$(wakeups)
+    [[ -n $wake ]] && log "wake-ups: $wake"
     start_s=$(date +%s)
 
     # Which instances the selected scenarios need.
@@ -430,6 +447,7 @@ main() {
         echo "memz	$MEMZ"
         echo "lr_nomem	$(cat "$TMP/mem.lr_nomem" 2>/dev/null || echo -)"
         echo "skip_redis	$SKIP_REDIS"
+        echo "wakeup	${wake:--}"
     } >"$reportmeta"
     awk -f "$BENCH/report.awk" -v failed="$FAILED" -v prof="$TMP/PROFILE.md" "$reportmeta" "$BENCH/scenarios.tsv" "$TMP/raw.tsv" "$TMP/mem.tsv" >"$OUT.tmp" ||
         die "report failed"
