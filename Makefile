@@ -81,7 +81,7 @@ test-integration:
 		$(CARGO) test --release --test integration --test redis --test sentinel -- --test-threads=2
 
 # nginx-rl against the no-limiter baseline, limit_req and Lua + Redis:
-# bench/RESULTS.md (about 15 minutes); QUICK=1: one short round, a smoke test.
+# bench/RESULTS.md (about 20 minutes); QUICK=1: one short round, a smoke test.
 bench: build-debian
 	QUICK=$(QUICK) RL_MODULE=$(DEBIAN_SO) bash bench/run.sh
 
