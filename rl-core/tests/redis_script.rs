@@ -1530,6 +1530,37 @@ proptest! {
         }
     }
 
+    /// Runs of one-line requests (one limit, several clients): the usual
+    /// batch in production, where each client has its own key and some
+    /// come twice. A run answers and writes as its requests would one call
+    /// each, batch after batch, TTLs included (`prop_batch` gives each limit
+    /// one key, so its runs never span several keys).
+    #[test]
+    fn prop_runs_over_many_keys(
+        l in small_limit(),
+        cost_sel in 0u8..8,
+        batches in prop::collection::vec((any::<u16>(), prop::collection::vec(0usize..6, 1..16)), 1..6),
+        t in start(),
+    ) {
+        let b = l.burst();
+        let cost = match cost_sel { 0 => 0, 6 => b, 7 => b + 1, _ => 1 };
+        let one: &[(Limit, u64)] = &[(l, cost)];
+        let ks = keys(6);
+        let (r, s) = (Redis::new(), Redis::new());
+        let mut now = t;
+        for (f, picks) in &batches {
+            now += frac(l.window_us(), f % 1500);
+            prop_assume!(now <= MAX_EXACT);
+            let batch = vec![one; picks.len()];
+            let bkeys: Vec<String> = picks.iter().map(|&i| ks[i].clone()).collect();
+            let got = r.run_batch(&bkeys, &batch, now, true, false);
+            for (j, &i) in picks.iter().enumerate() {
+                prop_assert_eq!(&s.run(&ks[i..=i], one, now, true, false), &got[j], "request {}", j);
+            }
+            prop_assert_eq!(r.snapshot(), s.snapshot());
+        }
+    }
+
     /// Any parameters: the script is exact iff `exact` says so, else it
     /// rejects (fail closed).
     #[test]
