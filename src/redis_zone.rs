@@ -82,12 +82,12 @@ impl RedisZone {
         }
         let url = url.ok_or_else(|| "missing \"redis\" parameter".to_string())?;
         let target = parse_target(url).map_err(|e| format!("invalid redis URL \"{}\": {e}", redact(url)))?;
-        let tls = tls_files(url, trusted, cert.zip(key), conf_prefix)?;
         match (cert, key) {
             (Some(c), None) => return Err(format!("no \"ssl_certificate_key\" is defined for certificate \"{c}\"")),
             (None, Some(_)) => return Err("\"ssl_certificate_key\" needs \"ssl_certificate\"".into()),
             _ => {}
         }
+        let tls = tls_files(url, trusted, cert.zip(key), conf_prefix)?;
         Ok(RedisZone {
             name: name.to_string(),
             shown: redact(url),
