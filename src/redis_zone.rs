@@ -140,7 +140,8 @@ fn tls_files(url: &str, trusted: Option<&str>, client: Option<(&str, &str)>, con
     let root_cert = match trusted {
         Some(file) => {
             let pem = read("trusted certificates", file)?;
-            if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+            const BEGIN: &[u8] = b"-----BEGIN CERTIFICATE-----";
+            if !pem.windows(BEGIN.len()).any(|w| w == BEGIN) {
                 return Err(format!("no certificate in \"{file}\" (\"ssl_trusted_certificate\" wants PEM)"));
             }
             Some(pem)
