@@ -35,8 +35,8 @@ fi
 THREADS=${BENCH_THREADS:-1}
 CONNS=${BENCH_CONNS:-32}
 ONLY=${BENCH_ONLY:-}
-NGX_CPU=0    # must match worker_cpu_affinity in conf/common.inc
-CLIENT_CPU=1 # wrk and redis-server
+NGX_CPU=0    # nginx (must match worker_cpu_affinity in conf/common.inc) and redis-server
+CLIENT_CPU=1 # wrk, alone (and redis-server in the scenarios whose redis column says client)
 
 log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -62,13 +62,15 @@ ensure_packages() {
 }
 
 # ---------------------------------------------------------------- scenarios
-declare -A S_INST S_PATH S_KEYS S_EXPECT S_GROUP S_REF S_QUICK S_CONNS S_DESC
+declare -A S_INST S_PATH S_KEYS S_EXPECT S_GROUP S_REF S_QUICK S_CONNS S_RCPU S_DESC
 IDS=()
 load_scenarios() {
-    local id inst path nkeys expect group ref quick conns desc
-    while IFS=$'\t' read -r id inst path nkeys expect group ref quick conns desc; do
+    local id inst path nkeys expect group ref quick conns redis desc
+    while IFS=$'\t' read -r id inst path nkeys expect group ref quick conns redis desc; do
         [[ -z $id || $id == \#* ]] && continue
         [[ $conns == - ]] && conns=$CONNS
+        S_RCPU[$id]=$NGX_CPU
+        [[ $redis == client ]] && S_RCPU[$id]=$CLIENT_CPU
         S_INST[$id]=$inst S_PATH[$id]=$path S_KEYS[$id]=$nkeys S_EXPECT[$id]=$expect
         S_GROUP[$id]=$group S_REF[$id]=$ref S_QUICK[$id]=$quick S_CONNS[$id]=$conns S_DESC[$id]=$desc
         [[ -n $QUICK && $quick != 1 ]] && continue
@@ -174,7 +176,7 @@ start_redis() {
     mkdir -p "$TMP/redis"
     local attempt
     for attempt in 1 2 3; do
-        taskset -c "$CLIENT_CPU" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" \
+        taskset -c "$NGX_CPU" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" \
             --appendonly no --protected-mode no --dir "$TMP/redis" --logfile "$TMP/redis/redis.log" \
             --daemonize no &
         REDIS_PID=$!
@@ -224,8 +226,12 @@ run_one() {
     local inst=${S_INST[$id]} out=$TMP/wrk.out
     local w=${WORKER[$inst]} c0 c1 r0=0 r1=0 res status reason
     kill -0 "$w" 2>/dev/null || die "the nginx worker of '$inst' is gone (crashed?), see $TMP/$inst/error.log"
+    if [[ $inst == lua || $inst == rlredis ]]; then
+        # redis-server's CPU, all its threads: the server's (CPU 0) unless the scenario says wrk's.
+        taskset -a -p -c "${S_RCPU[$id]}" "$REDIS_PID" >/dev/null || die "taskset on redis-server failed"
+        r0=$(cpu_ns "$REDIS_PID")
+    fi
     c0=$(cpu_ns "$w")
-    [[ $inst == lua || $inst == rlredis ]] && r0=$(cpu_ns "$REDIS_PID")
     taskset -c "$CLIENT_CPU" wrk -t"$THREADS" -c"${S_CONNS[$id]}" -d"${secs}s" --timeout 5s \
         -s "$BENCH/wrk/load.lua" "http://127.0.0.1:${PORT[$inst]}${S_PATH[$id]}" -- "${S_KEYS[$id]}" \
         >"$out" 2>&1 &
@@ -441,7 +447,7 @@ main() {
         echo "redis	$(redis-server --version | awk '{print $3}' | sed 's/v=//')"
         echo "wrk	$(dpkg-query -W -f='${Version}' wrk 2>/dev/null)"
         echo "module	$module_info"
-        echo "setup	$ROUNDS round(s) of ${SECS}s per scenario in a fresh random order each round, after a warm-up of ${WARM}s per scenario; wrk -t$THREADS -c$CONNS (unless a scenario says otherwise); nginx: 1 worker on CPU $NGX_CPU; wrk and redis-server on CPU $CLIENT_CPU"
+        echo "setup	$ROUNDS round(s) of ${SECS}s per scenario in a fresh random order each round, after a warm-up of ${WARM}s per scenario; wrk -t$THREADS -c$CONNS (unless a scenario says otherwise); server on CPU $NGX_CPU (1 nginx worker, and redis-server for the Redis scenarios), wrk alone on CPU $CLIENT_CPU (redis-server too where a group says beside wrk)"
         echo "load	load average $load0 at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
         echo "elapsed	${elapsed}s"
         echo "memz	$MEMZ"
