@@ -18,6 +18,7 @@ file == 2 {
     if ($1 == "" || substr($1, 1, 1) == "#") next
     ns++; sid[ns] = $1; inst[$1] = $2; path[$1] = $3; nkeys[$1] = $4; expect[$1] = $5
     group[$1] = $6; ref[$1] = $7; rloc[$1] = $10; desc[$1] = $11
+    if ($10 == "client") gclient[$6] = 1
     if (!(($6) in gseen)) { gseen[$6] = 1; ng++; gname[ng] = $6 }
     next
 }
@@ -146,10 +147,8 @@ END {
         gn = gname[g]
         print "### " gn
         print ""
-        if (gn ~ /^redis beside/)
-            print "| scenario | req/s | min - max | p99 | nginx CPU us/req | worker busy | redis-server CPU us/req | x baseline | x " refname(gn) " | status mix |"
-        else if (gn ~ /^redis/)
-            print "| scenario | req/s | min - max | p99 | nginx CPU us/req | CPU 0 busy (worker + redis-server) | redis-server CPU us/req | x baseline | x " refname(gn) " | status mix |"
+        if (gn ~ /^redis/)
+            print "| scenario | req/s | min - max | p99 | nginx CPU us/req | " ((gn in gclient) ? "worker busy" : "CPU 0 busy (worker + redis-server)") " | redis-server CPU us/req | x baseline | x " refname(gn) " | status mix |"
         else
             print "| scenario | req/s | min - max | p99 | CPU us/req | added | worker busy | x baseline | x " refname(gn) " | keys/MB | status mix |"
         if (gn ~ /^redis/) print "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"
