@@ -454,13 +454,13 @@ impl Sentinel {
                 continue;
             }
             let conf = dir.join(format!("sentinel-{port}.conf"));
-            let tls = match certs {
-                Some(c) => format!(
-                    "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-replication yes\n",
-                    c.path("server.pem"),
-                    c.path("server.key"),
-                    c.path("ca.pem")
-                ),
+            // The server's TLS arguments, as configuration lines ("--opt value" -> "opt value").
+            let tls: String = match certs {
+                Some(c) => {
+                    let args = c.server_args(tls_port);
+                    let lines: String = args.chunks(2).map(|kv| format!("{} {}\n", kv[0].trim_start_matches("--"), kv[1])).collect();
+                    lines + "tls-replication yes\n"
+                }
                 None => String::new(),
             };
             fs::write(
