@@ -217,7 +217,8 @@ fn access(r: &mut Request) -> Status {
         }
     };
     ctx.phase = Phase::Decided;
-    let redis_ok = !ctx.denied_by_error && ctx.iter().all(|(l, res)| !res.active || res.admitted || !matches!(l.backend, Backend::Redis(_)));
+    let redis_ok = !ctx.denied_by_error
+        && ctx.iter().all(|(l, res)| !res.active || res.admitted || !matches!(l.backend, Backend::Redis(_)));
     let admitted = redis_ok && shm_decide(mcf, ctx, r.log(), true).unwrap_or(false);
     if admitted {
         return Status::NGX_DECLINED;

@@ -13,11 +13,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ngx::ffi::{
-    ngx_close_connection, ngx_connection_t, ngx_cycle_t, ngx_event_actions, ngx_event_t, ngx_get_connection,
-    ngx_http_block_reading, ngx_http_core_run_phases, ngx_http_request_t, ngx_msec_t,
-    ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_log_t, ngx_pool_cleanup_add, ngx_time,
-    ngx_add_timer, ngx_del_timer, ngx_delete_posted_event, ngx_post_event, ngx_posted_events,
-    NGX_LOG_ERR,
+    ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_cycle_t, ngx_del_timer, ngx_delete_posted_event,
+    ngx_event_actions, ngx_event_t, ngx_get_connection, ngx_http_block_reading, ngx_http_core_run_phases,
+    ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_log_t, ngx_msec_t,
+    ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, ngx_time, NGX_LOG_ERR,
 };
 use ngx::ngx_log_error;
 use redis::{ClientTlsConfig, IntoConnectionInfo, RedisConnectionInfo, TlsCertificates};
@@ -126,7 +125,12 @@ impl RedisZone {
 
 /// The certificates of a `rediss` zone's `ssl_*` parameters, read (and
 /// checked) now: the trusted CAs, and the client certificate and its key.
-fn tls_files(url: &str, trusted: Option<&str>, client: Option<(&str, &str)>, conf_prefix: &str) -> Result<Option<TlsCertificates>, String> {
+fn tls_files(
+    url: &str,
+    trusted: Option<&str>,
+    client: Option<(&str, &str)>,
+    conf_prefix: &str,
+) -> Result<Option<TlsCertificates>, String> {
     if trusted.is_none() && client.is_none() {
         return Ok(None);
     }
@@ -149,7 +153,9 @@ fn tls_files(url: &str, trusted: Option<&str>, client: Option<(&str, &str)>, con
         None => None,
     };
     let client_tls = match client {
-        Some((cert, key)) => Some(ClientTlsConfig { client_cert: read("certificate", cert)?, client_key: read("certificate key", key)? }),
+        Some((cert, key)) => {
+            Some(ClientTlsConfig { client_cert: read("certificate", cert)?, client_key: read("certificate key", key)? })
+        }
         None => None,
     };
     let certs = TlsCertificates { client_tls, root_cert };
@@ -210,7 +216,8 @@ fn parse_target(url: &str) -> Result<Target, String> {
             let (creds, hosts) = split_creds(rest);
             let base = if scheme.starts_with("rediss") { "rediss" } else { "redis" };
             let auth = creds.map_or(String::new(), |(u, p)| format!("{u}:{p}@"));
-            let nodes: Vec<String> = hosts_of(hosts.trim_end_matches('/'))?.into_iter().map(|h| format!("{base}://{auth}{h}")).collect();
+            let nodes: Vec<String> =
+                hosts_of(hosts.trim_end_matches('/'))?.into_iter().map(|h| format!("{base}://{auth}{h}")).collect();
             for n in &nodes {
                 n.as_str().into_connection_info().map_err(|e| e.to_string())?;
             }
@@ -327,7 +334,8 @@ pub fn init_worker(
             next_id: 1,
             on_reply,
             on_lost,
-            backstop_ms: zones.iter().map(|z| z.spec.timeout.as_millis() as u64).max().unwrap_or(0) + BACKSTOP_MARGIN_MS,
+            backstop_ms: zones.iter().map(|z| z.spec.timeout.as_millis() as u64).max().unwrap_or(0)
+                + BACKSTOP_MARGIN_MS,
         })
     });
     Ok(())

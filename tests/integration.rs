@@ -174,7 +174,10 @@ fn headers_legacy_by_default() {
     // next window, so the reset is within two windows.
     let now = unix_now();
     let r = ngx.get("/b.html", &h);
-    assert_eq!((r.status, r.header("X-RateLimit-Limit"), r.header("X-RateLimit-Remaining")), (200, Some("10"), Some("9")));
+    assert_eq!(
+        (r.status, r.header("X-RateLimit-Limit"), r.header("X-RateLimit-Remaining")),
+        (200, Some("10"), Some("9"))
+    );
     let reset = r.num("X-RateLimit-Reset");
     assert!((now..=now + 2 * 60 + 2).contains(&reset), "sliding X-RateLimit-Reset {reset} not in [{now}, {now}+122]");
 }
@@ -186,11 +189,14 @@ fn headers_modes_draft_off_both() {
             "location = /{name}.html {{ rl_limit zone=z key=$http_x_k rate=10r/m burst=10 algorithm=fixed; rl_headers {mode}; }}\n"
         )
     };
-    let ngx = Nginx::setup(&server("rl_zone z size=1m;", &(loc("draft", "draft") + &loc("off", "off") + &loc("both", "both"))))
-        .file("html/draft.html", "draft\n")
-        .file("html/off.html", "off\n")
-        .file("html/both.html", "both\n")
-        .start();
+    let ngx = Nginx::setup(&server(
+        "rl_zone z size=1m;",
+        &(loc("draft", "draft") + &loc("off", "off") + &loc("both", "both")),
+    ))
+    .file("html/draft.html", "draft\n")
+    .file("html/off.html", "off\n")
+    .file("html/both.html", "both\n")
+    .start();
     let h = [("X-K", "bob")];
 
     // draft
@@ -233,10 +239,8 @@ fn headers_modes_draft_off_both() {
 
 #[test]
 fn rl_status_changes_rejection_status() {
-    let ngx = Nginx::start(&server(
-        "rl_zone z size=1m;",
-        "location / { rl_limit zone=z rate=2r/h burst=2; rl_status 503; }",
-    ));
+    let ngx =
+        Nginx::start(&server("rl_zone z size=1m;", "location / { rl_limit zone=z rate=2r/h burst=2; rl_status 503; }"));
     let got: Vec<u16> = (0..4).map(|_| ngx.get("/index.html", &[]).status).collect();
     assert_eq!(got, [200, 200, 503, 503]);
     let r = ngx.get("/index.html", &[]);
@@ -405,7 +409,11 @@ fn lines_sharing_a_zone_are_independent() {
     // The line of /b.html has its own count for the same key.
     for remaining in [2, 1, 0] {
         let r = ngx.get("/b.html", &h);
-        assert_eq!((r.status, r.num("X-RateLimit-Limit"), r.num("X-RateLimit-Remaining")), (200, 3, remaining), "{r:?}");
+        assert_eq!(
+            (r.status, r.num("X-RateLimit-Limit"), r.num("X-RateLimit-Remaining")),
+            (200, 3, remaining),
+            "{r:?}"
+        );
     }
     assert_eq!(ngx.get("/b.html", &h).status, 429);
 }
@@ -421,12 +429,20 @@ fn inheritance_and_cost() {
           location = /b.html { rl_limit zone=z key=$http_x_k rate=5r/h burst=5 cost=2; }",
     ));
     let h = [("X-K", "gina")];
-    let a: Vec<(u16, Option<String>)> =
-        (0..3).map(|_| ngx.get("/a.html", &h)).map(|r| (r.status, r.header("X-RateLimit-Remaining").map(String::from))).collect();
-    assert_eq!(a, [(200, Some("1".into())), (200, Some("0".into())), (429, Some("0".into()))], "server-level line inherited");
+    let a: Vec<(u16, Option<String>)> = (0..3)
+        .map(|_| ngx.get("/a.html", &h))
+        .map(|r| (r.status, r.header("X-RateLimit-Remaining").map(String::from)))
+        .collect();
+    assert_eq!(
+        a,
+        [(200, Some("1".into())), (200, Some("0".into())), (429, Some("0".into()))],
+        "server-level line inherited"
+    );
     // /b.html has its own line (cost 2 of burst 5), not the server's.
-    let b: Vec<(u16, Option<String>)> =
-        (0..3).map(|_| ngx.get("/b.html", &h)).map(|r| (r.status, r.header("X-RateLimit-Remaining").map(String::from))).collect();
+    let b: Vec<(u16, Option<String>)> = (0..3)
+        .map(|_| ngx.get("/b.html", &h))
+        .map(|r| (r.status, r.header("X-RateLimit-Remaining").map(String::from)))
+        .collect();
     assert_eq!(b, [(200, Some("3".into())), (200, Some("1".into())), (429, Some("1".into()))], "cost=2, burst=5");
 }
 
@@ -525,7 +541,10 @@ fn zone_full(alg: &str) {
     }
     assert_eq!(st, counts(&[(200, USERS)]), "algorithm={alg}: every distinct key must pass");
     let log = ngx.error_log();
-    assert!(log.contains("rl_zone \"small\" is full"), "algorithm={alg}: no \"is full\" message in the error log:\n{log}");
+    assert!(
+        log.contains("rl_zone \"small\" is full"),
+        "algorithm={alg}: no \"is full\" message in the error log:\n{log}"
+    );
     let bad: Vec<&str> = log.lines().filter(|l| l.contains("[alert]") || l.contains("[emerg]")).take(5).collect();
     assert!(bad.is_empty(), "algorithm={alg}: {bad:?}");
 }
@@ -548,13 +567,25 @@ fn zone_full_evicts_and_admits_sliding_log() {
 fn config_test_messages() {
     let srv = |zones: &str, loc: &str| server(zones, &format!("location / {{ {loc} }}"));
     let cases: Vec<(&str, String, Vec<&str>)> = vec![
-        ("unknown algorithm", srv("rl_zone z size=1m;", "rl_limit zone=z rate=1r/s algorithm=foo;"), vec!["\"rl_limit\"", "\"foo\""]),
+        (
+            "unknown algorithm",
+            srv("rl_zone z size=1m;", "rl_limit zone=z rate=1r/s algorithm=foo;"),
+            vec!["\"rl_limit\"", "\"foo\""],
+        ),
         ("zero rate", srv("rl_zone z size=1m;", "rl_limit zone=z rate=0r/s;"), vec!["\"rl_limit\"", "0r/s"]),
         ("malformed rate", srv("rl_zone z size=1m;", "rl_limit zone=z rate=abc;"), vec!["\"rl_limit\"", "\"abc\""]),
-        ("zero burst", srv("rl_zone z size=1m;", "rl_limit zone=z rate=1r/s burst=0;"), vec!["\"rl_limit\"", "burst", "\"0\""]),
+        (
+            "zero burst",
+            srv("rl_zone z size=1m;", "rl_limit zone=z rate=1r/s burst=0;"),
+            vec!["\"rl_limit\"", "burst", "\"0\""],
+        ),
         ("unknown zone", srv("rl_zone z size=1m;", "rl_limit zone=nope rate=1r/s;"), vec!["\"rl_limit\"", "\"nope\""]),
         ("missing zone", srv("rl_zone z size=1m;", "rl_limit rate=1r/s;"), vec!["\"rl_limit\"", "zone"]),
-        ("duplicate zone", srv("rl_zone a size=1m;\nrl_zone a size=1m;", ""), vec!["\"rl_zone\"", "duplicate", "\"a\""]),
+        (
+            "duplicate zone",
+            srv("rl_zone a size=1m;\nrl_zone a size=1m;", ""),
+            vec!["\"rl_zone\"", "duplicate", "\"a\""],
+        ),
         ("zone too small", srv("rl_zone a size=1k;", ""), vec!["\"rl_zone\"", "1k"]),
         ("bad rl_headers", srv("rl_zone z size=1m;", "rl_headers bogus;"), vec!["\"rl_headers\"", "\"bogus\""]),
         ("bad rl_status", srv("rl_zone z size=1m;", "rl_status 200;"), vec!["\"rl_status\"", "\"200\""]),
@@ -568,12 +599,14 @@ fn config_test_messages() {
             failures.push(format!("{what}: accepted={ok}, missing {missing:?} in:\n{out}"));
         }
     }
-    let (ok, out) = nginx_t(&(srv(
-        "rl_zone z size=1m;",
-        "rl_limit zone=z rate=10r/s burst=20 algorithm=gcra; rl_limit zone=z key=$http_x_k rate=100r/m; \
+    let (ok, out) = nginx_t(
+        &(srv(
+            "rl_zone z size=1m;",
+            "rl_limit zone=z rate=10r/s burst=20 algorithm=gcra; rl_limit zone=z key=$http_x_k rate=100r/m; \
          rl_limit zone=later key=$http_x_k:$uri rate=5r/d cost=2 algorithm=sliding_log; \
          rl_headers both; rl_status 503;",
-    ) + "rl_zone later size=64k;\n"));
+        ) + "rl_zone later size=64k;\n"),
+    );
     if !ok || !out.contains("syntax is ok") || !out.contains("test is successful") {
         failures.push(format!("good configuration refused:\n{out}"));
     }

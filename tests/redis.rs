@@ -58,10 +58,15 @@ fn two_nginx_exact(alg: &str) {
     for r in all.iter().filter(|r| r.status == 200) {
         assert_eq!(r.body, "index\n");
     }
-    let logged = la.matches("limiting requests by zone \"r\"").count() + lb.matches("limiting requests by zone \"r\"").count();
+    let logged =
+        la.matches("limiting requests by zone \"r\"").count() + lb.matches("limiting requests by zone \"r\"").count();
     assert_eq!(logged, 250, "algorithm={alg}: rejections logged by both nginx together");
     assert!(failed_lines(&la, "r").is_empty() && failed_lines(&lb, "r").is_empty(), "algorithm={alg}: Redis failures");
-    assert!(crash_lines(&la).is_empty() && crash_lines(&lb).is_empty(), "algorithm={alg}: {:?}", crash_lines(&(la + &lb)));
+    assert!(
+        crash_lines(&la).is_empty() && crash_lines(&lb).is_empty(),
+        "algorithm={alg}: {:?}",
+        crash_lines(&(la + &lb))
+    );
     // Both nginx kept one state for the one client key.
     let keys = redis.keys("rl:*");
     assert_eq!(keys.len(), 1, "algorithm={alg}: one shared state key expected, got {keys:?}");
@@ -121,13 +126,16 @@ fn headers_and_retry_after_match_shared_memory() {
         }
         // Admitted: the same remaining values, limits and policies.
         let remaining = |rs: &[Response]| {
-            let mut v: Vec<u64> = rs.iter().filter(|r| r.status == 200).map(|r| r.num("X-RateLimit-Remaining")).collect();
+            let mut v: Vec<u64> =
+                rs.iter().filter(|r| r.status == 200).map(|r| r.num("X-RateLimit-Remaining")).collect();
             v.sort();
             v
         };
         assert_eq!(remaining(&red), vec![0, 1, 2, 3, 4], "redis X-RateLimit-Remaining of the admitted: {red:?}");
         assert_eq!(remaining(&red), remaining(&shm));
-        let policy = |r: &Response, zone: &str| (sf_param(r, "RateLimit-Policy", zone, "q"), sf_param(r, "RateLimit-Policy", zone, "w"));
+        let policy = |r: &Response, zone: &str| {
+            (sf_param(r, "RateLimit-Policy", zone, "q"), sf_param(r, "RateLimit-Policy", zone, "w"))
+        };
         for r in &red {
             assert_eq!(r.header("X-RateLimit-Limit"), Some("5"), "{r:?}");
             assert_eq!(policy(r, "r"), policy(&shm[0], "m"), "RateLimit-Policy: redis {r:?} vs shm {:?}", shm[0]);
@@ -184,7 +192,10 @@ fn redis_killed_during_load_then_restarted() {
         if failed_lines(&ngx.error_log(), if path == "/a.html" { "ra" } else { "rd" }).is_empty() {
             assert_eq!(st, [200, 200, 200, 200, 200, 429, 429], "{path} with Redis up");
         }
-        assert!(got.last().unwrap().header("X-RateLimit-Limit") == Some("5"), "{path} with Redis up: not limited: {st:?}");
+        assert!(
+            got.last().unwrap().header("X-RateLimit-Limit") == Some("5"),
+            "{path} with Redis up: not limited: {st:?}"
+        );
     }
 
     redis.stop();
@@ -226,7 +237,13 @@ fn redis_killed_during_load_then_restarted() {
     for zone in ["ra", "rd"] {
         let lines = failed_lines(new, zone);
         assert!(!lines.is_empty(), "no failure logged for zone {zone}");
-        assert!(lines.len() < 20, "zone {zone}: {} \"failed\" lines for {} requests in 2 s:\n{}", lines.len(), results.len(), lines.join("\n"));
+        assert!(
+            lines.len() < 20,
+            "zone {zone}: {} \"failed\" lines for {} requests in 2 s:\n{}",
+            lines.len(),
+            results.len(),
+            lines.join("\n")
+        );
     }
     assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
 
@@ -244,7 +261,11 @@ fn redis_killed_during_load_then_restarted() {
         if rb.status == 200 && b_admitted.is_none() {
             b_admitted = Some(t0.elapsed());
         }
-        if b_admitted.is_some() && rb.status == 429 && rb.header("X-RateLimit-Limit") == Some("5") && b_limited.is_none() {
+        if b_admitted.is_some()
+            && rb.status == 429
+            && rb.header("X-RateLimit-Limit") == Some("5")
+            && b_limited.is_none()
+        {
             b_limited = Some(t0.elapsed());
         }
         thread::sleep(Duration::from_millis(5));
@@ -281,7 +302,12 @@ fn redis_restart_while_idle_costs_no_request() {
     // Concurrent, so that both workers meet their dead connection.
     let rs = ngx.concurrent(20, "/index.html", &[("X-K", "after")]);
     let log = ngx.error_log();
-    assert_eq!(statuses(&rs), counts(&[(200, 5), (429, 15)]), "first requests after a Redis restart: {:?}", failed_lines(&log, "r"));
+    assert_eq!(
+        statuses(&rs),
+        counts(&[(200, 5), (429, 15)]),
+        "first requests after a Redis restart: {:?}",
+        failed_lines(&log, "r")
+    );
     assert!(failed_lines(&log, "r").is_empty(), "{:?}", failed_lines(&log, "r"));
     // The restarted Redis is empty: the exhausted key starts afresh.
     assert_eq!(ngx.get("/index.html", &[("X-K", "before")]).status, 200);
@@ -332,7 +358,11 @@ fn paused_redis_delays_only_its_requests() {
         quantile(&lt, 0.0),
         quantile(&lt, 1.0)
     );
-    assert!(p99 < Duration::from_millis(20), "static file p99 {p99:?} while Redis is paused (max {:?})", quantile(&times, 1.0));
+    assert!(
+        p99 < Duration::from_millis(20),
+        "static file p99 {p99:?} while Redis is paused (max {:?})",
+        quantile(&times, 1.0)
+    );
 
     for (r, t) in &limited {
         assert_eq!(r.status, 200, "paused Redis, on_error=allow: {r:?}");
@@ -370,7 +400,10 @@ fn paused_redis_delays_only_its_requests() {
 /// `flush` (a Redis command) runs twice: before the burst is used up, and
 /// after. Exactly 50 admitted, and no failure logged.
 fn flush_during_load(redis: &Redis, url: &str, flush: &'static [&'static str]) {
-    let ngx = Nginx::start(&server(&format!("rl_zone r redis={url} timeout=1s;"), "location / { rl_limit zone=r rate=50r/h burst=50; }"));
+    let ngx = Nginx::start(&server(
+        &format!("rl_zone r redis={url} timeout=1s;"),
+        "location / { rl_limit zone=r rate=50r/h burst=50; }",
+    ));
     let port = ngx.port;
     let done = Arc::new(AtomicUsize::new(0));
     let redis_port = redis.port;
@@ -383,7 +416,12 @@ fn flush_during_load(redis: &Redis, url: &str, flush: &'static [&'static str]) {
                     st.push(get(port, "/index.html", &[]).status);
                     let n = done.fetch_add(1, Ordering::SeqCst) + 1;
                     if n == 25 || n == 150 {
-                        let out = std::process::Command::new("redis-cli").arg("-p").arg(redis_port.to_string()).args(flush).output().unwrap();
+                        let out = std::process::Command::new("redis-cli")
+                            .arg("-p")
+                            .arg(redis_port.to_string())
+                            .args(flush)
+                            .output()
+                            .unwrap();
                         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
                     }
                 }
@@ -408,7 +446,10 @@ fn function_flush_during_load() {
     // The flushes were seen: "Function not found" for the first call, and at
     // least once after each flush, each time followed by a FUNCTION LOAD.
     let (missing, loads) = (redis.errors("ERR"), redis.calls("function|load"));
-    assert!(missing >= 3 && loads >= 3, "Function not found: {missing}, FUNCTION LOAD: {loads} (the flushes did not hit the load?)");
+    assert!(
+        missing >= 3 && loads >= 3,
+        "Function not found: {missing}, FUNCTION LOAD: {loads} (the flushes did not hit the load?)"
+    );
     assert!(redis.calls("fcall") > 0);
     assert_eq!(redis.calls("evalsha") + redis.calls("eval"), 0);
 }
@@ -437,7 +478,9 @@ fn cluster_exact_and_all_or_nothing() {
     let cluster = Cluster::start(3);
     let mut body = String::new();
     for alg in ["fixed", "sliding_log", "gcra"] {
-        body.push_str(&format!("location = /{alg}.html {{ rl_limit zone=c key=$http_x_k rate=50r/h burst=50 algorithm={alg}; }}\n"));
+        body.push_str(&format!(
+            "location = /{alg}.html {{ rl_limit zone=c key=$http_x_k rate=50r/h burst=50 algorithm={alg}; }}\n"
+        ));
     }
     body.push_str(
         "location = /team.html {\n\
@@ -462,7 +505,8 @@ fn cluster_exact_and_all_or_nothing() {
     }
     let keys = cluster.keys("rl:*");
     assert_eq!(keys.len(), 6, "state keys in the cluster: {keys:?}");
-    let holding = cluster.ports.iter().filter(|p| !cluster.cli(**p, &["--scan", "--pattern", "rl:*"]).is_empty()).count();
+    let holding =
+        cluster.ports.iter().filter(|p| !cluster.cli(**p, &["--scan", "--pattern", "rl:*"]).is_empty()).count();
     eprintln!("state keys spread over {holding} of 3 masters");
     // The library was loaded on every master (FUNCTION LOAD goes to all of
     // them), and the script ran as a function wherever keys live.
@@ -561,7 +605,8 @@ fn tls_redis_with_private_ca() {
     let certs = TestCerts::make();
     let (redis, tls_port) = Redis::with_tls(&certs);
     let url = format!("rediss://127.0.0.1:{tls_port}/0");
-    let (ca, cert, key, other) = (certs.path("ca.pem"), certs.path("client.pem"), certs.path("client.key"), certs.path("other.pem"));
+    let (ca, cert, key, other) =
+        (certs.path("ca.pem"), certs.path("client.pem"), certs.path("client.key"), certs.path("other.pem"));
     let conf = server(
         &format!(
             "rl_zone ok redis={url} timeout=1s ssl_trusted_certificate={ca} ssl_certificate={cert} ssl_certificate_key={key};\n\
@@ -601,12 +646,32 @@ fn tls_redis_with_private_ca() {
     let zone = |params: &str| server(&format!("rl_zone z {params};"), "location / { rl_limit zone=z rate=1r/s; }");
     let missing = certs.path("missing.pem");
     let cases: Vec<(&str, String, Vec<String>)> = vec![
-        ("plain URL", zone(&format!("redis=redis://127.0.0.1:6379 ssl_trusted_certificate={ca}")), vec!["\"rediss\" URL".into()]),
+        (
+            "plain URL",
+            zone(&format!("redis=redis://127.0.0.1:6379 ssl_trusted_certificate={ca}")),
+            vec!["\"rediss\" URL".into()],
+        ),
         ("insecure", zone("redis=rediss://127.0.0.1:6379/#insecure"), vec!["always verified".into()]),
-        ("missing file", zone(&format!("redis={url} ssl_trusted_certificate={missing}")), vec![format!("cannot load trusted certificates \"{missing}\"")]),
-        ("not PEM", zone(&format!("redis={url} ssl_trusted_certificate={}", certs.path("server.ext"))), vec!["no certificate in".into()]),
-        ("certificate without key", zone(&format!("redis={url} ssl_certificate={cert}")), vec!["no \"ssl_certificate_key\"".into()]),
-        ("key is not a key", zone(&format!("redis={url} ssl_certificate={cert} ssl_certificate_key={ca}")), vec!["private key".into()]),
+        (
+            "missing file",
+            zone(&format!("redis={url} ssl_trusted_certificate={missing}")),
+            vec![format!("cannot load trusted certificates \"{missing}\"")],
+        ),
+        (
+            "not PEM",
+            zone(&format!("redis={url} ssl_trusted_certificate={}", certs.path("server.ext"))),
+            vec!["no certificate in".into()],
+        ),
+        (
+            "certificate without key",
+            zone(&format!("redis={url} ssl_certificate={cert}")),
+            vec!["no \"ssl_certificate_key\"".into()],
+        ),
+        (
+            "key is not a key",
+            zone(&format!("redis={url} ssl_certificate={cert} ssl_certificate_key={ca}")),
+            vec!["private key".into()],
+        ),
     ];
     let mut failures = Vec::new();
     for (what, conf, needles) in &cases {
@@ -639,7 +704,8 @@ fn tls_cluster() {
     let keys = cluster.keys("rl:*");
     assert_eq!(keys.len(), 6, "state keys in the cluster: {keys:?}");
     let slots: Vec<String> = keys.iter().map(|k| cluster.cli(cluster.ports[0], &["CLUSTER", "KEYSLOT", k])).collect();
-    let holding = cluster.ports.iter().filter(|p| !cluster.cli(**p, &["--scan", "--pattern", "rl:*"]).is_empty()).count();
+    let holding =
+        cluster.ports.iter().filter(|p| !cluster.cli(**p, &["--scan", "--pattern", "rl:*"]).is_empty()).count();
     assert!(holding >= 2, "6 clients' keys on {holding} master(s) only: slots {slots:?}");
     let log = ngx.error_log();
     assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
@@ -655,14 +721,22 @@ fn least_privilege_acl_user() {
                +lindex +lpush +ltrim +pexpire +select";
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
-    assert!(flat.contains(&format!("ACL SETUSER nginx {}", acl.replace("acl-pw", "PASSWORD"))), "the README gives another ACL");
+    assert!(
+        flat.contains(&format!("ACL SETUSER nginx {}", acl.replace("acl-pw", "PASSWORD"))),
+        "the README gives another ACL"
+    );
     let mut args = vec!["ACL", "SETUSER", "nginx"];
     args.extend(acl.split_whitespace());
     assert_eq!(redis.cli(&args), "OK");
     let algs = ["fixed", "sliding", "sliding_log", "token_bucket", "leaky_bucket", "gcra"];
-    let locations: String =
-        algs.iter().map(|a| format!("location = /{a}.html {{ rl_limit zone=r key=$http_x_k rate=5r/h burst=5 algorithm={a}; }}\n")).collect();
-    let mut setup = Nginx::setup(&server(&format!("rl_zone r redis=redis://nginx:acl-pw@127.0.0.1:{}/1 timeout=1s;", redis.port), &locations));
+    let locations: String = algs
+        .iter()
+        .map(|a| format!("location = /{a}.html {{ rl_limit zone=r key=$http_x_k rate=5r/h burst=5 algorithm={a}; }}\n"))
+        .collect();
+    let mut setup = Nginx::setup(&server(
+        &format!("rl_zone r redis=redis://nginx:acl-pw@127.0.0.1:{}/1 timeout=1s;", redis.port),
+        &locations,
+    ));
     for a in algs {
         setup = setup.file(&format!("html/{a}.html"), &format!("{a}\n"));
     }
@@ -696,11 +770,16 @@ fn state_keys_have_ttl_and_expire() {
     let redis = Redis::start();
     let mut body = String::new();
     for alg in ALGORITHMS {
-        body.push_str(&format!("location = /{alg}.html {{ rl_limit zone=r key=$http_x_k rate=10r/s burst=5 algorithm={alg}; }}\n"));
+        body.push_str(&format!(
+            "location = /{alg}.html {{ rl_limit zone=r key=$http_x_k rate=10r/s burst=5 algorithm={alg}; }}\n"
+        ));
     }
     body.push_str("location = /p.html { rl_limit zone=p key=$http_x_k rate=10r/s burst=5; }\n");
     let mut setup = Nginx::setup(&server(
-        &format!("rl_zone r redis={url} timeout=1s;\nrl_zone p redis={url} timeout=1s prefix=myapp:;", url = redis.url()),
+        &format!(
+            "rl_zone r redis={url} timeout=1s;\nrl_zone p redis={url} timeout=1s prefix=myapp:;",
+            url = redis.url()
+        ),
         &body,
     ));
     for f in ALGORITHMS.iter().chain(["p"].iter()) {
@@ -752,24 +831,51 @@ fn config_test_messages() {
     let pw = "Cfg-Secr3t-9w";
     let cases: Vec<(&str, String, Vec<&str>)> = vec![
         ("bad scheme", zone("redis=http://127.0.0.1:6379"), vec!["\"rl_zone\"", "http://127.0.0.1:6379"]),
-        ("bad scheme with password", zone(&format!("redis=ftp://u:{pw}@127.0.0.1:6379")), vec!["\"rl_zone\"", "ftp://u:***@127.0.0.1:6379"]),
-        ("sentinel without master", zone("redis=redis+sentinel://127.0.0.1:26379"), vec!["\"rl_zone\"", "redis+sentinel://127.0.0.1:26379", "master"]),
-        ("sentinel with empty master", zone("redis=redis+sentinel://127.0.0.1:26379/"), vec!["\"rl_zone\"", "redis+sentinel://127.0.0.1:26379/", "master"]),
+        (
+            "bad scheme with password",
+            zone(&format!("redis=ftp://u:{pw}@127.0.0.1:6379")),
+            vec!["\"rl_zone\"", "ftp://u:***@127.0.0.1:6379"],
+        ),
+        (
+            "sentinel without master",
+            zone("redis=redis+sentinel://127.0.0.1:26379"),
+            vec!["\"rl_zone\"", "redis+sentinel://127.0.0.1:26379", "master"],
+        ),
+        (
+            "sentinel with empty master",
+            zone("redis=redis+sentinel://127.0.0.1:26379/"),
+            vec!["\"rl_zone\"", "redis+sentinel://127.0.0.1:26379/", "master"],
+        ),
         (
             "sentinel without master, with password",
             zone(&format!("redis=redis+sentinel://:{pw}@127.0.0.1:26379")),
             vec!["\"rl_zone\"", "redis+sentinel://:***@127.0.0.1:26379", "master"],
         ),
         ("bad on_error", zone("redis=redis://127.0.0.1:6379 on_error=maybe"), vec!["\"rl_zone\"", "\"maybe\""]),
-        ("bad on_error with password", zone(&format!("redis=redis://:{pw}@127.0.0.1:6379/0 on_error=sometimes")), vec!["\"rl_zone\"", "\"sometimes\""]),
+        (
+            "bad on_error with password",
+            zone(&format!("redis=redis://:{pw}@127.0.0.1:6379/0 on_error=sometimes")),
+            vec!["\"rl_zone\"", "\"sometimes\""],
+        ),
         ("bad timeout", zone("redis=redis://127.0.0.1:6379 timeout=soon"), vec!["\"rl_zone\"", "\"soon\""]),
         ("zero timeout", zone("redis=redis://127.0.0.1:6379 timeout=0ms"), vec!["\"rl_zone\"", "\"0ms\""]),
-        ("bad port with password", zone(&format!("redis=redis://:{pw}@127.0.0.1:99999/0")), vec!["\"rl_zone\"", "redis://:***@127.0.0.1:99999/0"]),
-        ("bad cluster hosts", zone("redis=redis+cluster://127.0.0.1"), vec!["\"rl_zone\"", "redis+cluster://127.0.0.1"]),
+        (
+            "bad port with password",
+            zone(&format!("redis=redis://:{pw}@127.0.0.1:99999/0")),
+            vec!["\"rl_zone\"", "redis://:***@127.0.0.1:99999/0"],
+        ),
+        (
+            "bad cluster hosts",
+            zone("redis=redis+cluster://127.0.0.1"),
+            vec!["\"rl_zone\"", "redis+cluster://127.0.0.1"],
+        ),
         ("unknown parameter", zone("redis=redis://127.0.0.1:6379 pool=3"), vec!["\"rl_zone\"", "\"pool=3\""]),
         (
             "line out of the script's exact range",
-            server("rl_zone z redis=redis://127.0.0.1:6379;", "location / { rl_limit zone=z rate=1r/d burst=100000 algorithm=fixed; }"),
+            server(
+                "rl_zone z redis=redis://127.0.0.1:6379;",
+                "location / { rl_limit zone=z rate=1r/d burst=100000 algorithm=fixed; }",
+            ),
             vec!["\"rl_limit\"", "1r/d", "100000"],
         ),
     ];
@@ -778,7 +884,10 @@ fn config_test_messages() {
         let (ok, out) = nginx_t(conf);
         let missing: Vec<&&str> = needles.iter().filter(|n| !out.contains(**n)).collect();
         if ok || !out.contains("[emerg]") || !out.contains("nginx.conf:") || !missing.is_empty() || out.contains(pw) {
-            failures.push(format!("{what}: accepted={ok}, missing {missing:?}, password shown={} in:\n{out}", out.contains(pw)));
+            failures.push(format!(
+                "{what}: accepted={ok}, missing {missing:?}, password shown={} in:\n{out}",
+                out.contains(pw)
+            ));
         }
     }
     // Good ones (nothing is connected at configuration time).

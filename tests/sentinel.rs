@@ -29,11 +29,12 @@ fn sentinel_exact_counts() {
     let sentinel = Sentinel::start(master.port);
     let url = sentinel.url();
     let algs = ["gcra", "sliding_log"];
-    let zones: String =
-        algs.iter().map(|a| format!("rl_zone s_{a} redis={url} timeout=1s prefix={a}:;\n")).collect();
+    let zones: String = algs.iter().map(|a| format!("rl_zone s_{a} redis={url} timeout=1s prefix={a}:;\n")).collect();
     let locations: String = algs
         .iter()
-        .map(|a| format!("location /{a}/ {{ alias {{ROOT}}/; rl_limit zone=s_{a} rate=50r/h burst=50 algorithm={a}; }}\n"))
+        .map(|a| {
+            format!("location /{a}/ {{ alias {{ROOT}}/; rl_limit zone=s_{a} rate=50r/h burst=50 algorithm={a}; }}\n")
+        })
         .collect();
     let ngx = Nginx::start(&server(&zones, &locations));
     for alg in algs {
@@ -170,7 +171,14 @@ fn timeline(samples: &[Sample]) -> String {
 /// decided by the new master, with no Redis failure logged; the new master
 /// admits exactly 30 more (50 with the 20 replicated); only requests right
 /// after the switch may have gone to the old master (and are lost with it).
-fn check_after_switch(what: &str, samples: &[Sample], ngx: &Nginx, log_at_2s: usize, sentinel: &Sentinel, started: Instant) {
+fn check_after_switch(
+    what: &str,
+    samples: &[Sample],
+    ngx: &Nginx,
+    log_at_2s: usize,
+    sentinel: &Sentinel,
+    started: Instant,
+) {
     let log = ngx.error_log();
     let late_failures = failed_lines(log.get(log_at_2s..).unwrap_or(""), "s");
     let admitted_after = samples.iter().filter(|s| s.status == 200).count();

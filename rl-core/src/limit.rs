@@ -126,10 +126,9 @@ impl fmt::Display for LimitError {
         match self {
             LimitError::ZeroRate(r) => write!(f, "rate \"{r}\" must be positive"),
             LimitError::ZeroBurst => f.write_str("burst must be at least 1"),
-            LimitError::Overflow { rate, burst } => write!(
-                f,
-                "burst={burst} with rate \"{rate}\" is too large: burst * period overflows 64 bits"
-            ),
+            LimitError::Overflow { rate, burst } => {
+                write!(f, "burst={burst} with rate \"{rate}\" is too large: burst * period overflows 64 bits")
+            }
             LimitError::LogTooLarge { burst } => write!(
                 f,
                 "burst={burst} is too large for \"sliding_log\", which keeps one timestamp \
@@ -179,24 +178,12 @@ pub struct Outcome {
 impl Outcome {
     /// An admitted request.
     fn admit(remaining: u64, reset_us: u64, delay_us: u64) -> Self {
-        Outcome {
-            admitted: true,
-            remaining,
-            reset_us,
-            retry_after_us: None,
-            delay_us,
-        }
+        Outcome { admitted: true, remaining, reset_us, retry_after_us: None, delay_us }
     }
 
     /// A rejected request; `retry` is `None` exactly when it can never pass.
     fn reject(remaining: u64, reset_us: u64, retry: Option<u64>, delay_us: u64) -> Self {
-        Outcome {
-            admitted: false,
-            remaining,
-            reset_us,
-            retry_after_us: retry,
-            delay_us,
-        }
+        Outcome { admitted: false, remaining, reset_us, retry_after_us: retry, delay_us }
     }
 }
 
@@ -214,9 +201,7 @@ impl Limit {
         if algorithm == Algorithm::SlidingLog && burst > MAX_LOG_BURST {
             return Err(LimitError::LogTooLarge { burst });
         }
-        let capacity = burst
-            .checked_mul(rate.period_us)
-            .ok_or(LimitError::Overflow { rate, burst })?;
+        let capacity = burst.checked_mul(rate.period_us).ok_or(LimitError::Overflow { rate, burst })?;
         Ok(Limit {
             algorithm,
             rate,
@@ -271,9 +256,7 @@ impl Limit {
             Algorithm::Fixed => fixed::check(self, state, now, cost),
             Algorithm::Sliding => sliding::check(self, state, now, cost),
             Algorithm::SlidingLog => log::check(self, state, now, cost),
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                bucket::check(self, state, now, cost)
-            }
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::check(self, state, now, cost),
             Algorithm::Gcra => gcra::check(self, state, now, cost),
         };
         // Cost 0 charges nothing, so it passes even when a lagging clock
@@ -296,9 +279,7 @@ impl Limit {
             Algorithm::Fixed => fixed::commit(self, state, now, cost),
             Algorithm::Sliding => sliding::commit(self, state, now, cost),
             Algorithm::SlidingLog => log::commit(self, state, now, cost),
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                bucket::commit(self, state, now, cost)
-            }
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::commit(self, state, now, cost),
             Algorithm::Gcra => gcra::commit(self, state, now, cost),
         }
     }

@@ -33,11 +33,7 @@ pub struct ParseError {
 impl ParseError {
     /// Builds an error about `value`, a `what`.
     pub fn new(kind: ParseErrorKind, what: &'static str, value: &str) -> Self {
-        ParseError {
-            kind,
-            what,
-            value: value.to_owned(),
-        }
+        ParseError { kind, what, value: value.to_owned() }
     }
 }
 
@@ -64,12 +60,8 @@ pub struct Rate {
 }
 
 /// The rate units `r/<unit>` accepts and their periods in microseconds.
-pub const PERIODS: [(char, u64); 4] = [
-    ('s', 1_000_000),
-    ('m', 60_000_000),
-    ('h', 3_600_000_000),
-    ('d', 86_400_000_000),
-];
+pub const PERIODS: [(char, u64); 4] =
+    [('s', 1_000_000), ('m', 60_000_000), ('h', 3_600_000_000), ('d', 86_400_000_000)];
 
 impl fmt::Display for Rate {
     /// `100r/m`; a period that is not a unit prints as `100r/1500us`.
@@ -201,10 +193,7 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, ParseError> {
 
 /// `total + value * scale` if it stays within [`MAX_TIME`].
 fn add_scaled(total: u64, value: u64, scale: u64) -> Option<u64> {
-    value
-        .checked_mul(scale)
-        .and_then(|v| v.checked_add(total))
-        .filter(|v| *v <= MAX_TIME)
+    value.checked_mul(scale).and_then(|v| v.checked_add(total)).filter(|v| *v <= MAX_TIME)
 }
 
 /// A non-empty string of ASCII digits as a number no larger than `max`.

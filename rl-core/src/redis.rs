@@ -138,12 +138,8 @@ pub fn exact(limit: &Limit) -> bool {
     match limit.algorithm() {
         Algorithm::Fixed | Algorithm::SlidingLog => window <= bound,
         Algorithm::Sliding => window <= bound / 2,
-        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-            u128::from(burst) * u128::from(rate.period_us) <= bound
-        }
-        Algorithm::Gcra => {
-            u128::from(burst) * u128::from(rate.period_us.div_ceil(rate.count)) <= bound
-        }
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => u128::from(burst) * u128::from(rate.period_us) <= bound,
+        Algorithm::Gcra => u128::from(burst) * u128::from(rate.period_us.div_ceil(rate.count)) <= bound,
     }
 }
 
@@ -159,12 +155,8 @@ pub enum Arg<'a> {
 /// Emits the script's `ARGV` for `requests` (each a request's lines: a limit
 /// and the request's cost on it), in the order of their `KEYS`. `commit`
 /// false checks only; `now_override_us` replaces Redis `TIME` (tests).
-pub fn write_args<R, L>(
-    requests: R,
-    commit: bool,
-    now_override_us: Option<u64>,
-    mut emit: impl FnMut(Arg<'_>),
-) where
+pub fn write_args<R, L>(requests: R, commit: bool, now_override_us: Option<u64>, mut emit: impl FnMut(Arg<'_>))
+where
     R: IntoIterator<Item = L>,
     L: IntoIterator<Item = (Limit, u64)>,
     L::IntoIter: ExactSizeIterator,
@@ -233,14 +225,7 @@ fn flush_run(run: Option<((Limit, u64), u64)>, spec: &mut Spec, emit: &mut impl 
 pub fn write_spec(out: &mut String, limit: &Limit, cost: u64) {
     let rate = limit.rate();
     // Writing to a String cannot fail.
-    let _ = write!(
-        out,
-        "{} {} {} {} {cost}",
-        limit.algorithm().name(),
-        rate.count,
-        rate.period_us,
-        limit.burst()
-    );
+    let _ = write!(out, "{} {} {} {} {cost}", limit.algorithm().name(), rate.count, rate.period_us, limit.burst());
 }
 
 /// [`write_args`] as strings.

@@ -128,11 +128,7 @@ impl<'a> Table<'a> {
     /// `region` must be valid for reads and writes of `len` initialized
     /// bytes (any values) for `'a`, and nothing else may access it during
     /// `'a` (hold the zone's mutex for as long as the `Table` lives).
-    pub unsafe fn attach(
-        region: *mut u8,
-        len: usize,
-        seed: [u64; 2],
-    ) -> Result<(Table<'a>, Attach), TableError> {
+    pub unsafe fn attach(region: *mut u8, len: usize, seed: [u64; 2]) -> Result<(Table<'a>, Attach), TableError> {
         // SAFETY: forwarded to our caller.
         let mut table = unsafe { Self::view(region, len) }?;
         if table.is_laid_out() {
@@ -158,10 +154,7 @@ impl<'a> Table<'a> {
     /// # Safety
     /// As for [`Table::attach`].
     unsafe fn view(region: *mut u8, len: usize) -> Result<Table<'a>, TableError> {
-        let geo = Geometry::for_len(len).ok_or(TableError::TooSmall {
-            len,
-            min: Self::min_len(),
-        })?;
+        let geo = Geometry::for_len(len).ok_or(TableError::TooSmall { len, min: Self::min_len() })?;
         if region.is_null() || !(region as usize).is_multiple_of(8) {
             return Err(TableError::Misaligned);
         }
@@ -262,21 +255,13 @@ impl<'a> Table<'a> {
     pub fn insert(&mut self, hash: [u64; 2], now_s: u32) -> Inserted {
         let (i, dropped) = self.take_entry(now_s);
         self.link_new(i, hash, now_s);
-        Inserted {
-            slot: Slot(i),
-            new: true,
-            dropped,
-        }
+        Inserted { slot: Slot(i), new: true, dropped }
     }
 
     /// [`Table::find`], or [`Table::insert`] if the key is absent.
     pub fn find_or_insert(&mut self, hash: [u64; 2], now_s: u32) -> Inserted {
         match self.find(hash) {
-            Some(slot) => Inserted {
-                slot,
-                new: false,
-                dropped: Dropped::Nothing,
-            },
+            Some(slot) => Inserted { slot, new: false, dropped: Dropped::Nothing },
             None => self.insert(hash, now_s),
         }
     }
@@ -385,10 +370,7 @@ impl<'a> Table<'a> {
 
     /// The chain head of `hash`'s bucket.
     fn chain_head(&self, hash: [u64; 2]) -> u32 {
-        self.buckets
-            .get(self.bucket_of(hash))
-            .copied()
-            .unwrap_or(NIL)
+        self.buckets.get(self.bucket_of(hash)).copied().unwrap_or(NIL)
     }
 
     /// Walks `hash`'s chain (at most `capacity` steps, in case of a cycle).
@@ -479,14 +461,7 @@ impl<'a> Table<'a> {
         let b = self.bucket_of(hash);
         let chain_next = self.buckets.get(b).copied().unwrap_or(NIL);
         let Some(e) = self.entry_mut(i) else { return };
-        *e = Entry {
-            hash,
-            state: [0; 3],
-            lru_prev: NIL,
-            lru_next: NIL,
-            chain_next,
-            idle_at: now_s,
-        };
+        *e = Entry { hash, state: [0; 3], lru_prev: NIL, lru_next: NIL, chain_next, idle_at: now_s };
         if let Some(head) = self.buckets.get_mut(b) {
             *head = i;
         }
@@ -515,10 +490,7 @@ impl<'a> Table<'a> {
 
     /// Takes entry `i` out of its bucket's chain.
     fn unchain(&mut self, i: u32) {
-        let Some(&Entry {
-            hash, chain_next, ..
-        }) = self.entry(i)
-        else {
+        let Some(&Entry { hash, chain_next, .. }) = self.entry(i) else {
             return;
         };
         let b = self.bucket_of(hash);
@@ -557,10 +529,7 @@ impl<'a> Table<'a> {
 
     /// Takes `i` out of the LRU list.
     fn lru_unlink(&mut self, i: u32) {
-        let Some(&Entry {
-            lru_prev, lru_next, ..
-        }) = self.entry(i)
-        else {
+        let Some(&Entry { lru_prev, lru_next, .. }) = self.entry(i) else {
             return;
         };
         match self.entry_mut(lru_prev) {

@@ -49,14 +49,7 @@ fn refill_wait(alg: Algorithm) -> u64 {
 
 #[test]
 fn names_roundtrip_and_default() {
-    let names = [
-        "fixed",
-        "sliding",
-        "sliding_log",
-        "token_bucket",
-        "leaky_bucket",
-        "gcra",
-    ];
+    let names = ["fixed", "sliding", "sliding_log", "token_bucket", "leaky_bucket", "gcra"];
     for (alg, name) in Algorithm::ALL.into_iter().zip(names) {
         assert_eq!(alg.to_string(), name);
         assert_eq!(name.parse::<Algorithm>(), Ok(alg));
@@ -71,10 +64,7 @@ fn names_roundtrip_and_default() {
 fn new_validates() {
     let r = rate(10, SEC);
     assert_eq!(Limit::new(Fixed, r, 0), Err(LimitError::ZeroBurst));
-    assert_eq!(
-        Limit::new(Gcra, rate(0, SEC), 1),
-        Err(LimitError::ZeroRate(rate(0, SEC)))
-    );
+    assert_eq!(Limit::new(Gcra, rate(0, SEC), 1), Err(LimitError::ZeroRate(rate(0, SEC))));
     assert!(Limit::new(Gcra, rate(1, 0), 1).is_err());
     let big = rate(1, 86_400_000_000);
     let err = Limit::new(TokenBucket, big, u64::MAX / 1000).unwrap_err();
@@ -84,30 +74,18 @@ fn new_validates() {
     let err = Limit::new(SlidingLog, r, MAX_LOG_BURST + 1).unwrap_err();
     assert!(err.to_string().contains("sliding_log"), "{err}");
     assert!(Limit::new(Sliding, r, MAX_LOG_BURST + 1).is_ok());
-    assert_eq!(
-        LimitError::ZeroBurst.to_string(),
-        "burst must be at least 1"
-    );
+    assert_eq!(LimitError::ZeroBurst.to_string(), "burst must be at least 1");
 }
 
 #[test]
 fn accessors_window_and_words() {
     let l = std_limit(Sliding);
-    assert_eq!(
-        (l.algorithm(), l.rate(), l.burst()),
-        (Sliding, rate(10, SEC), B)
-    );
+    assert_eq!((l.algorithm(), l.rate(), l.burst()), (Sliding, rate(10, SEC), B));
     assert_eq!(l.window_us(), W);
     // ceil(2 * 1e6 / 3) and at least 1.
-    assert_eq!(
-        Limit::new(Fixed, rate(3, SEC), 2).unwrap().window_us(),
-        666_667
-    );
+    assert_eq!(Limit::new(Fixed, rate(3, SEC), 2).unwrap().window_us(), 666_667);
     assert_eq!(Limit::new(Fixed, rate(1000, 1), 1).unwrap().window_us(), 1);
-    let words: Vec<usize> = Algorithm::ALL
-        .into_iter()
-        .map(|a| std_limit(a).state_words())
-        .collect();
+    let words: Vec<usize> = Algorithm::ALL.into_iter().map(|a| std_limit(a).state_words()).collect();
     assert_eq!(words, [2, 3, 2 + B as usize, 2, 2, 1]);
 }
 
@@ -341,11 +319,7 @@ fn cost_zero_is_free_even_when_exhausted() {
         take(&l, &mut s, T0, B);
         let before = s.clone();
         let o = l.acquire(&mut s, T0, 0);
-        assert_eq!(
-            (o.admitted, o.remaining, o.retry_after_us),
-            (true, 0, None),
-            "{alg}"
-        );
+        assert_eq!((o.admitted, o.remaining, o.retry_after_us), (true, 0, None), "{alg}");
         assert_eq!(s, before, "{alg}");
     }
 }
@@ -376,12 +350,7 @@ fn short_state_is_rejected_without_panic() {
 
 #[test]
 fn extreme_values_do_not_panic() {
-    let rates = [
-        rate(1, 1),
-        rate(u64::MAX, 1),
-        rate(1, u64::MAX),
-        rate(7, SEC),
-    ];
+    let rates = [rate(1, 1), rate(u64::MAX, 1), rate(1, u64::MAX), rate(7, SEC)];
     for alg in Algorithm::ALL {
         for r in rates {
             for burst in [1, 2, 64, u64::MAX] {

@@ -56,11 +56,7 @@ fn replay(
             _ => 1,
         };
         prev = step(&mut s, now, cost);
-        evs.push(Ev {
-            now,
-            cost,
-            admitted: prev.admitted,
-        });
+        evs.push(Ev { now, cost, admitted: prev.admitted });
     }
     evs
 }
@@ -81,12 +77,7 @@ fn charged(evs: &[Ev]) -> Vec<(u64, u64)> {
 /// Most units charged in any half-open interval `[t, t + len)`.
 fn max_in_interval(ch: &[(u64, u64)], len: u64) -> u64 {
     ch.iter()
-        .map(|&(t, _)| {
-            ch.iter()
-                .filter(|&&(u, _)| u >= t && u - t < len)
-                .map(|&(_, c)| c)
-                .sum()
-        })
+        .map(|&(t, _)| ch.iter().filter(|&&(u, _)| u >= t && u - t < len).map(|&(_, c)| c).sum())
         .max()
         .unwrap_or(0)
 }
@@ -127,29 +118,9 @@ fn assert_bound(l: &Limit, ch: &[(u64, u64)]) {
 
 /// A limit with a small rate and burst, and periods that may not divide.
 fn limits() -> impl Strategy<Value = Limit> {
-    let period = prop_oneof![
-        1u64..=40,
-        1_000u64..=2_000_000,
-        Just(1_000_000u64),
-        Just(60_000_000u64),
-    ];
-    (
-        select(Algorithm::ALL.to_vec()),
-        1u64..=12,
-        period,
-        1u64..=10,
-    )
-        .prop_map(|(a, count, p, b)| {
-            Limit::new(
-                a,
-                Rate {
-                    count,
-                    period_us: p,
-                },
-                b,
-            )
-            .unwrap()
-        })
+    let period = prop_oneof![1u64..=40, 1_000u64..=2_000_000, Just(1_000_000u64), Just(60_000_000u64),];
+    (select(Algorithm::ALL.to_vec()), 1u64..=12, period, 1u64..=10)
+        .prop_map(|(a, count, p, b)| Limit::new(a, Rate { count, period_us: p }, b).unwrap())
 }
 
 /// Request sequences.
@@ -159,11 +130,7 @@ fn ops() -> impl Strategy<Value = Vec<Raw>> {
 
 /// Start times, some window-aligned and some far from 0.
 fn starts() -> impl Strategy<Value = u64> {
-    prop_oneof![
-        Just(0u64),
-        0u64..5_000_000,
-        1u64 << 40..(1u64 << 40) + 100_000_000
-    ]
+    prop_oneof![Just(0u64), 0u64..5_000_000, 1u64 << 40..(1u64 << 40) + 100_000_000]
 }
 
 /// Asserts `o` is honest about when `cost` passes and when `s` is full again.
@@ -181,10 +148,7 @@ fn assert_honest(l: &Limit, s: &[u64], now: u64, cost: u64, o: &Outcome) {
         Some(d) => {
             assert!(cost <= b && d >= 1, "{o:?}");
             assert!(l.check(s, now + d, cost).admitted, "not admitted after {d}");
-            assert!(
-                !l.check(s, now + d - 1, cost).admitted,
-                "{d} is not the least"
-            );
+            assert!(!l.check(s, now + d - 1, cost).admitted, "{d} is not the least");
         }
     }
 }

@@ -26,43 +26,29 @@ fn rate_units() {
 #[test]
 fn rate_errors() {
     for s in [
-        "", "r/s", "10", "10r", "10r/", "10r/x", "10r/ss", "10r/S", "+10r/s", "-1r/s", " 10r/s",
-        "10 r/s", "10r/s ", "1.5r/s", "10r/r/s", "0x10r/s", "10/s",
+        "", "r/s", "10", "10r", "10r/", "10r/x", "10r/ss", "10r/S", "+10r/s", "-1r/s", " 10r/s", "10 r/s", "10r/s ",
+        "1.5r/s", "10r/r/s", "0x10r/s", "10/s",
     ] {
         assert_eq!(kind(parse_rate(s)), ParseErrorKind::Invalid, "{s:?}");
     }
     assert_eq!(kind(parse_rate("0r/s")), ParseErrorKind::NotPositive);
     assert_eq!(kind(parse_rate("000r/m")), ParseErrorKind::NotPositive);
-    assert_eq!(
-        kind(parse_rate("18446744073709551616r/s")),
-        ParseErrorKind::TooLarge
-    );
+    assert_eq!(kind(parse_rate("18446744073709551616r/s")), ParseErrorKind::TooLarge);
 }
 
 #[test]
 fn rate_messages() {
+    assert_eq!(parse_rate("100r/x").unwrap_err().to_string(), "invalid rate \"100r/x\"");
+    assert_eq!(parse_rate("0r/s").unwrap_err().to_string(), "invalid rate \"0r/s\": must be positive");
     assert_eq!(
-        parse_rate("100r/x").unwrap_err().to_string(),
-        "invalid rate \"100r/x\""
-    );
-    assert_eq!(
-        parse_rate("0r/s").unwrap_err().to_string(),
-        "invalid rate \"0r/s\": must be positive"
-    );
-    assert_eq!(
-        parse_rate("99999999999999999999r/s")
-            .unwrap_err()
-            .to_string(),
+        parse_rate("99999999999999999999r/s").unwrap_err().to_string(),
         "invalid rate \"99999999999999999999r/s\": too large"
     );
 }
 
 #[test]
 fn rate_display_unknown_period() {
-    let r = Rate {
-        count: 3,
-        period_us: 1500,
-    };
+    let r = Rate { count: 3, period_us: 1500 };
     assert_eq!(r.to_string(), "3r/1500us");
 }
 
@@ -85,17 +71,12 @@ fn size_like_nginx() {
     }
     let max = isize::MAX as usize;
     assert_eq!(parse_size(&max.to_string()), Ok(max));
-    assert_eq!(
-        parse_size(&format!("{}k", max / 1024)),
-        Ok(max / 1024 * 1024)
-    );
+    assert_eq!(parse_size(&format!("{}k", max / 1024)), Ok(max / 1024 * 1024));
 }
 
 #[test]
 fn size_errors() {
-    for s in [
-        "", "k", "m", "G", "1.5m", "-1", "+1", " 1", "1 ", "1kb", "1t", "1T", "1mk", "abc", "0x10",
-    ] {
+    for s in ["", "k", "m", "G", "1.5m", "-1", "+1", " 1", "1 ", "1kb", "1t", "1T", "1mk", "abc", "0x10"] {
         assert_eq!(kind(parse_size(s)), ParseErrorKind::Invalid, "{s:?}");
     }
     let max = isize::MAX as u128;
@@ -108,10 +89,7 @@ fn size_errors() {
     ] {
         assert_eq!(kind(parse_size(&s)), ParseErrorKind::TooLarge, "{s:?}");
     }
-    assert_eq!(
-        parse_size("10x").unwrap_err().to_string(),
-        "invalid size \"10x\""
-    );
+    assert_eq!(parse_size("10x").unwrap_err().to_string(), "invalid size \"10x\"");
 }
 
 #[test]
@@ -149,8 +127,8 @@ fn duration_like_nginx() {
 #[test]
 fn duration_errors() {
     for s in [
-        "", " ", "s", "ms", "m", "1x", "1S", "1s1s", "1s1m", "1ms1s", "1m1h", "1mm", "1msms",
-        "-1s", "+1s", "1.5s", "5 1s", " 1s", "1u", "1d1M",
+        "", " ", "s", "ms", "m", "1x", "1S", "1s1s", "1s1m", "1ms1s", "1m1h", "1mm", "1msms", "-1s", "+1s", "1.5s",
+        "5 1s", " 1s", "1u", "1d1M",
     ] {
         assert_eq!(kind(parse_duration_ms(s)), ParseErrorKind::Invalid, "{s:?}");
     }
@@ -164,16 +142,9 @@ fn duration_errors() {
         "99999999999999999999999ms".to_owned(),
         format!("{}y", max / 31_536_000_000 + 1),
     ] {
-        assert_eq!(
-            kind(parse_duration_ms(&s)),
-            ParseErrorKind::TooLarge,
-            "{s:?}"
-        );
+        assert_eq!(kind(parse_duration_ms(&s)), ParseErrorKind::TooLarge, "{s:?}");
     }
-    assert_eq!(
-        parse_duration_ms("5x").unwrap_err().to_string(),
-        "invalid duration \"5x\""
-    );
+    assert_eq!(parse_duration_ms("5x").unwrap_err().to_string(), "invalid duration \"5x\"");
 }
 
 #[test]
@@ -182,15 +153,9 @@ fn u64_positive() {
     assert_eq!(parse_u64("0042"), Ok(42));
     assert_eq!(parse_u64(&u64::MAX.to_string()), Ok(u64::MAX));
     assert_eq!(kind(parse_u64("0")), ParseErrorKind::NotPositive);
-    assert_eq!(
-        kind(parse_u64("18446744073709551616")),
-        ParseErrorKind::TooLarge
-    );
+    assert_eq!(kind(parse_u64("18446744073709551616")), ParseErrorKind::TooLarge);
     for s in ["", "-1", "+1", "1 ", "1e3", "x"] {
         assert_eq!(kind(parse_u64(s)), ParseErrorKind::Invalid, "{s:?}");
     }
-    assert_eq!(
-        parse_u64("x").unwrap_err().to_string(),
-        "invalid number \"x\""
-    );
+    assert_eq!(parse_u64("x").unwrap_err().to_string(), "invalid number \"x\"");
 }

@@ -10,8 +10,8 @@ use proptest::sample::select;
 use rl_core::limit::{Algorithm, Limit, Outcome};
 use rl_core::parse::Rate;
 use rl_core::redis::{
-    exact, expiry_after_write, key_tag, parse_reply, script_args, state_key, tag_of,
-    write_state_key, ScriptLine, LIMIT_SCRIPT, MAX_EXACT, TTL_MARGIN_MS, TTL_SLACK_MS,
+    exact, expiry_after_write, key_tag, parse_reply, script_args, state_key, tag_of, write_state_key, ScriptLine,
+    LIMIT_SCRIPT, MAX_EXACT, TTL_MARGIN_MS, TTL_SLACK_MS,
 };
 use rl_core::redis::{function_library, function_name};
 
@@ -365,17 +365,10 @@ impl Redis {
         lua.globals().set("struct", struct_lib(&lua)).unwrap();
         lua.load(FAKE_REDIS).set_name("fake_redis").exec().unwrap();
         let script = match mode {
-            Mode::Eval => lua
-                .load(LIMIT_SCRIPT)
-                .set_name("limit.lua")
-                .into_function()
-                .unwrap(),
+            Mode::Eval => lua.load(LIMIT_SCRIPT).set_name("limit.lua").into_function().unwrap(),
             Mode::Function => {
-                let (name, f): (String, Function) = lua
-                    .load(LOAD_LIBRARY)
-                    .set_name("load_library")
-                    .call(function_library())
-                    .unwrap();
+                let (name, f): (String, Function) =
+                    lua.load(LOAD_LIBRARY).set_name("load_library").call(function_library()).unwrap();
                 assert_eq!(name, function_name());
                 f
             }
@@ -399,19 +392,11 @@ impl Redis {
     }
 
     fn snapshot(&self) -> String {
-        self.fake
-            .get::<Function>("snapshot")
-            .unwrap()
-            .call(())
-            .unwrap()
+        self.fake.get::<Function>("snapshot").unwrap().call(()).unwrap()
     }
 
     fn helper(&self, name: &str, key: &str) -> Value {
-        self.fake
-            .get::<Function>(name)
-            .unwrap()
-            .call(key.to_owned())
-            .unwrap()
+        self.fake.get::<Function>(name).unwrap().call(key.to_owned()).unwrap()
     }
 
     /// The key's absolute expiry time in µs (every key must have one).
@@ -450,10 +435,7 @@ impl Redis {
     /// integral here; Redis would truncate them).
     fn eval(&self, keys: &[String], args: &[String]) -> Vec<i64> {
         let reply = self.eval_table(keys, args);
-        assert!(
-            reply.raw_get::<Value>("err").unwrap().is_nil(),
-            "error reply"
-        );
+        assert!(reply.raw_get::<Value>("err").unwrap().is_nil(), "error reply");
         reply
             .sequence_values::<Value>()
             .map(|v| {
@@ -530,26 +512,12 @@ fn keys(n: usize) -> Vec<String> {
 
 /// The model's answer in the script's terms.
 fn line(o: &Outcome) -> ScriptLine {
-    ScriptLine {
-        admitted: o.admitted,
-        remaining: o.remaining,
-        reset_us: o.reset_us,
-        retry_after_us: o.retry_after_us,
-    }
+    ScriptLine { admitted: o.admitted, remaining: o.remaining, reset_us: o.reset_us, retry_after_us: o.retry_after_us }
 }
 
 /// The model of one call: check every line; commit all iff all admit.
-fn model(
-    lines: &[(Limit, u64)],
-    states: &mut [Vec<u64>],
-    now: u64,
-    commit: bool,
-) -> (bool, Vec<ScriptLine>) {
-    let outs: Vec<Outcome> = lines
-        .iter()
-        .zip(states.iter())
-        .map(|((l, c), s)| l.check(s, now, *c))
-        .collect();
+fn model(lines: &[(Limit, u64)], states: &mut [Vec<u64>], now: u64, commit: bool) -> (bool, Vec<ScriptLine>) {
+    let outs: Vec<Outcome> = lines.iter().zip(states.iter()).map(|((l, c), s)| l.check(s, now, *c)).collect();
     let all = outs.iter().all(|o| o.admitted);
     if all && commit {
         for ((l, c), s) in lines.iter().zip(states.iter_mut()) {
@@ -588,21 +556,12 @@ impl Pair {
         Pair {
             redis: Redis::new(),
             keys: keys(lines.len()),
-            states: lines
-                .iter()
-                .map(|(l, _)| vec![0; l.state_words()])
-                .collect(),
+            states: lines.iter().map(|(l, _)| vec![0; l.state_words()]).collect(),
             expiries: vec![0; lines.len()],
         }
     }
 
-    fn step(
-        &mut self,
-        lines: &[(Limit, u64)],
-        now: u64,
-        commit: bool,
-        use_time: bool,
-    ) -> (bool, Vec<ScriptLine>) {
+    fn step(&mut self, lines: &[(Limit, u64)], now: u64, commit: bool, use_time: bool) -> (bool, Vec<ScriptLine>) {
         self.redis.set_now(now);
         for (key, x) in self.keys.iter().zip(self.expiries.iter_mut()) {
             if self.redis.value(key).is_none() {
@@ -668,10 +627,7 @@ fn cases_first_exhaust_retry_cost() {
         let one = |p: &mut Pair, now, cost| p.step(&[(l, cost)], now, true, false).1[0];
         // First request: admitted, burst - 1 left.
         let o = one(&mut p, T0, 1);
-        assert!(
-            o.admitted && o.remaining == 2 && o.retry_after_us.is_none(),
-            "{alg}: {o:?}"
-        );
+        assert!(o.admitted && o.remaining == 2 && o.retry_after_us.is_none(), "{alg}: {o:?}");
         assert!(o.reset_us > 0);
         // Exhaust the burst within the same microsecond.
         assert_eq!(one(&mut p, T0, 1).remaining, 1);
@@ -796,10 +752,7 @@ fn put_raw(r: &Redis, key: &str, raw: &str, list: bool) {
         end
         fake.data[key] = e
     "#;
-    r.lua
-        .load(code)
-        .call::<()>((key.to_owned(), raw.to_owned(), list))
-        .unwrap();
+    r.lua.load(code).call::<()>((key.to_owned(), raw.to_owned(), list)).unwrap();
 }
 
 /// State the script did not write (another algorithm's words, whitespace,
@@ -829,8 +782,7 @@ fn foreign_state_reads_like_the_model() {
             }
         };
         let n = words.len();
-        let joined =
-            |w: &[u64], sep: &str| w.iter().map(u64::to_string).collect::<Vec<_>>().join(sep);
+        let joined = |w: &[u64], sep: &str| w.iter().map(u64::to_string).collect::<Vec<_>>().join(sep);
         let with = |i: usize, x: u64| {
             let mut w = words.clone();
             w[i] = x;
@@ -838,30 +790,13 @@ fn foreign_state_reads_like_the_model() {
         };
         let mut cases: Vec<(String, Vec<u64>, bool)> = vec![
             (joined(&words, " "), words.clone(), false),
-            (
-                format!("\t {} \n", joined(&words, " \t\r ")),
-                words.clone(),
-                false,
-            ),
-            (
-                format!("{} 77 x", joined(&words, " ")),
-                words.clone(),
-                false,
-            ),
+            (format!("\t {} \n", joined(&words, " \t\r ")), words.clone(), false),
+            (format!("{} 77 x", joined(&words, " ")), words.clone(), false),
             (format!("{}e0", joined(&words, "e0 ")), words.clone(), false),
-            (
-                format!("{}.75", joined(&words, ".25 ")),
-                words.clone(),
-                false,
-            ),
+            (format!("{}.75", joined(&words, ".25 ")), words.clone(), false),
             (
                 format!("{}", words[0]),
-                with(0, words[0])
-                    .iter()
-                    .take(1)
-                    .chain(&vec![0; n - 1])
-                    .copied()
-                    .collect(),
+                with(0, words[0]).iter().take(1).chain(&vec![0; n - 1]).copied().collect(),
                 false,
             ),
             (String::new(), vec![0; n], false),
@@ -917,31 +852,15 @@ fn words_print_exactly() {
     let e = MAX_EXACT;
     let t = 1_700_000_000_000_000;
     let cases: [(Limit, u64, &[u64]); 12] = [
-        (
-            limit(Gcra, 1, 1_000_000, 1),
-            1,
-            &[5, 99_000_000, t, t + 99_000_000, t + 3, e],
-        ),
+        (limit(Gcra, 1, 1_000_000, 1), 1, &[5, 99_000_000, t, t + 99_000_000, t + 3, e]),
         // TAT = 2^53 exactly.
         (limit(Gcra, 1, e / 2, 2), 2, &[e]),
-        (
-            limit(TokenBucket, 1, 100_000_000, 3),
-            1,
-            &[5, 99_999_999, t, t + 1, e],
-        ),
+        (limit(TokenBucket, 1, 100_000_000, 3), 1, &[5, 99_999_999, t, t + 1, e]),
         (limit(LeakyBucket, 1, 7, 1 << 40), 1 << 38, &[3, t, e]),
         (limit(TokenBucket, 1, 1_000, 3), 1, &[3, t, t + 5, e]),
         (limit(Fixed, 1, 1, 200_000_000), 150_000_000, &[7, t, e]),
-        (
-            limit(Fixed, 1, 1_000, 3),
-            1,
-            &[99_999_999, 100_000_000, t, t + 5, e],
-        ),
-        (
-            limit(Sliding, 1, 1, 200_000_000),
-            150_000_000,
-            &[7, t + 1, e],
-        ),
+        (limit(Fixed, 1, 1_000, 3), 1, &[99_999_999, 100_000_000, t, t + 5, e]),
+        (limit(Sliding, 1, 1, 200_000_000), 150_000_000, &[7, t + 1, e]),
         (limit(Sliding, 1, 10, 3), 1, &[99_999_999, t, t + 30, e]),
         // W = 1: the window index is now, its low half 0000000x.
         (limit(Fixed, 1, 1, 1), 1, &[t + 4, e]),
@@ -1106,9 +1025,7 @@ fn sliding_products_beyond_2_53() {
 fn rust_interface() {
     let tag = key_tag(b"203.0.113.7");
     assert_eq!(tag.len(), 16);
-    assert!(tag
-        .bytes()
-        .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+    assert!(tag.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
     assert_eq!(tag, key_tag(b"203.0.113.7"));
     assert_ne!(tag, key_tag(b"203.0.113.8"));
     // Pinned: the tag must not change across builds or hosts.
@@ -1117,10 +1034,7 @@ fn rust_interface() {
     let mut k = String::from("x");
     write_state_key(&mut k, "rl:", tag_of(b"203.0.113.7"), 0x2a);
     assert_eq!(k, format!("xrl:{{{tag}}}:000000000000002a"));
-    assert_eq!(
-        state_key("rl:", 0x0123456789abcdef, 0x2a),
-        "rl:{0123456789abcdef}:000000000000002a"
-    );
+    assert_eq!(state_key("rl:", 0x0123456789abcdef, 0x2a), "rl:{0123456789abcdef}:000000000000002a");
     let l = limit(Algorithm::TokenBucket, 10, 60_000_000, 20);
     let g = limit(Algorithm::Gcra, 1, 1_000_000, 1);
     let (a, b): (&[(Limit, u64)], &[(Limit, u64)]) = (&[(l, 3), (g, 1)], &[(g, 2)]);
@@ -1144,24 +1058,8 @@ fn rust_interface() {
     assert_eq!(ms, 5);
     assert_eq!(reqs.len(), 4);
     assert!(!reqs[0].0 && reqs[1].0 && reqs[2].0 && !reqs[3].0);
-    assert_eq!(
-        reqs[0].1[1],
-        ScriptLine {
-            admitted: false,
-            remaining: 0,
-            reset_us: 9,
-            retry_after_us: Some(4)
-        }
-    );
-    assert_eq!(
-        reqs[1].1[0],
-        ScriptLine {
-            admitted: true,
-            remaining: 7,
-            reset_us: 8,
-            retry_after_us: None
-        }
-    );
+    assert_eq!(reqs[0].1[1], ScriptLine { admitted: false, remaining: 0, reset_us: 9, retry_after_us: Some(4) });
+    assert_eq!(reqs[1].1[0], ScriptLine { admitted: true, remaining: 7, reset_us: 8, retry_after_us: None });
     assert_eq!(reqs[3].1[0].retry_after_us, None);
     assert!(parse_reply(&ok, &[2, 1]).is_none()); // left over
     assert!(parse_reply(&ok, &[2, 1, 2]).is_none()); // short
@@ -1186,7 +1084,11 @@ fn function_keeps_few_parsed_lines() {
     for i in 0..300u64 {
         let l = limit(Algorithm::Gcra, 1 + i % 150, 1_000_000, 1 + i % 7);
         let now = T0 + i * 1000;
-        assert_eq!(f.run(&k, &[(l, 1 + i % 3)], now, true, true), e.run(&k, &[(l, 1 + i % 3)], now, true, true), "call {i}");
+        assert_eq!(
+            f.run(&k, &[(l, 1 + i % 3)], now, true, true),
+            e.run(&k, &[(l, 1 + i % 3)], now, true, true),
+            "call {i}"
+        );
     }
     assert_eq!(f.snapshot(), e.snapshot());
     // The library's text: a name of its own, and the script's body.
@@ -1244,13 +1146,7 @@ fn batch_is_requests_in_order() {
     let batch = [one, two, one, two, two, one, one];
     let bkeys: Vec<String> = batch
         .iter()
-        .flat_map(|r| {
-            if r.len() == 1 {
-                vec![ka[0].clone()]
-            } else {
-                vec![ka[1].clone(), ka[2].clone()]
-            }
-        })
+        .flat_map(|r| if r.len() == 1 { vec![ka[0].clone()] } else { vec![ka[1].clone(), ka[2].clone()] })
         .collect();
     let r = Redis::new();
     let got = r.run_batch(&bkeys, &batch, T0, true, true);
@@ -1353,17 +1249,7 @@ fn small_limit() -> impl Strategy<Value = Limit> {
     (
         algorithm(),
         1u64..=20,
-        prop_oneof![
-            select(vec![
-                1,
-                1_000,
-                1_000_000,
-                60_000_000,
-                3_600_000_000,
-                86_400_000_000
-            ]),
-            1u64..=10_000_000
-        ],
+        prop_oneof![select(vec![1, 1_000, 1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000]), 1u64..=10_000_000],
         1u64..=12,
     )
         .prop_map(|(a, c, p, b)| limit(a, c, p, b))
@@ -1379,30 +1265,15 @@ fn big_limit() -> impl Strategy<Value = Limit> {
     (algorithm(), magnitude(30), magnitude(53), magnitude(40)).prop_filter_map(
         "outside the exact range",
         |(a, c, p, b)| {
-            let b = if a == Algorithm::SlidingLog {
-                b % 64 + 1
-            } else {
-                b
-            };
-            let l = Limit::new(
-                a,
-                Rate {
-                    count: c,
-                    period_us: p,
-                },
-                b,
-            )
-            .ok()?;
+            let b = if a == Algorithm::SlidingLog { b % 64 + 1 } else { b };
+            let l = Limit::new(a, Rate { count: c, period_us: p }, b).ok()?;
             exact(&l).then_some(l)
         },
     )
 }
 
 fn ops(lines: usize, n: usize) -> impl Strategy<Value = Vec<(Raw, Vec<u8>)>> {
-    prop::collection::vec(
-        (any::<Raw>(), prop::collection::vec(any::<u8>(), lines)),
-        1..n,
-    )
+    prop::collection::vec((any::<Raw>(), prop::collection::vec(any::<u8>(), lines)), 1..n)
 }
 
 /// A start time: near zero, realistic, or anywhere below 2^52.
@@ -1614,9 +1485,6 @@ fn replay_coverage() {
         }
         expired += p.redis.fake.get::<u64>("expired").unwrap();
     }
-    assert!(
-        seen.values().all(|n| *n > 10) && seen.len() == 3,
-        "{seen:?}"
-    );
+    assert!(seen.values().all(|n| *n > 10) && seen.len() == 3, "{seen:?}");
     assert!(expired >= 6, "{expired}");
 }

@@ -108,11 +108,7 @@ fn idle_entries_go_before_busy_ones() {
         t.set_idle_at(s, if k == 2 { 50 } else { 500 + k as u32 });
     }
     let ins = t.insert([100, 0], 60);
-    assert!(
-        matches!(ins.dropped, Dropped::Expired { .. }),
-        "{:?}",
-        ins.dropped
-    );
+    assert!(matches!(ins.dropped, Dropped::Expired { .. }), "{:?}", ins.dropped);
     assert!(t.find([2, 0]).is_none());
     assert_eq!(t.stats().expirations, 1);
     assert_eq!(t.stats().evictions, 0);
@@ -129,32 +125,16 @@ fn busy_entries_go_in_order_of_idle_at() {
     // are outside the window.
     for k in 0..cap {
         let s = t.insert([k, 0], 0).slot;
-        let at = if k < 16 {
-            100 + (5 * k as u32 + 3) % 16 * 10
-        } else {
-            50
-        };
+        let at = if k < 16 { 100 + (5 * k as u32 + 3) % 16 * 10 } else { 50 };
         t.set_idle_at(s, at);
     }
     let ins = t.insert([1000, 0], 0);
-    assert_eq!(
-        ins.dropped,
-        Dropped::Evicted {
-            state: [0; 3],
-            idle_at: 100
-        }
-    );
+    assert_eq!(ins.dropped, Dropped::Evicted { state: [0; 3], idle_at: 100 });
     assert!(t.peek([9, 0]).is_none());
     t.set_idle_at(ins.slot, 5000);
     // Key 16 has slid into the window.
     let ins = t.insert([1001, 0], 0);
-    assert_eq!(
-        ins.dropped,
-        Dropped::Evicted {
-            state: [0; 3],
-            idle_at: 50
-        }
-    );
+    assert_eq!(ins.dropped, Dropped::Evicted { state: [0; 3], idle_at: 50 });
     assert!(t.peek([16, 0]).is_none());
     t.set_idle_at(ins.slot, 5000);
     for k in 1002..1020 {
@@ -196,11 +176,7 @@ fn expire_drops_only_idle_tail_entries() {
     }
     let mut dropped = Vec::new();
     assert_eq!(t.expire(15, 5, |s| dropped.push(s[0])), 1);
-    assert_eq!(
-        t.expire(100, 5, |s| dropped.push(s[0])),
-        1,
-        "stops at key 2"
-    );
+    assert_eq!(t.expire(100, 5, |s| dropped.push(s[0])), 1, "stops at key 2");
     assert_eq!(dropped, [0, 1]);
     assert!(t.peek([3, 0]).is_some());
     t.find([2, 0]);
@@ -230,8 +206,7 @@ fn reattach_keeps_entries() {
     // A different seed must not matter: the table keeps its hash key.
     let len = r.len() * 8;
     // SAFETY: valid, exclusive, 8-aligned region.
-    let (mut t, how) =
-        unsafe { Table::attach(r.as_mut_ptr().cast(), len, [99, 99]) }.expect("attach");
+    let (mut t, how) = unsafe { Table::attach(r.as_mut_ptr().cast(), len, [99, 99]) }.expect("attach");
     assert_eq!(how, Attach::Reused);
     assert_eq!(*t.header_spare_mut(), 42);
     assert_eq!(t.stats().used, 100);
@@ -274,9 +249,6 @@ fn too_small_region_is_an_error() {
 #[test]
 fn keys_per_mib() {
     let cap = Table::capacity_for(1 << 20);
-    println!(
-        "{cap} keys per MiB ({:.1} bytes per key)",
-        (1 << 20) as f64 / cap as f64
-    );
+    println!("{cap} keys per MiB ({:.1} bytes per key)", (1 << 20) as f64 / cap as f64);
     assert!(cap >= 16_000, "{cap}");
 }

@@ -11,12 +11,7 @@ const SCAN: usize = 16;
 enum Op {
     /// Advance the clock, find or insert a key, set its idle time and
     /// maybe write its state.
-    Use {
-        key: (u64, u8),
-        dt: u32,
-        idle_in: u32,
-        write: bool,
-    },
+    Use { key: (u64, u8), dt: u32, idle_in: u32, write: bool },
     /// Find without inserting.
     Find((u64, u8)),
     /// Remove a key.
@@ -72,18 +67,13 @@ impl Model {
         let window = &self.lru[..SCAN.min(self.lru.len())];
         let pick = match window.iter().position(|e| e.idle_at <= now) {
             Some(p) => p,
-            None => (0..window.len())
-                .min_by_key(|&i| (window[i].idle_at, i))
-                .unwrap(),
+            None => (0..window.len()).min_by_key(|&i| (window[i].idle_at, i)).unwrap(),
         };
         let e = self.lru.remove(pick);
         if e.idle_at <= now {
             Dropped::Expired { state: e.state }
         } else {
-            Dropped::Evicted {
-                state: e.state,
-                idle_at: e.idle_at,
-            }
+            Dropped::Evicted { state: e.state, idle_at: e.idle_at }
         }
     }
 }
@@ -96,28 +86,15 @@ fn hash(t: &Table<'_>, (line, k): (u64, u8)) -> [u64; 2] {
 fn step(t: &mut Table<'_>, m: &mut Model, now: &mut u32, n: u64, op: &Op) {
     let cap = t.stats().capacity;
     match *op {
-        Op::Use {
-            key,
-            dt,
-            idle_in,
-            write,
-        } => {
+        Op::Use { key, dt, idle_in, write } => {
             *now += dt;
             let present = m.touch(key);
-            let expect = if present {
-                Dropped::Nothing
-            } else {
-                m.make_room(cap, *now)
-            };
+            let expect = if present { Dropped::Nothing } else { m.make_room(cap, *now) };
             let r = t.find_or_insert(hash(t, key), *now);
             assert_eq!(r.new, !present);
             assert_eq!(r.dropped, expect);
             if !present {
-                m.lru.push(Ent {
-                    key,
-                    idle_at: *now,
-                    state: [0; 3],
-                });
+                m.lru.push(Ent { key, idle_at: *now, state: [0; 3] });
             }
             let e = m.lru.last_mut().unwrap();
             e.idle_at = *now + idle_in;
@@ -139,12 +116,7 @@ fn step(t: &mut Table<'_>, m: &mut Model, now: &mut u32, n: u64, op: &Op) {
             *now += dt;
             let mut got = Vec::new();
             t.expire(*now, max, |s| got.push(*s));
-            let n = m
-                .lru
-                .iter()
-                .take(max)
-                .take_while(|e| e.idle_at <= *now)
-                .count();
+            let n = m.lru.iter().take(max).take_while(|e| e.idle_at <= *now).count();
             let want: Vec<_> = m.lru.drain(..n).map(|e| e.state).collect();
             assert_eq!(got, want);
         }
@@ -168,8 +140,7 @@ fn run(extra: usize, ops: &[Op]) {
     let len = Table::min_len() + extra / 8 * 8;
     let mut region = vec![0x5a5a_5a5a_5a5a_5a5au64; len / 8];
     // SAFETY: valid, initialized, 8-aligned, exclusively borrowed.
-    let (mut t, _) =
-        unsafe { Table::attach(region.as_mut_ptr().cast(), len, [3, 4]) }.expect("attach");
+    let (mut t, _) = unsafe { Table::attach(region.as_mut_ptr().cast(), len, [3, 4]) }.expect("attach");
     let (mut m, mut now) = (Model::default(), 0u32);
     for (n, op) in ops.iter().enumerate() {
         step(&mut t, &mut m, &mut now, n as u64 + 1, op);

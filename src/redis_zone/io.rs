@@ -17,13 +17,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{Client, Cmd, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, RedisError, Script, TlsCertificates};
+use redis::{
+    Client, Cmd, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, RedisError, Script, TlsCertificates,
+};
 use rl_core::limit::Limit;
-use rl_core::redis::{function_library, function_name, parse_reply, write_args, write_state_key, Arg, Lines, RequestReply, ScriptLine, LIMIT_SCRIPT};
-use futures_util::StreamExt;
+use rl_core::redis::{
+    function_library, function_name, parse_reply, write_args, write_state_key, Arg, Lines, RequestReply, ScriptLine,
+    LIMIT_SCRIPT,
+};
 use smallvec::SmallVec;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -150,9 +155,11 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
                             Ok(results) => results,
                             Err(_) => jobs.iter().map(|_| Err(Failure::Timeout)).collect(),
                         };
-                        shared.push(
-                            jobs.iter().zip(results).map(|(job, result)| Reply { id: job.id, zone: job.zone, result }),
-                        );
+                        shared.push(jobs.iter().zip(results).map(|(job, result)| Reply {
+                            id: job.id,
+                            zone: job.zone,
+                            result,
+                        }));
                     });
                     jobs = rest;
                 }
@@ -192,7 +199,13 @@ impl ZoneConn {
     fn new(spec: ZoneSpec) -> ZoneConn {
         ZoneConn {
             spec,
-            state: tokio::sync::Mutex::new(ConnState { conn: None, failures: 0, next_try: None, last_error: String::new(), master: None }),
+            state: tokio::sync::Mutex::new(ConnState {
+                conn: None,
+                failures: 0,
+                next_try: None,
+                last_error: String::new(),
+                master: None,
+            }),
             fcall: AtomicBool::new(true),
         }
     }
@@ -243,7 +256,8 @@ impl ZoneConn {
             self.retrying(move |conn| self.run_job(conn, code, job))
         });
         let (batches, each) =
-            futures_util::future::join(futures_util::future::join_all(batches), futures_util::future::join_all(each)).await;
+            futures_util::future::join(futures_util::future::join_all(batches), futures_util::future::join_all(each))
+                .await;
         let mut out: Vec<Option<Result<RequestReply, Failure>>> = jobs.iter().map(|_| None).collect();
         for (g, results) in groups.iter().zip(batches) {
             for (&i, r) in g.iter().zip(results) {
@@ -257,7 +271,11 @@ impl ZoneConn {
     }
 
     /// Jobs in one script call (their keys must share a slot on a cluster).
-    async fn run_batch<'a>(&self, code: &Code, jobs: impl Iterator<Item = &'a Job>) -> Vec<Result<RequestReply, Failure>> {
+    async fn run_batch<'a>(
+        &self,
+        code: &Code,
+        jobs: impl Iterator<Item = &'a Job>,
+    ) -> Vec<Result<RequestReply, Failure>> {
         let requests: Vec<&[JobLine]> = jobs.map(|j| j.lines.as_slice()).collect();
         let via = Via { code, fcall: &self.fcall };
         match self.retrying(|conn| call(conn, via, &self.spec.prefix, &requests, true)).await {
@@ -370,7 +388,13 @@ async fn call(
 }
 
 /// [`call`] for one request.
-async fn call_one(conn: Conn, via: Via<'_>, prefix: &str, lines: &[JobLine], commit: bool) -> Result<RequestReply, String> {
+async fn call_one(
+    conn: Conn,
+    via: Via<'_>,
+    prefix: &str,
+    lines: &[JobLine],
+    commit: bool,
+) -> Result<RequestReply, String> {
     let (_, mut replies) = call(conn, via, prefix, &[lines], commit).await?;
     replies.pop().ok_or_else(|| "malformed script reply".to_string())
 }
@@ -414,7 +438,11 @@ enum How {
 /// restarted, `SCRIPT FLUSH`) by `EVAL` with the script's text, which runs
 /// it and caches it again in one command (a `SCRIPT LOAD` then `EVALSHA`
 /// could meet a second flush between the two).
-async fn invoke<C: ConnectionLike + Send>(c: &mut C, via: Via<'_>, command: impl Fn(How) -> Cmd) -> Result<Vec<i64>, String> {
+async fn invoke<C: ConnectionLike + Send>(
+    c: &mut C,
+    via: Via<'_>,
+    command: impl Fn(How) -> Cmd,
+) -> Result<Vec<i64>, String> {
     if via.fcall.load(Ordering::Relaxed) {
         let mut result = command(How::Fcall).query_async(c).await;
         if result.as_ref().is_err_and(unsupported) {
@@ -426,7 +454,12 @@ async fn invoke<C: ConnectionLike + Send>(c: &mut C, via: Via<'_>, command: impl
         let mut loads = 0;
         while loads < MAX_LOADS && result.as_ref().is_err_and(|e| detail_starts(e, "Function not found")) {
             loads += 1;
-            let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&via.code.library).query_async::<redis::Value>(c).await;
+            let load = redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(&via.code.library)
+                .query_async::<redis::Value>(c)
+                .await;
             match load {
                 Ok(_) => result = command(How::Fcall).query_async(c).await,
                 Err(e) if is_io(&e) => return Err(describe(e)),
@@ -577,7 +610,11 @@ const SENTINEL_TIMEOUT: Duration = Duration::from_millis(500);
 const MASTER_CHECK: Duration = Duration::from_millis(500);
 
 /// Asks the sentinels, in turn, where the master is.
-async fn sentinel_master(sentinels: &[String], master: &str, tls: &Option<TlsCertificates>) -> Result<(String, u16), String> {
+async fn sentinel_master(
+    sentinels: &[String],
+    master: &str,
+    tls: &Option<TlsCertificates>,
+) -> Result<(String, u16), String> {
     Sentinels::default().master(sentinels, master, tls).await
 }
 
@@ -591,7 +628,12 @@ struct Sentinels {
 impl Sentinels {
     /// The master's address: asked of the kept sentinel, else of each
     /// sentinel in turn (the first that answers is kept).
-    async fn master(&mut self, sentinels: &[String], master: &str, tls: &Option<TlsCertificates>) -> Result<(String, u16), String> {
+    async fn master(
+        &mut self,
+        sentinels: &[String],
+        master: &str,
+        tls: &Option<TlsCertificates>,
+    ) -> Result<(String, u16), String> {
         let ask = |mut c: MultiplexedConnection| async move {
             let cmd = redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(master).to_owned();
             let addr = cmd.query_async::<Option<(String, u16)>>(&mut c).await;

@@ -284,10 +284,7 @@ impl Nginx {
         loop {
             let log = self.error_log();
             let new = log.get(before..).unwrap_or("");
-            assert!(
-                !new.contains("[emerg]"),
-                "reload refused the configuration:\n{new}"
-            );
+            assert!(!new.contains("[emerg]"), "reload refused the configuration:\n{new}");
             let exited = new.lines().filter(|l| l.contains("worker process") && l.contains("exited")).count();
             let started = new.lines().filter(|l| l.contains("start worker process")).count();
             if new.contains("reconfiguring") && started >= WORKERS && exited >= WORKERS {
@@ -484,7 +481,9 @@ pub fn concurrent(port: u16, n: usize, path: &str, headers: &[(&str, &str)]) -> 
         .collect();
     handles
         .into_iter()
-        .map(|h| h.join().expect("client thread panicked").unwrap_or_else(|e| panic!("concurrent GET {path} failed: {e}")))
+        .map(|h| {
+            h.join().expect("client thread panicked").unwrap_or_else(|e| panic!("concurrent GET {path} failed: {e}"))
+        })
         .collect()
 }
 

@@ -155,8 +155,13 @@ impl Redis {
 
     /// Every key matching `pattern` (`redis-cli --scan`), sorted.
     pub fn keys(&self, pattern: &str) -> Vec<String> {
-        let mut keys: Vec<String> =
-            self.cli(&["--scan", "--pattern", pattern]).lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
+        let mut keys: Vec<String> = self
+            .cli(&["--scan", "--pattern", pattern])
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect();
         keys.sort();
         keys
     }
@@ -181,22 +186,65 @@ impl TestCerts {
     pub fn make() -> TestCerts {
         let dir = temp_dir("certs");
         let run = |args: &[&str]| {
-            let out = Command::new("openssl").args(args).current_dir(&dir).output().expect("cannot run openssl (is the openssl package installed?)");
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .output()
+                .expect("cannot run openssl (is the openssl package installed?)");
             assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         };
         let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
         for ca in ["ca", "other"] {
-            run(&[&["req", "-x509", "-days", "2", "-subj", &format!("/CN=nginx-rl test {ca}"), "-keyout", &format!("{ca}.key"), "-out", &format!("{ca}.pem")][..], &ec[..]].concat());
+            run(&[
+                &[
+                    "req",
+                    "-x509",
+                    "-days",
+                    "2",
+                    "-subj",
+                    &format!("/CN=nginx-rl test {ca}"),
+                    "-keyout",
+                    &format!("{ca}.key"),
+                    "-out",
+                    &format!("{ca}.pem"),
+                ][..],
+                &ec[..],
+            ]
+            .concat());
         }
         fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
         fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
         for who in ["server", "client"] {
-            run(&[&["req", "-subj", &format!("/CN=nginx-rl test {who}"), "-keyout", &format!("{who}.key"), "-out", &format!("{who}.csr")][..], &ec[..]].concat());
-            run(&["x509", "-req", "-days", "2", "-in", &format!("{who}.csr"), "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"]
-                .iter()
-                .copied()
-                .chain(["-extfile", &format!("{who}.ext"), "-out", &format!("{who}.pem")])
-                .collect::<Vec<&str>>());
+            run(&[
+                &[
+                    "req",
+                    "-subj",
+                    &format!("/CN=nginx-rl test {who}"),
+                    "-keyout",
+                    &format!("{who}.key"),
+                    "-out",
+                    &format!("{who}.csr"),
+                ][..],
+                &ec[..],
+            ]
+            .concat());
+            run(&[
+                "x509",
+                "-req",
+                "-days",
+                "2",
+                "-in",
+                &format!("{who}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+            ]
+            .iter()
+            .copied()
+            .chain(["-extfile", &format!("{who}.ext"), "-out", &format!("{who}.pem")])
+            .collect::<Vec<&str>>());
         }
         TestCerts { dir }
     }
@@ -205,7 +253,9 @@ impl TestCerts {
     /// certificate, trusting the test CA.
     pub fn server_args(&self, tls_port: u16) -> Vec<String> {
         let mut args = vec!["--tls-port".to_string(), tls_port.to_string()];
-        for (opt, file) in [("--tls-cert-file", "server.pem"), ("--tls-key-file", "server.key"), ("--tls-ca-cert-file", "ca.pem")] {
+        for (opt, file) in
+            [("--tls-cert-file", "server.pem"), ("--tls-key-file", "server.key"), ("--tls-ca-cert-file", "ca.pem")]
+        {
             args.push(opt.into());
             args.push(self.path(file));
         }
@@ -340,7 +390,13 @@ impl Cluster {
         let mut keys: Vec<String> = self
             .ports
             .iter()
-            .flat_map(|p| cli_output(*p, None, &["--scan", "--pattern", pattern]).unwrap_or_default().lines().map(String::from).collect::<Vec<_>>())
+            .flat_map(|p| {
+                cli_output(*p, None, &["--scan", "--pattern", pattern])
+                    .unwrap_or_default()
+                    .lines()
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            })
             .filter(|l| !l.trim().is_empty())
             .collect();
         keys.sort();
@@ -458,7 +514,8 @@ impl Sentinel {
             let tls: String = match certs {
                 Some(c) => {
                     let args = c.server_args(tls_port);
-                    let lines: String = args.chunks(2).map(|kv| format!("{} {}\n", kv[0].trim_start_matches("--"), kv[1])).collect();
+                    let lines: String =
+                        args.chunks(2).map(|kv| format!("{} {}\n", kv[0].trim_start_matches("--"), kv[1])).collect();
                     lines + "tls-replication yes\n"
                 }
                 None => String::new(),
@@ -493,7 +550,9 @@ impl Sentinel {
                 if let Ok(Some(_)) = child.try_wait() {
                     break;
                 }
-                if cli_output(port, None, &["SENTINEL", "get-master-addr-by-name", name]).as_deref() == Some(want.as_str()) {
+                if cli_output(port, None, &["SENTINEL", "get-master-addr-by-name", name]).as_deref()
+                    == Some(want.as_str())
+                {
                     return Sentinel { port, tls_port, master_name: name.to_string(), dir, child: Some(child) };
                 }
                 if Instant::now() > deadline {

@@ -17,23 +17,14 @@ struct View {
 fn load(l: &Limit, s: &[u64], now: u64) -> View {
     let current = now / l.window;
     match s[0].checked_sub(1) {
-        Some(window) if window >= current => View {
-            window,
-            used: s[1].min(l.burst),
-        },
-        _ => View {
-            window: current,
-            used: 0,
-        },
+        Some(window) if window >= current => View { window, used: s[1].min(l.burst) },
+        _ => View { window: current, used: 0 },
     }
 }
 
 /// Microseconds from `now` to the end of the view's window.
 fn to_end(l: &Limit, v: &View, now: u64) -> u64 {
-    v.window
-        .saturating_add(1)
-        .saturating_mul(l.window)
-        .saturating_sub(now)
+    v.window.saturating_add(1).saturating_mul(l.window).saturating_sub(now)
 }
 
 /// Reset time: the end of the window if anything is charged in it.
@@ -50,10 +41,7 @@ pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
     let v = load(l, s, now);
     let free = l.burst - v.used;
     if cost <= free {
-        let after = View {
-            used: v.used + cost,
-            ..v
-        };
+        let after = View { used: v.used + cost, ..v };
         return Outcome::admit(free - cost, reset(l, &after, now), 0);
     }
     let retry = l.retry(cost, || to_end(l, &v, now));

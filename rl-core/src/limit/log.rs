@@ -43,12 +43,7 @@ impl View<'_> {
 fn load<'a>(l: &Limit, s: &'a [u64], now: u64) -> View<'a> {
     let n = l.state_words() - 2;
     let ring = &s[2..2 + n];
-    let mut v = View {
-        ring,
-        head: (s[0] % n as u64) as usize,
-        len: s[1].min(n as u64) as usize,
-        expired: 0,
-    };
+    let mut v = View { ring, head: (s[0] % n as u64) as usize, len: s[1].min(n as u64) as usize, expired: 0 };
     let (mut lo, mut hi) = (0, v.len);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
@@ -80,10 +75,7 @@ fn stamp(v: &View, now: u64) -> u64 {
 fn retry(l: &Limit, v: &View, now: u64, cost: u64) -> u64 {
     let need = v.live() + cost - l.burst;
     let last = v.expired + (need - 1) as usize;
-    v.at(last)
-        .saturating_add(l.window)
-        .saturating_sub(now)
-        .max(1)
+    v.at(last).saturating_add(l.window).saturating_sub(now).max(1)
 }
 
 /// See [`Limit::check`].
@@ -91,11 +83,7 @@ pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
     let v = load(l, s, now);
     let free = l.burst - v.live();
     if cost <= free {
-        let newest = if cost > 0 {
-            Some(stamp(&v, now))
-        } else {
-            v.newest()
-        };
+        let newest = if cost > 0 { Some(stamp(&v, now)) } else { v.newest() };
         let reset = reset(l, newest, v.live() + cost, now);
         return Outcome::admit(free - cost, reset, 0);
     }

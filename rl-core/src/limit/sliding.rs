@@ -33,13 +33,7 @@ fn load(l: &Limit, s: &[u64], now: u64) -> View {
         _ => (current, 0, 0),
     };
     let start = window.saturating_mul(l.window);
-    View {
-        start,
-        elapsed: now.saturating_sub(start),
-        prev: prev.min(l.burst),
-        curr: curr.min(l.burst),
-        window,
-    }
+    View { start, elapsed: now.saturating_sub(start), prev: prev.min(l.burst), curr: curr.min(l.burst), window }
 }
 
 /// The estimate scaled by `W`: `prev·(W−e) + curr·W`.
@@ -77,11 +71,7 @@ fn reset(l: &Limit, v: &View, now: u64) -> u64 {
 /// such that `prev·(W−e) ≤ room`; `None` if no `e < W` works.
 fn first_fit(l: &Limit, prev: u64, room: u128) -> Option<u128> {
     let w = u128::from(l.window);
-    let slack = if prev == 0 {
-        w
-    } else {
-        (room / u128::from(prev)).min(w)
-    };
+    let slack = if prev == 0 { w } else { (room / u128::from(prev)).min(w) };
     Some(w - slack).filter(|e| *e < w)
 }
 
@@ -89,9 +79,7 @@ fn first_fit(l: &Limit, prev: u64, room: u128) -> Option<u128> {
 /// next (where `curr` becomes `prev`), else two windows on (all zero).
 fn retry(l: &Limit, v: &View, now: u64, cost: u64) -> u64 {
     let (w, bw) = (u128::from(l.window), mul(l.burst, l.window));
-    let here = bw
-        .checked_sub(mul(v.curr.saturating_add(cost), l.window))
-        .and_then(|room| first_fit(l, v.prev, room));
+    let here = bw.checked_sub(mul(v.curr.saturating_add(cost), l.window)).and_then(|room| first_fit(l, v.prev, room));
     let next = first_fit(l, v.curr, bw - mul(cost, l.window)).map(|e| w + e);
     let offset = here.or(next).unwrap_or(2 * w);
     until(v, offset, now).max(1)
@@ -101,10 +89,7 @@ fn retry(l: &Limit, v: &View, now: u64, cost: u64) -> u64 {
 pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
     let v = load(l, s, now);
     if fits(l, &v, cost) {
-        let after = View {
-            curr: v.curr + cost,
-            ..v
-        };
+        let after = View { curr: v.curr + cost, ..v };
         return Outcome::admit(remaining(l, &after), reset(l, &after, now), 0);
     }
     let retry = l.retry(cost, || retry(l, &v, now, cost));

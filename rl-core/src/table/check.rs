@@ -77,9 +77,7 @@ impl Table<'_> {
         let mut seen = HashSet::new();
         let mut i = self.hdr.free_head;
         while i != NIL {
-            let e = self
-                .entry(i)
-                .ok_or(format!("free index {i} out of range"))?;
+            let e = self.entry(i).ok_or(format!("free index {i} out of range"))?;
             if e.lru_prev != FREE || i >= self.hdr.unused_next {
                 return Err(format!("free-list entry {i} not free"));
             }

@@ -21,10 +21,7 @@ fn noise(s: &mut u64) -> u64 {
 
 #[test]
 fn geometry_fits_and_stays_dense() {
-    for len in (Table::min_len()..(1 << 16))
-        .step_by(97)
-        .chain([1 << 20, 1 << 26])
-    {
+    for len in (Table::min_len()..(1 << 16)).step_by(97).chain([1 << 20, 1 << 26]) {
         let g = Geometry::for_len(len).expect("fits");
         let (nb, cap) = (g.nbuckets as u64, g.capacity as u64);
         assert!(nb.is_power_of_two() && nb <= cap, "len {len}: {g:?}");
@@ -102,11 +99,7 @@ fn scribbled_region_never_panics_or_hangs() {
         // Keep the header's identity and sizes, scramble everything else.
         for w in region.iter_mut().skip(4) {
             if noise(&mut seed).is_multiple_of(4) {
-                *w = if noise(&mut seed).is_multiple_of(2) {
-                    noise(&mut seed)
-                } else {
-                    noise(&mut seed) % 64
-                };
+                *w = if noise(&mut seed).is_multiple_of(2) { noise(&mut seed) } else { noise(&mut seed) % 64 };
             }
         }
         let Some(mut t) = ({
