@@ -1,0 +1,570 @@
+//! Table-driven and example tests: the script's answers, writes and TTLs
+//! on hand-picked cases, malformed and out-of-range arguments, the Rust side
+//! of the interface (keys, arguments, replies), batches and the function
+//! library.
+
+use rl_core::limit::{Algorithm, Limit};
+use rl_core::redis::{
+    exact, key_tag, parse_reply, script_args, state_key, tag_of, write_state_key, ScriptLine, LIMIT_SCRIPT, MAX_EXACT,
+    TTL_MARGIN_MS, TTL_SLACK_MS,
+};
+use rl_core::redis::{function_library, function_name};
+
+use crate::fixtures::{case_limit, keys, limit, T0};
+use crate::harness::{put_raw, Mode, Redis};
+use crate::model::{line, stored};
+use crate::pair::Pair;
+
+/// A request: its lines, each a limit and a cost.
+type Request<'a> = &'a [(Limit, u64)];
+
+#[test]
+fn cases_first_exhaust_retry_cost() {
+    for alg in Algorithm::ALL {
+        let l = case_limit(alg);
+        let mut p = Pair::new(&[(l, 1)]);
+        let one = |p: &mut Pair, now, cost| p.step(&[(l, cost)], now, true, false).1[0];
+        // First request: admitted, burst - 1 left.
+        let o = one(&mut p, T0, 1);
+        assert!(o.admitted && o.remaining == 2 && o.retry_after_us.is_none(), "{alg}: {o:?}");
+        assert!(o.reset_us > 0);
+        // Exhaust the burst within the same microsecond.
+        assert_eq!(one(&mut p, T0, 1).remaining, 1);
+        assert_eq!(one(&mut p, T0, 1).remaining, 0);
+        // Rejected, with an exact retry-after.
+        let o = one(&mut p, T0 + 10, 1);
+        assert!(!o.admitted && o.remaining == 0, "{alg}: {o:?}");
+        let d = o.retry_after_us.expect("retry-after");
+        let expect = match alg {
+            Algorithm::Fixed | Algorithm::SlidingLog => 1_500_000 - 10,
+            Algorithm::Sliding => 1_500_000 - 10 + 500_000,
+            _ => 500_000 - 10,
+        };
+        assert_eq!(d, expect, "{alg}");
+        // Still rejected one microsecond before, admitted at retry-after.
+        assert!(!one(&mut p, T0 + 10 + d - 1, 1).admitted, "{alg}");
+        assert!(one(&mut p, T0 + 10 + d, 1).admitted, "{alg}");
+        // Cost 0 always passes; cost > burst never (no retry-after).
+        assert!(one(&mut p, T0 + 10 + d, 0).admitted);
+        let o = one(&mut p, T0 + 10 + d, 4);
+        assert!(!o.admitted && o.retry_after_us.is_none(), "{alg}: {o:?}");
+    }
+}
+
+#[test]
+fn cases_cost_above_one() {
+    for alg in Algorithm::ALL {
+        let l = case_limit(alg);
+        let mut p = Pair::new(&[(l, 1)]);
+        let one = |p: &mut Pair, now, cost| p.step(&[(l, cost)], now, true, true).1[0];
+        let o = one(&mut p, T0, 2);
+        assert!(o.admitted && o.remaining == 1, "{alg}: {o:?}");
+        let o = one(&mut p, T0 + 1, 2);
+        assert!(!o.admitted && o.remaining == 1, "{alg}: {o:?}");
+        let d = o.retry_after_us.unwrap();
+        assert!(!one(&mut p, T0 + 1 + d - 1, 2).admitted, "{alg}");
+        let o = one(&mut p, T0 + 1 + d, 2);
+        assert!(o.admitted, "{alg}: {o:?}");
+        // A full-burst request on a fresh key.
+        let mut p = Pair::new(&[(l, 1)]);
+        let o = p.step(&[(l, 3)], T0, true, true).1[0];
+        assert!(o.admitted && o.remaining == 0, "{alg}: {o:?}");
+    }
+}
+
+#[test]
+fn cases_fixed_boundary() {
+    let l = case_limit(Algorithm::Fixed);
+    let mut p = Pair::new(&[(l, 1)]);
+    let end = T0 + 1_500_000;
+    // Burst at the very end of a window, then again at the start of the next.
+    let o = p.step(&[(l, 3)], end - 1, true, false).1[0];
+    assert!(o.admitted && o.reset_us == 1);
+    let o = p.step(&[(l, 1)], end - 1, true, false).1[0];
+    assert_eq!(o.retry_after_us, Some(1));
+    let o = p.step(&[(l, 3)], end, true, false).1[0];
+    assert!(o.admitted && o.remaining == 0 && o.reset_us == 1_500_000);
+}
+
+#[test]
+fn cases_sliding_weights_previous_window() {
+    let l = case_limit(Algorithm::Sliding);
+    let mut p = Pair::new(&[(l, 1)]);
+    p.step(&[(l, 3)], T0, true, false);
+    // Half-way into the next window the previous one weighs 1.5: one fits.
+    let o = p.step(&[(l, 1)], T0 + 2_250_000, true, false).1[0];
+    assert!(o.admitted && o.remaining == 0, "{o:?}");
+    // The next needs the previous window to weigh 1: at 2/3 of the window.
+    let o = p.step(&[(l, 1)], T0 + 2_250_000, true, false).1[0];
+    assert!(!o.admitted && o.retry_after_us == Some(250_000), "{o:?}");
+}
+
+/// A busy key's TTL is set about once per TTL_SLACK_MS; the writes between
+/// keep its expiry (which always covers the state's reset + margin: `step`
+/// checks it) and overwrite the value in place.
+#[test]
+fn busy_key_sets_its_ttl_once_per_slack() {
+    use Algorithm::*;
+    for alg in [Fixed, Sliding, TokenBucket, LeakyBucket, Gcra] {
+        // 1000 r/s, burst 100 (fixed windows of 100 ms), 1 request per
+        // 10 ms for 3 s: all admitted.
+        let l = limit(alg, 1000, 1_000_000, 100);
+        let mut p = Pair::new(&[(l, 1)]);
+        for i in 0..300 {
+            assert!(p.step(&[(l, 1)], T0 + i * 10_000, true, false).0, "{alg}");
+        }
+        let (sets, in_place) = (p.redis.count("SET"), p.redis.count("SETRANGE"));
+        assert_eq!(sets + in_place, 300, "{alg}");
+        assert!((3..=4).contains(&sets), "{alg}: {sets} SET ... PX in 3 s");
+    }
+}
+
+#[test]
+fn expired_key_reads_as_fresh() {
+    for alg in Algorithm::ALL {
+        let l = case_limit(alg);
+        let mut p = Pair::new(&[(l, 1)]);
+        let o = p.step(&[(l, 3)], T0, true, false).1[0];
+        let key = p.keys[0].clone();
+        let exp = p.redis.expiry(&key).unwrap();
+        let slack = if alg == Algorithm::SlidingLog { 0 } else { TTL_SLACK_MS * 1000 };
+        assert_eq!(exp, T0 + o.reset_us.div_ceil(1000) * 1000 + 1_000_000 + slack);
+        p.redis.set_now(exp - 1);
+        assert!(p.redis.value(&key).is_some(), "{alg}");
+        p.redis.set_now(exp);
+        assert!(p.redis.value(&key).is_none(), "{alg}");
+        // The model, which never expires, agrees with the emptied store.
+        let o = p.step(&[(l, 3)], exp, true, false).1[0];
+        assert!(o.admitted && o.remaining == 0, "{alg}: {o:?}");
+    }
+}
+
+/// State the script did not write (another algorithm's words, whitespace,
+/// exponents, fractions, junk, missing words, a key of the wrong type) reads
+/// as the model's words: each of the first tokens as a number, floored, 0 if
+/// it is not a non-negative number, missing words 0; a wrong type is fresh.
+/// Then the first write stores the model's state word for word.
+#[test]
+fn foreign_state_reads_like_the_model() {
+    // Plausible words at T0 for each algorithm (W = 1.5 s, T = 0.5 s).
+    let k1 = T0 / 1_500_000 + 1;
+    for alg in Algorithm::ALL {
+        let l = case_limit(alg);
+        let words: Vec<u64> = match alg {
+            Algorithm::Fixed => vec![k1, 2],
+            Algorithm::Sliding => vec![k1, 1, 2],
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => vec![1_500_000, T0 - 200_000],
+            Algorithm::Gcra => vec![T0 + 700_000],
+            Algorithm::SlidingLog => {
+                // Only a wrong-type key: a string where a LIST belongs.
+                let mut p = Pair::new(&[(l, 1)]);
+                p.redis.set_now(T0);
+                put_raw(&p.redis, &p.keys[0], "1 2", false);
+                let o = p.step(&[(l, 3)], T0, true, false).1[0];
+                assert!(o.admitted && o.remaining == 0, "{o:?}");
+                continue;
+            }
+        };
+        let n = words.len();
+        let joined = |w: &[u64], sep: &str| w.iter().map(u64::to_string).collect::<Vec<_>>().join(sep);
+        let with = |i: usize, x: u64| {
+            let mut w = words.clone();
+            w[i] = x;
+            w
+        };
+        let mut cases: Vec<(String, Vec<u64>, bool)> = vec![
+            (joined(&words, " "), words.clone(), false),
+            (format!("\t {} \n", joined(&words, " \t\r ")), words.clone(), false),
+            (format!("{} 77 x", joined(&words, " ")), words.clone(), false),
+            (format!("{}e0", joined(&words, "e0 ")), words.clone(), false),
+            (format!("{}.75", joined(&words, ".25 ")), words.clone(), false),
+            (
+                format!("{}", words[0]),
+                with(0, words[0]).iter().take(1).chain(&vec![0; n - 1]).copied().collect(),
+                false,
+            ),
+            (String::new(), vec![0; n], false),
+            ("   ".to_owned(), vec![0; n], false),
+            (joined(&words, " "), vec![0; n], true),
+        ];
+        for (i, bad) in ["x", "-5", "nan", "-inf"].iter().enumerate() {
+            let mut toks: Vec<String> = words.iter().map(u64::to_string).collect();
+            let j = i % n;
+            toks[j] = bad.to_string();
+            cases.push((toks.join(" "), with(j, 0), false));
+        }
+        for (raw, state, list) in cases {
+            for cost in [1, 3] {
+                let r = Redis::new();
+                let k = keys(1);
+                let now = T0 + 10;
+                r.set_now(now);
+                put_raw(&r, &k[0], &raw, list);
+                let want = l.check(&state, now, cost);
+                let what = format!("{alg} {raw:?} list={list} cost={cost}");
+                // Check only: the model's outcome, nothing written.
+                let (_, out) = r.run(&k, &[(l, cost)], now, false, false);
+                assert_eq!(out[0], line(&want), "{what}");
+                assert_eq!(r.writes(), 0, "{what}");
+                // Commit: the same, and the model's state if admitted.
+                let (_, out) = r.run(&k, &[(l, cost)], now, true, false);
+                assert_eq!(out[0], line(&want), "{what}");
+                if want.admitted {
+                    let mut s = state.clone();
+                    l.commit(&mut s, now, cost);
+                    assert_eq!(r.value(&k[0]), Some(stored(&l, &s)), "{what}");
+                    assert_eq!(r.kind(&k[0]).as_deref(), Some("string"), "{what}");
+                    let mut ttl_ms = want.reset_us.div_ceil(1000) + TTL_MARGIN_MS;
+                    if alg != Algorithm::SlidingLog {
+                        ttl_ms += TTL_SLACK_MS; // the raw value carried no expiry
+                    }
+                    assert_eq!(r.expiry(&k[0]), Some(now + ttl_ms * 1000), "{what}");
+                } else {
+                    assert_eq!(r.writes(), 0, "{what}");
+                }
+            }
+        }
+    }
+}
+
+/// Words and TTLs print exactly at the edges of the script's integer
+/// formatting: below 10^8, low halves with leading zeros, multiples of 10^8,
+/// words of 10^8 and more besides a big first word, and up to 2^53.
+#[test]
+fn words_print_exactly() {
+    use Algorithm::*;
+    let e = MAX_EXACT;
+    let t = 1_700_000_000_000_000;
+    let cases: [(Limit, u64, &[u64]); 12] = [
+        (limit(Gcra, 1, 1_000_000, 1), 1, &[5, 99_000_000, t, t + 99_000_000, t + 3, e]),
+        // TAT = 2^53 exactly.
+        (limit(Gcra, 1, e / 2, 2), 2, &[e]),
+        (limit(TokenBucket, 1, 100_000_000, 3), 1, &[5, 99_999_999, t, t + 1, e]),
+        (limit(LeakyBucket, 1, 7, 1 << 40), 1 << 38, &[3, t, e]),
+        (limit(TokenBucket, 1, 1_000, 3), 1, &[3, t, t + 5, e]),
+        (limit(Fixed, 1, 1, 200_000_000), 150_000_000, &[7, t, e]),
+        (limit(Fixed, 1, 1_000, 3), 1, &[99_999_999, 100_000_000, t, t + 5, e]),
+        (limit(Sliding, 1, 1, 200_000_000), 150_000_000, &[7, t + 1, e]),
+        (limit(Sliding, 1, 10, 3), 1, &[99_999_999, t, t + 30, e]),
+        // W = 1: the window index is now, its low half 0000000x.
+        (limit(Fixed, 1, 1, 1), 1, &[t + 4, e]),
+        (limit(Sliding, 1, 1, 1), 1, &[t + 4, e]),
+        (limit(SlidingLog, 1, 10, 3), 1, &[5, t, e]),
+    ];
+    for (l, cost, times) in cases {
+        let mut p = Pair::new(&[(l, cost)]);
+        for &now in times {
+            p.step(&[(l, cost)], now, true, false);
+            p.step(&[(l, 1)], now, true, false);
+        }
+    }
+}
+
+#[test]
+fn check_only_never_writes() {
+    for alg in Algorithm::ALL {
+        let l = case_limit(alg);
+        let mut p = Pair::new(&[(l, 1)]);
+        // On a fresh key: nothing is created.
+        let o = p.step(&[(l, 1)], T0, false, false).1[0];
+        assert!(o.admitted && p.redis.snapshot().is_empty(), "{alg}");
+        assert_eq!(p.redis.writes(), 0);
+        p.step(&[(l, 2)], T0, true, false);
+        // On an existing key: admitted and rejected checks leave it alone.
+        for cost in [1, 2, 3, 0] {
+            let before = p.redis.snapshot();
+            p.step(&[(l, cost)], T0 + 5, false, false);
+            assert_eq!(p.redis.snapshot(), before);
+        }
+    }
+}
+
+#[test]
+fn multi_line_all_or_nothing() {
+    let a = limit(Algorithm::Gcra, 10, 1_000_000, 5);
+    let b = limit(Algorithm::SlidingLog, 1, 1_000_000, 2);
+    let c = limit(Algorithm::Fixed, 100, 60_000_000, 100);
+    let lines = [(a, 1), (b, 1), (c, 1)];
+    let mut p = Pair::new(&lines);
+    assert!(p.step(&lines, T0, true, false).0);
+    assert!(p.step(&lines, T0, true, false).0);
+    // `b` rejects: nothing is charged on `a` or `c` either.
+    let (all, out) = p.step(&lines, T0, true, false);
+    assert!(!all && out[0].admitted && !out[1].admitted && out[2].admitted);
+    assert_eq!(out[0].remaining, 2);
+    assert_eq!(out[2].remaining, 97);
+    assert_eq!(out[1].retry_after_us, Some(2_000_000));
+}
+
+#[test]
+fn out_of_range_fails_closed() {
+    let k = keys(1);
+    let r = Redis::new();
+    r.set_now(T0);
+    let reject = vec![(T0 / 1000) as i64, 0, 0, -1];
+    let bad = [
+        "nope 1 1000000 1 1",
+        "gcra 0 1000000 1 1",
+        "gcra 1 0 1 1",
+        "gcra 1 1000000 0 1",
+        "gcra 1 1000000 1 -1",
+        "gcra 1 1000000 1 1.5",
+        "gcra 1 1000000 1 x",
+        "gcra 1 1000000 x 1",
+        "gcra 1 1000000 1",
+        "gcra 1  1000000 1 1",
+        "gcra 1 1000000 1 1 1",
+        "gcra 1 1000000 9007199254740992 1",
+        "gcra 1 1000000 1 9007199254740992",
+        "token_bucket 1 4503599627370497 1 1",
+    ];
+    let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    for line in bad {
+        assert_eq!(r.eval(&k, &args(&["1", "", line])), reject, "{line:?}");
+        assert_eq!(r.eval(&k, &args(&["1", "", "1", line])), reject, "{line:?}");
+    }
+    // Missing arguments, or a missing key.
+    assert_eq!(r.eval(&k, &args(&["1", "", "1"])), reject);
+    assert_eq!(r.eval(&[], &args(&["1", "", "gcra 1 1000000 1 1"])), reject);
+    // No request: just the time. A malformed line count: an error reply.
+    assert_eq!(r.eval(&k, &args(&["1", ""])), [(T0 / 1000) as i64]);
+    assert_eq!(r.eval(&k, &args(&["1", "", "0"])), [(T0 / 1000) as i64]);
+    // A malformed count, or a run of more requests than there are keys.
+    for n in ["1.5", "-1.5", "-2"] {
+        let reply = r.eval_table(&k, &args(&["1", "", n, "gcra 1 1000000 1 1"]));
+        let err: String = reply.raw_get("err").unwrap();
+        assert_eq!(err, "rl: malformed arguments", "{n:?}");
+    }
+    // A run whose line is not a line: each of its requests fails closed.
+    let k3 = keys(3);
+    for line in ["nope 1 1000000 1 1", "2", "-1"] {
+        let want: Vec<i64> = [(T0 / 1000) as i64].into_iter().chain(reject[1..].repeat(3)).collect();
+        assert_eq!(r.eval(&k3, &args(&["1", "", "-3", line])), want, "{line:?}");
+    }
+    assert_eq!(r.eval(&k3, &args(&["1", "", "-3"])).len(), 1 + 3 * 3);
+    assert_eq!(r.eval(&k, &args(&["1", "", "-0"])), [(T0 / 1000) as i64]);
+    assert_eq!(r.writes(), 0);
+    // Beyond 2^52 µs (year 2112) every line fails closed.
+    let l = case_limit(Algorithm::Gcra);
+    let (all, out) = r.run(&k, &[(l, 1)], MAX_EXACT + 1, true, false);
+    assert!(!all && out[0].retry_after_us.is_none());
+    let (all, _) = r.run(&k, &[(l, 1)], MAX_EXACT, true, false);
+    assert!(all);
+    assert_eq!(r.writes(), 1);
+}
+
+#[test]
+fn exact_range_boundaries() {
+    use Algorithm::*;
+    let e = MAX_EXACT;
+    let cases = [
+        (limit(TokenBucket, 1, e, 1), true),
+        (limit(TokenBucket, 1, e + 1, 1), false),
+        (limit(LeakyBucket, 7, e / 4, 4), true),
+        (limit(LeakyBucket, 7, e / 4 + 1, 4), false),
+        (limit(Gcra, 3, 3 * (e / 8), 8), true),
+        (limit(Gcra, 3, 3 * (e / 8) + 1, 8), false),
+        (limit(Fixed, 2, e, 2), true),
+        (limit(Fixed, 2, e + 1, 2), false),
+        (limit(SlidingLog, 2, e, 2), true),
+        (limit(SlidingLog, 1, e + 1, 1), false),
+        (limit(Sliding, 2, e, 1), true),
+        (limit(Sliding, 2, e + 1, 1), false),
+        (limit(Sliding, 1, e / 2 + 1, 1), false),
+        (limit(Gcra, 1 << 53, 1, 1), false),
+        (limit(Gcra, (1 << 53) - 1, 1, 1), true),
+        // A day's quota of 10,000.
+        (limit(Sliding, 10_000, 86_400_000_000, 10_000), true),
+        (limit(TokenBucket, 10_000, 86_400_000_000, 10_000), true),
+    ];
+    for (l, want) in cases {
+        assert_eq!(exact(&l), want, "{l:?}");
+        // The script agrees: a fresh key admits a lone request iff exact.
+        let r = Redis::new();
+        let (all, out) = r.run(&keys(1), &[(l, 1)], T0, true, false);
+        assert_eq!(all, want, "{l:?}: {out:?}");
+    }
+}
+
+/// Sliding with the previous window's weight `prev·(W−e)/W` beyond 2^53:
+/// plain doubles would round 766.000…001 down to 766 and over-admit.
+#[test]
+fn sliding_products_beyond_2_53() {
+    let (b, p, w) = (1000, 2_251_799_813_685, 2_251_799_813_685_000);
+    let l = limit(Algorithm::Sliding, 1, p, b);
+    assert_eq!(l.window_us(), w);
+    // 997·(W − E) = 766·W + 1.
+    let e = 521_730_949_810_667;
+    let mut pair = Pair::new(&[(l, 1)]);
+    assert!(pair.step(&[(l, 997)], 5, true, false).0);
+    let o = pair.step(&[(l, 234)], w + e - 10, true, false).1[0];
+    assert_eq!((o.admitted, o.retry_after_us), (false, Some(11)));
+    let o = pair.step(&[(l, 234)], w + e, true, false).1[0];
+    assert!(!o.admitted && o.remaining == 233, "{o:?}");
+    let o = pair.step(&[(l, 234)], w + e + 1, true, false).1[0];
+    assert!(o.admitted && o.remaining == 0, "{o:?}");
+}
+
+#[test]
+fn rust_interface() {
+    let tag = key_tag(b"203.0.113.7");
+    assert_eq!(tag.len(), 16);
+    assert!(tag.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+    assert_eq!(tag, key_tag(b"203.0.113.7"));
+    assert_ne!(tag, key_tag(b"203.0.113.8"));
+    // Pinned: the tag must not change across builds or hosts.
+    assert_eq!(key_tag(b""), "d1fba762150c532c");
+    // Keys carry the tag as hex in a Cluster hash tag; writing appends.
+    let mut k = String::from("x");
+    write_state_key(&mut k, "rl:", tag_of(b"203.0.113.7"), 0x2a);
+    assert_eq!(k, format!("xrl:{{{tag}}}:000000000000002a"));
+    assert_eq!(state_key("rl:", 0x0123456789abcdef, 0x2a), "rl:{0123456789abcdef}:000000000000002a");
+    let l = limit(Algorithm::TokenBucket, 10, 60_000_000, 20);
+    let g = limit(Algorithm::Gcra, 1, 1_000_000, 1);
+    let (a, b): (Request, Request) = (&[(l, 3), (g, 1)], &[(g, 2)]);
+    let c: &[(Limit, u64)] = &[];
+    assert_eq!(
+        script_args([a, b, c, b], true, None),
+        [
+            "1",
+            "",
+            "2",
+            "token_bucket 10 60000000 20 3",
+            "gcra 1 1000000 1 1",
+            "gcra 1 1000000 1 2",
+            "0",
+            "gcra 1 1000000 1 2"
+        ]
+    );
+    assert_eq!(script_args([], false, Some(42)), ["0", "42"]);
+    let ok = [5, 2, 3, -2, 0, 9, 4, 7, 8, -2, 0, 1, -1];
+    let (ms, reqs) = parse_reply(&ok, &[2, 1, 0, 1]).unwrap();
+    assert_eq!(ms, 5);
+    assert_eq!(reqs.len(), 4);
+    assert!(!reqs[0].0 && reqs[1].0 && reqs[2].0 && !reqs[3].0);
+    assert_eq!(reqs[0].1[1], ScriptLine { admitted: false, remaining: 0, reset_us: 9, retry_after_us: Some(4) });
+    assert_eq!(reqs[1].1[0], ScriptLine { admitted: true, remaining: 7, reset_us: 8, retry_after_us: None });
+    assert_eq!(reqs[3].1[0].retry_after_us, None);
+    assert!(parse_reply(&ok, &[2, 1]).is_none()); // left over
+    assert!(parse_reply(&ok, &[2, 1, 2]).is_none()); // short
+    assert!(parse_reply(&[5, 0, 0, -3], &[1]).is_none());
+    assert!(parse_reply(&[5, -1, 0, -2], &[1]).is_none());
+    assert!(parse_reply(&[-5, 0, 0, -2], &[1]).is_none());
+    assert!(parse_reply(&[], &[]).is_none());
+    assert_eq!(parse_reply(&[7], &[]), Some((7, vec![])));
+    let (ms, reqs) = parse_reply(&[7], &[0]).unwrap();
+    assert!(ms == 7 && reqs.len() == 1 && reqs[0].0 && reqs[0].1.is_empty());
+}
+
+/// A batch is the same as its requests one call each, in order, at the same
+/// time: a request sees the writes of the requests before it, a rejected
+/// request charges none of its lines.
+/// A library keeps the lines it parsed from call to call, a bounded few:
+/// many distinct lines over many calls answer as `EVALSHA` does.
+#[test]
+fn function_keeps_few_parsed_lines() {
+    let (f, e) = (Redis::with(Mode::Function), Redis::with(Mode::Eval));
+    let k = keys(1);
+    for i in 0..300u64 {
+        let l = limit(Algorithm::Gcra, 1 + i % 150, 1_000_000, 1 + i % 7);
+        let now = T0 + i * 1000;
+        assert_eq!(
+            f.run(&k, &[(l, 1 + i % 3)], now, true, true),
+            e.run(&k, &[(l, 1 + i % 3)], now, true, true),
+            "call {i}"
+        );
+    }
+    assert_eq!(f.snapshot(), e.snapshot());
+    // The library's text: a name of its own, and the script's body.
+    let lib = function_library();
+    let name = function_name();
+    assert!(lib.starts_with(&format!("#!lua name={name}\n")));
+    assert!(name.len() == 19 && name.starts_with("rl_"));
+    assert!(LIMIT_SCRIPT.ends_with("\nreturn limit(KEYS, ARGV)\n"));
+    assert!(!lib.contains("return limit(KEYS, ARGV)"));
+}
+
+#[test]
+fn runs_of_one_line_requests() {
+    let a = limit(Algorithm::Gcra, 10, 1_000_000, 3);
+    let b = limit(Algorithm::Fixed, 100, 60_000_000, 4);
+    let (sa, sa2, sb) = (spec(&a, 1), spec(&a, 2), spec(&b, 1));
+    let one: &[(Limit, u64)] = &[(a, 1)];
+    let two: &[(Limit, u64)] = &[(a, 1), (b, 1)];
+    let other: &[(Limit, u64)] = &[(a, 2)];
+    // Runs of two or more requests of the same one line; the others as before.
+    let batch = [one, one, one, two, one, other, other, one];
+    let args = script_args(batch.iter().copied(), true, None);
+    let want = ["1", "", "-3", &sa, "2", &sa, &sb, &sa, "-2", &sa2, &sa];
+    assert_eq!(args, want);
+    // A run is evaluated as its requests one by one: the same outcomes and state.
+    let k = keys(2);
+    let bkeys: Vec<String> = batch.iter().flat_map(|r| k[..r.len()].to_vec()).collect();
+    let r = Redis::new();
+    let got = r.run_batch(&bkeys, &batch, T0, true, true);
+    let s = Redis::new();
+    let mut off = 0;
+    for (i, req) in batch.iter().enumerate() {
+        let n = req.len();
+        assert_eq!(s.run(&bkeys[off..off + n], req, T0, true, true), got[i], "request {i}");
+        off += n;
+    }
+    assert_eq!(r.snapshot(), s.snapshot());
+    let admitted: Vec<bool> = got.iter().map(|o| o.0).collect();
+    assert_eq!(admitted, [true, true, true, false, false, false, false, false]);
+}
+
+fn spec(l: &Limit, cost: u64) -> String {
+    let mut s = String::new();
+    rl_core::redis::write_spec(&mut s, l, cost);
+    s
+}
+
+#[test]
+fn batch_is_requests_in_order() {
+    let a = limit(Algorithm::Gcra, 10, 1_000_000, 3);
+    let b = limit(Algorithm::SlidingLog, 1, 1_000_000, 2);
+    let c = limit(Algorithm::Fixed, 100, 60_000_000, 4);
+    let ka = keys(3);
+    let (one, two): (Request, Request) = (&[(a, 1)], &[(b, 1), (c, 1)]);
+    let batch = [one, two, one, two, two, one, one];
+    let bkeys: Vec<String> = batch
+        .iter()
+        .flat_map(|r| if r.len() == 1 { vec![ka[0].clone()] } else { vec![ka[1].clone(), ka[2].clone()] })
+        .collect();
+    let r = Redis::new();
+    let got = r.run_batch(&bkeys, &batch, T0, true, true);
+    let admitted: Vec<bool> = got.iter().map(|o| o.0).collect();
+    // `a` admits 3; `b` admits 2 (then rejects, so `c` is charged only twice:
+    // it would still admit one more).
+    assert_eq!(admitted, [true, true, true, true, false, true, false]);
+    assert_eq!(got[4].1[1].remaining, 1);
+    assert_eq!(got[6].1[0].retry_after_us, Some(100_000));
+    // The same, one call per request.
+    let s = Redis::new();
+    let mut off = 0;
+    for (i, req) in batch.iter().enumerate() {
+        let k = &bkeys[off..off + req.len()];
+        off += req.len();
+        assert_eq!(s.run(k, req, T0, true, true), got[i], "request {i}");
+    }
+    // Same state and TTLs, with each string key written once.
+    assert_eq!(r.snapshot(), s.snapshot());
+    let log_writes = 2 * 3; // LPUSH, LTRIM, PEXPIRE per admitted request
+    assert_eq!(r.writes(), 2 + log_writes);
+    assert_eq!(s.writes(), 3 + 2 + log_writes);
+
+    // A key that changes algorithm within a batch (only by hand: keys name
+    // their algorithm) reads and writes as if the requests came one by one.
+    let g: &[(Limit, u64)] = &[(a, 1)];
+    let l: &[(Limit, u64)] = &[(b, 1)];
+    let batch = [g, l, g, l, g];
+    let k = vec![ka[0].clone(); batch.len()];
+    let r = Redis::new();
+    let got = r.run_batch(&k, &batch, T0, true, true);
+    let s = Redis::new();
+    for (i, req) in batch.iter().enumerate() {
+        assert_eq!(s.run(&k[..1], req, T0, true, true), got[i], "request {i}");
+    }
+    assert_eq!(r.snapshot(), s.snapshot());
+}

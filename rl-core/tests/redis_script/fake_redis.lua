@@ -1,0 +1,239 @@
+-- The fake Redis the tests run the script against (see the doc of
+-- FAKE_REDIS in harness.rs), loaded after `struct` (struct_lib.rs).
+fake = { now = 0, data = {}, writes = 0, calls = 0, expired = 0, count = {} }
+
+local function live(key)
+  local e = fake.data[key]
+  if e and e.exp and fake.now >= e.exp then
+    fake.data[key] = nil
+    fake.expired = fake.expired + 1
+    return nil
+  end
+  return e
+end
+
+local function typed(key, kind)
+  local e = live(key)
+  if e and e.kind ~= kind then
+    error({ err = 'WRONGTYPE Operation against a key holding the wrong kind of value' })
+  end
+  return e
+end
+
+local function index(n, i)
+  if i < 0 then i = n + i end
+  return i
+end
+
+local function int_arg(s)
+  local x = tonumber(s)
+  if x == nil or x ~= math.floor(x) then
+    error({ err = 'ERR value is not an integer or out of range' })
+  end
+  return x
+end
+
+local commands = {}
+
+function commands.GET(key)
+  local e = typed(key, 'string')
+  return e and e.v or false
+end
+
+function commands.MGET(...)
+  local out = {}
+  for i, key in ipairs({ ... }) do
+    local e = live(key)
+    out[i] = (e and e.kind == 'string' and e.v) or false
+  end
+  return out
+end
+
+function commands.SET(key, value, px, ms, extra)
+  assert(px == 'PX' and extra == nil, 'the script always sets PX')
+  local ms = int_arg(ms)
+  if ms <= 0 then error({ err = 'ERR invalid expire time in set' }) end
+  fake.data[key] = { kind = 'string', v = value, exp = fake.now + ms * 1000 }
+  fake.writes = fake.writes + 1
+  return { ok = 'OK' }
+end
+
+-- The script overwrites a whole value of the same length in place (the
+-- key keeps its TTL).
+function commands.SETRANGE(key, offset, value)
+  local e = typed(key, 'string')
+  assert(e and offset == '0' and #value == #e.v, 'SETRANGE overwrites a whole value')
+  e.v = value
+  fake.writes = fake.writes + 1
+  return #value
+end
+
+function commands.PEXPIRE(key, ms)
+  local ms = int_arg(ms)
+  fake.writes = fake.writes + 1
+  local e = live(key)
+  if not e then return 0 end
+  e.exp = fake.now + ms * 1000
+  return 1
+end
+
+function commands.DEL(...)
+  local n = 0
+  for _, key in ipairs({ ... }) do
+    if live(key) then
+      fake.data[key] = nil
+      n = n + 1
+    end
+  end
+  fake.writes = fake.writes + 1
+  return n
+end
+
+function commands.TIME()
+  local sec = math.floor(fake.now / 1000000)
+  return { string.format('%.0f', sec), string.format('%.0f', fake.now - sec * 1000000) }
+end
+
+function commands.LPUSH(key, ...)
+  local e = typed(key, 'list')
+  if not e then
+    e = { kind = 'list', v = {} }
+    fake.data[key] = e
+  end
+  for _, x in ipairs({ ... }) do
+    table.insert(e.v, 1, x)
+  end
+  fake.writes = fake.writes + 1
+  return #e.v
+end
+
+function commands.LTRIM(key, start, stop)
+  local e = typed(key, 'list')
+  fake.writes = fake.writes + 1
+  if not e then return { ok = 'OK' } end
+  local n = #e.v
+  local a, b = math.max(0, index(n, int_arg(start))), math.min(n - 1, index(n, int_arg(stop)))
+  local kept = {}
+  for i = a, b do
+    kept[#kept + 1] = e.v[i + 1]
+  end
+  e.v = kept
+  if #kept == 0 then fake.data[key] = nil end
+  return { ok = 'OK' }
+end
+
+function commands.LINDEX(key, i)
+  local e = typed(key, 'list')
+  if not e then return false end
+  local x = e.v[index(#e.v, int_arg(i)) + 1]
+  return x or false
+end
+
+function commands.LLEN(key)
+  local e = typed(key, 'list')
+  return e and #e.v or 0
+end
+
+local function call(cmd, ...)
+  fake.calls = fake.calls + 1
+  fake.count[string.upper(cmd)] = (fake.count[string.upper(cmd)] or 0) + 1
+  local f = commands[string.upper(cmd)]
+  if not f then error({ err = 'ERR unknown command ' .. cmd }) end
+  local args = { ... }
+  for i = 1, select('#', ...) do
+    local a = args[i]
+    if type(a) == 'number' then
+      args[i] = string.format('%.17g', a)
+    elseif type(a) ~= 'string' then
+      error('Lua redis lib command arguments must be strings or integers')
+    end
+  end
+  return f(unpack(args, 1, select('#', ...)))
+end
+
+redis = {
+  error_reply = function(msg) return { err = msg } end,
+  call = function(...)
+    local ok, r = pcall(call, ...)
+    if not ok then
+      if type(r) == 'table' then r = r.err end
+      error(r, 0)
+    end
+    return r
+  end,
+  pcall = function(...)
+    local ok, r = pcall(call, ...)
+    if not ok then
+      if type(r) ~= 'table' then r = { err = tostring(r) } end
+      return r
+    end
+    return r
+  end,
+}
+
+-- Test helpers, outside the script's reach.
+function fake.expiry(key)
+  local e = live(key)
+  return e and e.exp or false
+end
+
+-- A string state as the script writes it: its words, and the expiry it
+-- carries (ms), or nil if it is not one.
+local function decode(v)
+  if string.byte(v, 1) ~= 0 or (#v - 1) % 8 ~= 0 then return nil end
+  local fmt = '<' .. string.rep('d', (#v - 1) / 8)
+  local out = { struct.unpack(fmt, v, 2) }
+  out[#out] = nil -- the next position
+  local x = table.remove(out)
+  for i, w in ipairs(out) do out[i] = string.format('%.0f', w) end
+  return table.concat(out, ' '), x
+end
+
+-- The words of a string state (or the raw value if the script did not
+-- write it), or a list joined by spaces.
+function fake.value(key)
+  local e = live(key)
+  if not e then return false end
+  if e.kind == 'string' then return decode(e.v) or e.v end
+  return table.concat(e.v, ' ')
+end
+
+-- The expiry (ms) a string state carries, or false.
+function fake.stored_expiry(key)
+  local e = live(key)
+  if not (e and e.kind == 'string') then return false end
+  local _, x = decode(e.v)
+  return x or false
+end
+
+function fake.kind(key)
+  local e = live(key)
+  return e and e.kind or false
+end
+
+function fake.snapshot()
+  local keys = {}
+  for k, e in pairs(fake.data) do
+    if not (e.exp and fake.now >= e.exp) then keys[#keys + 1] = k end
+  end
+  table.sort(keys)
+  local out = {}
+  for _, k in ipairs(keys) do
+    local e = fake.data[k]
+    local v = e.v
+    if e.kind == 'list' then
+      v = table.concat(v, ',')
+    else
+      local w, x = decode(v)
+      if w then v = w .. '#' .. string.format('%.0f', x) end
+    end
+    out[#out + 1] = k .. '=' .. e.kind .. ':' .. v .. '@' .. tostring(e.exp)
+  end
+  return table.concat(out, ';')
+end
+
+-- Redis forbids scripts to create or read undefined globals.
+setmetatable(_G, {
+  __newindex = function(_, k) error('Script attempted to create global variable ' .. tostring(k), 2) end,
+  __index = function(_, k) error('Script attempted to access nonexistent global variable ' .. tostring(k), 2) end,
+})

@@ -1,0 +1,28 @@
+//! The Redis Lua script (`rl_core::redis::LIMIT_SCRIPT`) held to the
+//! pure-Rust model, run in Lua 5.1 (as embedded in Redis) against a fake
+//! `redis` global: an in-memory store whose keys expire on a fake clock.
+//!
+//! What is where:
+//! - `fake_redis.lua`: the fake Redis, in Lua: the commands the script may
+//!   use, lazy expiry, counters, Redis' protection against globals, and
+//!   helpers the tests read the store with.
+//! - `load_library.lua`: loading the script as a Redis 7 function library
+//!   (`FUNCTION LOAD`, then `FCALL`).
+//! - `struct_lib.rs`: the port of Redis' `struct` library.
+//! - `harness.rs`: [`harness::Redis`], the script run in mlua against the
+//!   fake: setup, the clock, calls and reply conversion, the store read and
+//!   written directly.
+//! - `model.rs`: the Rust model the script is held to.
+//! - `pair.rs`: [`pair::Pair`], one call on both sides, compared.
+//! - `fixtures.rs`: limits, keys and times the tests share.
+//! - `cases.rs`: table-driven and example tests.
+//! - `props.rs`: proptests (failures persist in
+//!   `props.proptest-regressions`, next to it).
+
+mod cases;
+mod fixtures;
+mod harness;
+mod model;
+mod pair;
+mod props;
+mod struct_lib;

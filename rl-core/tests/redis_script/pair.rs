@@ -1,0 +1,84 @@
+//! The differential step: one call run on the script and on the model,
+//! outcomes, writes, stored state and TTLs compared.
+
+use rl_core::limit::{Algorithm, Limit};
+use rl_core::redis::{expiry_after_write, ScriptLine, TTL_MARGIN_MS};
+
+use crate::fixtures::keys;
+use crate::harness::Redis;
+use crate::model::{model, stored};
+
+/// Runs both sides for one call and checks outcomes, writes and stored state.
+pub(crate) struct Pair {
+    pub(crate) redis: Redis,
+    pub(crate) keys: Vec<String>,
+    states: Vec<Vec<u64>>,
+    /// Each string state key's expiry (ms) as the TTL policy predicts it.
+    expiries: Vec<u64>,
+}
+
+impl Pair {
+    pub(crate) fn new(lines: &[(Limit, u64)]) -> Pair {
+        Pair {
+            redis: Redis::new(),
+            keys: keys(lines.len()),
+            states: lines.iter().map(|(l, _)| vec![0; l.state_words()]).collect(),
+            expiries: vec![0; lines.len()],
+        }
+    }
+
+    pub(crate) fn step(
+        &mut self,
+        lines: &[(Limit, u64)],
+        now: u64,
+        commit: bool,
+        use_time: bool,
+    ) -> (bool, Vec<ScriptLine>) {
+        self.redis.set_now(now);
+        for (key, x) in self.keys.iter().zip(self.expiries.iter_mut()) {
+            if self.redis.value(key).is_none() {
+                *x = 0; // expired (or never written)
+            }
+        }
+        let (snap, writes) = (self.redis.snapshot(), self.redis.writes());
+        let got = self.redis.run(&self.keys, lines, now, commit, use_time);
+        let want = model(lines, &mut self.states, now, commit);
+        assert_eq!(got, want, "now={now} commit={commit} lines={lines:?}");
+        let wrote = commit && want.0 && lines.iter().any(|(_, c)| *c > 0);
+        if !wrote {
+            assert_eq!(self.redis.writes(), writes, "no write expected");
+            assert_eq!(self.redis.snapshot(), snap, "state changed without a write");
+        }
+        for (i, (l, c)) in lines.iter().enumerate() {
+            let key = &self.keys[i];
+            let Some(value) = self.redis.value(key) else {
+                continue;
+            };
+            // Stored state is rl-core's, word for word.
+            assert_eq!(value, stored(l, &self.states[i]), "state of line {i}");
+            let kind = match l.algorithm() {
+                Algorithm::SlidingLog => "list",
+                _ => "string",
+            };
+            assert_eq!(self.redis.kind(key).as_deref(), Some(kind));
+            // Every key has a TTL: for a log, reset + margin, set when
+            // written; for a string state, as expiry_after_write() says,
+            // and the value carries it.
+            let exp = self.redis.expiry(key).expect("key without TTL");
+            if l.algorithm() == Algorithm::SlidingLog {
+                if wrote && *c > 0 {
+                    let ttl_ms = want.1[i].reset_us.div_ceil(1000) + TTL_MARGIN_MS;
+                    assert_eq!(exp, now + ttl_ms * 1000, "TTL of line {i}");
+                }
+                continue;
+            }
+            if wrote && *c > 0 {
+                let x = &mut self.expiries[i];
+                *x = expiry_after_write(*x, now / 1000, want.1[i].reset_us);
+            }
+            assert_eq!(self.redis.stored_expiry(key), Some(self.expiries[i]), "line {i}");
+            assert_eq!(exp / 1000, self.expiries[i], "TTL of line {i}");
+        }
+        got
+    }
+}

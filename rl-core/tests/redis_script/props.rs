@@ -1,0 +1,328 @@
+//! Property tests: random limits, costs and clocks replayed on the script
+//! and the model step by step, batches, the function library against
+//! `EVALSHA`, the exact range; and a check that the replay reaches every
+//! kind of outcome. Failures persist in `props.proptest-regressions`.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use proptest::sample::select;
+use proptest::test_runner::FileFailurePersistence;
+use rl_core::limit::{Algorithm, Limit};
+use rl_core::parse::Rate;
+use rl_core::redis::{exact, ScriptLine, MAX_EXACT, TTL_MARGIN_MS};
+
+use crate::fixtures::{case_limit, keys, limit, T0};
+use crate::harness::{Mode, Redis};
+use crate::model::{model, stored};
+use crate::pair::Pair;
+
+/// A raw step: (selector, fraction, cost selector).
+type Raw = (u8, u16, u8);
+
+/// `w · permille / 1000`.
+fn frac(w: u64, permille: u16) -> u64 {
+    (u128::from(w) * u128::from(permille) / 1000) as u64
+}
+
+/// Replays `ops` on `lines` (costs chosen per line from each raw cost
+/// selector) from `start`, comparing the script to the model at every step.
+/// Stops before the clock would pass [`MAX_EXACT`]. With `jitter`, a quarter
+/// of the requests see the clock stepped back by less than the TTL margin
+/// (so expiry still never changes a decision).
+fn replay(limits: &[Limit], ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool) {
+    let w = limits.iter().map(Limit::window_us).max().unwrap();
+    let mut lines: Vec<(Limit, u64)> = limits.iter().map(|l| (*l, 1)).collect();
+    let mut p = Pair::new(&lines);
+    let (mut t, mut prev) = (start, ScriptLine::default());
+    for ((sel, f, flags), costs) in ops {
+        let (sel, f) = (*sel, *f);
+        t = t.saturating_add(match sel % 10 {
+            0 | 1 => 0,
+            2 => 1 + u64::from(f % 3),
+            3 => prev.retry_after_us.unwrap_or(0),
+            4 => prev.retry_after_us.unwrap_or(1) - 1,
+            5 => prev.reset_us,
+            // Around the key's expiry: reset + margin + up to 1 ms rounding.
+            6 => prev.reset_us + TTL_MARGIN_MS * 1000 + u64::from(f % 1002) - 1,
+            7 | 8 => frac(w, f % 1500),
+            _ => frac(w, f % 4000),
+        });
+        if t > MAX_EXACT {
+            break;
+        }
+        for ((l, cost), c) in lines.iter_mut().zip(costs) {
+            let b = l.burst();
+            *cost = match c % 10 {
+                0 => 0,
+                7 => 1 + u64::from(f) % b,
+                8 => b,
+                9 => b + 1,
+                _ => 1,
+            };
+        }
+        let now = match jitter && flags & 6 == 0 {
+            true => t.saturating_sub(frac(w, f % 2000).min(TTL_MARGIN_MS * 1000 - 1)),
+            false => t,
+        };
+        let commit = sel >> 5 != 7;
+        let (_, out) = p.step(&lines, now, commit, flags & 1 == 1);
+        // Drive the clock by the first line that rejected, else the first.
+        prev = out.iter().copied().find(|o| !o.admitted).unwrap_or(out[0]);
+    }
+}
+
+fn algorithm() -> impl Strategy<Value = Algorithm> {
+    select(Algorithm::ALL.to_vec())
+}
+
+/// Small, realistic limits (every one in the exact range).
+fn small_limit() -> impl Strategy<Value = Limit> {
+    (
+        algorithm(),
+        1u64..=20,
+        prop_oneof![select(vec![1, 1_000, 1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000]), 1u64..=10_000_000],
+        1u64..=12,
+    )
+        .prop_map(|(a, c, p, b)| limit(a, c, p, b))
+}
+
+/// Log-uniform in `[1, 2^bits)`.
+fn magnitude(bits: u32) -> impl Strategy<Value = u64> {
+    (0..bits, any::<u64>()).prop_map(|(k, x)| (x >> (63 - k)).max(1))
+}
+
+/// Large limits near the edges of the exact range.
+fn big_limit() -> impl Strategy<Value = Limit> {
+    (algorithm(), magnitude(30), magnitude(53), magnitude(40)).prop_filter_map(
+        "outside the exact range",
+        |(a, c, p, b)| {
+            let b = if a == Algorithm::SlidingLog { b % 64 + 1 } else { b };
+            let l = Limit::new(a, Rate { count: c, period_us: p }, b).ok()?;
+            exact(&l).then_some(l)
+        },
+    )
+}
+
+fn ops(lines: usize, n: usize) -> impl Strategy<Value = Vec<(Raw, Vec<u8>)>> {
+    prop::collection::vec((any::<Raw>(), prop::collection::vec(any::<u8>(), lines)), 1..n)
+}
+
+/// A start time: near zero, realistic, or anywhere below 2^52.
+fn start() -> impl Strategy<Value = u64> {
+    prop_oneof![0u64..10_000_000, Just(T0), 0..MAX_EXACT]
+}
+
+// Failures persist next to this file, in `props.proptest-regressions`: by
+// default proptest would find `main.rs` beside it and use
+// `tests/proptest-regressions/props.txt`.
+proptest! {
+    #![proptest_config(ProptestConfig {
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::with_cases(160)
+    })]
+
+    /// One line of any algorithm: the script equals `Limit::acquire` (and
+    /// `check` in mode 0) step by step, over an expiring store, also when
+    /// the clock steps back a little.
+    #[test]
+    fn prop_single_line(
+        l in small_limit(),
+        ops in ops(1, 48),
+        t in start(),
+        jitter in any::<bool>(),
+    ) {
+        replay(&[l], &ops, t, jitter);
+    }
+
+    /// Large parameters and times: exact to the microsecond.
+    #[test]
+    fn prop_single_line_big(l in big_limit(), ops in ops(1, 24), t in start()) {
+        replay(&[l], &ops, t, false);
+    }
+
+    /// Two or three lines: all checked, committed iff all admit.
+    #[test]
+    fn prop_multi_line(
+        ls in prop::collection::vec(small_limit(), 2..=3),
+        ops in ops(3, 40),
+        t in start(),
+        jitter in any::<bool>(),
+    ) {
+        replay(&ls, &ops, t, jitter);
+    }
+
+    /// The function library (`FCALL`) and the script (`EVALSHA`) answer
+    /// alike and leave the same keys, call after call.
+    #[test]
+    fn prop_function_equals_eval(
+        ls in prop::collection::vec(small_limit(), 3),
+        calls in prop::collection::vec(
+            (0u16..1500, prop::collection::vec((1u8..8, 0u8..4), 1..10)),
+            1..10,
+        ),
+        t in start(),
+    ) {
+        let w = ls.iter().map(Limit::window_us).max().unwrap();
+        let ks = keys(3);
+        let (f, e) = (Redis::with(Mode::Function), Redis::with(Mode::Eval));
+        let mut now = t;
+        for (step, reqs) in &calls {
+            now += frac(w, *step);
+            prop_assume!(now <= MAX_EXACT);
+            let requests: Vec<Vec<(Limit, u64)>> = reqs
+                .iter()
+                .map(|(mask, cost)| (0..3).filter(|i| mask & (1 << i) != 0).map(|i| (ls[i], u64::from(*cost))).collect())
+                .collect();
+            let bkeys: Vec<String> = reqs
+                .iter()
+                .flat_map(|(mask, _)| (0..3).filter(move |i| mask & (1 << i) != 0))
+                .map(|i| ks[i].clone())
+                .collect();
+            let slices: Vec<&[(Limit, u64)]> = requests.iter().map(Vec::as_slice).collect();
+            let use_time = step % 2 == 0;
+            prop_assert_eq!(f.run_batch(&bkeys, &slices, now, true, use_time), e.run_batch(&bkeys, &slices, now, true, use_time));
+            prop_assert_eq!(f.snapshot(), e.snapshot());
+        }
+    }
+
+    /// Batches of requests, each on some of three shared lines: every batch
+    /// equals the model run request by request at the batch's time.
+    #[test]
+    fn prop_batch(
+        ls in prop::collection::vec(small_limit(), 3),
+        batches in prop::collection::vec(
+            (any::<u16>(), prop::collection::vec((1u8..8, prop::collection::vec(any::<u8>(), 3)), 1..12)),
+            1..8,
+        ),
+        t in start(),
+    ) {
+        let w = ls.iter().map(Limit::window_us).max().unwrap();
+        let ks = keys(3);
+        let r = Redis::new();
+        let mut states: Vec<Vec<u64>> = ls.iter().map(|l| vec![0; l.state_words()]).collect();
+        let mut now = t;
+        for (f, reqs) in &batches {
+            now += frac(w, f % 1500);
+            prop_assume!(now <= MAX_EXACT);
+            let mut requests: Vec<Vec<(Limit, u64)>> = Vec::new();
+            let mut which: Vec<Vec<usize>> = Vec::new();
+            for (mask, costs) in reqs {
+                let idx: Vec<usize> = (0..3).filter(|i| mask & (1 << i) != 0).collect();
+                let lines = idx
+                    .iter()
+                    .map(|&i| {
+                        let b = ls[i].burst();
+                        let cost = match costs[i] % 8 { 0 => 0, 6 => b, 7 => b + 1, _ => 1 };
+                        (ls[i], cost)
+                    })
+                    .collect();
+                requests.push(lines);
+                which.push(idx);
+            }
+            let bkeys: Vec<String> = which.iter().flatten().map(|&i| ks[i].clone()).collect();
+            let slices: Vec<&[(Limit, u64)]> = requests.iter().map(Vec::as_slice).collect();
+            let got = r.run_batch(&bkeys, &slices, now, true, false);
+            for (j, (lines, idx)) in requests.iter().zip(&which).enumerate() {
+                let mut sub: Vec<Vec<u64>> = idx.iter().map(|&i| states[i].clone()).collect();
+                let want = model(lines, &mut sub, now, true);
+                for (&i, st) in idx.iter().zip(sub) {
+                    states[i] = st;
+                }
+                prop_assert_eq!(&got[j], &want, "batch request {}", j);
+            }
+            for i in 0..3 {
+                if let Some(v) = r.value(&ks[i]) {
+                    prop_assert_eq!(v, stored(&ls[i], &states[i]), "state of line {}", i);
+                }
+            }
+        }
+    }
+
+    /// Runs of one-line requests (one limit, several clients): the usual
+    /// batch in production, where each client has its own key and some
+    /// come twice. A run answers and writes as its requests would one call
+    /// each, batch after batch, TTLs included (`prop_batch` gives each limit
+    /// one key, so its runs never span several keys).
+    #[test]
+    fn prop_runs_over_many_keys(
+        l in small_limit(),
+        cost_sel in 0u8..8,
+        batches in prop::collection::vec((any::<u16>(), prop::collection::vec(0usize..6, 1..16)), 1..6),
+        t in start(),
+    ) {
+        let b = l.burst();
+        let cost = match cost_sel { 0 => 0, 6 => b, 7 => b + 1, _ => 1 };
+        let one: &[(Limit, u64)] = &[(l, cost)];
+        let ks = keys(6);
+        let (r, s) = (Redis::new(), Redis::new());
+        let mut now = t;
+        for (f, picks) in &batches {
+            now += frac(l.window_us(), f % 1500);
+            prop_assume!(now <= MAX_EXACT);
+            let batch = vec![one; picks.len()];
+            let bkeys: Vec<String> = picks.iter().map(|&i| ks[i].clone()).collect();
+            let got = r.run_batch(&bkeys, &batch, now, true, false);
+            for (j, &i) in picks.iter().enumerate() {
+                prop_assert_eq!(&s.run(&ks[i..=i], one, now, true, false), &got[j], "request {}", j);
+            }
+            prop_assert_eq!(r.snapshot(), s.snapshot());
+        }
+    }
+
+    /// Any parameters: the script is exact iff `exact` says so, else it
+    /// rejects (fail closed).
+    #[test]
+    fn prop_exact_iff_in_range(
+        a in algorithm(),
+        c in magnitude(60),
+        p in magnitude(60),
+        b in magnitude(60),
+    ) {
+        let b = if a == Algorithm::SlidingLog { b % 65_536 + 1 } else { b };
+        let Ok(l) = Limit::new(a, Rate { count: c, period_us: p }, b) else {
+            return Ok(());
+        };
+        let r = Redis::new();
+        let lines = [(l, 1)];
+        let (_, out) = r.run(&keys(1), &lines, T0, true, false);
+        if exact(&l) {
+            let mut s = vec![vec![0; l.state_words()]];
+            prop_assert_eq!(out, model(&lines, &mut s, T0, true).1);
+        } else {
+            prop_assert_eq!(out[0], ScriptLine::default());
+            prop_assert_eq!(r.writes(), 0);
+        }
+    }
+}
+
+/// Sanity: the replay reaches every kind of outcome often enough to mean
+/// something (rejections with and without retry, expiries).
+#[test]
+fn replay_coverage() {
+    let mut seen = BTreeMap::new();
+    let mut expired = 0;
+    for alg in Algorithm::ALL {
+        let l = case_limit(alg);
+        let mut p = Pair::new(&[(l, 1)]);
+        let mut t = T0;
+        for i in 0..60u64 {
+            let cost = [1, 1, 2, 0, 4][(i % 5) as usize];
+            let o = p.step(&[(l, cost)], t, true, i % 2 == 0).1[0];
+            let kind = match (o.admitted, o.retry_after_us) {
+                (true, _) => "admit",
+                (false, Some(_)) => "retry",
+                (false, None) => "never",
+            };
+            *seen.entry(kind).or_insert(0) += 1;
+            t += match i % 7 {
+                0 => o.retry_after_us.unwrap_or(0),
+                3 => o.reset_us + 1_001_000,
+                _ => 100_000,
+            };
+        }
+        expired += p.redis.fake.get::<u64>("expired").unwrap();
+    }
+    assert!(seen.values().all(|n| *n > 10) && seen.len() == 3, "{seen:?}");
+    assert!(expired >= 6, "{expired}");
+}
