@@ -11,14 +11,14 @@
 //!
 //! With rate = `count` per `period_us` and burst `B`:
 //!
-//! | algorithm      | guarantee                                              | state words |
-//! |----------------|--------------------------------------------------------|-------------|
-//! | `fixed`        | ≤ B per aligned window of `W` (2B across a boundary)   | 2           |
-//! | `sliding`      | weighted two-window estimate ≤ B (≤ B per window)       | 3           |
-//! | `sliding_log`  | exactly ≤ B in any interval of length `W`              | 2 + B       |
-//! | `token_bucket` | ≤ B + rate·t over any time span t                      | 2           |
-//! | `leaky_bucket` | same as token bucket, viewed as a draining meter       | 2           |
-//! | `gcra`         | same, emission interval rounded up to whole µs         | 1           |
+//! | algorithm      | guarantee                                                                    | state words |
+//! |----------------|------------------------------------------------------------------------------|-------------|
+//! | `fixed`        | ≤ B per aligned window of `W` (2B across a boundary)                         | 2           |
+//! | `sliding`      | ≤ B per aligned window, ≤ 2B − 1 in any interval `W`; retry ≤ W + ⌈cost·W/B⌉ | 3           |
+//! | `sliding_log`  | exactly ≤ B in any interval of length `W`                                    | 2 + B       |
+//! | `token_bucket` | ≤ B + rate·t over any time span t                                            | 2           |
+//! | `leaky_bucket` | same as token bucket, viewed as a draining meter                             | 2           |
+//! | `gcra`         | same, emission interval rounded up to whole µs                               | 1           |
 //!
 //! where `W` = [`Limit::window_us`] = ⌈B · period_us / count⌉.
 

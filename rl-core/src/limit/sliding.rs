@@ -3,6 +3,14 @@
 //! elapsed in the current window — evaluated exactly as
 //! `prev·(W−e) + (curr+cost)·W ≤ B·W` in `u128`.
 //!
+//! It is not an exact rolling limit. At most `B` units are charged per aligned
+//! window, but the estimate assumes the previous window's units were spread
+//! evenly: when they came at its end, an interval of length `W` can hold up to
+//! `2B − ⌈2B/W⌉` units (`B` if `W = 1`), i.e. `2B − 1` whenever `W ≥ 2B`. A
+//! rejected `cost ≤ B` is told to wait at most `W + ⌈cost·W/B⌉ ≤ 2W` (from a
+//! `now` no earlier than the stored window's start). Both bounds are proved,
+//! reached and checked in `tests/sliding_bound.rs`.
+//!
 //! State: `[k + 1, curr, prev]` (0 = no window yet), `prev` being the count of
 //! window `k − 1`. A `now` in an earlier window than the stored one (clock
 //! stepped back) counts in the stored window with `e = 0` (the strictest).
