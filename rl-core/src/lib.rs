@@ -5,9 +5,12 @@
 //! - [`parse`]: rates, sizes and durations as nginx.conf writes them.
 //! - [`table`]: the keyed state table that lives in a shared-memory zone
 //!   (hash chains + LRU over a caller-provided memory region).
+//! - [`url`]: Redis URLs (server, sentinels, cluster) and the redaction of
+//!   their passwords for messages.
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod limit;
 pub mod parse;
 pub mod redis;
 pub mod table;
+pub mod url;
