@@ -19,9 +19,20 @@ CARGO        ?= cargo
 # Debian packages the build, the tests and the benchmark need.
 APT_PACKAGES := nginx nginx-dev libclang-dev pkg-config libssl-dev libpcre2-dev zlib1g-dev redis-server openssl
 
-.PHONY: all deps build build-debian build-vendored install run stop test test-core test-integration bench bench-quick clean
+.PHONY: all help deps build build-debian build-vendored install run stop check test unittest test-core test-integration bench bench-quick clean
 
 all: build
+
+help:
+	@echo "make build        the module for Debian's nginx: $(DEBIAN_SO)"
+	@echo "make build-vendored  the module and nginx 1.28 (ngx's vendored feature): $(VENDORED_DIR)"
+	@echo "make install      copy the Debian build to $(MODULES_DIR)"
+	@echo "make run          nginx on 127.0.0.1:8080 with $(RUN_CONF); make stop ends it"
+	@echo "make check        cargo fmt --check and clippy -D warnings on both crates"
+	@echo "make unittest     rl-core's tests (no nginx)"
+	@echo "make test         build both targets, unit and integration tests, a quick bench"
+	@echo "make bench        nginx-rl against limit_req and Lua + Redis (bench/RESULTS.md, ~20 min)"
+	@echo "make clean        remove build outputs"
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
@@ -67,7 +78,14 @@ run: build-debian stop
 stop:
 	@if [ -f $(RUN_DIR)/nginx.pid ]; then kill $$(cat $(RUN_DIR)/nginx.pid) 2>/dev/null || true; sleep 0.5; rm -f $(RUN_DIR)/nginx.pid; fi
 
+# Formatting and lints, both crates (clippy reads nginx's headers: Debian's, configured).
+check: deps $(DEBIAN_OBJS)/ngx_auto_config.h
+	$(CARGO) fmt --all -- --check
+	NGINX_BUILD_DIR=$(DEBIAN_OBJS) $(CARGO) clippy --release --workspace --all-targets -- -D warnings
+
 test: build-debian build-vendored test-core test-integration bench-quick
+
+unittest: test-core
 
 test-core:
 	$(CARGO) test -p rl-core --release

@@ -8,10 +8,11 @@ use ngx::ffi::{
     ngx_http_output_header_filter_pt, ngx_http_request_t, ngx_int_t, ngx_list_push, ngx_pnalloc, ngx_str_t,
     ngx_table_elt_t,
 };
-use ngx::http::Request;
+use ngx::http::{HttpModuleMainConf, Request};
 
-use crate::config::HeadersMode;
-use crate::handler::{get_ctx, Ctx, LineResult};
+use crate::line::{HeadersMode, Line};
+use crate::request::{get_ctx, Ctx, LineResult};
+use crate::Module;
 
 /// The next filter in nginx's header filter chain.
 pub static mut NEXT_HEADER_FILTER: ngx_http_output_header_filter_pt = None;
@@ -78,8 +79,8 @@ pub unsafe extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t 
     let req = unsafe { Request::from_ngx_http_request(r) };
     // SAFETY: as above.
     if unsafe { (*r).main } == r {
-        if let Some(ctx) = get_ctx(req) {
-            if add_headers(r, ctx).is_err() {
+        if let (Some(ctx), Some(mcf)) = (get_ctx(req), Module::main_conf(req)) {
+            if add_headers(r, ctx, &mcf.lines).is_err() {
                 return -1;
             }
         }
@@ -97,22 +98,22 @@ fn ceil_s(us: u64) -> u64 {
 
 /// The line the legacy fields describe: the most restrictive (fewest
 /// remaining; among rejecting lines, the longest wait).
-fn most_restrictive(ctx: &Ctx) -> Option<(&crate::config::Line, &LineResult)> {
-    ctx.iter().filter(|(_, r)| r.active).min_by_key(|(_, r)| {
+fn most_restrictive<'a>(ctx: &'a Ctx, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
+    ctx.active(lines).min_by_key(|(_, r)| {
         let rejected = ctx.rejected && !r.admitted;
         (!rejected, r.remaining, u64::MAX - r.reset_us)
     })
 }
 
-fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx) -> Result<(), ()> {
+fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<(), ()> {
     if ctx.headers == HeadersMode::Off {
         return Ok(());
     }
-    let Some((line, res)) = most_restrictive(ctx) else {
+    let Some((line, res)) = most_restrictive(ctx, lines) else {
         return Ok(());
     };
     let draft_len: usize = if ctx.headers.draft() {
-        ctx.iter().filter(|(_, r)| r.active).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum()
+        ctx.active(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum()
     } else {
         0
     };
@@ -130,7 +131,7 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx) -> Result<(), ()> {
     }
     if ctx.rejected {
         // Honest: a lone request sent after this long passes every line.
-        let wait = ctx.iter().filter(|(_, r)| r.active && !r.admitted).map(|(_, r)| r.retry_after_us).max();
+        let wait = ctx.active(lines).filter(|(_, r)| !r.admitted).map(|(_, r)| r.retry_after_us).max();
         if let Some(wait) = wait.filter(|w| *w != u64::MAX) {
             let at = out.len;
             out.num(ceil_s(wait).max(1));
@@ -139,12 +140,12 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx) -> Result<(), ()> {
     }
     if ctx.headers.draft() {
         let at = out.len;
-        for (i, (line, _)) in ctx.iter().filter(|(_, r)| r.active).enumerate() {
+        for (i, (line, _)) in ctx.active(lines).enumerate() {
             item(&mut out, i, &line.item, b"\";q=", line.limit.burst(), b";w=", ceil_s(line.limit.window_us()).max(1));
         }
         push(r, "RateLimit-Policy", out.since(at))?;
         let at = out.len;
-        for (i, (line, res)) in ctx.iter().filter(|(_, r)| r.active).enumerate() {
+        for (i, (line, res)) in ctx.active(lines).enumerate() {
             item(&mut out, i, &line.item, b"\";r=", res.remaining, b";t=", ceil_s(res.reset_us));
         }
         push(r, "RateLimit", out.since(at))?;

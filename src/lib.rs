@@ -1,9 +1,17 @@
 //! ngx_http_rl_module: rate limiting for nginx.
 //!
-//! Directives are parsed in [`config`], states live in shared-memory zones
-//! ([`zone`]), requests are decided in the access phase ([`handler`]) and the
-//! response fields are added by a header filter ([`headers`]). The
-//! algorithms themselves are in the `rl-core` crate.
+//! This file holds the module's statics and wires its hooks; the rest is by
+//! concern, imports running one way (each imports only those before it):
+//!
+//! - [`line`]: one `rl_limit` line and its identity;
+//! - [`request`]: a request's lines and verdicts, across phases and redirects;
+//! - [`shm`]: shared-memory zones, their layout across reloads, the decision;
+//! - [`redis_zone`]: Redis zones, the worker's I/O thread and its connections;
+//! - [`conf`]: the directives, merged per location and finished;
+//! - [`access`]: the access phase, combining the verdicts all-or-nothing;
+//! - [`headers`]: the response fields.
+//!
+//! The algorithms themselves are in the `rl-core` crate.
 
 use core::ffi::{c_char, c_void};
 use core::ptr;
@@ -18,13 +26,16 @@ use ngx::ffi::{
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::ngx_string;
 
-mod config;
-mod handler;
+mod access;
+mod conf;
 mod headers;
+mod line;
 mod redis_zone;
-mod zone;
+mod request;
+mod shm;
 
-use config::{LocConf, MainConf};
+use conf::directives::{cmd_rl_headers, cmd_rl_limit, cmd_rl_status, cmd_rl_zone};
+use conf::{LocConf, MainConf};
 
 pub struct Module;
 
@@ -39,7 +50,7 @@ impl HttpModule for Module {
         let Some(mcf) = (unsafe { Module::main_conf_mut(&*cf) }) else {
             return Status::NGX_ERROR.into();
         };
-        if config::finish(cf, mcf).is_err() {
+        if conf::finish(cf, mcf).is_err() {
             return Status::NGX_ERROR.into();
         }
         // SAFETY: as above; the core module's main configuration always exists in http{}.
@@ -56,7 +67,7 @@ impl HttpModule for Module {
         // SAFETY: h points to a new element of the array; top header filter is a process global
         // that every filter module rewires in postconfiguration.
         unsafe {
-            *h = handler::access_handler_pt();
+            *h = access::access_handler_pt();
             headers::NEXT_HEADER_FILTER = ngx_http_top_header_filter;
             ngx_http_top_header_filter = Some(headers::header_filter);
         }
@@ -94,7 +105,7 @@ static mut COMMANDS: [ngx_command_t; 5] = [
     ngx_command_t {
         name: ngx_string!("rl_zone"),
         type_: (NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
-        set: Some(config::cmd_rl_zone),
+        set: Some(cmd_rl_zone),
         conf: NGX_HTTP_MAIN_CONF_OFFSET,
         offset: 0,
         post: ptr::null_mut(),
@@ -102,7 +113,7 @@ static mut COMMANDS: [ngx_command_t; 5] = [
     ngx_command_t {
         name: ngx_string!("rl_limit"),
         type_: ANY_LEVEL | NGX_CONF_1MORE as ngx_uint_t,
-        set: Some(config::cmd_rl_limit),
+        set: Some(cmd_rl_limit),
         conf: NGX_HTTP_LOC_CONF_OFFSET,
         offset: 0,
         post: ptr::null_mut(),
@@ -110,7 +121,7 @@ static mut COMMANDS: [ngx_command_t; 5] = [
     ngx_command_t {
         name: ngx_string!("rl_status"),
         type_: ANY_LEVEL | NGX_CONF_TAKE1 as ngx_uint_t,
-        set: Some(config::cmd_rl_status),
+        set: Some(cmd_rl_status),
         conf: NGX_HTTP_LOC_CONF_OFFSET,
         offset: 0,
         post: ptr::null_mut(),
@@ -118,7 +129,7 @@ static mut COMMANDS: [ngx_command_t; 5] = [
     ngx_command_t {
         name: ngx_string!("rl_headers"),
         type_: ANY_LEVEL | NGX_CONF_TAKE1 as ngx_uint_t,
-        set: Some(config::cmd_rl_headers),
+        set: Some(cmd_rl_headers),
         conf: NGX_HTTP_LOC_CONF_OFFSET,
         offset: 0,
         post: ptr::null_mut(),
@@ -158,7 +169,7 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     let Some(mcf) = (unsafe { cycle.as_ref() }).and_then(Module::main_conf) else {
         return Status::NGX_OK.into();
     };
-    match redis_zone::init_worker(cycle, &mcf.redis, handler::on_reply, handler::on_lost) {
+    match redis_zone::init_worker(cycle, &mcf.redis, access::on_reply, access::on_lost) {
         Ok(()) => Status::NGX_OK.into(),
         Err(()) => Status::NGX_ERROR.into(),
     }

@@ -2,15 +2,18 @@
 //! [`rl_core::table::Table`] of per-key states, plus the out-of-line logs of
 //! `sliding_log` limits. Every worker maps the same zone; all access goes
 //! through [`Zone::lock`], which holds the pool's mutex.
+//!
+//! [`init`] lays a zone out (or takes over the previous cycle's on reload);
+//! [`decide`] is the decision on a request's lines.
 
-use core::ffi::c_void;
+pub mod decide;
+mod init;
+
 use core::ptr;
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 
 use ngx::ffi::{
-    ngx_conf_t, ngx_int_t, ngx_pagesize, ngx_shared_memory_add, ngx_shm_zone_t, ngx_shmtx_lock, ngx_shmtx_unlock,
-    ngx_slab_alloc, ngx_slab_alloc_locked, ngx_slab_free, ngx_slab_free_locked, ngx_slab_pool_t, ngx_str_t,
+    ngx_conf_t, ngx_pagesize, ngx_shared_memory_add, ngx_shm_zone_t, ngx_shmtx_lock, ngx_shmtx_unlock,
+    ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t, ngx_str_t,
     NGX_LOG_EMERG, NGX_LOG_WARN,
 };
 use ngx::{ngx_conf_log_error, ngx_log_error};
@@ -19,8 +22,8 @@ use rl_core::table::{Dropped, Slot, Table};
 
 /// `state[2]` of an entry whose log lives out of line (`state[0]` = offset + 1).
 const RING_TAG: u64 = u64::MAX;
-/// Pages of the slab pool left for nginx itself (the zone's log context).
-const RESERVED_PAGES: usize = 2;
+/// Distinct zones one location may use (their locks are held together).
+pub const MAX_ZONES_PER_LOCATION: usize = 16;
 /// Idle states dropped from the LRU tail on each request, as limit_req does.
 const EXPIRE_PER_REQUEST: usize = 2;
 /// How long a state stays idle before a request drops it, as limit_req keeps
@@ -36,20 +39,21 @@ pub struct Zone {
     pub size: usize,
     shm_zone: *mut ngx_shm_zone_t,
     /// Largest sliding_log state (in u64 words) of any line on this zone.
-    log_words: usize,
+    pub(crate) log_words: usize,
     /// Where the table lives once the zone is initialised (0 = not yet).
-    region: *mut u8,
-    region_len: usize,
+    pub(crate) region: *mut u8,
+    pub(crate) region_len: usize,
 }
 
 /// The smallest zone: as for limit_req, eight pages.
 pub fn min_size() -> usize {
-    8 * 4096
+    // SAFETY: ngx_pagesize is set when nginx starts, before any configuration is read.
+    8 * unsafe { ngx_pagesize }
 }
 
 impl Zone {
     /// Registers the shared memory zone for `rl_zone NAME size=SIZE`.
-    pub fn add(cf: *mut ngx_conf_t, name: &str, size: usize, _index: usize) -> Result<Box<Zone>, ()> {
+    pub fn add(cf: *mut ngx_conf_t, name: &str, size: usize) -> Result<Box<Zone>, ()> {
         let mut zone = Box::new(Zone {
             name: name.to_string(),
             size,
@@ -70,7 +74,7 @@ impl Zone {
             ngx_conf_log_error!(NGX_LOG_EMERG, cf, "duplicate zone \"{}\" in \"rl_zone\" directive", name);
             return Err(());
         }
-        shm.init = Some(zone_init);
+        shm.init = Some(init::zone_init);
         shm.data = (&mut *zone as *mut Zone).cast();
         zone.shm_zone = shm_zone;
         Ok(zone)
@@ -235,80 +239,5 @@ fn free_ring(shpool: *mut ngx_slab_pool_t, state: &[u64; 3]) {
         // SAFETY: the offset was produced by `ensure` from an allocation in this pool, and the
         // entry owning it has just been dropped; the mutex is held.
         unsafe { ngx_slab_free_locked(shpool, shpool.cast::<u8>().add((state[0] - 1) as usize).cast()) };
-    }
-}
-
-/// Initialises a zone in a new cycle, re-attaching to the table of the old
-/// cycle when nginx reuses the memory (reload with the same name and size).
-extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) -> ngx_int_t {
-    // SAFETY: nginx passes the zone being initialised; data was set to our Zone in Zone::add.
-    let shm = unsafe { &mut *shm_zone };
-    let zone = unsafe { &mut *shm.data.cast::<Zone>() };
-    let shpool: *mut ngx_slab_pool_t = shm.shm.addr.cast();
-    // SAFETY: nginx has initialised the slab pool (or kept the old one) at shm.addr.
-    let pool = unsafe { &mut *shpool };
-
-    // SAFETY: ngx_pagesize is set at startup.
-    let page = unsafe { ngx_pagesize };
-    if !data.is_null() {
-        // Reused memory (reload, same name and size): the previous cycle's table is at pool.data.
-        // SAFETY: data is the previous cycle's Zone, alive until the old cycle is freed.
-        let len = unsafe { (*data.cast::<Zone>()).region_len };
-        let region = pool.data.cast::<u8>();
-        // SAFETY: the region was laid out by the previous cycle's zone_init.
-        if !region.is_null() && len > 0 && unsafe { Table::open(region, len) }.is_some() {
-            let log_room = pool.pfree * page >= zone.log_words * 8 * 8;
-            if log_room {
-                zone.region = region;
-                zone.region_len = len;
-                return 0;
-            }
-            // A sliding_log limit now uses a zone laid out without room for logs: start afresh.
-            ngx_log_error!(
-                NGX_LOG_WARN,
-                shm.shm.log,
-                "rl_zone \"{}\" has no room for sliding_log states, its state is reset",
-                zone.name
-            );
-            // SAFETY: the region was allocated from this pool by a previous zone_init.
-            unsafe { ngx_slab_free(shpool, region.cast()) };
-        }
-    }
-
-    let free = pool.pfree * page;
-    let mut len = free.saturating_sub(RESERVED_PAGES * page);
-    if zone.log_words > 0 {
-        len /= 2;
-    }
-    len &= !7;
-    // SAFETY: the pool is fresh and owned by the master during cycle initialisation.
-    let region = unsafe { ngx_slab_alloc(shpool, len) }.cast::<u8>();
-    if region.is_null() || len < Table::min_len() {
-        // SAFETY: cycle log is valid during initialisation.
-        ngx_log_error!(NGX_LOG_EMERG, unsafe { (*shm_zone).shm.log }, "rl_zone \"{}\" is too small", zone.name);
-        return -1;
-    }
-    let s = RandomState::new();
-    let seed = [s.hash_one(0xA5u8), s.hash_one(0x5Au8)];
-    // SAFETY: region is a fresh allocation of len bytes in the zone.
-    if unsafe { Table::attach(region, len, seed) }.is_err() {
-        return -1;
-    }
-    pool.data = region.cast();
-    zone.region = region;
-    zone.region_len = len;
-    set_log_ctx(pool, &zone.name);
-    0
-}
-
-/// Names the zone in the slab allocator's own messages.
-fn set_log_ctx(pool: &mut ngx_slab_pool_t, name: &str) {
-    let ctx = format!(" in rl_zone \"{}\"\0", name);
-    // SAFETY: a fresh pool, owned by the master during initialisation.
-    let p = unsafe { ngx_slab_alloc(pool, ctx.len()) }.cast::<u8>();
-    if !p.is_null() {
-        // SAFETY: p has room for ctx.len() bytes.
-        unsafe { ptr::copy_nonoverlapping(ctx.as_ptr(), p, ctx.len()) };
-        pool.log_ctx = p;
     }
 }

@@ -1,0 +1,241 @@
+//! The access phase: evaluates every `rl_limit` line of the location for the
+//! request, all-or-nothing, and remembers the outcome for the response
+//! headers.
+//!
+//! Shared-memory lines are decided on the spot, under their zones' locks.
+//! When the location also has Redis lines, the shared-memory lines are
+//! checked first (charging nothing), the Redis lines go to the I/O thread in
+//! one script call per zone, the request is suspended, and when the replies
+//! are in it is resumed here: only if Redis admitted are the shared-memory
+//! lines charged.
+
+use ngx::core::Status;
+use ngx::ffi::{ngx_http_complex_value, ngx_http_request_t, ngx_log_t, NGX_LOG_ERR};
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
+use ngx::log::DebugMask;
+use ngx::{ngx_log_debug, ngx_log_error};
+
+use crate::conf::MainConf;
+use crate::redis_zone::{self, Job, JobLine, RedisError, Reply};
+use crate::request::{get_ctx, new_ctx, Ctx, Phase};
+use crate::shm::decide::decide;
+use crate::Module;
+
+ngx::http_request_handler!(access_handler, access);
+
+/// The access-phase handler, for registration in postconfiguration.
+pub fn access_handler_pt() -> ngx::ffi::ngx_http_handler_pt {
+    Some(access_handler)
+}
+
+fn access(r: &mut Request) -> Status {
+    let raw: *mut ngx_http_request_t = (&mut *r).into();
+    // SAFETY: the request is valid during the phase handler.
+    if unsafe { (*raw).main } != raw {
+        return Status::NGX_DECLINED;
+    }
+    let (Some(lcf), Some(mcf)) = (Module::location_conf(r), Module::main_conf(r)) else {
+        return Status::NGX_DECLINED;
+    };
+    // SAFETY: the request is valid.
+    if lcf.lines.is_empty() && unsafe { (*raw).internal() } == 0 {
+        return Status::NGX_DECLINED;
+    }
+    let ctx = match get_ctx(r) {
+        Some(ctx) => match ctx.phase {
+            Phase::Decided => return Status::NGX_DECLINED,
+            Phase::Waiting(_) => return Status::NGX_AGAIN,
+            Phase::Replied => ctx,
+        },
+        None if lcf.lines.is_empty() => return Status::NGX_DECLINED,
+        None => {
+            let Some(ctx) = new_ctx(r, &lcf.lines, lcf.headers()) else {
+                return Status(500);
+            };
+            if eval_keys(raw, mcf, ctx).is_err() {
+                return Status(500);
+            }
+            if lcf.has_redis && ctx.iter(&mcf.lines).any(|(l, res)| res.active && l.backend.redis().is_some()) {
+                // Nothing goes to Redis if shared memory would reject anyway.
+                if decide(&mcf.zones, &mcf.lines, ctx, r.log(), false) {
+                    if let Some(n) = submit_redis(raw, mcf, ctx) {
+                        ctx.phase = Phase::Waiting(n);
+                        redis_zone::suspend(raw);
+                        return Status::NGX_AGAIN;
+                    }
+                } else {
+                    for z in 0..mcf.redis.len() {
+                        redis_failed(mcf, ctx, z, true);
+                    }
+                }
+            }
+            ctx
+        }
+    };
+    ctx.phase = Phase::Decided;
+    let redis_ok = !ctx.denied_by_error
+        && ctx.iter(&mcf.lines).all(|(l, res)| !res.active || res.admitted || l.backend.redis().is_none());
+    if redis_ok && decide(&mcf.zones, &mcf.lines, ctx, r.log(), true) {
+        debug_verdicts(r.log(), mcf, ctx);
+        return Status::NGX_DECLINED;
+    }
+    ctx.rejected = true;
+    uncharge(mcf, ctx);
+    debug_verdicts(r.log(), mcf, ctx);
+    log_rejection(r.log(), mcf, ctx);
+    Status(lcf.status as isize)
+}
+
+/// Evaluates every line's key; an empty key leaves its line inactive.
+fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Result<(), ()> {
+    for (line, res) in ctx.iter_mut(&mcf.lines) {
+        // SAFETY: the key was compiled at configuration time; the value is allocated in r->pool.
+        if unsafe { ngx_http_complex_value(r, line.key, &mut res.key) } != 0 {
+            return Err(());
+        }
+        res.active = res.key.len > 0;
+    }
+    Ok(())
+}
+
+/// Sends one job per Redis zone of the location. Returns how many replies
+/// to wait for, or `None` if nothing was sent (zones that could not take the
+/// job are then treated as failed, per their `on_error`).
+fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Option<u32> {
+    let mut sent = 0;
+    // SAFETY: the request is valid.
+    let log = unsafe { (*(*r).connection).log };
+    for (z, zone) in mcf.redis.iter().enumerate() {
+        let mut job = Job { id: 0, zone: z, lines: Default::default() };
+        for (line, res) in ctx.on_redis(&mcf.lines, z) {
+            let tag = rl_core::redis::tag_of(res.key.as_bytes());
+            job.lines.push(JobLine { tag, line_id: line.id, limit: line.limit, cost: line.cost });
+        }
+        if job.lines.is_empty() {
+            continue;
+        }
+        if redis_zone::submit(r, job).is_ok() {
+            sent += 1;
+            ctx.awaited |= 1 << z;
+        } else {
+            zone.failed(log, &RedisError::NoThread);
+            redis_failed(mcf, ctx, z, zone.on_error_allow);
+        }
+    }
+    (sent > 0).then_some(sent)
+}
+
+/// A zone's lines could not be decided by Redis: `on_error=allow` leaves
+/// them out, `on_error=deny` rejects the request.
+fn redis_failed(mcf: &MainConf, ctx: &mut Ctx, zone: usize, allow: bool) {
+    if !allow {
+        ctx.denied_by_error = true;
+    }
+    for (_, res) in ctx.on_redis(&mcf.lines, zone) {
+        res.active = false;
+    }
+}
+
+/// A Redis reply for a suspended request: record it, and resume the request
+/// once every zone has answered.
+pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
+    // SAFETY: r is a live suspended request (pending requests are forgotten when freed).
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    let Some(ctx) = get_ctx(req) else { return };
+    let Some(mcf) = Module::main_conf(req) else { return };
+    let Some(zone) = mcf.redis.get(reply.zone) else { return };
+    ctx.awaited &= !(1 << reply.zone);
+    match reply.result {
+        Ok((all, outcomes)) => {
+            for ((_, res), o) in ctx.on_redis(&mcf.lines, reply.zone).zip(outcomes) {
+                let o = rl_core::limit::Outcome {
+                    admitted: o.admitted,
+                    remaining: o.remaining,
+                    reset_us: o.reset_us,
+                    retry_after_us: o.retry_after_us,
+                    delay_us: 0,
+                };
+                res.set(&o, all);
+            }
+        }
+        Err(e) => {
+            zone.failed(req.log(), &e);
+            redis_failed(mcf, ctx, reply.zone, zone.on_error_allow);
+        }
+    }
+    ctx.phase = match ctx.phase {
+        Phase::Waiting(n) if n > 1 => Phase::Waiting(n - 1),
+        _ => Phase::Replied,
+    };
+    if ctx.phase == Phase::Replied {
+        redis_zone::resume(r);
+    }
+}
+
+/// The backstop timer of a suspended request fired before every Redis
+/// reply came: the zones still owed are failed (per their `on_error`), and
+/// the request goes on.
+pub fn on_lost(r: *mut ngx_http_request_t) {
+    // SAFETY: r is a live suspended request.
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    let (Some(ctx), Some(mcf)) = (get_ctx(req), Module::main_conf(req)) else { return };
+    for (z, zone) in mcf.redis.iter().enumerate() {
+        if ctx.awaited & (1 << z) != 0 {
+            zone.failed(req.log(), &RedisError::NoThread);
+            redis_failed(mcf, ctx, z, zone.on_error_allow);
+        }
+    }
+    ctx.awaited = 0;
+    ctx.phase = Phase::Replied;
+    redis_zone::resume(r);
+}
+
+/// A check reports what would remain after the charge; for the lines of a
+/// rejected request that were not charged, report what remains.
+fn uncharge(mcf: &MainConf, ctx: &mut Ctx) {
+    for (line, res) in ctx.iter_mut(&mcf.lines) {
+        if res.active && res.admitted && !res.charged {
+            res.remaining = res.remaining.saturating_add(line.cost);
+        }
+    }
+}
+
+/// Each active line's verdict, at `debug` level (compiled in where nginx
+/// was built `--with-debug`; silent unless the error log's level is debug).
+/// Keys are shown as the hash Redis keys use, never as they came.
+fn debug_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
+    for (line, res) in ctx.active(&mcf.lines) {
+        ngx_log_debug!(
+            mask: DebugMask::Http,
+            log,
+            "rl: zone \"{}\" line \"{}\" key {:016x}: {}, remaining {}, reset {} us, charged {}",
+            line.zone_name,
+            line.item,
+            rl_core::redis::tag_of(res.key.as_bytes()),
+            if res.admitted { "admitted" } else { "rejected" },
+            res.remaining,
+            res.reset_us,
+            res.charged
+        );
+    }
+}
+
+/// One line per rejection, naming the zone, as limit_req does.
+fn log_rejection(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
+    if ctx.denied_by_error {
+        return;
+    }
+    for (line, res) in ctx.iter(&mcf.lines).filter(|(_, r)| r.active && !r.admitted) {
+        ngx_log_error!(
+            NGX_LOG_ERR,
+            log,
+            "limiting requests by zone \"{}\", rate {}, burst {}, algorithm {}, retry in {}.{:03}s",
+            line.zone_name,
+            line.limit.rate(),
+            line.limit.burst(),
+            line.limit.algorithm(),
+            res.retry_after_us / 1_000_000,
+            res.retry_after_us % 1_000_000 / 1000
+        );
+    }
+}

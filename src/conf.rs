@@ -1,0 +1,154 @@
+//! Configuration: what the directives ([`directives`]) leave behind for the
+//! request path, merged per location and finished in postconfiguration.
+//!
+//! Imports run one way: `line` ← `conf` ← `shm`, `redis_zone` are read
+//! here only to declare zones; nothing under `conf` is imported by them.
+
+pub mod directives;
+pub mod redis;
+
+use std::collections::HashMap;
+
+use ngx::ffi::{ngx_conf_t, ngx_uint_t, NGX_LOG_EMERG};
+use ngx::ngx_conf_log_error;
+
+use crate::line::{Backend, HeadersMode, Line, LineId};
+use crate::redis_zone::RedisZone;
+use crate::shm::{Zone, MAX_ZONES_PER_LOCATION};
+
+/// Boxed zones: their addresses are kept elsewhere (the shm zone's `data`)
+/// and must not move.
+#[derive(Default)]
+#[allow(clippy::vec_box)]
+pub struct MainConf {
+    pub zones: Vec<Box<Zone>>,
+    pub redis: Vec<Box<RedisZone>>,
+    /// Every `rl_limit` line, in configuration order; [`LineId`] indexes it.
+    pub lines: Vec<Line>,
+    /// Location configurations that have lines, sorted by zone at postconfiguration.
+    pub locs: Vec<*mut LocConf>,
+}
+
+impl MainConf {
+    pub fn line(&self, id: LineId) -> Option<&Line> {
+        id.of(&self.lines)
+    }
+}
+
+pub struct LocConf {
+    /// Lines of this level; empty means "inherit".
+    pub lines: Vec<LineId>,
+    /// Some line is on a Redis zone (set at postconfiguration).
+    pub has_redis: bool,
+    pub status: ngx_uint_t,
+    pub headers: Option<HeadersMode>,
+}
+
+impl Default for LocConf {
+    fn default() -> Self {
+        LocConf { lines: Vec::new(), has_redis: false, status: ngx_uint_t::MAX, headers: None }
+    }
+}
+
+pub const DEFAULT_STATUS: ngx_uint_t = 429;
+
+/// Redis zones one nginx may declare (a request tracks them in a 64-bit mask).
+pub const MAX_REDIS_ZONES: usize = 64;
+
+impl ngx::http::Merge for LocConf {
+    fn merge(&mut self, prev: &LocConf) -> Result<(), ngx::http::MergeConfigError> {
+        LocConf::merge(self, prev);
+        Ok(())
+    }
+}
+
+impl LocConf {
+    /// Merges with the enclosing level, as nginx does for `limit_req`: lines
+    /// at an inner level replace the outer ones.
+    pub fn merge(&mut self, prev: &LocConf) {
+        if self.lines.is_empty() {
+            self.lines = prev.lines.clone();
+        }
+        if self.status == ngx_uint_t::MAX {
+            self.status = if prev.status == ngx_uint_t::MAX { DEFAULT_STATUS } else { prev.status };
+        }
+        if self.headers.is_none() {
+            self.headers = Some(prev.headers.unwrap_or(HeadersMode::Legacy));
+        }
+    }
+
+    pub fn headers(&self) -> HeadersMode {
+        self.headers.unwrap_or(HeadersMode::Legacy)
+    }
+}
+
+/// Resolves zone names, gives each line its identity and sorts every
+/// location's lines by zone (the order in which zone locks are taken).
+/// Errors are logged here, naming the directive and its `file:line`.
+pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
+    let mut seen: HashMap<u64, u64> = HashMap::new();
+    for line in mcf.lines.iter_mut() {
+        let shm = mcf.zones.iter().position(|z| z.name == line.zone_name);
+        let redis = mcf.redis.iter().position(|z| z.name == line.zone_name);
+        line.backend = match (shm, redis) {
+            (Some(i), _) => Backend::Shm(i),
+            (None, Some(i)) => Backend::Redis(i),
+            (None, None) => {
+                ngx_conf_log_error!(
+                    NGX_LOG_EMERG,
+                    cf,
+                    "unknown zone \"{}\" in \"rl_limit\" directive in {}",
+                    line.zone_name,
+                    line.origin
+                );
+                return Err(());
+            }
+        };
+        let base = line.identity();
+        let dup = seen.entry(base).or_insert(0);
+        line.id = base ^ dup.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        *dup += 1;
+        match line.backend {
+            Backend::Shm(i) => mcf.zones[i].note_line(&line.limit),
+            Backend::Redis(_) if !rl_core::redis::exact(&line.limit) => {
+                ngx_conf_log_error!(
+                    NGX_LOG_EMERG,
+                    cf,
+                    "rate {} with burst {} is out of the range a Redis zone computes exactly in \"rl_limit\" directive in {}",
+                    line.limit.rate(),
+                    line.limit.burst(),
+                    line.origin
+                );
+                return Err(());
+            }
+            Backend::Redis(_) => {}
+        }
+    }
+    let lines = &mcf.lines;
+    let backend = |id: &LineId| lines.get(id.0 as usize).map(|l| l.backend);
+    for &loc in &mcf.locs {
+        // SAFETY: registered in merge_loc_conf; location confs live as long as the cycle.
+        let loc = unsafe { &mut *loc };
+        loc.lines.sort_by_key(backend);
+        let mut zones: Vec<Option<Backend>> = loc.lines.iter().map(backend).collect();
+        loc.has_redis = zones.iter().any(|b| matches!(b, Some(Backend::Redis(_))));
+        zones.dedup();
+        if zones.len() > MAX_ZONES_PER_LOCATION {
+            ngx_conf_log_error!(
+                NGX_LOG_EMERG,
+                cf,
+                "too many zones in one location: {}, at most {} are supported",
+                zones.len(),
+                MAX_ZONES_PER_LOCATION
+            );
+            return Err(());
+        }
+    }
+    for zone in mcf.zones.iter_mut() {
+        if let Err(msg) = zone.check_fits() {
+            ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{}", msg);
+            return Err(());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! Redis Cluster: a script call's keys must share a slot. The jobs whose
+//! lines all have one client key go in one call per slot; a job whose lines
+//! span slots is checked on every slot first, then committed.
+
+use rl_core::redis::{write_state_key, Lines, RequestReply, ScriptLine};
+
+use super::conn::{Conn, ZoneConn};
+use super::script::{call_one, Code, Via};
+use super::{Job, JobLine, RedisError};
+
+impl ZoneConn {
+    /// A batch on a cluster: the jobs whose lines all have one client tag go
+    /// in one call per slot; the others one by one ([`ZoneConn::run_job`]).
+    pub async fn run_cluster(&self, code: &Code, jobs: &[Job]) -> Vec<Result<RequestReply, RedisError>> {
+        let (groups, singles) = by_slot(jobs, &self.spec.prefix);
+        let batches = groups.iter().map(|g| self.run_batch(code, g.iter().map(|&i| &jobs[i])));
+        let each = singles.iter().map(|&i| {
+            let job = &jobs[i];
+            self.retrying(move |conn| self.run_job(conn, code, job))
+        });
+        let (batches, each) =
+            futures_util::future::join(futures_util::future::join_all(batches), futures_util::future::join_all(each))
+                .await;
+        let mut out: Vec<Option<Result<RequestReply, RedisError>>> = jobs.iter().map(|_| None).collect();
+        for (g, results) in groups.iter().zip(batches) {
+            for (&i, r) in g.iter().zip(results) {
+                out[i] = Some(r);
+            }
+        }
+        for (&i, r) in singles.iter().zip(each) {
+            out[i] = Some(r);
+        }
+        out.into_iter().map(|r| r.unwrap_or(Err(RedisError::Malformed))).collect()
+    }
+
+    /// One job on a cluster: one script call when its lines share a slot;
+    /// else the lines are checked first, then committed, group by group.
+    async fn run_job(&self, conn: Conn, code: &Code, job: &Job) -> Result<RequestReply, RedisError> {
+        let prefix = &self.spec.prefix;
+        let via = Via { code, fcall: &self.fcall };
+        let tags: Vec<u64> = job.lines.iter().map(|l| l.tag).collect();
+        let Some(groups) = groups(&tags) else {
+            return call_one(conn, via, prefix, &job.lines, true).await;
+        };
+        let mut lines: Lines = smallvec::smallvec![ScriptLine::default(); job.lines.len()];
+        let mut all = true;
+        for commit in [false, true] {
+            let calls = groups.iter().map(|g| {
+                let sub: Vec<JobLine> = g.iter().map(|&i| job.lines[i]).collect();
+                let conn = conn.clone();
+                async move { call_one(conn, via, prefix, &sub, commit).await }
+            });
+            for (g, r) in groups.iter().zip(futures_util::future::join_all(calls).await) {
+                let (ok, res) = r?;
+                all &= ok;
+                for (i, l) in g.iter().zip(res) {
+                    lines[*i] = l;
+                }
+            }
+            if !all {
+                break;
+            }
+        }
+        Ok((all, lines))
+    }
+}
+
+/// For a cluster: the indices of the jobs whose lines all have one client
+/// tag, grouped by the slot of their keys (under `prefix`), in order; and
+/// the other jobs.
+fn by_slot(jobs: &[Job], prefix: &str) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let mut groups: Vec<(redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
+    let mut others = Vec::new();
+    let mut key = String::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let Some(first) = job.lines.first() else {
+            others.push(i);
+            continue;
+        };
+        if job.lines.iter().any(|l| l.tag != first.tag) {
+            others.push(i);
+            continue;
+        }
+        key.clear();
+        write_state_key(&mut key, prefix, first.tag, first.line_id);
+        let slot = redis::cluster_routing::Slot::for_key(&key);
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, v)) => v.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    (groups.into_iter().map(|(_, v)| v).collect(), others)
+}
+
+/// For a cluster, the lines grouped by hash tag when there is more than one
+/// tag; `None` when one script call can take every line.
+fn groups(tags: &[u64]) -> Option<Vec<Vec<usize>>> {
+    let mut groups: Vec<(u64, Vec<usize>)> = Vec::new();
+    for (i, t) in tags.iter().enumerate() {
+        match groups.iter_mut().find(|(g, _)| g == t) {
+            Some((_, v)) => v.push(i),
+            None => groups.push((*t, vec![i])),
+        }
+    }
+    (groups.len() > 1).then(|| groups.into_iter().map(|(_, v)| v).collect())
+}

@@ -1,0 +1,184 @@
+//! The limit script on the wire: its arguments and keys, `FCALL` of the
+//! library (Redis 7+) or `EVALSHA`/`EVAL`, and the reply.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, Script};
+use rl_core::redis::{
+    function_library, function_name, parse_reply, write_args, write_state_key, Arg, RequestReply, LIMIT_SCRIPT,
+};
+
+use super::conn::Conn;
+use super::{JobLine, RedisError};
+
+/// One script call for `requests` (each a request's lines) on keys under
+/// `prefix` (see [`invoke`] for how).
+pub async fn call(
+    conn: Conn,
+    via: Via<'_>,
+    prefix: &str,
+    requests: &[&[JobLine]],
+    commit: bool,
+) -> Result<(u64, Vec<RequestReply>), RedisError> {
+    let command = |how: How| {
+        let mut cmd = match how {
+            How::Fcall => redis::cmd("FCALL").arg(&via.code.function).to_owned(),
+            How::Evalsha => redis::cmd("EVALSHA").arg(via.code.script.get_hash()).to_owned(),
+            How::Eval => redis::cmd("EVAL").arg(LIMIT_SCRIPT).to_owned(),
+        };
+        cmd.arg(requests.iter().map(|r| r.len()).sum::<usize>());
+        let mut key = String::new();
+        for line in requests.iter().flat_map(|r| r.iter()) {
+            key.clear();
+            write_state_key(&mut key, prefix, line.tag, line.line_id);
+            cmd.arg(key.as_str());
+        }
+        let lines = requests.iter().map(|r| r.iter().map(|l| (l.limit, l.cost)));
+        write_args(lines, commit, None, |a| {
+            match a {
+                Arg::Str(s) => cmd.arg(s),
+                Arg::Int(i) => cmd.arg(i),
+                // A run's length: at most a batch.
+                Arg::Neg(n) => cmd.arg(-(n as i64)),
+            };
+        });
+        cmd
+    };
+    let reply: Vec<i64> = match conn {
+        Conn::Plain(mut c) => invoke(&mut c, via, command).await?,
+        Conn::Cluster(mut c) => invoke(&mut c, via, command).await?,
+    };
+    let nlines: Vec<usize> = requests.iter().map(|r| r.len()).collect();
+    parse_reply(&reply, &nlines).ok_or(RedisError::Malformed)
+}
+
+/// [`call`] for one request.
+pub async fn call_one(
+    conn: Conn,
+    via: Via<'_>,
+    prefix: &str,
+    lines: &[JobLine],
+    commit: bool,
+) -> Result<RequestReply, RedisError> {
+    let (_, mut replies) = call(conn, via, prefix, &[lines], commit).await?;
+    replies.pop().ok_or(RedisError::Malformed)
+}
+
+/// The limit script: as a Redis function library, and as a script.
+pub struct Code {
+    script: Script,
+    /// The library's function (and library) name.
+    function: String,
+    /// The library's text, for `FUNCTION LOAD`.
+    library: String,
+}
+
+impl Code {
+    pub fn new() -> Code {
+        Code { script: Script::new(LIMIT_SCRIPT), function: function_name(), library: function_library() }
+    }
+}
+
+/// How a zone runs the script: `fcall` until its server shows it cannot.
+#[derive(Clone, Copy)]
+pub struct Via<'a> {
+    pub code: &'a Code,
+    pub fcall: &'a AtomicBool,
+}
+
+#[derive(Clone, Copy)]
+enum How {
+    Fcall,
+    Evalsha,
+    Eval,
+}
+
+/// Sends the call as `command(How::Fcall)` while the zone uses functions:
+/// after `Function not found` (first call, Redis restarted, `FUNCTION
+/// FLUSH`) it loads the library (on every master of a cluster) and calls
+/// again, up to [`MAX_LOADS`] times. A server without functions (Redis
+/// before 7.0), that does not let this user load them, or that refuses the
+/// library (`ERR`) turns the zone to `EVALSHA` for good; another failure to
+/// load, for this call. `EVALSHA` is followed after `NOSCRIPT` (Redis
+/// restarted, `SCRIPT FLUSH`) by `EVAL` with the script's text, which runs
+/// it and caches it again in one command (a `SCRIPT LOAD` then `EVALSHA`
+/// could meet a second flush between the two).
+async fn invoke<C: ConnectionLike + Send>(
+    c: &mut C,
+    via: Via<'_>,
+    command: impl Fn(How) -> Cmd,
+) -> Result<Vec<i64>, RedisError> {
+    if via.fcall.load(Ordering::Relaxed) {
+        let mut result = command(How::Fcall).query_async(c).await;
+        if result.as_ref().is_err_and(unsupported) {
+            via.fcall.store(false, Ordering::Relaxed);
+        }
+        // No function (yet, or no more): load the library and call again. A
+        // flush can land between the load and the call (there is no atomic
+        // load-and-call, as EVAL is for a script): then load again, a few times.
+        let mut loads = 0;
+        while loads < MAX_LOADS && result.as_ref().is_err_and(|e| detail_starts(e, "Function not found")) {
+            loads += 1;
+            let load = redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(&via.code.library)
+                .query_async::<redis::Value>(c)
+                .await;
+            match load {
+                Ok(_) => result = command(How::Fcall).query_async(c).await,
+                Err(e) if is_io(&e) => return Err(describe(e)),
+                // ERR: a server that cannot take this library (it would refuse it again).
+                Err(e) if unsupported(&e) || e.code() == Some("ERR") => {
+                    via.fcall.store(false, Ordering::Relaxed);
+                    break;
+                }
+                // OOM, NOREPLICAS, BUSY, LOADING...: this call without functions, the next may load.
+                Err(_) => return evalsha(c, command).await,
+            }
+        }
+        if via.fcall.load(Ordering::Relaxed) {
+            return result.map_err(describe);
+        }
+    }
+    evalsha(c, command).await
+}
+
+/// `FUNCTION LOAD`s one call makes at most (see [`invoke`]).
+const MAX_LOADS: u32 = 3;
+
+/// `EVALSHA`, and `EVAL` after `NOSCRIPT` (see [`invoke`]).
+async fn evalsha<C: ConnectionLike + Send>(c: &mut C, command: impl Fn(How) -> Cmd) -> Result<Vec<i64>, RedisError> {
+    let mut result = command(How::Evalsha).query_async(c).await;
+    if let Err(e) = &result {
+        if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
+            result = command(How::Eval).query_async(c).await;
+        }
+    }
+    result.map_err(describe)
+}
+
+/// A server without functions, or a user not allowed to load them.
+fn unsupported(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOPERM") || detail_starts(e, "unknown command") || detail_starts(e, "unknown subcommand")
+}
+
+fn detail_starts(e: &redis::RedisError, text: &str) -> bool {
+    e.detail().is_some_and(|d| d.get(..text.len()).is_some_and(|d| d.eq_ignore_ascii_case(text)))
+}
+
+/// READONLY: the server was demoted to a replica (failover); reconnect to the master.
+fn is_io(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.code() == Some("READONLY")
+}
+
+/// A client error as the zone reads it: [`RedisError::Io`] when a new
+/// connection may help.
+fn describe(e: redis::RedisError) -> RedisError {
+    if is_io(&e) {
+        RedisError::Io(e.to_string())
+    } else {
+        RedisError::Server(e.to_string())
+    }
+}

@@ -1,0 +1,261 @@
+//! The nginx side of the Redis I/O thread, in the worker's event loop:
+//! submitting jobs (one batch per loop iteration), suspending a request and
+//! resuming it when the eventfd says its reply is in.
+
+use core::cell::RefCell;
+use core::ffi::c_void;
+use core::ptr;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use ngx::ffi::{
+    ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_cycle_t, ngx_del_timer, ngx_delete_posted_event,
+    ngx_event_actions, ngx_event_t, ngx_get_connection, ngx_http_block_reading, ngx_http_core_run_phases, ngx_http_request_t,
+    ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_msec_t, ngx_pool_cleanup_add,
+    ngx_post_event, ngx_posted_events, NGX_LOG_ERR,
+};
+use ngx::ngx_log_error;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+
+use super::thread::{self, Shared};
+use super::{Job, RedisZone, Reply, ZoneSpec};
+
+/// What a worker keeps while it has Redis zones.
+struct Worker {
+    tx: Option<UnboundedSender<Vec<Job>>>,
+    /// Jobs of this event-loop iteration, sent together by `flush_ev` (one
+    /// wake-up of the I/O thread per iteration, not per request).
+    outbox: Vec<Job>,
+    flush_ev: Box<ngx_event_t>,
+    shared: Arc<Shared>,
+    conn: *mut ngx_connection_t,
+    thread: Option<JoinHandle<()>>,
+    /// Suspended requests by job id.
+    pending: HashMap<u64, *mut ngx_http_request_t>,
+    next_id: u64,
+    /// Called with each reply, for the request it belongs to.
+    on_reply: fn(*mut ngx_http_request_t, Reply),
+    /// Called for a request whose replies did not come in time.
+    on_lost: fn(*mut ngx_http_request_t),
+    /// How long a suspended request waits at most (the longest zone timeout
+    /// plus a margin): a backstop should the I/O thread not answer, and a
+    /// timer that keeps a gracefully exiting worker alive while requests wait.
+    backstop_ms: u64,
+}
+
+/// Added to the longest zone timeout for the nginx-side backstop timer.
+const BACKSTOP_MARGIN_MS: u64 = 500;
+
+thread_local! {
+    static WORKER: RefCell<Option<Worker>> = const { RefCell::new(None) };
+}
+
+/// Starts the I/O thread (in a worker, never in the master) if there are Redis zones.
+pub fn init_worker(
+    cycle: *mut ngx_cycle_t,
+    zones: &[Box<RedisZone>],
+    on_reply: fn(*mut ngx_http_request_t, Reply),
+    on_lost: fn(*mut ngx_http_request_t),
+) -> Result<(), ()> {
+    if zones.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: plain syscall; the fd is owned by the worker from here on.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    // SAFETY: the cycle is valid in init_process.
+    let log = unsafe { (*cycle).log };
+    if efd < 0 {
+        ngx_log_error!(NGX_LOG_ERR, log, "rl: eventfd() failed");
+        return Err(());
+    }
+    // SAFETY: registers the eventfd as an nginx connection so the event loop watches it.
+    let conn = unsafe { ngx_get_connection(efd, log) };
+    if conn.is_null() {
+        // SAFETY: not registered anywhere.
+        unsafe { libc::close(efd) };
+        return Err(());
+    }
+    // SAFETY: conn and its read event were just set up by ngx_get_connection; `add` is the event
+    // module's function (epoll), level-triggered with flags 0; we drain the eventfd on every call.
+    unsafe {
+        let rev = (*conn).read;
+        (*rev).handler = Some(on_notify);
+        (*rev).log = log;
+        (*conn).log = log;
+        let Some(add) = ngx_event_actions.add else {
+            ngx_close_connection(conn);
+            return Err(());
+        };
+        if add(rev, READ_EVENT, 0) != 0 {
+            ngx_close_connection(conn);
+            return Err(());
+        }
+    }
+    let shared = Arc::new(Shared { replies: Mutex::new(Vec::new()), efd });
+    let (tx, rx) = unbounded_channel();
+    let specs: Vec<ZoneSpec> = zones.iter().map(|z| z.spec.clone()).collect();
+    let sh = shared.clone();
+    let thread = std::thread::Builder::new().name("rl-redis".into()).spawn(move || thread::run(specs, rx, sh)).ok();
+    // SAFETY: a zeroed event is nginx's initial state for a posted-only event.
+    let mut flush_ev: Box<ngx_event_t> = Box::new(unsafe { core::mem::zeroed() });
+    flush_ev.handler = Some(flush);
+    flush_ev.log = log;
+    WORKER.with(|w| {
+        *w.borrow_mut() = Some(Worker {
+            tx: Some(tx),
+            outbox: Vec::new(),
+            flush_ev,
+            shared,
+            conn,
+            thread,
+            pending: HashMap::new(),
+            next_id: 1,
+            on_reply,
+            on_lost,
+            backstop_ms: zones.iter().map(|z| z.spec.timeout.as_millis() as u64).max().unwrap_or(0)
+                + BACKSTOP_MARGIN_MS,
+        })
+    });
+    Ok(())
+}
+
+/// `EPOLLIN | EPOLLRDHUP`, nginx's NGX_READ_EVENT with epoll.
+const READ_EVENT: ngx_int_t = (libc::EPOLLIN | libc::EPOLLRDHUP) as ngx_int_t;
+
+/// Stops the I/O thread and closes the eventfd (exit_process).
+pub fn exit_worker() {
+    let Some(mut w) = WORKER.with(|w| w.borrow_mut().take()) else {
+        return;
+    };
+    if w.flush_ev.posted() != 0 {
+        // SAFETY: the event is in the posted queue; remove it before it is freed.
+        unsafe { ngx_delete_posted_event(&mut *w.flush_ev) };
+    }
+    w.tx = None;
+    if let Some(t) = w.thread.take() {
+        let _ = t.join();
+    }
+    // SAFETY: the connection was created in init_worker and is closed once.
+    unsafe { ngx_close_connection(w.conn) };
+}
+
+/// Sends a job for a request; the request is resumed when its reply arrives.
+pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), ()> {
+    WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        let w = w.as_mut().ok_or(())?;
+        let id = w.next_id;
+        w.next_id += 1;
+        job.id = id;
+        // Forget the request if it goes away before the reply (client closed it).
+        // SAFETY: the request pool is valid; the cleanup entry lives as long as the pool.
+        let cln = unsafe { ngx_pool_cleanup_add((*r).pool, 0).as_mut() }.ok_or(())?;
+        cln.handler = Some(forget_request);
+        cln.data = id as usize as *mut c_void;
+        if w.tx.is_none() {
+            return Err(());
+        }
+        w.outbox.push(job);
+        w.pending.insert(id, r);
+        if w.flush_ev.posted() == 0 {
+            // SAFETY: the event lives as long as the worker state; posted events run after this
+            // iteration's I/O events.
+            unsafe { ngx_post_event(&mut *w.flush_ev, ptr::addr_of_mut!(ngx_posted_events)) };
+        }
+        Ok(())
+    })
+}
+
+/// Sends the jobs of this event-loop iteration to the I/O thread at once.
+extern "C" fn flush(_ev: *mut ngx_event_t) {
+    WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        let Some(w) = w.as_mut() else { return };
+        let jobs = std::mem::take(&mut w.outbox);
+        if let Some(tx) = &w.tx {
+            // The receiver lives until exit_worker drops the sender.
+            let _ = tx.send(jobs);
+        }
+    });
+}
+
+extern "C" fn forget_request(data: *mut c_void) {
+    let id = data as usize as u64;
+    WORKER.with(|w| {
+        if let Ok(mut w) = w.try_borrow_mut() {
+            if let Some(w) = w.as_mut() {
+                w.pending.remove(&id);
+            }
+        }
+    });
+}
+
+/// Suspends the request until its replies are in (the access handler then
+/// returns NGX_AGAIN), with a backstop timer on its write event.
+pub fn suspend(r: *mut ngx_http_request_t) {
+    let backstop = WORKER.with(|w| w.borrow().as_ref().map_or(BACKSTOP_MARGIN_MS, |w| w.backstop_ms));
+    // SAFETY: the request and its connection are valid; these are nginx's own handlers, and the
+    // timer is removed in resume() or fires into backstop() below.
+    unsafe {
+        (*r).read_event_handler = Some(ngx_http_test_reading);
+        (*r).write_event_handler = Some(on_backstop);
+        ngx_add_timer((*(*r).connection).write, backstop as ngx_msec_t);
+    }
+}
+
+/// The backstop timer fired (or the socket became writable: ignored).
+extern "C" fn on_backstop(r: *mut ngx_http_request_t) {
+    // SAFETY: called by nginx for a live request.
+    let wev = unsafe { (*(*r).connection).write };
+    // SAFETY: as above.
+    if unsafe { (*wev).timedout() } == 0 {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { (*wev).set_timedout(0) };
+    let on_lost = WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        let w = w.as_mut()?;
+        w.pending.retain(|_, p| *p != r);
+        Some(w.on_lost)
+    });
+    if let Some(on_lost) = on_lost {
+        on_lost(r);
+    }
+}
+
+/// Continues a suspended request from the access phase.
+pub fn resume(r: *mut ngx_http_request_t) {
+    // SAFETY: r is pending, hence alive (its pool cleanup removes it otherwise).
+    unsafe {
+        let c = (*r).connection;
+        if (*(*c).write).timer_set() != 0 {
+            ngx_del_timer((*c).write);
+        }
+        (*r).read_event_handler = Some(ngx_http_block_reading);
+        (*r).write_event_handler = Some(ngx_http_core_run_phases);
+        ngx_http_core_run_phases(r);
+        ngx_http_run_posted_requests(c);
+    }
+}
+
+/// The eventfd is readable: dispatch every reply to its request.
+extern "C" fn on_notify(_ev: *mut ngx_event_t) {
+    let Some((shared, on_reply)) = WORKER.with(|w| w.borrow().as_ref().map(|w| (w.shared.clone(), w.on_reply))) else {
+        return;
+    };
+    let mut buf = 0u64;
+    // SAFETY: reading the 8-byte eventfd counter resets it; EAGAIN is harmless.
+    unsafe { libc::read(shared.efd, (&mut buf as *mut u64).cast(), 8) };
+    let replies = match shared.replies.lock() {
+        Ok(mut q) => std::mem::take(&mut *q),
+        Err(_) => return,
+    };
+    for reply in replies {
+        let r = WORKER.with(|w| w.borrow_mut().as_mut().and_then(|w| w.pending.remove(&reply.id)));
+        if let Some(r) = r {
+            on_reply(r, reply);
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! A request's state across the phases: which lines apply, each line's
+//! verdict, and where the decision stands. Allocated from the request pool
+//! and kept across internal redirects (see [`get_ctx`]).
+
+use core::ffi::c_void;
+use core::{mem, ptr, slice};
+
+use ngx::ffi::{ngx_http_request_t, ngx_pcalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_time};
+use ngx::http::{HttpModule, Request};
+use rl_core::limit::Outcome;
+
+use crate::line::{HeadersMode, Line, LineId};
+use crate::Module;
+
+/// The outcome of one line for this request.
+#[derive(Clone, Copy)]
+pub struct LineResult {
+    /// The key was non-empty and the line was evaluated.
+    pub active: bool,
+    pub admitted: bool,
+    pub remaining: u64,
+    pub reset_us: u64,
+    /// When rejected: the wait until a lone request passes (`u64::MAX`: never).
+    pub retry_after_us: u64,
+    /// The line's state was charged for this request.
+    pub charged: bool,
+    pub key: ngx_str_t,
+    /// Where the state is in a shared-memory zone: its hash, and the index of
+    /// the zone's lock among those the request holds.
+    pub hash: [u64; 2],
+    pub lock: usize,
+}
+
+impl LineResult {
+    /// Records a verdict (from shared memory or a Redis reply).
+    pub fn set(&mut self, o: &Outcome, charged: bool) {
+        self.admitted = o.admitted;
+        self.remaining = o.remaining;
+        self.reset_us = o.reset_us;
+        self.retry_after_us = o.retry_after_us.unwrap_or(u64::MAX);
+        self.charged = charged;
+    }
+}
+
+/// Where the request is in its evaluation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for this many Redis replies.
+    Waiting(u32),
+    /// Redis replies are in; the decision is still to be made.
+    Replied,
+    /// Decided: later passes through the access phase (internal redirects) let it through.
+    Decided,
+}
+
+/// Per-request state.
+pub struct Ctx {
+    /// The location's lines (its configuration lives as long as the cycle).
+    ids: *const LineId,
+    results: *mut LineResult,
+    n: usize,
+    pub phase: Phase,
+    pub rejected: bool,
+    /// A Redis zone with `on_error=deny` failed.
+    pub denied_by_error: bool,
+    /// Redis zones (bit = zone index) whose reply is still awaited.
+    pub awaited: u64,
+    pub headers: HeadersMode,
+    /// Unix time of the decision, seconds.
+    pub now_unix: i64,
+}
+
+impl Ctx {
+    /// The location's lines, in the order of [`Ctx::results`].
+    pub fn ids(&self) -> &'static [LineId] {
+        // SAFETY: n ids of the location configuration, alive for the cycle.
+        unsafe { slice::from_raw_parts(self.ids, self.n) }
+    }
+
+    pub fn results(&mut self) -> &mut [LineResult] {
+        // SAFETY: n results allocated with the context in the request pool.
+        unsafe { slice::from_raw_parts_mut(self.results, self.n) }
+    }
+
+    /// Each line with its outcome.
+    pub fn iter<'a>(&'a self, lines: &'a [Line]) -> impl Iterator<Item = (&'a Line, &'a LineResult)> {
+        // SAFETY: as in `results`.
+        let results = unsafe { slice::from_raw_parts(self.results, self.n) };
+        self.ids().iter().zip(results.iter()).filter_map(|(&id, r)| Some((id.of(lines)?, r)))
+    }
+
+    /// The lines evaluated for this request, with their outcomes.
+    pub fn active<'a>(&'a self, lines: &'a [Line]) -> impl Iterator<Item = (&'a Line, &'a LineResult)> {
+        self.iter(lines).filter(|(_, r)| r.active)
+    }
+
+    /// Each line with its outcome, to be written.
+    pub fn iter_mut<'a>(&'a mut self, lines: &'a [Line]) -> impl Iterator<Item = (&'a Line, &'a mut LineResult)> {
+        let ids = self.ids();
+        ids.iter().zip(self.results().iter_mut()).filter_map(|(&id, r)| Some((id.of(lines)?, r)))
+    }
+
+    /// The active lines on Redis zone `zone`, with their outcomes.
+    pub fn on_redis<'a>(
+        &'a mut self,
+        lines: &'a [Line],
+        zone: usize,
+    ) -> impl Iterator<Item = (&'a Line, &'a mut LineResult)> {
+        self.iter_mut(lines).filter(move |(l, r)| r.active && l.backend.redis() == Some(zone))
+    }
+}
+
+/// Marks the request-pool cleanup that carries our context, so that it can
+/// be found again after an internal redirect wipes `r->ctx`.
+extern "C" fn ctx_marker(_data: *mut c_void) {}
+
+/// The request's context: from `r->ctx`, or recovered from the pool after an
+/// internal redirect (index, try_files, error_page) so that a request is
+/// counted once.
+pub fn get_ctx(r: &Request) -> Option<&'static mut Ctx> {
+    let raw: *const ngx_http_request_t = r.into();
+    let index = Module::module().ctx_index;
+    // SAFETY: r->ctx has one slot per http module; ours holds NULL or a pool-allocated Ctx.
+    let ctx = unsafe { *(*raw).ctx.add(index) }.cast::<Ctx>();
+    // SAFETY: see above; the Ctx lives as long as the request.
+    if let Some(ctx) = unsafe { ctx.as_mut() } {
+        return Some(ctx);
+    }
+    // Only an internal redirect wipes r->ctx.
+    // SAFETY: the request is valid.
+    if unsafe { (*raw).internal() } == 0 {
+        return None;
+    }
+    // SAFETY: the request and its pool are valid; the cleanup list is a linked list owned by the pool.
+    let mut c = unsafe { (*(*raw).pool).cleanup };
+    // SAFETY: as above.
+    while let Some(cl) = unsafe { c.as_ref() } {
+        // The marker is compared by address: one definition in this crate, built as a single
+        // codegen unit, so the address is unique.
+        if cl.handler.map(|f| f as usize) == Some(ctx_marker as extern "C" fn(*mut c_void) as usize)
+            && !cl.data.is_null()
+        {
+            r.set_module_ctx(cl.data, Module::module());
+            // SAFETY: set by new_ctx below to a pool-allocated Ctx.
+            return Some(unsafe { &mut *cl.data.cast::<Ctx>() });
+        }
+        c = cl.next;
+    }
+    None
+}
+
+/// A new context for the location's lines, with every line inactive.
+pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode) -> Option<&'static mut Ctx> {
+    let raw: *const ngx_http_request_t = r.into();
+    // SAFETY: the request pool is valid for the request's lifetime.
+    let pool = unsafe { (*raw).pool };
+    let size = mem::size_of::<Ctx>() + ids.len() * mem::size_of::<LineResult>();
+    // SAFETY: pool is valid; zeroed memory is a valid LineResult array (no references inside).
+    let ctx = unsafe { ngx_pcalloc(pool, size) }.cast::<Ctx>();
+    if ctx.is_null() {
+        return None;
+    }
+    // SAFETY: ngx_pcalloc aligns to NGX_ALIGNMENT (pointer size); Ctx and LineResult need 8.
+    let results = unsafe { ctx.add(1).cast::<LineResult>() };
+    let value = Ctx {
+        ids: ids.as_ptr(),
+        results,
+        n: ids.len(),
+        phase: Phase::Decided,
+        rejected: false,
+        denied_by_error: false,
+        awaited: 0,
+        headers,
+        now_unix: ngx_time() as i64,
+    };
+    // SAFETY: ctx points to size bytes.
+    unsafe { ptr::write(ctx, value) };
+    // SAFETY: as above.
+    let cln = unsafe { ngx_pool_cleanup_add(pool, 0).as_mut() }?;
+    cln.handler = Some(ctx_marker);
+    cln.data = ctx.cast();
+    r.set_module_ctx(ctx.cast(), Module::module());
+    // SAFETY: initialised above.
+    Some(unsafe { &mut *ctx })
+}

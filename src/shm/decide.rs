@@ -1,0 +1,149 @@
+//! The decision on a request's shared-memory lines: under their zones' locks
+//! (taken in zone order, the order the location's lines are sorted in),
+//! every line is checked, then — only if every one admits, and only when
+//! asked to commit — every one is charged.
+
+use core::mem;
+
+use ngx::ffi::{ngx_current_msec, ngx_log_t, NGX_LOG_ERR};
+use ngx::ngx_log_error;
+
+use super::{Locked, Zone, MAX_ZONES_PER_LOCATION};
+use crate::line::Line;
+use crate::request::Ctx;
+
+/// Decides the request's active shared-memory lines; returns whether they
+/// all admit. With `commit` false nothing is charged (the check before a
+/// Redis call). A line whose zone cannot be used is left inactive, and said
+/// so in the log.
+pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t, commit: bool) -> bool {
+    // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
+    let now_us = unsafe { ngx_current_msec } as u64 * 1000;
+    let now_s = (now_us / 1_000_000) as u32;
+
+    // Locks and entries.
+    let mut locks = Locks::new();
+    for (line, res) in ctx.iter_mut(lines).filter(|(_, res)| res.active) {
+        let Some(z) = line.backend.shm() else { continue };
+        if locks.last_zone() != Some(z) {
+            let Some(zone) = zones.get(z) else {
+                res.active = false;
+                continue;
+            };
+            let Some(mut locked) = zone.lock() else {
+                ngx_log_error!(NGX_LOG_ERR, log, "rl_zone \"{}\" is not initialised", zone.name);
+                res.active = false;
+                continue;
+            };
+            locked.expire(now_s);
+            if locks.push(z, locked).is_err() {
+                // finish() refuses a location with more zones than a request can lock.
+                ngx_log_error!(NGX_LOG_ERR, log, "rl_zone \"{}\": too many zones in one location", zone.name);
+                return false;
+            }
+        }
+        let Some((lock, locked)) = locks.last_mut() else {
+            continue;
+        };
+        res.hash = locked.table.hash_key(line.id, res.key.as_bytes());
+        res.lock = lock;
+        res.active = locked.ensure(res.hash, &line.limit, now_s, log);
+    }
+
+    // Check every line, charging nothing; a line alone is checked and
+    // charged in one step.
+    let single = commit && ctx.iter(lines).filter(|(_, r)| r.active).count() == 1;
+    let mut admitted = true;
+    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| res.active && l.backend.shm().is_some()) {
+        let Some(locked) = locks.get_mut(res.lock) else {
+            res.active = false;
+            continue;
+        };
+        let Some(state) = locked.state(res.hash, &line.limit) else {
+            res.active = false;
+            continue;
+        };
+        let o = if single {
+            line.limit.acquire(state, now_us, line.cost)
+        } else {
+            line.limit.check(state, now_us, line.cost)
+        };
+        let charged = single && o.admitted;
+        if charged {
+            locked.charged(res.hash, now_us, o.reset_us);
+        }
+        res.set(&o, charged);
+        admitted &= o.admitted;
+    }
+    if !admitted || !commit || single {
+        return admitted;
+    }
+
+    // Every line admits: charge them all.
+    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| res.active && l.backend.shm().is_some()) {
+        let Some(locked) = locks.get_mut(res.lock) else {
+            continue;
+        };
+        let Some(state) = locked.state(res.hash, &line.limit) else {
+            continue;
+        };
+        let o = line.limit.acquire(state, now_us, line.cost);
+        res.remaining = o.remaining;
+        res.reset_us = o.reset_us;
+        res.charged = true;
+        locked.charged(res.hash, now_us, o.reset_us);
+    }
+    true
+}
+
+/// The zones locked by one request, in locking order; unlocked when dropped.
+/// A small array on the stack: initialising 16 `Option<Locked>` per request
+/// would cost more than the decision itself.
+struct Locks<'a> {
+    zones: [usize; MAX_ZONES_PER_LOCATION],
+    locks: [mem::MaybeUninit<Locked<'a>>; MAX_ZONES_PER_LOCATION],
+    len: usize,
+}
+
+impl<'a> Locks<'a> {
+    fn new() -> Self {
+        Locks {
+            zones: [0; MAX_ZONES_PER_LOCATION],
+            locks: [const { mem::MaybeUninit::uninit() }; MAX_ZONES_PER_LOCATION],
+            len: 0,
+        }
+    }
+
+    fn last_zone(&self) -> Option<usize> {
+        self.len.checked_sub(1).map(|i| self.zones[i])
+    }
+
+    fn push(&mut self, zone: usize, locked: Locked<'a>) -> Result<(), Locked<'a>> {
+        if self.len == MAX_ZONES_PER_LOCATION {
+            return Err(locked);
+        }
+        self.zones[self.len] = zone;
+        self.locks[self.len].write(locked);
+        self.len += 1;
+        Ok(())
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut Locked<'a>> {
+        // SAFETY: the first len elements are initialised.
+        (i < self.len).then(|| unsafe { self.locks[i].assume_init_mut() })
+    }
+
+    fn last_mut(&mut self) -> Option<(usize, &mut Locked<'a>)> {
+        let i = self.len.checked_sub(1)?;
+        self.get_mut(i).map(|l| (i, l))
+    }
+}
+
+impl Drop for Locks<'_> {
+    fn drop(&mut self) {
+        for l in &mut self.locks[..self.len] {
+            // SAFETY: the first len elements are initialised and dropped once.
+            unsafe { l.assume_init_drop() };
+        }
+    }
+}
