@@ -13,8 +13,8 @@ use core::ptr;
 
 use ngx::ffi::{
     ngx_conf_t, ngx_pagesize, ngx_shared_memory_add, ngx_shm_zone_t, ngx_shmtx_lock, ngx_shmtx_unlock,
-    ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t, ngx_str_t,
-    NGX_LOG_EMERG, NGX_LOG_WARN,
+    ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t, ngx_str_t, NGX_LOG_ALERT, NGX_LOG_EMERG,
+    NGX_LOG_WARN,
 };
 use ngx::{ngx_conf_log_error, ngx_log_error};
 use rl_core::limit::{Algorithm, Limit};
@@ -182,22 +182,37 @@ impl<'a> Locked<'a> {
         }
     }
 
-    /// Frees what a dropped state owned and reports evictions, once in a while.
+    /// Frees what a dropped state owned and reports a full zone, once in a
+    /// while: states dropped to make room, and how many of them were still
+    /// limiting their keys (those keys come back with a full budget).
     fn dropped(&mut self, dropped: &Dropped, now_s: u32, log: *mut ngx::ffi::ngx_log_t) {
         if let Some(state) = dropped.state() {
             free_ring(self.shpool, state);
         }
-        if let Dropped::Evicted { .. } = dropped {
-            let last = self.table.header_spare_mut();
-            if u64::from(now_s) >= *last + FULL_LOG_INTERVAL_S || *last == 0 {
-                *last = u64::from(now_s).max(1);
-                let evictions = self.table.stats().evictions;
+        match dropped {
+            Dropped::Nothing => {}
+            Dropped::Expired { .. } | Dropped::Evicted { .. } => {
+                let last = self.table.header_spare_mut();
+                if u64::from(now_s) >= *last + FULL_LOG_INTERVAL_S || *last == 0 {
+                    *last = u64::from(now_s).max(1);
+                    let stats = self.table.stats();
+                    ngx_log_error!(
+                        NGX_LOG_WARN,
+                        log,
+                        "rl_zone \"{}\" is full, evicting least recently used states \
+                         ({} evicted so far, {} still limiting)",
+                        self.zone.name,
+                        stats.evictions.wrapping_add(stats.evicted_idle),
+                        stats.evictions
+                    );
+                }
+            }
+            Dropped::Reset => {
                 ngx_log_error!(
-                    NGX_LOG_WARN,
+                    NGX_LOG_ALERT,
                     log,
-                    "rl_zone \"{}\" is full, evicting least recently used states ({} evicted so far)",
-                    self.zone.name,
-                    evictions
+                    "rl_zone \"{}\" was found corrupted and laid out anew: every state was dropped",
+                    self.zone.name
                 );
             }
         }

@@ -114,6 +114,9 @@ pub struct Stats {
     pub evictions: u64,
     /// Idle states dropped (by [`Table::expire`] or to make room).
     pub expirations: u64,
+    /// Idle states dropped to make room (a full table): with `evictions`,
+    /// every state dropped because the table was full.
+    pub evicted_idle: u64,
     /// Entries created.
     pub inserts: u64,
 }
@@ -207,6 +210,7 @@ impl<'a> Table<'a> {
             lru_tail: NIL,
             evictions: 0,
             expirations: 0,
+            evicted_idle: 0,
             inserts: 0,
             sip_key: seed,
             spare: 0,
@@ -339,6 +343,7 @@ impl<'a> Table<'a> {
             used: self.hdr.used as usize,
             evictions: self.hdr.evictions,
             expirations: self.hdr.expirations,
+            evicted_idle: self.hdr.evicted_idle,
             inserts: self.hdr.inserts,
         }
     }
@@ -449,6 +454,7 @@ impl<'a> Table<'a> {
         self.unlink(i);
         if idle_at <= now_s {
             self.hdr.expirations = self.hdr.expirations.wrapping_add(1);
+            self.hdr.evicted_idle = self.hdr.evicted_idle.wrapping_add(1);
             Dropped::Expired { state }
         } else {
             self.hdr.evictions = self.hdr.evictions.wrapping_add(1);

@@ -93,6 +93,7 @@ fn full_table_evicts_instead_of_failing() {
     let s = t.stats();
     assert_eq!(s.evictions, 2 * cap);
     assert_eq!(s.expirations, 0);
+    assert_eq!(s.evicted_idle, 0);
     assert_eq!(s.inserts, 3 * cap);
     t.check_invariants().unwrap();
 }
@@ -111,7 +112,11 @@ fn idle_entries_go_before_busy_ones() {
     assert!(matches!(ins.dropped, Dropped::Expired { .. }), "{:?}", ins.dropped);
     assert!(t.find([2, 0]).is_none());
     assert_eq!(t.stats().expirations, 1);
+    assert_eq!(t.stats().evicted_idle, 1);
     assert_eq!(t.stats().evictions, 0);
+    // Expiry by age is not an eviction: the table was not full for it.
+    assert_eq!(t.expire(10_000, 3, |_| {}), 3);
+    assert_eq!((t.stats().expirations, t.stats().evicted_idle), (4, 1));
     t.check_invariants().unwrap();
 }
 

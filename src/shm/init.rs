@@ -6,7 +6,8 @@ use core::ptr;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
-use ngx::ffi::{ngx_int_t, ngx_pagesize, ngx_shm_zone_t, ngx_slab_alloc, ngx_slab_free, ngx_slab_pool_t, NGX_LOG_EMERG, NGX_LOG_WARN};
+use ngx::core::Status;
+use ngx::ffi::{ngx_int_t, ngx_pagesize, ngx_shm_zone_t, ngx_slab_alloc, ngx_slab_pool_t, NGX_LOG_EMERG};
 use ngx::ngx_log_error;
 use rl_core::table::Table;
 
@@ -28,27 +29,34 @@ pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) ->
     // SAFETY: ngx_pagesize is set at startup.
     let page = unsafe { ngx_pagesize };
     if !data.is_null() {
-        // Reused memory (reload, same name and size): the previous cycle's table is at pool.data.
+        // Reused memory (reload, same name and size): the previous cycle's table is at pool.data,
+        // and the old cycle's workers go on using it while they drain: it is never freed or laid
+        // out anew here.
         // SAFETY: data is the previous cycle's Zone, alive until the old cycle is freed.
         let len = unsafe { (*data.cast::<Zone>()).region_len };
         let region = pool.data.cast::<u8>();
         // SAFETY: the region was laid out by the previous cycle's zone_init.
         if !region.is_null() && len > 0 && unsafe { Table::open(region, len) }.is_some() {
-            let log_room = pool.pfree * page >= zone.log_words * 8 * 8;
-            if log_room {
-                zone.region = region;
-                zone.region_len = len;
-                return 0;
+            if pool.pfree * page < zone.log_words * 8 * 8 {
+                // A sliding_log line now uses a zone laid out without room for its logs. As
+                // limit_req refuses a zone whose key changed, refuse the reload: the running
+                // configuration goes on; a new size makes nginx lay out a new zone.
+                // SAFETY: cycle log is valid during initialisation.
+                ngx_log_error!(
+                    NGX_LOG_EMERG,
+                    unsafe { (*shm_zone).shm.log },
+                    "rl_zone \"{}\" was laid out without room for sliding_log states; \
+                     change its size to lay it out anew",
+                    zone.name
+                );
+                return Status::NGX_ERROR.into();
             }
-            // A sliding_log limit now uses a zone laid out without room for logs: start afresh.
-            ngx_log_error!(
-                NGX_LOG_WARN,
-                shm.shm.log,
-                "rl_zone \"{}\" has no room for sliding_log states, its state is reset",
-                zone.name
-            );
-            // SAFETY: the region was allocated from this pool by a previous zone_init.
-            unsafe { ngx_slab_free(shpool, region.cast()) };
+            // A full zone is reported by its own warning, not by the slab allocator's
+            // [crit] on every failed allocation (as limit_req does).
+            pool.set_log_nomem(0);
+            zone.region = region;
+            zone.region_len = len;
+            return Status::NGX_OK.into();
         }
     }
 
@@ -63,19 +71,22 @@ pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) ->
     if region.is_null() || len < Table::min_len() {
         // SAFETY: cycle log is valid during initialisation.
         ngx_log_error!(NGX_LOG_EMERG, unsafe { (*shm_zone).shm.log }, "rl_zone \"{}\" is too small", zone.name);
-        return -1;
+        return Status::NGX_ERROR.into();
     }
     let s = RandomState::new();
     let seed = [s.hash_one(0xA5u8), s.hash_one(0x5Au8)];
     // SAFETY: region is a fresh allocation of len bytes in the zone.
-    if unsafe { Table::attach(region, len, seed) }.is_err() {
-        return -1;
+    if let Err(e) = unsafe { Table::attach(region, len, seed) } {
+        // SAFETY: cycle log is valid during initialisation.
+        ngx_log_error!(NGX_LOG_EMERG, unsafe { (*shm_zone).shm.log }, "rl_zone \"{}\": {:?}", zone.name, e);
+        return Status::NGX_ERROR.into();
     }
     pool.data = region.cast();
+    pool.set_log_nomem(0);
     zone.region = region;
     zone.region_len = len;
     set_log_ctx(pool, &zone.name);
-    0
+    Status::NGX_OK.into()
 }
 
 /// Names the zone in the slab allocator's own messages.

@@ -295,6 +295,34 @@ impl Nginx {
         }
     }
 
+    /// Rewrites the configuration with `http_block` and reloads, expecting
+    /// the master to refuse it: waits for the `[emerg]`, puts the running
+    /// configuration's file back, and returns what the reload logged.
+    pub fn reload_refused(&mut self, http_block: &str) -> String {
+        let before = self.error_log().len();
+        self.write_conf(http_block);
+        let out = Command::new(nginx_bin())
+            .args(self.base_args())
+            .args(["-s", "reload"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("cannot run nginx -s reload");
+        assert!(out.status.success(), "nginx -s reload failed: {}", String::from_utf8_lossy(&out.stderr));
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let new = loop {
+            let log = self.error_log();
+            let new = log.get(before..).unwrap_or("").to_string();
+            if new.contains("[emerg]") {
+                break new;
+            }
+            assert!(Instant::now() < deadline, "the reload was not refused; error log since reload:\n{new}");
+            thread::sleep(Duration::from_millis(20));
+        };
+        let running = self.http_block.clone();
+        self.write_conf(&running);
+        new
+    }
+
     pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
         get(self.port, path, headers)
     }

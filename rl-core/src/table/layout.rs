@@ -8,7 +8,7 @@ use core::mem::size_of;
 /// "nginx-rl table", marks a region laid out by this module.
 pub(super) const MAGIC: u64 = 0x6e67_782d_726c_7462;
 /// Bumped on any change to [`Header`] or [`Entry`].
-pub(super) const VERSION: u32 = 1;
+pub(super) const VERSION: u32 = 2;
 /// The "no entry" index.
 pub(super) const NIL: u32 = u32::MAX;
 /// `lru_prev` of an entry on the free list (never a valid index).
@@ -43,8 +43,12 @@ pub(super) struct Header {
     pub lru_head: u32,
     /// Least recently used entry.
     pub lru_tail: u32,
+    /// Non-idle states dropped to make room.
     pub evictions: u64,
+    /// Idle states dropped, by expiry or to make room.
     pub expirations: u64,
+    /// Idle states dropped to make room.
+    pub evicted_idle: u64,
     pub inserts: u64,
     /// SipHash key, from the caller's seed at first layout.
     pub sip_key: [u64; 2],
