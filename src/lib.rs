@@ -20,8 +20,8 @@ use ngx::core::{Status, NGX_CONF_ERROR};
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_core_main_conf_t, ngx_http_handler_pt,
     ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_http_top_header_filter, ngx_int_t, ngx_module_t,
-    ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF,
-    NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
+    ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
+    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::ngx_string;
@@ -101,39 +101,25 @@ unsafe impl HttpModuleLocationConf for Module {
 
 const ANY_LEVEL: ngx_uint_t = (NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF) as ngx_uint_t;
 
+/// A directive handler, as nginx calls it.
+type SetFn = unsafe extern "C" fn(*mut ngx_conf_t, *mut ngx_command_t, *mut c_void) -> *mut c_char;
+
+/// A directive: its name, where it may appear and how many arguments it
+/// takes, its handler, and the configuration it writes.
+const fn command(name: ngx_str_t, type_: ngx_uint_t, set: SetFn, conf: ngx_uint_t) -> ngx_command_t {
+    ngx_command_t { name, type_, set: Some(set), conf, offset: 0, post: ptr::null_mut() }
+}
+
+const MAIN: ngx_uint_t = NGX_HTTP_MAIN_CONF_OFFSET;
+const LOC: ngx_uint_t = NGX_HTTP_LOC_CONF_OFFSET;
+const TAKE1: ngx_uint_t = NGX_CONF_TAKE1 as ngx_uint_t;
+const MORE: ngx_uint_t = NGX_CONF_1MORE as ngx_uint_t;
+
 static mut COMMANDS: [ngx_command_t; 5] = [
-    ngx_command_t {
-        name: ngx_string!("rl_zone"),
-        type_: (NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
-        set: Some(cmd_rl_zone),
-        conf: NGX_HTTP_MAIN_CONF_OFFSET,
-        offset: 0,
-        post: ptr::null_mut(),
-    },
-    ngx_command_t {
-        name: ngx_string!("rl_limit"),
-        type_: ANY_LEVEL | NGX_CONF_1MORE as ngx_uint_t,
-        set: Some(cmd_rl_limit),
-        conf: NGX_HTTP_LOC_CONF_OFFSET,
-        offset: 0,
-        post: ptr::null_mut(),
-    },
-    ngx_command_t {
-        name: ngx_string!("rl_status"),
-        type_: ANY_LEVEL | NGX_CONF_TAKE1 as ngx_uint_t,
-        set: Some(cmd_rl_status),
-        conf: NGX_HTTP_LOC_CONF_OFFSET,
-        offset: 0,
-        post: ptr::null_mut(),
-    },
-    ngx_command_t {
-        name: ngx_string!("rl_headers"),
-        type_: ANY_LEVEL | NGX_CONF_TAKE1 as ngx_uint_t,
-        set: Some(cmd_rl_headers),
-        conf: NGX_HTTP_LOC_CONF_OFFSET,
-        offset: 0,
-        post: ptr::null_mut(),
-    },
+    command(ngx_string!("rl_zone"), NGX_HTTP_MAIN_CONF as ngx_uint_t | MORE, cmd_rl_zone, MAIN),
+    command(ngx_string!("rl_limit"), ANY_LEVEL | MORE, cmd_rl_limit, LOC),
+    command(ngx_string!("rl_status"), ANY_LEVEL | TAKE1, cmd_rl_status, LOC),
+    command(ngx_string!("rl_headers"), ANY_LEVEL | TAKE1, cmd_rl_headers, LOC),
     ngx_command_t::empty(),
 ];
 

@@ -265,21 +265,8 @@ impl Nginx {
     /// Rewrites the configuration with `http_block`, reloads, and waits
     /// until the old workers have exited (so only new workers serve).
     pub fn reload_with(&mut self, http_block: &str) {
-        let before = self.error_log().len();
+        let before = self.send_reload(http_block);
         self.http_block = http_block.to_string();
-        self.write_conf(http_block);
-        let out = Command::new(nginx_bin())
-            .args(self.base_args())
-            .args(["-s", "reload"])
-            .stdin(Stdio::null())
-            .output()
-            .expect("cannot run nginx -s reload");
-        assert!(
-            out.status.success(),
-            "nginx -s reload failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             let log = self.error_log();
@@ -295,10 +282,9 @@ impl Nginx {
         }
     }
 
-    /// Rewrites the configuration with `http_block` and reloads, expecting
-    /// the master to refuse it: waits for the `[emerg]`, puts the running
-    /// configuration's file back, and returns what the reload logged.
-    pub fn reload_refused(&mut self, http_block: &str) -> String {
+    /// Writes the configuration and sends `nginx -s reload`; returns the
+    /// error log's length before, where what the reload logs starts.
+    fn send_reload(&self, http_block: &str) -> usize {
         let before = self.error_log().len();
         self.write_conf(http_block);
         let out = Command::new(nginx_bin())
@@ -307,7 +293,20 @@ impl Nginx {
             .stdin(Stdio::null())
             .output()
             .expect("cannot run nginx -s reload");
-        assert!(out.status.success(), "nginx -s reload failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "nginx -s reload failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        before
+    }
+
+    /// Rewrites the configuration with `http_block` and reloads, expecting
+    /// the master to refuse it: waits for the `[emerg]`, puts the running
+    /// configuration's file back, and returns what the reload logged.
+    pub fn reload_refused(&mut self, http_block: &str) -> String {
+        let before = self.send_reload(http_block);
         let deadline = Instant::now() + Duration::from_secs(15);
         let new = loop {
             let log = self.error_log();
