@@ -92,11 +92,13 @@ test-core:
 
 # The integration tests start their own nginx (and redis-server) on loopback
 # ports, once against Debian's nginx and once against the vendored 1.28.
+INTEGRATION := --test integration --test reliability --test redis --test sentinel
+
 test-integration:
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) RL_NGINX=/usr/sbin/nginx RL_MODULE=$(DEBIAN_SO) \
-		$(CARGO) test --release --test integration --test redis --test sentinel -- --test-threads=2
+		$(CARGO) test --release $(INTEGRATION) -- --test-threads=2
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) RL_NGINX=$(VENDORED_BIN) RL_MODULE=$(VENDORED_SO) \
-		$(CARGO) test --release --test integration --test redis --test sentinel -- --test-threads=2
+		$(CARGO) test --release $(INTEGRATION) -- --test-threads=2
 
 # nginx-rl against the no-limiter baseline, limit_req and Lua + Redis:
 # bench/RESULTS.md (about 20 minutes); QUICK=1: one short round, a smoke test.

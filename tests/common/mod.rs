@@ -330,6 +330,23 @@ impl Nginx {
         concurrent(self.port, n, path, headers)
     }
 
+    /// The master's children that are alive (the workers, old and new).
+    pub fn worker_pids(&self) -> Vec<u32> {
+        let Some(master) = self.master else { return Vec::new() };
+        let mut pids = Vec::new();
+        for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            // "pid (comm) S ppid ...": the fields after the last ')'.
+            let mut rest = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace()).into_iter().flatten();
+            let (state, ppid) = (rest.next(), rest.next().and_then(|p| p.parse::<u32>().ok()));
+            if ppid == Some(master) && !matches!(state, Some("Z") | Some("X")) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
     fn stop(&mut self) {
         let Some(pid) = self.master.take() else { return };
         let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
