@@ -17,6 +17,9 @@ const KEYS: usize = 4;
 /// Every line admits this many per key and per state (10 an hour: nothing refills during a test).
 const BURST: u64 = 10;
 
+/// How many requests got each status, by (path, key, status; 0 = no response).
+type Seen = BTreeMap<(&'static str, usize, u16), u64>;
+
 /// Requests on every path and key, from `threads` threads, until `stop`;
 /// returns how many of each (path, key) got each status.
 fn load(
@@ -24,15 +27,14 @@ fn load(
     paths: &'static [&'static str],
     threads: usize,
     stop: Arc<AtomicBool>,
-) -> Vec<thread::JoinHandle<BTreeMap<(&'static str, usize, u16), u64>>> {
+) -> Vec<thread::JoinHandle<Seen>> {
     (0..threads)
         .map(|t| {
             let stop = stop.clone();
             thread::spawn(move || {
                 let mut seen = BTreeMap::new();
-                let mut i = t;
                 // Bounded: at most this many requests a thread, whatever happens.
-                for _ in 0..200_000 {
+                for i in t..t + 200_000 {
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
@@ -42,7 +44,6 @@ fn load(
                         Err(_) => 0,
                     };
                     *seen.entry((path, key, status)).or_insert(0) += 1;
-                    i += 1;
                 }
                 seen
             })
