@@ -51,9 +51,7 @@ fn load(
         .collect()
 }
 
-fn merge(
-    handles: Vec<thread::JoinHandle<BTreeMap<(&'static str, usize, u16), u64>>>,
-) -> BTreeMap<(&'static str, usize, u16), u64> {
+fn merge(handles: Vec<thread::JoinHandle<Seen>>) -> Seen {
     let mut all = BTreeMap::new();
     for h in handles {
         for (k, v) in h.join().expect("load thread") {
@@ -79,7 +77,7 @@ fn storm_conf(i: usize) -> String {
     } else {
         ""
     };
-    let size = if (i / 2) % 2 == 0 { "1m" } else { "2m" };
+    let size = if (i / 2).is_multiple_of(2) { "1m" } else { "2m" };
     let alg = ["fixed", "gcra", "sliding"][(i / 3) % 3];
     server(
         &format!("rl_zone keep size=1m; rl_zone resize size={size}; rl_zone alg size=1m;"),
