@@ -19,7 +19,7 @@ CARGO        ?= cargo
 # Debian packages the build, the tests and the benchmark need.
 APT_PACKAGES := nginx nginx-dev libclang-dev pkg-config libssl-dev libpcre2-dev zlib1g-dev redis-server openssl
 
-.PHONY: all help deps build build-debian build-vendored install run stop check test unittest test-core test-integration bench bench-quick clean
+.PHONY: all help deps build build-debian build-vendored install run stop check test unittest test-core test-integration bench bench-quick soak clean
 
 all: build
 
@@ -32,6 +32,7 @@ help:
 	@echo "make unittest     rl-core's tests (no nginx)"
 	@echo "make test         build both targets, unit and integration tests, a quick bench"
 	@echo "make bench        nginx-rl against limit_req and Lua + Redis (bench/RESULTS.md, ~20 min)"
+	@echo "make soak         the reliability suite in minutes: a million-key soak, reload storm, kill -9 (~10 min; SOAK_QUICK=1: ~1 min)"
 	@echo "make clean        remove build outputs"
 
 deps:
@@ -108,6 +109,13 @@ bench: build-debian
 # The smoke test `make test` runs: fails if any scenario misbehaves.
 bench-quick: build-debian
 	QUICK=1 RL_MODULE=$(DEBIAN_SO) BENCH_OUT=$(BUILD)/bench-quick.md bash bench/run.sh
+
+# The standing reliability suite (bench/soak.sh, ~10 min): a million-key soak
+# with the workers' RSS sampled, and the reliability tests with RL_SOAK=5
+# (their loops five times longer); one summary table, non-zero exit on a FAIL.
+# SOAK_QUICK=1: about a minute. Knobs: SOAK_MINUTES, RL_SOAK, see bench/soak.sh.
+soak: build-debian
+	SOAK_QUICK=$(SOAK_QUICK) RL_MODULE=$(DEBIAN_SO) NGINX_BUILD_DIR=$(DEBIAN_OBJS) CARGO=$(CARGO) bash bench/soak.sh
 
 clean: stop
 	$(CARGO) clean

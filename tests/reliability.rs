@@ -1,5 +1,9 @@
 //! Limits hold through what production does to nginx: reload storms under
 //! load, and workers killed under load.
+//!
+//! `RL_SOAK=N` (an integer, default 1; `make soak` sets it) makes the storm
+//! and the kills N times longer: 30 × N reloads, 5 × N kills, and as many
+//! requests a load thread at most; the number of load threads stays the same.
 
 mod common;
 
@@ -16,6 +20,11 @@ use common::*;
 const KEYS: usize = 4;
 /// Every line admits this many per key and per state (10 an hour: nothing refills during a test).
 const BURST: u64 = 10;
+
+/// The factor `RL_SOAK` sets: how many times longer the loops run (1 unless set).
+fn soak() -> usize {
+    std::env::var("RL_SOAK").ok().and_then(|s| s.trim().parse().ok()).filter(|&n: &usize| n >= 1).unwrap_or(1)
+}
 
 /// How many requests got each status, by (path, key, status; 0 = no response).
 type Seen = BTreeMap<(&'static str, usize, u16), u64>;
@@ -34,7 +43,7 @@ fn load(
             thread::spawn(move || {
                 let mut seen = BTreeMap::new();
                 // Bounded: at most this many requests a thread, whatever happens.
-                for i in t..t + 200_000 {
+                for i in t..t + 200_000 * soak() {
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
@@ -94,14 +103,14 @@ fn storm_conf(i: usize) -> String {
 
 const PAGES: &[&str] = &["/keep.html", "/resize.html", "/alg.html"];
 
-/// 30 reloads under load that add and remove lines, change a line's
+/// 30 reloads (× `RL_SOAK`) under load that add and remove lines, change a line's
 /// algorithm and change a zone's size: every request is limited by the old
 /// or the new configuration. A key gets at most one fresh budget per reload
 /// that resets its state (a new zone, a changed line), and none on a line
 /// and zone that stay the same; no 5xx, no alert, crit or emerg.
 #[test]
 fn reload_storm_under_load() {
-    const RELOADS: usize = 30;
+    let reloads = 30 * soak();
     let mut setup = Nginx::setup(&storm_conf(0));
     for p in PAGES {
         setup = setup.file(&format!("html{p}"), "page\n");
@@ -111,7 +120,7 @@ fn reload_storm_under_load() {
     let handles = load(ngx.port, PAGES, 4, stop.clone());
     let (mut resizes, mut alg_changes) = (0u64, 0u64);
     let started = Instant::now();
-    for i in 1..=RELOADS {
+    for i in 1..=reloads {
         ngx.reload_with(&storm_conf(i));
         resizes += u64::from((i / 2) % 2 != ((i - 1) / 2) % 2);
         alg_changes += u64::from((i / 3) % 3 != ((i - 1) / 3) % 3);
@@ -149,7 +158,7 @@ fn reload_storm_under_load() {
     assert!(bad.is_empty(), "{bad:?}");
 }
 
-/// Workers killed with SIGKILL under load, five times: the master starts
+/// Workers killed with SIGKILL under load, five times (× `RL_SOAK`): the master starts
 /// new ones, the zone's lock is released (nginx unlocks a dead worker's
 /// mutexes), and the count stays exact: at most `burst` admitted, and every
 /// unit of the budget is either a 200 or a request the killed worker took
@@ -163,7 +172,8 @@ fn kill_9_workers_under_load() {
     let stop = Arc::new(AtomicBool::new(false));
     let handles = load(ngx.port, &["/index.html"], 6, stop.clone());
     let killed = Mutex::new(0);
-    for _ in 0..5 {
+    let kills = 5 * soak();
+    for _ in 0..kills {
         thread::sleep(Duration::from_millis(150));
         if let Some(pid) = ngx.worker_pids().first() {
             let ok = Command::new("kill").args(["-KILL", &pid.to_string()]).status().is_ok_and(|s| s.success());
@@ -174,7 +184,7 @@ fn kill_9_workers_under_load() {
     stop.store(true, Ordering::Relaxed);
     let seen = merge(handles);
     let killed = *killed.lock().unwrap();
-    assert!(killed >= 3, "only {killed} workers killed");
+    assert!(killed as usize * 5 >= kills * 3, "only {killed} of {kills} workers killed");
     for key in 0..KEYS {
         let get = |status: u16| seen.get(&("/index.html", key, status)).copied().unwrap_or(0);
         let (ok, lost) = (get(200), get(0));
