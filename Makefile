@@ -94,9 +94,9 @@ test-core:
 # ports, once against Debian's nginx and once against the vendored 1.28.
 test-integration:
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) RL_NGINX=/usr/sbin/nginx RL_MODULE=$(DEBIAN_SO) \
-		$(CARGO) test --release --test integration --test redis --test sentinel -- --test-threads=2
+		$(CARGO) test --release --test integration --test redis --test sentinel --test conf_check -- --test-threads=2
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) RL_NGINX=$(VENDORED_BIN) RL_MODULE=$(VENDORED_SO) \
-		$(CARGO) test --release --test integration --test redis --test sentinel -- --test-threads=2
+		$(CARGO) test --release --test integration --test redis --test sentinel --test conf_check -- --test-threads=2
 
 # nginx-rl against the no-limiter baseline, limit_req and Lua + Redis:
 # bench/RESULTS.md (about 20 minutes); QUICK=1: one short round, a smoke test.
