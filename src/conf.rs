@@ -19,8 +19,8 @@ use crate::shm::Zone;
 
 /// Text from the configuration as a message quotes it: control characters
 /// escaped (a message is one line) and cut after [`Quote::MAX`] bytes, so
-/// that the reason and the directive after it are not cut off (nginx
-/// truncates a configuration message at 1024 bytes).
+/// that nginx, which truncates long configuration messages, does not cut
+/// off the reason and the directive that follow.
 pub struct Quote<'a>(pub &'a str);
 
 impl Quote<'_> {

@@ -19,6 +19,12 @@ pub const PARAMS: [&str; 6] =
     ["timeout", "on_error", "prefix", "ssl_trusted_certificate", "ssl_certificate", "ssl_certificate_key"];
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+/// The longest `timeout`: a waiting request's backstop timer is an nginx
+/// timer, and nginx timers wrap past the largest signed 32-bit count of
+/// milliseconds on 32-bit platforms, past the 64-bit one on any (the
+/// largest duration that parses made the timer fire at once, failing every
+/// request). The largest whole number of days below the first.
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 86_400);
 const DEFAULT_PREFIX: &str = "rl:";
 
 /// Builds the zone from `redis=URL` and the other parameters of
@@ -36,9 +42,9 @@ pub fn parse<'a>(
     let parsed = RedisUrl::parse(url).map_err(|e| invalid(&e))?;
     let timeout = match get("timeout") {
         None => DEFAULT_TIMEOUT,
-        Some(v) => match parse_duration_ms(v) {
-            Ok(ms) if ms > 0 => Duration::from_millis(ms),
-            _ => return Err(format!("invalid timeout \"{}\"", Quote(v))),
+        Some(v) => match parse_duration_ms(v).map(Duration::from_millis) {
+            Ok(t) if !t.is_zero() && t <= MAX_TIMEOUT => t,
+            _ => return Err(format!("invalid timeout \"{}\", it must be from 1ms to 24d", Quote(v))),
         },
     };
     let allow = match get("on_error") {
