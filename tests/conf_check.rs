@@ -462,7 +462,10 @@ fn cases(certs: &TestCerts) -> Vec<Case> {
         (format!("ssl_trusted_certificate={}", certs.path("empty.pem")), "no certificate in".into()),
         (format!("ssl_trusted_certificate={}", certs.path("server.ext")), "no certificate in".into()),
         (format!("ssl_trusted_certificate={}", certs.path("ca.key")), "no certificate in".into()),
-        (format!("ssl_trusted_certificate={}", certs.path("junk.pem")), "trusted certificates".into()),
+        (
+            format!("ssl_trusted_certificate={}", certs.path("junk.pem")),
+            format!("cannot load trusted certificates \"{}\": invalid certificate", certs.path("junk.pem")),
+        ),
         (format!("ssl_certificate={cert}"), "no \"ssl_certificate_key\" is defined for certificate".into()),
         (format!("ssl_certificate_key={key}"), "\"ssl_certificate_key\" needs \"ssl_certificate\"".into()),
         (
@@ -475,10 +478,17 @@ fn cases(certs: &TestCerts) -> Vec<Case> {
         ),
         (format!("ssl_certificate={} ssl_certificate_key={key}", certs.path("empty.pem")), "no certificate in".into()),
         (format!("ssl_certificate={key} ssl_certificate_key={key}"), "no certificate in".into()),
-        (format!("ssl_certificate={} ssl_certificate_key={key}", certs.path("junk.pem")), "certificate".into()),
+        (
+            format!("ssl_certificate={} ssl_certificate_key={key}", certs.path("junk.pem")),
+            format!("cannot load certificate \"{}\": invalid certificate", certs.path("junk.pem")),
+        ),
         (format!("ssl_certificate={cert} ssl_certificate_key={}", certs.path("empty.pem")), "no private key in".into()),
         (format!("ssl_certificate={cert} ssl_certificate_key={cert}"), "no private key in".into()),
         (format!("ssl_certificate={cert} ssl_certificate_key={ca}"), "no private key in".into()),
+        (
+            format!("ssl_certificate={cert} ssl_certificate_key={}", certs.path("ed448.key")),
+            format!("cannot load certificate key \"{}\"", certs.path("ed448.key")),
+        ),
         (
             format!("ssl_certificate={cert} ssl_certificate_key={}", certs.path("other.key")),
             "does not match certificate".into(),
@@ -534,6 +544,13 @@ fn memory_and_swap_g() -> Option<u64> {
 fn certs() -> TestCerts {
     let certs = TestCerts::make();
     fs::write(certs.dir.join("empty.pem"), "").unwrap();
+    // A key of a kind rustls does not sign with.
+    let out = std::process::Command::new("openssl")
+        .args(["genpkey", "-algorithm", "ed448", "-out"])
+        .arg(certs.dir.join("ed448.key"))
+        .output()
+        .expect("cannot run openssl");
+    assert!(out.status.success(), "openssl genpkey: {}", String::from_utf8_lossy(&out.stderr));
     fs::write(
         certs.dir.join("junk.pem"),
         "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",

@@ -110,7 +110,7 @@ fn tls_files(
             }
             let mut store = rustls::RootCertStore::empty();
             for cert in certs {
-                store.add(cert).map_err(|e| bad(&e))?;
+                store.add(cert).map_err(|_| bad(&"invalid certificate"))?;
             }
             Some(pem)
         }
@@ -131,16 +131,20 @@ fn tls_files(
                 }
                 e => format!("cannot load certificate key \"{key_file}\": {e}"),
             })?;
+            let provider = rustls::crypto::ring::default_provider();
+            let signer = provider
+                .key_provider
+                .load_private_key(der)
+                .map_err(|e| format!("cannot load certificate key \"{key_file}\": {e}"))?;
             // The key must be the certificate's: rustls compares the key's
             // public half with the certificate's (else every server that
             // asks for the certificate would refuse every connection).
-            let provider = rustls::crypto::ring::default_provider();
-            match rustls::sign::CertifiedKey::from_der(chain, der, &provider) {
-                Ok(_) => {}
+            match rustls::sign::CertifiedKey::new(chain, signer).keys_match() {
+                Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
                 Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
                     return Err(format!("certificate key \"{key_file}\" does not match certificate \"{cert_file}\""));
                 }
-                Err(e) => return Err(format!("cannot load certificate \"{cert_file}\" with key \"{key_file}\": {e}")),
+                Err(_) => return Err(format!("cannot load certificate \"{cert_file}\": invalid certificate")),
             }
             Some(ClientTlsConfig { client_cert: cert, client_key: key })
         }
