@@ -44,7 +44,10 @@ pub fn parse<'a>(
         None => DEFAULT_TIMEOUT,
         Some(v) => match parse_duration_ms(v).map(Duration::from_millis) {
             Ok(t) if !t.is_zero() && t <= MAX_TIMEOUT => t,
-            _ => return Err(format!("invalid timeout \"{}\", it must be from 1ms to 24d", Quote(v))),
+            _ => {
+                let days = MAX_TIMEOUT.as_secs() / 86_400;
+                return Err(format!("invalid timeout \"{}\", it must be from 1ms to {days}d", Quote(v)));
+            }
         },
     };
     let allow = match get("on_error") {
