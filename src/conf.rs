@@ -8,13 +8,44 @@ pub mod directives;
 pub mod redis;
 
 use std::collections::HashMap;
+use std::fmt::{self, Write as _};
 
 use ngx::ffi::{ngx_conf_t, ngx_uint_t, NGX_LOG_EMERG};
-use ngx::ngx_conf_log_error;
+use ngx::ngx_log_error;
 
 use crate::line::{Backend, HeadersMode, Line, LineId};
 use crate::redis_zone::RedisZone;
-use crate::shm::{Zone, MAX_ZONES_PER_LOCATION};
+use crate::shm::Zone;
+
+/// Text from the configuration as a message quotes it: control characters
+/// escaped (a message is one line) and cut after [`Quote::MAX`] bytes, so
+/// that nginx, which truncates long configuration messages, does not cut
+/// off the reason and the directive that follow.
+pub struct Quote<'a>(pub &'a str);
+
+impl Quote<'_> {
+    pub const MAX: usize = 255;
+}
+
+impl fmt::Display for Quote<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut end = self.0.len().min(Quote::MAX);
+        while !self.0.is_char_boundary(end) {
+            end -= 1;
+        }
+        for c in self.0[..end].chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        if end < self.0.len() {
+            f.write_str("...")?;
+        }
+        Ok(())
+    }
+}
 
 /// Boxed zones: their addresses are kept elsewhere (the shm zone's `data`)
 /// and must not move.
@@ -84,8 +115,12 @@ impl LocConf {
 
 /// Resolves zone names, gives each line its identity and sorts every
 /// location's lines by zone (the order in which zone locks are taken).
-/// Errors are logged here, naming the directive and its `file:line`.
+/// Errors are logged here, naming the directive and its `file:line` as
+/// nginx does for errors found after parsing (`ngx_conf_log_error` would
+/// add the position nginx has reached, the end of `http {}`).
 pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
+    // SAFETY: cf is the http{} configuration being finished; its log is the cycle's.
+    let log = unsafe { (*cf).log };
     let mut seen: HashMap<u64, u64> = HashMap::new();
     for line in mcf.lines.iter_mut() {
         let shm = mcf.zones.iter().position(|z| z.name == line.zone_name);
@@ -94,11 +129,11 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
             (Some(i), _) => Backend::Shm(i),
             (None, Some(i)) => Backend::Redis(i),
             (None, None) => {
-                ngx_conf_log_error!(
+                ngx_log_error!(
                     NGX_LOG_EMERG,
-                    cf,
+                    log,
                     "unknown zone \"{}\" in \"rl_limit\" directive in {}",
-                    line.zone_name,
+                    Quote(&line.zone_name),
                     line.origin
                 );
                 return Err(());
@@ -111,9 +146,9 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
         match line.backend {
             Backend::Shm(i) => mcf.zones[i].note_line(&line.limit),
             Backend::Redis(_) if !rl_core::redis::exact(&line.limit) => {
-                ngx_conf_log_error!(
+                ngx_log_error!(
                     NGX_LOG_EMERG,
-                    cf,
+                    log,
                     "rate {} with burst {} is out of the range a Redis zone computes exactly in \"rl_limit\" directive in {}",
                     line.limit.rate(),
                     line.limit.burst(),
@@ -129,24 +164,13 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
     for &loc in &mcf.locs {
         // SAFETY: registered in merge_loc_conf; location confs live as long as the cycle.
         let loc = unsafe { &mut *loc };
+        // (at most MAX_ZONES_PER_LOCATION zones: cmd_rl_limit counts them)
         loc.lines.sort_by_key(backend);
-        let mut zones: Vec<Option<Backend>> = loc.lines.iter().map(backend).collect();
-        loc.has_redis = zones.iter().any(|b| matches!(b, Some(Backend::Redis(_))));
-        zones.dedup();
-        if zones.len() > MAX_ZONES_PER_LOCATION {
-            ngx_conf_log_error!(
-                NGX_LOG_EMERG,
-                cf,
-                "too many zones in one location: {}, at most {} are supported",
-                zones.len(),
-                MAX_ZONES_PER_LOCATION
-            );
-            return Err(());
-        }
+        loc.has_redis = loc.lines.iter().any(|id| matches!(backend(id), Some(Backend::Redis(_))));
     }
     for zone in mcf.zones.iter_mut() {
         if let Err(msg) = zone.check_fits() {
-            ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{}", msg);
+            ngx_log_error!(NGX_LOG_EMERG, log, "{} in \"rl_zone\" directive in {}", msg, zone.origin);
             return Err(());
         }
     }

@@ -37,12 +37,36 @@ const FULL_LOG_INTERVAL_S: u64 = 10;
 pub struct Zone {
     pub name: String,
     pub size: usize,
+    /// `file:line` of the directive, for messages found after parsing.
+    pub origin: String,
     shm_zone: *mut ngx_shm_zone_t,
     /// Largest sliding_log state (in u64 words) of any line on this zone.
     pub(crate) log_words: usize,
     /// Where the table lives once the zone is initialised (0 = not yet).
     pub(crate) region: *mut u8,
     pub(crate) region_len: usize,
+}
+
+/// The largest zone, on any machine: far more keys than any client
+/// population needs, so that a larger size is more likely a slip (`100g`
+/// for `100m`) than a wish, refused by `nginx -t` rather than by the
+/// machine when nginx maps it.
+pub const MAX_SIZE: usize = 64 << 30;
+
+/// The machine's RAM plus swap, in bytes, if known. Linux, by default,
+/// refuses to map shared memory larger than that (its overcommit
+/// heuristic), and nginx would fail to start with a message of its own
+/// that names no zone; a zone that large could never be filled anyway.
+pub fn memory_and_swap() -> Option<u64> {
+    // SAFETY: an all-zero sysinfo is a valid value for sysinfo(2) to fill.
+    let mut info: libc::sysinfo = unsafe { core::mem::zeroed() };
+    // SAFETY: info is a valid, writable sysinfo.
+    if unsafe { libc::sysinfo(&mut info) } != 0 {
+        return None;
+    }
+    let unit = u64::from(info.mem_unit.max(1));
+    let (ram, swap): (u64, u64) = (info.totalram, info.totalswap);
+    ram.checked_add(swap)?.checked_mul(unit)
 }
 
 /// The smallest zone: as for limit_req, eight pages.
@@ -57,6 +81,7 @@ impl Zone {
         let mut zone = Box::new(Zone {
             name: name.to_string(),
             size,
+            origin: String::new(),
             shm_zone: ptr::null_mut(),
             log_words: 0,
             region: ptr::null_mut(),

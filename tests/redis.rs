@@ -596,6 +596,51 @@ fn password_protected_redis() {
     }
 }
 
+/// A password holding `@` (the credentials end at the last `@`): it
+/// authenticates whole, and it is never shown, neither by `nginx -t` nor in
+/// the failure lines of a zone whose Redis is down.
+#[test]
+fn password_with_at_sign() {
+    const PW: &str = "pre@S3cr3tPw";
+    let leaks = |text: &str| -> Vec<String> {
+        text.lines().filter(|l| l.contains("S3cr3tPw") || l.contains("pre@")).map(String::from).collect()
+    };
+    let redis = Redis::with_password(PW);
+    let p = redis.port;
+    // A loopback port nothing listens on.
+    let down = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap().local_addr().unwrap().port();
+    let conf = server(
+        &format!(
+            "rl_zone ok redis=redis://:{PW}@127.0.0.1:{p}/0 timeout=1s;\n\
+             rl_zone down redis=redis://u:{PW}@127.0.0.1:{down} on_error=allow;"
+        ),
+        "location = /index.html { rl_limit zone=ok key=$http_x_k rate=5r/h burst=5; }\n\
+         location = /a.html { rl_limit zone=down rate=2r/h burst=2; }",
+    );
+    let (ok, out) = nginx_t(&conf);
+    assert!(ok, "nginx -t refused:\n{out}");
+    assert!(leaks(&out).is_empty(), "nginx -t shows the password: {:?}", leaks(&out));
+    let bad = conf.replace(&format!(":{down} on_error"), &format!(":{down}/x on_error"));
+    let (ok, out) = nginx_t(&bad);
+    assert!(!ok && out.contains(&format!("\"redis://u:***@127.0.0.1:{down}/x\"")), "{out}");
+    assert!(leaks(&out).is_empty(), "nginx -t shows the password: {:?}", leaks(&out));
+
+    let ngx = Nginx::start(&conf);
+    let rs = ngx.concurrent(20, "/index.html", &[("X-K", "at")]);
+    assert_eq!(statuses(&rs), counts(&[(200, 5), (429, 15)]), "the password with its @ authenticates");
+    assert_eq!(redis.keys("rl:*").len(), 1);
+    let a: Vec<u16> = (0..4).map(|_| ngx.get("/a.html", &[]).status).collect();
+    assert_eq!(a, [200; 4], "Redis down, on_error=allow");
+    let log = ngx.error_log();
+    let lines = failed_lines(&log, "down");
+    assert!(!lines.is_empty(), "no failure logged for zone down:\n{log}");
+    eprintln!("Redis down: {}", lines[0]);
+    let shown = format!("redis://u:***@127.0.0.1:{down} failed");
+    assert!(lines.iter().all(|l| l.contains(&shown)), "the URL is not shown redacted as {shown:?}: {lines:?}");
+    assert!(leaks(&log).is_empty(), "password in the error log: {:?}", leaks(&log));
+    assert!(failed_lines(&log, "ok").is_empty(), "{:?}", failed_lines(&log, "ok"));
+}
+
 // ---------------------------------------------------------------------------
 // 7b. TLS (`rediss://`), with a private CA and client certificates.
 // ---------------------------------------------------------------------------

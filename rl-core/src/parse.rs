@@ -1,6 +1,8 @@
-//! nginx.conf value parsing: rates (`10r/s`), sizes (`10m`) and durations
-//! (`1m30s`), with nginx's syntax and overflow rules. Integer-only; every
-//! failure is a [`ParseError`] whose message reads like nginx's.
+//! nginx.conf value parsing: numbers, rates (`10r/s`), sizes (`10m`) and
+//! durations (`1m30s`), with nginx's syntax and overflow rules. Integer-only;
+//! every failure is a [`ParseError`] whose message reads like nginx's. Every
+//! run of digits is read by one function, [`parse_number`]'s: digits only,
+//! no sign, no space, overflow refused.
 
 use std::fmt;
 use std::str::FromStr;
@@ -95,7 +97,17 @@ pub fn parse_rate(s: &str) -> Result<Rate, ParseError> {
     Ok(Rate { count, period_us })
 }
 
-/// Parses a positive decimal integer (digits only), e.g. a burst or a cost.
+/// Parses a decimal integer the one way every number of the configuration
+/// is read (a status code, a port, a db, and the digits of rates, sizes and
+/// durations): ASCII digits only, at least one (no sign, no space, no
+/// `0x`); leading zeros are allowed; above `u64::MAX` it is
+/// [`ParseErrorKind::TooLarge`]. Zero is allowed.
+pub fn parse_number(s: &str) -> Result<u64, ParseError> {
+    decimal(s, u64::MAX).map_err(|kind| ParseError::new(kind, "number", s))
+}
+
+/// Parses a positive decimal integer (as [`parse_number`], zero refused),
+/// e.g. a burst or a cost.
 pub fn parse_u64(s: &str) -> Result<u64, ParseError> {
     positive(s, u64::MAX).map_err(|kind| ParseError::new(kind, "number", s))
 }

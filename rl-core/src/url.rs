@@ -43,6 +43,8 @@ use std::fmt::{self, Write as _};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
+use crate::parse::parse_number;
+
 /// The port of a single server's URL that names none (the redis crate's).
 pub const DEFAULT_PORT: u16 = 6379;
 
@@ -464,10 +466,10 @@ fn host_port(s: &str, default: Option<u16>) -> Result<(String, u16), UrlError> {
         }
     };
     let port = match port {
-        Some(p) => p
-            .parse::<u16>()
+        Some(p) => parse_number(p)
             .ok()
-            .filter(|&n| n != 0 && p.bytes().all(|c| c.is_ascii_digit()))
+            .and_then(|n| u16::try_from(n).ok())
+            .filter(|&n| n != 0)
             .ok_or_else(|| UrlError::InvalidPort(shorten(p)))?,
         None => default.ok_or_else(|| UrlError::NoPort(shorten(s)))?,
     };
@@ -479,10 +481,7 @@ fn db(s: &str) -> Result<u32, UrlError> {
     if s.is_empty() {
         return Ok(0);
     }
-    s.parse::<u32>()
-        .ok()
-        .filter(|_| s.bytes().all(|c| c.is_ascii_digit()))
-        .ok_or_else(|| UrlError::InvalidDb(shorten(s)))
+    parse_number(s).ok().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| UrlError::InvalidDb(shorten(s)))
 }
 
 /// Quoted text for an error, cut after [`MAX_HOST_LEN`] bytes (at a

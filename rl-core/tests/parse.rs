@@ -1,6 +1,6 @@
 //! nginx.conf value parsing: rates, sizes, durations, numbers.
 
-use rl_core::parse::{parse_duration_ms, parse_rate, parse_size, parse_u64, ParseErrorKind, Rate};
+use rl_core::parse::{parse_duration_ms, parse_number, parse_rate, parse_size, parse_u64, ParseErrorKind, Rate};
 
 /// The error kind of a failed parse.
 fn kind<T: std::fmt::Debug>(r: Result<T, rl_core::parse::ParseError>) -> ParseErrorKind {
@@ -158,4 +158,67 @@ fn u64_positive() {
         assert_eq!(kind(parse_u64(s)), ParseErrorKind::Invalid, "{s:?}");
     }
     assert_eq!(parse_u64("x").unwrap_err().to_string(), "invalid number \"x\"");
+}
+
+#[test]
+fn number_strict() {
+    assert_eq!(parse_number("0"), Ok(0));
+    assert_eq!(parse_number("000"), Ok(0));
+    assert_eq!(parse_number("429"), Ok(429));
+    assert_eq!(parse_number("0429"), Ok(429));
+    assert_eq!(parse_number(&u64::MAX.to_string()), Ok(u64::MAX));
+    for s in [
+        "", " ", "+1", "-1", "+0", "-0", " 1", "1 ", "1\t", "\n1", "1_000", "1,000", "1.0", "1e3", "0x10", "x", "٣",
+        "１", "1\0",
+    ] {
+        assert_eq!(kind(parse_number(s)), ParseErrorKind::Invalid, "{s:?}");
+    }
+    for s in ["18446744073709551616", "99999999999999999999999", "000018446744073709551616"] {
+        assert_eq!(kind(parse_number(s)), ParseErrorKind::TooLarge, "{s:?}");
+    }
+    assert_eq!(parse_number("+5").unwrap_err().to_string(), "invalid number \"+5\"");
+    assert_eq!(
+        parse_number("99999999999999999999").unwrap_err().to_string(),
+        "invalid number \"99999999999999999999\": too large"
+    );
+}
+
+/// Every parser reads its digits as `parse_number` does: a sign or a space
+/// is refused by all of them alike.
+#[test]
+fn one_number_rule() {
+    for bad in ["+5", "-5", " 5", "5 ", "0x5", "5.0"] {
+        assert!(parse_number(bad).is_err(), "{bad:?}");
+        assert!(parse_u64(bad).is_err(), "{bad:?}");
+        assert!(parse_size(bad).is_err(), "{bad:?}");
+        assert!(parse_size(&format!("{bad}k")).is_err(), "{bad:?}k");
+        assert!(parse_rate(&format!("{bad}r/s")).is_err(), "{bad:?}r/s");
+    }
+    // (A space separates a duration's parts, as in nginx: " 5" and "5 " are 5 s.)
+    for bad in ["+5", "-5", "0x5", "5.0"] {
+        assert!(parse_duration_ms(bad).is_err(), "{bad:?}");
+        assert!(parse_duration_ms(&format!("{bad}s")).is_err(), "{bad:?}s");
+    }
+}
+
+proptest::proptest! {
+    /// Any string of digits that fits is its value; anything with a
+    /// non-digit is refused.
+    #[test]
+    fn number_matches_u64(s in "[0-9]{1,22}|[-+ ]?[0-9]{0,5}[^0-9]?[0-9]{0,5}") {
+        let digits = !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
+        match parse_number(&s) {
+            Ok(n) => {
+                proptest::prop_assert!(digits);
+                proptest::prop_assert_eq!(Some(n), s.parse::<u64>().ok());
+            }
+            Err(e) if e.kind == ParseErrorKind::TooLarge => {
+                proptest::prop_assert!(digits && s.parse::<u64>().is_err());
+            }
+            Err(e) => {
+                proptest::prop_assert_eq!(e.kind, ParseErrorKind::Invalid);
+                proptest::prop_assert!(!digits);
+            }
+        }
+    }
 }

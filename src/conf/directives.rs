@@ -13,11 +13,12 @@ use ngx::ffi::{
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_conf_log_error;
 use rl_core::limit::{Algorithm, Limit};
-use rl_core::parse::{parse_rate, parse_size};
+use rl_core::parse::{parse_number, parse_rate, parse_size, parse_u64, ParseError, ParseErrorKind};
+use rl_core::url::redact;
 
-use super::{LocConf, MainConf, MAX_REDIS_ZONES};
+use super::{LocConf, MainConf, Quote, MAX_REDIS_ZONES};
 use crate::line::{Backend, HeadersMode, Line, LineId};
-use crate::shm::Zone;
+use crate::shm::{Zone, MAX_ZONES_PER_LOCATION};
 use crate::Module;
 
 /// The directive's arguments, `args[0]` being its name.
@@ -42,59 +43,114 @@ macro_rules! conf_err {
     }};
 }
 
+/// The `name=value` parameters of a directive, each one of `known` and
+/// given at most once, in order. An error is the message without the
+/// directive (an unknown parameter is quoted with any password hidden).
+fn params<'a>(args: &'a [ngx_str_t], known: &[&'static str]) -> Result<Vec<(&'static str, &'a str)>, String> {
+    let mut given: Vec<(&'static str, &'a str)> = Vec::with_capacity(args.len());
+    for arg in args {
+        let param = arg
+            .to_str()
+            .ok()
+            .and_then(|a| a.split_once('='))
+            .and_then(|(name, value)| known.iter().find(|k| **k == name).map(|k| (*k, value)));
+        let Some((name, value)) = param else {
+            return Err(format!("invalid parameter \"{}\"", Quote(&redact(&arg.to_string()))));
+        };
+        if given.iter().any(|(n, _)| *n == name) {
+            return Err(format!("duplicate \"{name}\" parameter"));
+        }
+        given.push((name, value));
+    }
+    Ok(given)
+}
+
+/// The value of parameter `name` among `given`.
+fn param<'a>(given: &[(&'static str, &'a str)], name: &str) -> Option<&'a str> {
+    given.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+}
+
 /// `rl_zone NAME size=SIZE;` or `rl_zone NAME redis=URL ...;`
 pub extern "C" fn cmd_rl_zone(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
     // SAFETY: the main configuration of this module, as registered with NGX_HTTP_MAIN_CONF_OFFSET.
     let mcf = unsafe { &mut *conf.cast::<MainConf>() };
     // SAFETY: called by nginx while parsing, cf is valid.
     let args = unsafe { args(cf) };
-    let name = text(&args[1]);
+    // (NGX_CONF_1MORE: nginx has checked there is a name)
+    let (Some(name_arg), Some(rest)) = (args.get(1), args.get(2..)) else {
+        return NGX_CONF_ERROR;
+    };
+    let name = text(name_arg);
     if name.is_empty() || name.contains('=') {
-        conf_err!(cf, "invalid zone name \"{}\" in \"rl_zone\" directive", args[1]);
+        conf_err!(cf, "invalid zone name \"{}\" in \"rl_zone\" directive", Quote(&name_arg.to_string()));
     }
     if mcf.zones.iter().any(|z| z.name == name) || mcf.redis.iter().any(|z| z.name == name) {
-        conf_err!(cf, "duplicate zone \"{}\" in \"rl_zone\" directive", name);
+        conf_err!(cf, "duplicate zone \"{}\" in \"rl_zone\" directive", Quote(name));
     }
-    if args[2..].iter().any(|a| text(a).starts_with("redis=")) {
+    let known: Vec<&'static str> = ["size", "redis"].into_iter().chain(super::redis::PARAMS).collect();
+    let given = match params(rest, &known) {
+        Ok(given) => given,
+        Err(e) => conf_err!(cf, "{} in \"rl_zone\" directive", e),
+    };
+    if let Some(url) = param(&given, "redis") {
+        if param(&given, "size").is_some() {
+            conf_err!(cf, "\"size\" and \"redis\" parameters cannot be used together in \"rl_zone\" directive");
+        }
         if mcf.redis.len() == MAX_REDIS_ZONES {
             conf_err!(cf, "too many Redis zones in \"rl_zone\" directive, at most {} are supported", MAX_REDIS_ZONES);
         }
-        let params: Vec<&str> = args[2..].iter().map(text).collect();
         // SAFETY: cf and its cycle are valid while the configuration is parsed.
         let conf_prefix = unsafe { (*(*cf).cycle).conf_prefix.to_str().unwrap_or("") };
-        match super::redis::parse(name, &params, conf_prefix) {
+        match super::redis::parse(name, url, |p| param(&given, p), conf_prefix) {
             Ok(z) => mcf.redis.push(Box::new(z)),
             Err(e) => conf_err!(cf, "{} in \"rl_zone\" directive", e),
         }
         return NGX_CONF_OK;
     }
-    let mut size = None;
-    for arg in &args[2..] {
-        let a = text(arg);
-        if let Some(v) = a.strip_prefix("size=") {
-            match parse_size(v) {
-                Ok(n) => size = Some(n),
-                Err(_) => conf_err!(cf, "invalid zone size \"{}\" in \"rl_zone\" directive", arg),
-            }
-        } else {
-            conf_err!(cf, "invalid parameter \"{}\" in \"rl_zone\" directive", arg);
-        }
-    }
-    let Some(size) = size else {
+    let Some(value) = param(&given, "size") else {
         conf_err!(cf, "\"rl_zone\" directive must have \"size\" or \"redis\" parameter");
+    };
+    if let Some((other, _)) = given.iter().find(|(n, _)| *n != "size") {
+        conf_err!(cf, "\"size\" and \"{}\" parameters cannot be used together in \"rl_zone\" directive", other);
+    }
+    let size = match parse_size(value) {
+        Ok(n) => n,
+        Err(_) => conf_err!(cf, "invalid zone size \"size={}\" in \"rl_zone\" directive", Quote(value)),
     };
     let min = crate::shm::min_size();
     if size < min {
         conf_err!(
             cf,
             "zone \"{}\" is too small in \"rl_zone\" directive: size={}, it must be at least {}k",
-            name,
-            text(&args[2]).trim_start_matches("size="),
+            Quote(name),
+            Quote(value),
             min / 1024
         );
     }
+    if size > crate::shm::MAX_SIZE {
+        conf_err!(
+            cf,
+            "zone \"{}\" is too large in \"rl_zone\" directive: size={}, it must be at most {}g",
+            Quote(name),
+            Quote(value),
+            crate::shm::MAX_SIZE >> 30
+        );
+    }
+    if let Some(memory) = crate::shm::memory_and_swap().filter(|m| size as u64 > *m) {
+        conf_err!(
+            cf,
+            "zone \"{}\" is too large in \"rl_zone\" directive: size={}, more than the memory of this machine \
+             (RAM and swap: {}m)",
+            Quote(name),
+            Quote(value),
+            memory >> 20
+        );
+    }
     match Zone::add(cf, name, size) {
-        Ok(zone) => mcf.zones.push(zone),
+        Ok(mut zone) => {
+            zone.origin = conf_origin(cf);
+            mcf.zones.push(zone);
+        }
         Err(()) => return NGX_CONF_ERROR,
     }
     NGX_CONF_OK
@@ -110,62 +166,73 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
     };
     // SAFETY: called by nginx while parsing, cf is valid.
     let args = unsafe { args(cf) };
-
-    let (mut zone, mut rate, mut key, mut alg, mut burst, mut cost) = (None, None, None, None, None, 1u64);
-    for arg in &args[1..] {
-        let a = text(arg);
-        let Some((name, value)) = a.split_once('=') else {
-            conf_err!(cf, "invalid parameter \"{}\" in \"rl_limit\" directive", arg);
-        };
-        match name {
-            "zone" if !value.is_empty() => zone = Some(value.to_string()),
-            "rate" => match parse_rate(value) {
-                Ok(r) => rate = Some(r),
-                Err(e) => conf_err!(cf, "invalid rate \"{}\" in \"rl_limit\" directive, {}", value, rate_hint(&e)),
-            },
-            "key" if !value.is_empty() => key = Some(*arg),
-            "algorithm" => match value.parse::<Algorithm>() {
-                Ok(v) => alg = Some(v),
-                Err(_) => conf_err!(
-                    cf,
-                    "invalid algorithm \"{}\" in \"rl_limit\" directive, it must be \"fixed\", \"sliding\", \
-                     \"sliding_log\", \"token_bucket\", \"leaky_bucket\" or \"gcra\"",
-                    value
-                ),
-            },
-            "burst" => match value.parse::<u64>() {
-                Ok(n) if n > 0 => burst = Some(n),
-                _ => {
-                    conf_err!(cf, "invalid burst \"{}\" in \"rl_limit\" directive, it must be a positive number", value)
-                }
-            },
-            "cost" => match value.parse::<u64>() {
-                Ok(n) if n > 0 => cost = n,
-                _ => {
-                    conf_err!(cf, "invalid cost \"{}\" in \"rl_limit\" directive, it must be a positive number", value)
-                }
-            },
-            _ => conf_err!(cf, "invalid parameter \"{}\" in \"rl_limit\" directive", arg),
+    let given = match params(args.get(1..).unwrap_or(&[]), &["zone", "rate", "key", "algorithm", "burst", "cost"]) {
+        Ok(given) => given,
+        Err(e) => conf_err!(cf, "{} in \"rl_limit\" directive", e),
+    };
+    let get = |name| param(&given, name);
+    let zone = match get("zone") {
+        Some("") => conf_err!(cf, "invalid parameter \"zone=\" in \"rl_limit\" directive"),
+        Some(z) => z.to_string(),
+        None => conf_err!(cf, "\"rl_limit\" directive must have \"zone\" parameter"),
+    };
+    let rate = match get("rate").map(parse_rate) {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => {
+            conf_err!(cf, "invalid rate \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), rate_hint(&e))
         }
-    }
-    let Some(zone) = zone else {
-        conf_err!(cf, "\"rl_limit\" directive must have \"zone\" parameter");
+        None => conf_err!(cf, "\"rl_limit\" directive must have \"rate\" parameter"),
     };
-    let Some(rate) = rate else {
-        conf_err!(cf, "\"rl_limit\" directive must have \"rate\" parameter");
+    let alg = match get("algorithm").map(str::parse::<Algorithm>) {
+        None => Algorithm::default(),
+        Some(Ok(a)) => a,
+        Some(Err(_)) => conf_err!(
+            cf,
+            "invalid algorithm \"{}\" in \"rl_limit\" directive, it must be \"fixed\", \"sliding\", \
+             \"sliding_log\", \"token_bucket\", \"leaky_bucket\" or \"gcra\"",
+            Quote(get("algorithm").unwrap_or_default())
+        ),
     };
-    let burst = burst.unwrap_or(rate.count);
+    let burst = match get("burst").map(parse_u64) {
+        None => rate.count,
+        Some(Ok(n)) => n,
+        Some(Err(e)) => {
+            conf_err!(cf, "invalid burst \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), number_hint(&e))
+        }
+    };
+    let cost = match get("cost").map(parse_u64) {
+        None => 1,
+        Some(Ok(n)) => n,
+        Some(Err(e)) => {
+            conf_err!(cf, "invalid cost \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), number_hint(&e))
+        }
+    };
     if cost > burst {
         conf_err!(cf, "cost={} exceeds burst={} in \"rl_limit\" directive: no request could ever pass", cost, burst);
     }
-    let limit = match Limit::new(alg.unwrap_or_default(), rate, burst) {
+    let limit = match Limit::new(alg, rate, burst) {
         Ok(l) => l,
         Err(e) => conf_err!(cf, "invalid limit in \"rl_limit\" directive: {}", e),
     };
+    // The lines of one level are all a location has (inner levels replace
+    // outer ones), so its zones are counted here, where the message can
+    // point at the line that goes over (zone names are unique across kinds).
+    let mut zones: Vec<&str> = lcf.lines.iter().filter_map(|&id| mcf.line(id)).map(|l| l.zone_name.as_str()).collect();
+    zones.push(&zone);
+    zones.sort_unstable();
+    zones.dedup();
+    if zones.len() > MAX_ZONES_PER_LOCATION {
+        conf_err!(
+            cf,
+            "too many zones in one location in \"rl_limit\" directive, at most {} are supported",
+            MAX_ZONES_PER_LOCATION
+        );
+    }
 
-    let mut key_src = match key {
-        // SAFETY: the argument starts with "key=": the value is the rest of it, in the same buffer.
-        Some(k) => ngx_str_t { len: k.len - 4, data: unsafe { k.data.add(4) } },
+    let mut key_src = match get("key") {
+        Some("") => conf_err!(cf, "invalid parameter \"key=\" in \"rl_limit\" directive"),
+        // The value is part of the argument, which lives in the configuration pool as long as the cycle.
+        Some(k) => ngx_str_t { len: k.len(), data: k.as_ptr().cast_mut() },
         None => ngx::ngx_string!("$binary_remote_addr"),
     };
     let Some(cv) = compile_complex_value(cf, &mut key_src) else {
@@ -201,9 +268,17 @@ pub extern "C" fn cmd_rl_status(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, c
     if lcf.status != ngx_uint_t::MAX {
         conf_err!(cf, "\"rl_status\" directive is duplicate");
     }
-    match text(&args[1]).parse::<ngx_uint_t>() {
-        Ok(code) if (400..=599).contains(&code) => lcf.status = code,
-        _ => conf_err!(cf, "invalid status \"{}\" in \"rl_status\" directive, it must be between 400 and 599", args[1]),
+    // (NGX_CONF_TAKE1: nginx has checked there is one argument)
+    let Some(arg) = args.get(1) else {
+        return NGX_CONF_ERROR;
+    };
+    match parse_number(text(arg)).ok().and_then(|n| ngx_uint_t::try_from(n).ok()) {
+        Some(code) if arg.to_str().is_ok() && (400..=599).contains(&code) => lcf.status = code,
+        _ => conf_err!(
+            cf,
+            "invalid status \"{}\" in \"rl_status\" directive, it must be between 400 and 599",
+            Quote(&arg.to_string())
+        ),
     }
     NGX_CONF_OK
 }
@@ -217,7 +292,11 @@ pub extern "C" fn cmd_rl_headers(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, 
     if lcf.headers.is_some() {
         conf_err!(cf, "\"rl_headers\" directive is duplicate");
     }
-    lcf.headers = Some(match text(&args[1]) {
+    // (NGX_CONF_TAKE1: nginx has checked there is one argument)
+    let Some(arg) = args.get(1) else {
+        return NGX_CONF_ERROR;
+    };
+    lcf.headers = Some(match text(arg) {
         "off" => HeadersMode::Off,
         "legacy" => HeadersMode::Legacy,
         "draft" => HeadersMode::Draft,
@@ -225,19 +304,26 @@ pub extern "C" fn cmd_rl_headers(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, 
         _ => conf_err!(
             cf,
             "invalid value \"{}\" in \"rl_headers\" directive, it must be \"off\", \"legacy\", \"draft\" or \"both\"",
-            args[1]
+            Quote(&arg.to_string())
         ),
     });
     NGX_CONF_OK
 }
 
 /// The second half of an "invalid rate" message.
-fn rate_hint(e: &rl_core::parse::ParseError) -> &'static str {
-    use rl_core::parse::ParseErrorKind;
+fn rate_hint(e: &ParseError) -> &'static str {
     match e.kind {
         ParseErrorKind::NotPositive => "it must be positive",
         ParseErrorKind::TooLarge => "it is too large",
         ParseErrorKind::Invalid => "it must be a number of requests per second, minute, hour or day: \"10r/s\", \"100r/m\", \"1000r/h\", \"10000r/d\"",
+    }
+}
+
+/// The second half of an "invalid burst" or "invalid cost" message.
+fn number_hint(e: &ParseError) -> &'static str {
+    match e.kind {
+        ParseErrorKind::TooLarge => "it is too large",
+        ParseErrorKind::NotPositive | ParseErrorKind::Invalid => "it must be a positive number",
     }
 }
 

@@ -2,64 +2,96 @@
 //! and its certificates, read and checked while nginx reads the
 //! configuration (so that `nginx -t` reports them).
 
+use std::fmt;
 use std::time::Duration;
 
-use redis::{ClientTlsConfig, IntoConnectionInfo, RedisConnectionInfo, TlsCertificates};
+use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates};
 use rl_core::parse::parse_duration_ms;
+use rl_core::url::{redact, Kind, RedisUrl};
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+use super::Quote;
 use crate::redis_zone::{self, RedisZone, Target, ZoneSpec};
 
-/// Parses `redis=URL [timeout=TIME] [on_error=allow|deny] [prefix=STRING]
-/// [ssl_trusted_certificate=FILE] [ssl_certificate=FILE
-/// ssl_certificate_key=FILE]`; relative file names are taken from
-/// `conf_prefix`, as nginx does.
-pub fn parse(name: &str, args: &[&str], conf_prefix: &str) -> Result<RedisZone, String> {
-    let mut url = None;
-    let mut timeout = Duration::from_millis(50);
-    let mut allow = true;
-    let mut prefix = "rl:".to_string();
-    let (mut trusted, mut cert, mut key) = (None, None, None);
-    for a in args {
-        if let Some(v) = a.strip_prefix("redis=") {
-            url = Some(v);
-        } else if let Some(v) = a.strip_prefix("timeout=") {
-            match parse_duration_ms(v) {
-                Ok(ms) if ms > 0 => timeout = Duration::from_millis(ms),
-                _ => return Err(format!("invalid timeout \"{v}\"")),
+/// The parameters of a Redis zone besides `redis`.
+pub const PARAMS: [&str; 6] =
+    ["timeout", "on_error", "prefix", "ssl_trusted_certificate", "ssl_certificate", "ssl_certificate_key"];
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+/// The longest `timeout`: a waiting request's backstop timer is an nginx
+/// timer, and nginx timers wrap past the largest signed 32-bit count of
+/// milliseconds on 32-bit platforms, past the 64-bit one on any (the
+/// largest duration that parses made the timer fire at once, failing every
+/// request). The largest whole number of days below the first.
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 86_400);
+const DEFAULT_PREFIX: &str = "rl:";
+
+/// Builds the zone from `redis=URL` and the other parameters of
+/// [`PARAMS`] (`get` returns a parameter's value, each given at most
+/// once); relative file names are taken from `conf_prefix`, as nginx does.
+/// An error is the message, without the directive.
+pub fn parse<'a>(
+    name: &str,
+    url: &str,
+    get: impl Fn(&str) -> Option<&'a str>,
+    conf_prefix: &str,
+) -> Result<RedisZone, String> {
+    let shown = redact(url);
+    let invalid = |e: &dyn fmt::Display| format!("invalid redis URL \"{}\": {e}", Quote(&shown));
+    let parsed = RedisUrl::parse(url).map_err(|e| invalid(&e))?;
+    let timeout = match get("timeout") {
+        None => DEFAULT_TIMEOUT,
+        Some(v) => match parse_duration_ms(v).map(Duration::from_millis) {
+            Ok(t) if !t.is_zero() && t <= MAX_TIMEOUT => t,
+            _ => {
+                let days = MAX_TIMEOUT.as_secs() / 86_400;
+                return Err(format!("invalid timeout \"{}\", it must be from 1ms to {days}d", Quote(v)));
             }
-        } else if let Some(v) = a.strip_prefix("on_error=") {
-            allow = match v {
-                "allow" => true,
-                "deny" => false,
-                _ => return Err(format!("invalid on_error \"{v}\", it must be \"allow\" or \"deny\"")),
-            };
-        } else if let Some(v) = a.strip_prefix("prefix=") {
-            prefix = v.to_string();
-        } else if let Some(v) = a.strip_prefix("ssl_trusted_certificate=") {
-            trusted = Some(v);
-        } else if let Some(v) = a.strip_prefix("ssl_certificate=") {
-            cert = Some(v);
-        } else if let Some(v) = a.strip_prefix("ssl_certificate_key=") {
-            key = Some(v);
-        } else {
-            return Err(format!("invalid parameter \"{}\"", redact(a)));
+        },
+    };
+    let allow = match get("on_error") {
+        None | Some("allow") => true,
+        Some("deny") => false,
+        Some(v) => return Err(format!("invalid on_error \"{}\", it must be \"allow\" or \"deny\"", Quote(v))),
+    };
+    let prefix = get("prefix").unwrap_or(DEFAULT_PREFIX).to_string();
+    let (cert, key) = (get("ssl_certificate"), get("ssl_certificate_key"));
+    let client = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (Some(c), None) => {
+            return Err(format!("no \"ssl_certificate_key\" is defined for certificate \"{}\"", Quote(c)))
         }
-    }
-    let url = url.ok_or_else(|| "missing \"redis\" parameter".to_string())?;
-    let target = parse_target(url).map_err(|e| format!("invalid redis URL \"{}\": {e}", redact(url)))?;
-    match (cert, key) {
-        (Some(c), None) => return Err(format!("no \"ssl_certificate_key\" is defined for certificate \"{c}\"")),
         (None, Some(_)) => return Err("\"ssl_certificate_key\" needs \"ssl_certificate\"".into()),
-        _ => {}
-    }
-    let tls = tls_files(url, trusted, cert.zip(key), conf_prefix)?;
-    Ok(RedisZone::new(name, redact(url), ZoneSpec { target, timeout, prefix, tls }, allow))
+        (None, None) => None,
+    };
+    let tls = tls_files(&parsed, get("ssl_trusted_certificate"), client, conf_prefix)?;
+    let target = target(&parsed).map_err(|e| invalid(&e))?;
+    Ok(RedisZone::new(name, shown, ZoneSpec { target, timeout, prefix, tls }, allow))
 }
 
-/// The certificates of a `rediss` zone's `ssl_*` parameters, read (and
-/// checked) now: the trusted CAs, and the client certificate and its key.
+/// Where the I/O thread connects, in the URLs the redis crate takes (the
+/// credentials percent-encoded by [`RedisUrl`], IPv6 hosts in brackets).
+fn target(url: &RedisUrl) -> Result<Target, &'static str> {
+    let nodes = url.node_urls();
+    // The forms RedisUrl accepts are ones the redis crate parses; should it
+    // refuse one all the same, say so now rather than at every connection.
+    // (Its error is not shown: it could quote the password.)
+    if nodes.iter().any(|n| n.as_str().into_connection_info().is_err()) {
+        return Err("the Redis client does not accept it");
+    }
+    Ok(match url.kind() {
+        Kind::Single => Target::Single(nodes.into_iter().next().ok_or("no host")?),
+        Kind::Sentinel { master } => Target::Sentinel { sentinels: nodes, master: master.clone(), url: url.clone() },
+        Kind::Cluster => Target::Cluster(nodes),
+    })
+}
+
+/// The certificates of a `rediss` zone's `ssl_*` parameters, read and
+/// checked now as a connection would use them: the trusted CAs, and the
+/// client certificate with a key that matches it.
 fn tls_files(
-    url: &str,
+    url: &RedisUrl,
     trusted: Option<&str>,
     client: Option<(&str, &str)>,
     conf_prefix: &str,
@@ -67,27 +99,57 @@ fn tls_files(
     if trusted.is_none() && client.is_none() {
         return Ok(None);
     }
-    if !url.starts_with("rediss") {
+    if !url.tls() {
         return Err("\"ssl_*\" parameters need a \"rediss\" URL".into());
     }
-    let read = |what: &str, file: &str| {
-        let path = if file.starts_with('/') { file.to_string() } else { format!("{conf_prefix}{file}") };
-        std::fs::read(&path).map_err(|e| format!("cannot load {what} \"{path}\": {e}"))
-    };
-    let root_cert = match trusted {
+    let file = |name: &str| File(if name.starts_with('/') { name.to_string() } else { format!("{conf_prefix}{name}") });
+    let root_cert = match trusted.map(file) {
         Some(file) => {
-            let pem = read("trusted certificates", file)?;
-            const BEGIN: &[u8] = b"-----BEGIN CERTIFICATE-----";
-            if !pem.windows(BEGIN.len()).any(|w| w == BEGIN) {
+            let pem = file.read("trusted certificates")?;
+            let bad = |e: &dyn fmt::Display| format!("cannot load trusted certificates \"{file}\": {e}");
+            let certs = certificates(&pem).map_err(|e| bad(&e))?;
+            if certs.is_empty() {
                 return Err(format!("no certificate in \"{file}\" (\"ssl_trusted_certificate\" wants PEM)"));
+            }
+            let mut store = rustls::RootCertStore::empty();
+            for cert in certs {
+                store.add(cert).map_err(|_| bad(&"invalid certificate"))?;
             }
             Some(pem)
         }
         None => None,
     };
     let client_tls = match client {
-        Some((cert, key)) => {
-            Some(ClientTlsConfig { client_cert: read("certificate", cert)?, client_key: read("certificate key", key)? })
+        Some((cert_name, key_name)) => {
+            let (cert_file, key_file) = (file(cert_name), file(key_name));
+            let cert = cert_file.read("certificate")?;
+            let key = key_file.read("certificate key")?;
+            let chain = certificates(&cert).map_err(|e| format!("cannot load certificate \"{cert_file}\": {e}"))?;
+            if chain.is_empty() {
+                return Err(format!("no certificate in \"{cert_file}\" (\"ssl_certificate\" wants PEM)"));
+            }
+            let der = PrivateKeyDer::from_pem_slice(&key).map_err(|e| match e {
+                pem::Error::NoItemsFound => {
+                    format!("no private key in \"{key_file}\" (\"ssl_certificate_key\" wants PEM)")
+                }
+                e => format!("cannot load certificate key \"{key_file}\": {e}"),
+            })?;
+            let provider = rustls::crypto::ring::default_provider();
+            let signer = provider
+                .key_provider
+                .load_private_key(der)
+                .map_err(|e| format!("cannot load certificate key \"{key_file}\": {e}"))?;
+            // The key must be the certificate's: rustls compares the key's
+            // public half with the certificate's (else every server that
+            // asks for the certificate would refuse every connection).
+            match rustls::sign::CertifiedKey::new(chain, signer).keys_match() {
+                Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+                Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
+                    return Err(format!("certificate key \"{key_file}\" does not match certificate \"{cert_file}\""));
+                }
+                Err(_) => return Err(format!("cannot load certificate \"{cert_file}\": invalid certificate")),
+            }
+            Some(ClientTlsConfig { client_cert: cert, client_key: key })
         }
         None => None,
     };
@@ -98,79 +160,23 @@ fn tls_files(
     Ok(Some(certs))
 }
 
-/// Replaces the password of `scheme://user:password@host` with `***`.
-pub fn redact(s: &str) -> String {
-    let Some(scheme_end) = s.find("://") else {
-        return s.to_string();
-    };
-    let rest = &s[scheme_end + 3..];
-    match rest.find('@') {
-        Some(at) => {
-            let creds = &rest[..at];
-            let user = creds.split_once(':').map_or("", |(u, _)| u);
-            format!("{}{}:***@{}", &s[..scheme_end + 3], user, &rest[at + 1..])
-        }
-        None => s.to_string(),
+/// A file an `ssl_*` parameter names, by its full path; displays as
+/// messages quote it.
+struct File(String);
+
+impl File {
+    fn read(&self, what: &str) -> Result<Vec<u8>, String> {
+        std::fs::read(&self.0).map_err(|e| format!("cannot load {what} \"{self}\": {e}"))
     }
 }
 
-fn parse_target(url: &str) -> Result<Target, String> {
-    let (scheme, rest) = url.split_once("://").ok_or("no scheme")?;
-    if url.contains('#') {
-        return Err("no \"#\" fragment is supported (the certificate of a rediss server is always verified: \"ssl_trusted_certificate\" names a private CA)".into());
-    }
-    match scheme {
-        "redis" | "rediss" => {
-            url.into_connection_info().map_err(|e| e.to_string())?;
-            Ok(Target::Single(url.to_string()))
-        }
-        "redis+sentinel" | "rediss+sentinel" => {
-            let (creds, rest) = split_creds(rest);
-            let (hosts, path) = rest.split_once('/').ok_or("no master name")?;
-            let (master, db) = match path.split_once('/') {
-                Some((m, d)) => (m, d.parse::<i64>().map_err(|_| format!("invalid db \"{d}\""))?),
-                None => (path, 0),
-            };
-            if master.is_empty() {
-                return Err("no master name".into());
-            }
-            let mut node = RedisConnectionInfo::default().set_db(db);
-            if let Some((user, pass)) = creds {
-                if !user.is_empty() {
-                    node = node.set_username(user);
-                }
-                node = node.set_password(pass);
-            }
-            let base = if scheme.starts_with("rediss") { "rediss" } else { "redis" };
-            let sentinels = hosts_of(hosts)?.into_iter().map(|h| format!("{base}://{h}")).collect();
-            Ok(Target::Sentinel { sentinels, master: master.to_string(), node, tls: base == "rediss" })
-        }
-        "redis+cluster" | "rediss+cluster" => {
-            let (creds, hosts) = split_creds(rest);
-            let base = if scheme.starts_with("rediss") { "rediss" } else { "redis" };
-            let auth = creds.map_or(String::new(), |(u, p)| format!("{u}:{p}@"));
-            let nodes: Vec<String> =
-                hosts_of(hosts.trim_end_matches('/'))?.into_iter().map(|h| format!("{base}://{auth}{h}")).collect();
-            for n in &nodes {
-                n.as_str().into_connection_info().map_err(|e| e.to_string())?;
-            }
-            Ok(Target::Cluster(nodes))
-        }
-        _ => Err(format!("unknown scheme \"{scheme}\"")),
+impl fmt::Display for File {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Quote(&self.0).fmt(f)
     }
 }
 
-fn split_creds(s: &str) -> (Option<(&str, &str)>, &str) {
-    match s.rsplit_once('@') {
-        Some((creds, rest)) => (Some(creds.split_once(':').unwrap_or(("", creds))), rest),
-        None => (None, s),
-    }
-}
-
-fn hosts_of(s: &str) -> Result<Vec<&str>, String> {
-    let hosts: Vec<&str> = s.split(',').filter(|h| !h.is_empty()).collect();
-    if hosts.is_empty() || hosts.iter().any(|h| h.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err())) {
-        return Err("hosts must be host:port[,host:port...]".into());
-    }
-    Ok(hosts)
+/// The certificates of a PEM file, in order.
+fn certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, pem::Error> {
+    CertificateDer::pem_slice_iter(pem).collect()
 }

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{Client, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, TlsCertificates};
+use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
 use rl_core::redis::RequestReply;
+use rl_core::url::RedisUrl;
 
 use super::script::{call, Code, Via};
 use super::sentinel::sentinel_master;
@@ -19,8 +20,9 @@ use super::{Job, JobLine, RedisError, ZoneSpec};
 pub enum Target {
     /// `redis://` or `rediss://`.
     Single(String),
-    /// `redis+sentinel://h:p,h:p/MASTER[/db]`: sentinel URLs, master name, node settings.
-    Sentinel { sentinels: Vec<String>, master: String, node: RedisConnectionInfo, tls: bool },
+    /// `redis+sentinel://h:p,h:p/MASTER[/db]`: sentinel URLs, master name,
+    /// and the URL, whose TLS, credentials and db the master is reached with.
+    Sentinel { sentinels: Vec<String>, master: String, url: RedisUrl },
     /// `redis+cluster://h:p,h:p`: node URLs.
     Cluster(Vec<String>),
 }
@@ -178,15 +180,9 @@ async fn connect(target: &Target, tls: &Option<TlsCertificates>) -> Result<(Conn
             let client = client(info, tls).map_err(io)?;
             Ok((Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?), None))
         }
-        Target::Sentinel { sentinels, master, node, tls: secure } => {
+        Target::Sentinel { sentinels, master, url } => {
             let (host, port) = sentinel_master(sentinels, master, tls).await?;
-            let scheme = if *secure { "rediss" } else { "redis" };
-            let info = format!("{scheme}://{host}:{port}")
-                .as_str()
-                .into_connection_info()
-                .map_err(io)?
-                .set_redis_settings(node.clone())
-                .set_tcp_settings(tcp());
+            let info = url.url_for(&host, port).as_str().into_connection_info().map_err(io)?.set_tcp_settings(tcp());
             let client = client(info, tls).map_err(io)?;
             Ok((Conn::Plain(client.get_multiplexed_async_connection().await.map_err(io)?), Some((host, port))))
         }

@@ -111,11 +111,34 @@ fn render_conf(prefix: &Path, port: u16, http_block: &str) -> String {
 /// Runs `nginx -t` on a configuration with `http_block` inside `http {}`.
 /// Returns whether nginx accepted it, and its output (stdout + stderr).
 pub fn nginx_t(http_block: &str) -> (bool, String) {
+    let run = nginx_t_run(http_block, Duration::from_secs(60));
+    assert!(!run.timed_out, "nginx -t did not finish in 60 s:\n{}", run.output);
+    (run.ok, run.output)
+}
+
+/// What one `nginx -t` did.
+#[derive(Debug)]
+pub struct ConfTest {
+    /// It exited with status 0.
+    pub ok: bool,
+    /// The signal that ended it, if one did (a crash).
+    pub signal: Option<i32>,
+    /// It ran longer than the time allowed and was killed.
+    pub timed_out: bool,
+    /// Its stdout and stderr.
+    pub output: String,
+}
+
+/// Runs `nginx -t` as [`nginx_t`] does, killing it after `limit`.
+pub fn nginx_t_run(http_block: &str, limit: Duration) -> ConfTest {
+    use std::os::unix::process::ExitStatusExt;
     let prefix = make_prefix();
     let conf = prefix.join("nginx.conf");
     fs::write(&conf, render_conf(&prefix, free_port(), http_block)).unwrap();
     fs::create_dir_all(prefix.join("html")).unwrap();
-    let out = Command::new(nginx_bin())
+    // Output to files: a pipe nobody reads while we wait could block nginx.
+    let (out_path, err_path) = (prefix.join("t.out"), prefix.join("t.err"));
+    let mut child = Command::new(nginx_bin())
         .arg("-t")
         .arg("-p")
         .arg(format!("{}/", prefix.display()))
@@ -124,11 +147,36 @@ pub fn nginx_t(http_block: &str) -> (bool, String) {
         .arg("-e")
         .arg(prefix.join("error.log"))
         .stdin(Stdio::null())
-        .output()
+        .stdout(fs::File::create(&out_path).unwrap())
+        .stderr(fs::File::create(&err_path).unwrap())
+        .spawn()
         .expect("cannot run nginx -t");
+    let deadline = Instant::now() + limit;
+    let (status, timed_out) = loop {
+        if let Some(status) = child.try_wait().expect("cannot wait for nginx -t") {
+            break (Some(status), false);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break (None, true);
+        }
+        thread::sleep(Duration::from_millis(2));
+    };
+    let output = format!(
+        "{}{}",
+        String::from_utf8_lossy(&fs::read(&out_path).unwrap_or_default()),
+        String::from_utf8_lossy(&fs::read(&err_path).unwrap_or_default())
+    );
     let _ = fs::remove_dir_all(&prefix);
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
+    ConfTest { ok: status.is_some_and(|s| s.success()), signal: status.and_then(|s| s.signal()), timed_out, output }
+}
+
+/// The line number, in the nginx.conf that [`nginx_t`] and [`Nginx`] write,
+/// of the first line of `http_block` that contains `needle`.
+pub fn conf_line_of(http_block: &str, needle: &str) -> Option<usize> {
+    let conf = render_conf(Path::new("/prefix"), 1, http_block);
+    conf.lines().position(|l| l.contains(needle)).map(|i| i + 1)
 }
 
 /// Builds a prefix with extra files before starting nginx.
