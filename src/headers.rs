@@ -112,11 +112,8 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
     let Some((line, res)) = most_restrictive(ctx, lines) else {
         return Ok(());
     };
-    let draft_len: usize = if ctx.headers.draft() {
-        ctx.active(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum()
-    } else {
-        0
-    };
+    let draft_len: usize =
+        if ctx.headers.draft() { ctx.active(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum() } else { 0 };
     let mut out = Out::new(r, 4 * NUM + draft_len).ok_or(())?;
     if ctx.headers.legacy() {
         let at = out.len;

@@ -13,8 +13,7 @@ use core::ptr;
 
 use ngx::ffi::{
     ngx_conf_t, ngx_pagesize, ngx_shared_memory_add, ngx_shm_zone_t, ngx_shmtx_lock, ngx_shmtx_unlock,
-    ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t, ngx_str_t,
-    NGX_LOG_EMERG, NGX_LOG_WARN,
+    ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t, ngx_str_t, NGX_LOG_EMERG, NGX_LOG_WARN,
 };
 use ngx::{ngx_conf_log_error, ngx_log_error};
 use rl_core::limit::{Algorithm, Limit};

@@ -135,11 +135,15 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
             },
             "burst" => match value.parse::<u64>() {
                 Ok(n) if n > 0 => burst = Some(n),
-                _ => conf_err!(cf, "invalid burst \"{}\" in \"rl_limit\" directive, it must be a positive number", value),
+                _ => {
+                    conf_err!(cf, "invalid burst \"{}\" in \"rl_limit\" directive, it must be a positive number", value)
+                }
             },
             "cost" => match value.parse::<u64>() {
                 Ok(n) if n > 0 => cost = n,
-                _ => conf_err!(cf, "invalid cost \"{}\" in \"rl_limit\" directive, it must be a positive number", value),
+                _ => {
+                    conf_err!(cf, "invalid cost \"{}\" in \"rl_limit\" directive, it must be a positive number", value)
+                }
             },
             _ => conf_err!(cf, "invalid parameter \"{}\" in \"rl_limit\" directive", arg),
         }
@@ -266,4 +270,3 @@ fn conf_origin(cf: *mut ngx_conf_t) -> String {
         format!("{}:{}", file.file.name, file.line)
     }
 }
-

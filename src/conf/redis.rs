@@ -174,4 +174,3 @@ fn hosts_of(s: &str) -> Result<Vec<&str>, String> {
     }
     Ok(hosts)
 }
-

@@ -168,10 +168,7 @@ pub fn client(info: ConnectionInfo, tls: &Option<TlsCertificates>) -> redis::Red
 }
 
 /// Opens a connection; for a sentinel zone, also says which master it went to.
-async fn connect(
-    target: &Target,
-    tls: &Option<TlsCertificates>,
-) -> Result<(Conn, Option<(String, u16)>), RedisError> {
+async fn connect(target: &Target, tls: &Option<TlsCertificates>) -> Result<(Conn, Option<(String, u16)>), RedisError> {
     // A URL or a TLS setting the client refuses was checked by `nginx -t`:
     // should one fail here all the same, retry it as a failed connection.
     let io = |e: redis::RedisError| RedisError::Io(e.to_string());

@@ -72,7 +72,7 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
             let mut by_zone: Vec<Vec<Job>> = Vec::new();
             for job in jobs {
                 if job.zone >= conns.len() {
-                                        shared.push([Reply { id: job.id, zone: job.zone, result: Err(RedisError::NoZone) }]);
+                    shared.push([Reply { id: job.id, zone: job.zone, result: Err(RedisError::NoZone) }]);
                     continue;
                 }
                 if by_zone.len() <= job.zone {

@@ -11,9 +11,9 @@ use std::thread::JoinHandle;
 
 use ngx::ffi::{
     ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_cycle_t, ngx_del_timer, ngx_delete_posted_event,
-    ngx_event_actions, ngx_event_t, ngx_get_connection, ngx_http_block_reading, ngx_http_core_run_phases, ngx_http_request_t,
-    ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_msec_t, ngx_pool_cleanup_add,
-    ngx_post_event, ngx_posted_events, NGX_LOG_ERR,
+    ngx_event_actions, ngx_event_t, ngx_get_connection, ngx_http_block_reading, ngx_http_core_run_phases,
+    ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_msec_t,
+    ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, NGX_LOG_ERR,
 };
 use ngx::ngx_log_error;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};

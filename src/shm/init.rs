@@ -6,7 +6,10 @@ use core::ptr;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
-use ngx::ffi::{ngx_int_t, ngx_pagesize, ngx_shm_zone_t, ngx_slab_alloc, ngx_slab_free, ngx_slab_pool_t, NGX_LOG_EMERG, NGX_LOG_WARN};
+use ngx::ffi::{
+    ngx_int_t, ngx_pagesize, ngx_shm_zone_t, ngx_slab_alloc, ngx_slab_free, ngx_slab_pool_t, NGX_LOG_EMERG,
+    NGX_LOG_WARN,
+};
 use ngx::ngx_log_error;
 use rl_core::table::Table;
 
