@@ -4,10 +4,13 @@
 //!
 //! Shared-memory lines are decided on the spot, under their zones' locks.
 //! When the location also has Redis lines, the shared-memory lines are
-//! checked first (charging nothing), the Redis lines go to the I/O thread in
-//! one script call per zone, the request is suspended, and when the replies
-//! are in it is resumed here: only if Redis admitted are the shared-memory
-//! lines charged.
+//! decided and charged first (if they reject, Redis is not asked), the Redis
+//! lines go to the I/O thread in one script call per zone, the request is
+//! suspended, and when the replies are in it is resumed here: if Redis
+//! rejected (or failed with `on_error=deny`), the shared-memory charges are
+//! refunded. A request is so never admitted beyond a shared-memory limit,
+//! nor rejected yet charged in Redis for it; while Redis decides, its
+//! shared-memory units are taken.
 
 use ngx::core::Status;
 use ngx::ffi::{ngx_http_complex_value, ngx_http_request_t, ngx_log_t, NGX_LOG_ERR};
@@ -18,7 +21,7 @@ use ngx::{ngx_log_debug, ngx_log_error};
 use crate::conf::MainConf;
 use crate::redis_zone::{self, Job, JobLine, RedisError, Reply};
 use crate::request::{get_ctx, new_ctx, Ctx, Phase};
-use crate::shm::decide::decide;
+use crate::shm::decide::{decide, refund};
 use crate::Module;
 
 ngx::http_request_handler!(access_handler, access);
@@ -56,8 +59,10 @@ fn access(r: &mut Request) -> Status {
                 return Status(500);
             }
             if lcf.has_redis && ctx.iter(&mcf.lines).any(|(l, res)| res.active && l.backend.redis().is_some()) {
-                // Nothing goes to Redis if shared memory would reject anyway.
-                if decide(&mcf.zones, &mcf.lines, ctx, r.log(), false) {
+                // Nothing goes to Redis if shared memory rejects.
+                let charged = decide(&mcf.zones, &mcf.lines, ctx, r.log());
+                ctx.reserved = Some(charged);
+                if charged {
                     if let Some(n) = submit_redis(raw, mcf, ctx) {
                         ctx.phase = Phase::Waiting(n);
                         redis_zone::suspend(raw);
@@ -75,12 +80,19 @@ fn access(r: &mut Request) -> Status {
     ctx.phase = Phase::Decided;
     let redis_ok = !ctx.denied_by_error
         && ctx.iter(&mcf.lines).all(|(l, res)| !res.active || res.admitted || l.backend.redis().is_none());
-    if redis_ok && decide(&mcf.zones, &mcf.lines, ctx, r.log(), true) {
+    let admitted = match ctx.reserved {
+        Some(charged) => charged && redis_ok,
+        None => redis_ok && decide(&mcf.zones, &mcf.lines, ctx, r.log()),
+    };
+    if admitted {
         debug_verdicts(r.log(), mcf, ctx);
         return Status::NGX_DECLINED;
     }
     ctx.rejected = true;
     uncharge(mcf, ctx);
+    if ctx.reserved == Some(true) {
+        refund(&mcf.zones, &mcf.lines, ctx);
+    }
     debug_verdicts(r.log(), mcf, ctx);
     log_rejection(r.log(), mcf, ctx);
     Status(lcf.status as isize)

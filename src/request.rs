@@ -7,7 +7,7 @@ use core::{mem, ptr, slice};
 
 use ngx::ffi::{ngx_http_request_t, ngx_pcalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_time};
 use ngx::http::{HttpModule, Request};
-use rl_core::limit::Outcome;
+use rl_core::limit::{Charge, Outcome};
 
 use crate::line::{HeadersMode, Line, LineId};
 use crate::Module;
@@ -24,6 +24,8 @@ pub struct LineResult {
     pub retry_after_us: u64,
     /// The line's state was charged for this request.
     pub charged: bool,
+    /// What was charged to a shared-memory line, for a refund.
+    pub charge: Charge,
     pub key: ngx_str_t,
     /// Where the state is in a shared-memory zone: its hash, and the index of
     /// the zone's lock among those the request holds.
@@ -63,6 +65,11 @@ pub struct Ctx {
     pub rejected: bool,
     /// A Redis zone with `on_error=deny` failed.
     pub denied_by_error: bool,
+    /// When the request has Redis lines, the verdict of its shared-memory
+    /// lines, taken (and charged, if they admit) before Redis is asked:
+    /// to be refunded if Redis rejects. `None` while they are to be decided
+    /// with the rest.
+    pub reserved: Option<bool>,
     /// Redis zones (bit = zone index) whose reply is still awaited.
     pub awaited: u64,
     pub headers: HeadersMode,
@@ -169,6 +176,7 @@ pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode) -> Option<&'st
         phase: Phase::Decided,
         rejected: false,
         denied_by_error: false,
+        reserved: None,
         awaited: 0,
         headers,
         now_unix: ngx_time() as i64,

@@ -175,6 +175,27 @@ pub struct Outcome {
     pub delay_us: u64,
 }
 
+/// What one [`Limit::commit`] charged, for [`Limit::refund`] to take back:
+/// the cost and where the algorithm put it. The default charged nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Charge {
+    /// Units charged; 0 when nothing was.
+    cost: u64,
+    /// Where: the window's index (`fixed`, `sliding`), the timestamp the
+    /// units were stamped with (`sliding_log`), the time the level was
+    /// charged at (the buckets), the TAT the charge was added to (`gcra`).
+    at: u64,
+    /// The buckets only: the level (scaled) under the charge.
+    below: u64,
+}
+
+impl Charge {
+    /// Units charged; 0 when nothing was.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
 impl Outcome {
     /// An admitted request.
     fn admit(remaining: u64, reset_us: u64, delay_us: u64) -> Self {
@@ -267,12 +288,13 @@ impl Limit {
         }
     }
 
-    /// Charges a request that [`Limit::check`] admitted. If it would not be
-    /// admitted (misuse), or `cost` is 0, or `state` is too short, this does
-    /// nothing — so it can never over-admit.
-    pub fn commit(&self, state: &mut [u64], now: u64, cost: u64) {
+    /// Charges a request that [`Limit::check`] admitted, and returns what
+    /// it charged. If it would not be admitted (misuse), or `cost` is 0, or
+    /// `state` is too short, this does nothing — so it can never over-admit
+    /// — and charges nothing.
+    pub fn commit(&self, state: &mut [u64], now: u64, cost: u64) -> Charge {
         if state.len() < self.state_words() || cost == 0 {
-            return;
+            return Charge::default();
         }
         let now = now.min(MAX_NOW);
         match self.algorithm {
@@ -281,6 +303,32 @@ impl Limit {
             Algorithm::SlidingLog => log::commit(self, state, now, cost),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::commit(self, state, now, cost),
             Algorithm::Gcra => gcra::commit(self, state, now, cost),
+        }
+    }
+
+    /// Takes back what a [`Limit::commit`] on this state charged, as far as
+    /// the state still holds it, at `now` (no earlier than the commit): the
+    /// state is then as if the request had never come, or stricter — never
+    /// more permissive, whatever was charged or refunded in between.
+    ///
+    /// The window algorithms and `sliding_log` take the units back exactly
+    /// (nothing once their window or timestamps have expired). The buckets
+    /// and `gcra` give them back unless, in between, the level would have
+    /// drained to empty without them: then what drained from under them
+    /// since is kept, since a state cannot tell which charge it took from.
+    /// Should the state have been dropped and created afresh in between,
+    /// the refund may take back up to `cost` of what was charged since.
+    pub fn refund(&self, state: &mut [u64], charge: &Charge, now: u64) {
+        if state.len() < self.state_words() || charge.cost == 0 {
+            return;
+        }
+        let now = now.min(MAX_NOW);
+        match self.algorithm {
+            Algorithm::Fixed => fixed::refund(self, state, charge),
+            Algorithm::Sliding => sliding::refund(self, state, charge),
+            Algorithm::SlidingLog => log::refund(self, state, charge),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::refund(self, state, charge),
+            Algorithm::Gcra => gcra::refund(self, state, charge, now),
         }
     }
 

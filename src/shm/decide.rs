@@ -1,7 +1,8 @@
 //! The decision on a request's shared-memory lines: under their zones' locks
 //! (taken in zone order, the order the location's lines are sorted in),
-//! every line is checked, then — only if every one admits, and only when
-//! asked to commit — every one is charged.
+//! every line is checked, then — only if every one admits — every one is
+//! charged; and the refund of those charges, for a request that Redis then
+//! rejected.
 
 use core::mem;
 
@@ -12,11 +13,10 @@ use super::{Locked, Zone, MAX_ZONES_PER_LOCATION};
 use crate::line::Line;
 use crate::request::Ctx;
 
-/// Decides the request's active shared-memory lines; returns whether they
-/// all admit. With `commit` false nothing is charged (the check before a
-/// Redis call). A line whose zone cannot be used is left inactive, and said
-/// so in the log.
-pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t, commit: bool) -> bool {
+/// Decides the request's active shared-memory lines and, if they all admit,
+/// charges them; returns whether they all admit. A line whose zone cannot be
+/// used is left inactive, and said so in the log.
+pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) -> bool {
     // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
     let now_us = unsafe { ngx_current_msec } as u64 * 1000;
     let now_s = (now_us / 1_000_000) as u32;
@@ -52,7 +52,7 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
 
     // Check every line, charging nothing; a line alone is checked and
     // charged in one step.
-    let single = commit && ctx.iter(lines).filter(|(_, r)| r.active).count() == 1;
+    let single = ctx.iter(lines).filter(|(_, r)| r.active).count() == 1;
     let mut admitted = true;
     for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| res.active && l.backend.shm().is_some()) {
         let Some(locked) = locks.get_mut(res.lock) else {
@@ -63,19 +63,16 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
             res.active = false;
             continue;
         };
-        let o = if single {
-            line.limit.acquire(state, now_us, line.cost)
-        } else {
-            line.limit.check(state, now_us, line.cost)
-        };
+        let o = line.limit.check(state, now_us, line.cost);
         let charged = single && o.admitted;
         if charged {
+            res.charge = line.limit.commit(state, now_us, line.cost);
             locked.charged(res.hash, now_us, o.reset_us);
         }
         res.set(&o, charged);
         admitted &= o.admitted;
     }
-    if !admitted || !commit || single {
+    if !admitted || single {
         return admitted;
     }
 
@@ -87,13 +84,48 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         let Some(state) = locked.state(res.hash, &line.limit) else {
             continue;
         };
-        let o = line.limit.acquire(state, now_us, line.cost);
+        let o = line.limit.check(state, now_us, line.cost);
+        res.charge = line.limit.commit(state, now_us, line.cost);
         res.remaining = o.remaining;
         res.reset_us = o.reset_us;
         res.charged = true;
         locked.charged(res.hash, now_us, o.reset_us);
     }
     true
+}
+
+/// Gives back what [`decide`] charged the request's shared-memory lines,
+/// under their zones' locks, and records what each line has left after it:
+/// the request was rejected, and charged nothing. A state dropped meanwhile
+/// (the zone was full) has nothing to give back.
+pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
+    // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
+    let now_us = unsafe { ngx_current_msec } as u64 * 1000;
+    let mut locks = Locks::new();
+    for (line, res) in ctx.iter_mut(lines).filter(|(_, res)| res.active && res.charged) {
+        let Some(z) = line.backend.shm() else { continue };
+        res.charged = false;
+        if locks.last_zone() != Some(z) {
+            let Some(locked) = zones.get(z).and_then(|zone| zone.lock()) else {
+                continue;
+            };
+            if locks.push(z, locked).is_err() {
+                // decide() locked these zones together, so they fit.
+                return;
+            }
+        }
+        let Some((_, locked)) = locks.last_mut() else {
+            continue;
+        };
+        let Some(state) = locked.state(res.hash, &line.limit) else {
+            continue;
+        };
+        line.limit.refund(state, &res.charge, now_us);
+        let o = line.limit.check(state, now_us, 0);
+        res.remaining = o.remaining;
+        res.reset_us = o.reset_us;
+        locked.charged(res.hash, now_us, o.reset_us);
+    }
 }
 
 /// The zones locked by one request, in locking order; unlocked when dropped.

@@ -9,7 +9,7 @@
 //! `last` (clock stepped back) is treated as `last`: no refill, and waits are
 //! measured from `now`.
 
-use super::{div_ceil, mul, sat, Algorithm, Limit, Outcome};
+use super::{div_ceil, mul, sat, Algorithm, Charge, Limit, Outcome};
 
 /// The state as seen at `now`.
 struct View {
@@ -75,10 +75,27 @@ pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
 }
 
 /// See [`Limit::commit`].
-pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) {
+pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     let v = load(l, s, now);
-    if fits(l, &v, cost) {
-        s[0] = v.used + cost * l.rate.period_us;
-        s[1] = v.at;
+    if !fits(l, &v, cost) {
+        return Charge::default();
     }
+    s[0] = v.used + cost * l.rate.period_us;
+    s[1] = v.at;
+    Charge { cost, at: v.at, below: v.used }
+}
+
+/// See [`Limit::refund`]. The stored level (at `last`) holds all of the
+/// charge unless, between the charge and `last`, the level without it would
+/// have drained to empty; that takes at least `below` of draining, after
+/// which the charge drains at most at the rate. So at least
+/// `cost·period − max(0, drained − below)` of it is still there.
+pub(super) fn refund(l: &Limit, s: &mut [u64], charge: &Charge) {
+    let Some(since) = s[1].checked_sub(charge.at) else {
+        // Older than the charge: a state created afresh since.
+        return;
+    };
+    let lost = mul(since, l.rate.count).saturating_sub(charge.below.into());
+    let back = mul(charge.cost, l.rate.period_us).saturating_sub(lost);
+    s[0] = sat(u128::from(s[0].min(l.capacity)).saturating_sub(back));
 }

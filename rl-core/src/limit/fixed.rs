@@ -3,7 +3,7 @@
 //! State: `[k + 1, used]` (0 = no window yet). A `now` in an earlier window
 //! than the stored one (clock stepped back) keeps counting in the stored one.
 
-use super::{Limit, Outcome};
+use super::{Charge, Limit, Outcome};
 
 /// The state as seen at `now`.
 struct View {
@@ -49,10 +49,20 @@ pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
 }
 
 /// See [`Limit::commit`].
-pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) {
+pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     let v = load(l, s, now);
-    if cost <= l.burst - v.used {
-        s[0] = v.window.saturating_add(1);
-        s[1] = v.used + cost;
+    if cost > l.burst - v.used {
+        return Charge::default();
+    }
+    s[0] = v.window.saturating_add(1);
+    s[1] = v.used + cost;
+    Charge { cost, at: v.window, below: 0 }
+}
+
+/// See [`Limit::refund`]: out of the window charged, while it is the one
+/// stored (once a later window is, the charge counts no more).
+pub(super) fn refund(l: &Limit, s: &mut [u64], charge: &Charge) {
+    if s[0] == charge.at.saturating_add(1) {
+        s[1] = s[1].min(l.burst).saturating_sub(charge.cost);
     }
 }

@@ -4,7 +4,7 @@
 //! A request of cost `c` is admitted iff `max(TAT, now) + c·T − now ≤ τ + T`.
 //! A `now` that stepped back only makes `TAT − now` larger: stricter.
 
-use super::{mul, sat, Limit, Outcome};
+use super::{mul, sat, Charge, Limit, Outcome};
 
 /// `TAT − now` after charging `cost` on top of `backlog`, and `τ + T = B·T`.
 fn after(l: &Limit, backlog: u64, cost: u64) -> (u128, u128) {
@@ -29,9 +29,22 @@ pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
 }
 
 /// See [`Limit::commit`]: `TAT = max(TAT, now) + cost·T`.
-pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) {
+pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     let (charged, limit) = after(l, s[0].saturating_sub(now), cost);
-    if charged <= limit {
-        s[0] = sat(u128::from(now) + charged);
+    if charged > limit {
+        return Charge::default();
     }
+    let at = s[0].max(now);
+    s[0] = sat(u128::from(now) + charged);
+    Charge { cost, at, below: 0 }
+}
+
+/// See [`Limit::refund`]. The charge moved `TAT` from `at` to
+/// `at + cost·T`, and is all there unless a request came after `at`, when
+/// the `TAT` without the charge could have been behind it: the charge then
+/// shrank to what lies past that request, which came no later than `now`.
+pub(super) fn refund(l: &Limit, s: &mut [u64], charge: &Charge, now: u64) {
+    let lost = now.saturating_sub(charge.at);
+    let back = mul(charge.cost, l.interval).saturating_sub(lost.into());
+    s[0] = sat(u128::from(s[0]).saturating_sub(back));
 }

@@ -8,7 +8,7 @@
 //! is behind the newest entry is stamped with that newest time instead
 //! (it then expires later, never earlier).
 
-use super::{Limit, Outcome};
+use super::{Charge, Limit, Outcome};
 
 /// The state as seen at `now`.
 struct View<'a> {
@@ -37,6 +37,21 @@ impl View<'_> {
     fn newest(&self) -> Option<u64> {
         self.len.checked_sub(1).map(|i| self.at(i))
     }
+
+    /// How many leading entries `before` holds for, by binary search (the
+    /// timestamps are non-decreasing).
+    fn count(&self, before: impl Fn(u64) -> bool) -> usize {
+        let (mut lo, mut hi) = (0, self.len);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if before(self.at(mid)) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
 }
 
 /// Reads the state at `now`: finds the expired prefix by binary search.
@@ -44,16 +59,7 @@ fn load<'a>(l: &Limit, s: &'a [u64], now: u64) -> View<'a> {
     let n = l.state_words() - 2;
     let ring = &s[2..2 + n];
     let mut v = View { ring, head: (s[0] % n as u64) as usize, len: s[1].min(n as u64) as usize, expired: 0 };
-    let (mut lo, mut hi) = (0, v.len);
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if v.at(mid).saturating_add(l.window) <= now {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    v.expired = lo;
+    v.expired = v.count(|t| t.saturating_add(l.window) <= now);
     v
 }
 
@@ -92,10 +98,10 @@ pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
 }
 
 /// See [`Limit::commit`]: drops expired entries, appends `cost` stamps.
-pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) {
+pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     let v = load(l, s, now);
     if cost > l.burst - v.live() {
-        return;
+        return Charge::default();
     }
     let (n, t) = (v.ring.len(), stamp(&v, now));
     let (head, live) = ((v.head + v.expired) % n, v.live() as usize);
@@ -104,4 +110,21 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) {
     }
     s[0] = head as u64;
     s[1] = (live + cost as usize) as u64;
+    Charge { cost, at: t, below: 0 }
+}
+
+/// See [`Limit::refund`]: drops `cost` entries stamped with the charge's
+/// time (entries with one stamp are interchangeable), the later entries
+/// moving down; once they have expired this changes nothing.
+pub(super) fn refund(l: &Limit, s: &mut [u64], charge: &Charge) {
+    let v = load(l, s, 0);
+    let (n, head, len) = (v.ring.len(), v.head, v.len);
+    let end = v.count(|t| t <= charge.at);
+    let start = v.count(|t| t < charge.at).min(end);
+    let k = (end - start).min(charge.cost as usize);
+    let ring = &mut s[2..2 + n];
+    for i in end..len {
+        ring[(head + i - k) % n] = ring[(head + i) % n];
+    }
+    s[1] = (len - k) as u64;
 }

@@ -15,7 +15,7 @@
 //! window `k − 1`. A `now` in an earlier window than the stored one (clock
 //! stepped back) counts in the stored window with `e = 0` (the strictest).
 
-use super::{mul, sat, Limit, Outcome};
+use super::{mul, sat, Charge, Limit, Outcome};
 
 /// The state as seen at `now`.
 #[derive(Clone, Copy)]
@@ -105,11 +105,26 @@ pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
 }
 
 /// See [`Limit::commit`].
-pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) {
+pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     let v = load(l, s, now);
-    if fits(l, &v, cost) {
-        s[0] = v.window.saturating_add(1);
-        s[1] = v.curr + cost;
-        s[2] = v.prev;
+    if !fits(l, &v, cost) {
+        return Charge::default();
     }
+    s[0] = v.window.saturating_add(1);
+    s[1] = v.curr + cost;
+    s[2] = v.prev;
+    Charge { cost, at: v.window, below: 0 }
+}
+
+/// See [`Limit::refund`]: out of `curr` while the window charged is the
+/// stored one, out of `prev` once it is the one before; later it weighs
+/// nothing.
+pub(super) fn refund(l: &Limit, s: &mut [u64], charge: &Charge) {
+    let stored = charge.at.saturating_add(1);
+    let word = match s[0] {
+        w if w == stored => 1,
+        w if w == stored.saturating_add(1) => 2,
+        _ => return,
+    };
+    s[word] = s[word].min(l.burst).saturating_sub(charge.cost);
 }
