@@ -61,6 +61,8 @@
 //! arguments) with no retry-after: it fails closed and never over-admits.
 //! Configurations should therefore be checked with [`exact`] up front.
 
+pub mod clock;
+
 use std::fmt::Write as _;
 use std::hash::Hasher;
 
