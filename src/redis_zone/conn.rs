@@ -10,6 +10,7 @@ use redis::io::tcp::TcpSettings;
 use redis::{Client, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, TlsCertificates};
 use rl_core::redis::RequestReply;
 
+use super::clock::Clock;
 use super::script::{call, Code, Via};
 use super::sentinel::sentinel_master;
 use super::{Job, JobLine, RedisError, ZoneSpec};
@@ -37,6 +38,8 @@ pub struct ZoneConn {
     pub state: tokio::sync::Mutex<ConnState>,
     /// The script runs as a Redis function (until the server shows it cannot).
     pub fcall: AtomicBool,
+    /// Redis' clock, for the calls' deadlines.
+    pub clock: Clock,
 }
 
 pub struct ConnState {
@@ -64,6 +67,7 @@ impl ZoneConn {
                 master: None,
             }),
             fcall: AtomicBool::new(true),
+            clock: Clock::new(),
         }
     }
 
@@ -77,6 +81,7 @@ impl ZoneConn {
         }
         match connect(&self.spec.target, &self.spec.tls).await {
             Ok((c, master)) => {
+                self.clock.forget();
                 st.conn = Some(c.clone());
                 st.master = master;
                 st.failures = 0;
@@ -98,12 +103,17 @@ impl ZoneConn {
     }
 
     /// Runs a batch of jobs: one script call for all of them (on a cluster,
-    /// see [`ZoneConn::run_cluster`]).
-    pub async fn run(&self, code: &Code, jobs: &[Job]) -> Vec<Result<RequestReply, RedisError>> {
+    /// see [`ZoneConn::run_cluster`]), which Redis must not run after `until`.
+    pub async fn run(&self, code: &Code, jobs: &[Job], until: Instant) -> Vec<Result<RequestReply, RedisError>> {
         match self.spec.target {
-            Target::Cluster(_) => self.run_cluster(code, jobs).await,
-            _ => self.run_batch(code, jobs.iter()).await,
+            Target::Cluster(_) => self.run_cluster(code, jobs, until).await,
+            _ => self.run_batch(code, jobs.iter(), until).await,
         }
+    }
+
+    /// How this zone calls the script, until `until`.
+    pub fn via<'a>(&'a self, code: &'a Code, until: Instant) -> Via<'a> {
+        Via { code, fcall: &self.fcall, clock: &self.clock, until }
     }
 
     /// Jobs in one script call (their keys must share a slot on a cluster).
@@ -111,11 +121,12 @@ impl ZoneConn {
         &self,
         code: &Code,
         jobs: impl Iterator<Item = &'a Job>,
+        until: Instant,
     ) -> Vec<Result<RequestReply, RedisError>> {
         let requests: Vec<&[JobLine]> = jobs.map(|j| j.lines.as_slice()).collect();
-        let via = Via { code, fcall: &self.fcall };
+        let via = self.via(code, until);
         match self.retrying(|conn| call(conn, via, &self.spec.prefix, &requests, true)).await {
-            Ok((_, replies)) => replies.into_iter().map(Ok).collect(),
+            Ok(replies) => replies.into_iter().map(Ok).collect(),
             Err(e) => requests.iter().map(|_| Err(e.clone())).collect(),
         }
     }
@@ -168,10 +179,7 @@ pub fn client(info: ConnectionInfo, tls: &Option<TlsCertificates>) -> redis::Red
 }
 
 /// Opens a connection; for a sentinel zone, also says which master it went to.
-async fn connect(
-    target: &Target,
-    tls: &Option<TlsCertificates>,
-) -> Result<(Conn, Option<(String, u16)>), RedisError> {
+async fn connect(target: &Target, tls: &Option<TlsCertificates>) -> Result<(Conn, Option<(String, u16)>), RedisError> {
     // A URL or a TLS setting the client refuses was checked by `nginx -t`:
     // should one fail here all the same, retry it as a failed connection.
     let io = |e: redis::RedisError| RedisError::Io(e.to_string());
