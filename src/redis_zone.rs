@@ -6,6 +6,7 @@
 //! Nothing here reads the configuration module: `conf::redis` builds a
 //! [`RedisZone`] and the access phase hands jobs in.
 
+mod clock;
 mod cluster;
 mod conn;
 mod script;
@@ -94,6 +95,9 @@ pub enum RedisError {
     NotConnected { last: String },
     /// No reply within the zone's `timeout`.
     Timeout,
+    /// Redis ran the call after its deadline (see [`clock`]), so it did
+    /// nothing.
+    Late,
     /// The server answered with an error.
     Server(String),
     /// The reply does not have the form the script returns.
@@ -117,6 +121,7 @@ impl fmt::Display for RedisError {
             RedisError::Io(e) | RedisError::Server(e) => f.write_str(e),
             RedisError::NotConnected { last } => write!(f, "not connected, reconnecting after: {last}"),
             RedisError::Timeout => f.write_str("timed out"),
+            RedisError::Late => f.write_str("timed out (Redis ran the call past its deadline and wrote nothing)"),
             RedisError::Malformed => f.write_str("malformed script reply"),
             RedisError::NoThread => f.write_str("no reply from the I/O thread"),
             RedisError::NoZone => f.write_str("no such zone"),
@@ -131,6 +136,11 @@ impl fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
             RedisError::Timeout => write!(f, "timed out ({} ms)", self.1.as_millis()),
+            RedisError::Late => write!(
+                f,
+                "timed out ({} ms; Redis ran the call past its deadline and wrote nothing)",
+                self.1.as_millis()
+            ),
             e => e.fmt(f),
         }
     }

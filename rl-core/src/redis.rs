@@ -18,6 +18,9 @@
 //!   two-phase check across Redis Cluster slots).
 //! - `ARGV[2]`: now in microseconds; `""` or `"0"` = Redis `TIME` (one clock
 //!   for the whole fleet).
+//! - `ARGV[3]`: the call's deadline, in microseconds of the same clock; `""`
+//!   = none. A call that runs after it (`now > deadline`) checks nothing and
+//!   writes nothing (see *Deadlines* below).
 //! - then per request its lines, one argument each: `"algorithm count
 //!   period_us burst cost"` ([`write_spec`]; the requests of a location share
 //!   it, and the script parses each distinct string once per call); a request
@@ -25,12 +28,26 @@
 //!   consecutive requests of one line each with the same string are sent as
 //!   `"-n"` and the string once ([`write_args`]).
 //!
-//! It returns `{now_ms, then per line: remaining, reset_us, and -2 if
-//! admitted, else the retry-after in µs or -1 (never)}`, see
-//! [`parse_reply`]; a request is admitted (and committed) iff all its lines
-//! are. Each line's outcome is [`Limit::check`]'s at the script's `now`
-//! (after the requests before it in the call); the commits are
-//! [`Limit::commit`]s. A rejected request writes nothing.
+//! It returns `{now_us, then per line: remaining, reset_us, and -2 if
+//! admitted, else the retry-after in µs or -1 (never)}`, or `{-1, now_us}`
+//! for a call past its deadline, see [`parse_reply`]; a request is admitted
+//! (and committed) iff all its lines are. Each line's outcome is
+//! [`Limit::check`]'s at the script's `now` (after the requests before it in
+//! the call); the commits are [`Limit::commit`]s. A rejected request writes
+//! nothing.
+//!
+//! # Deadlines
+//!
+//! The caller waits a bounded time for a reply, then answers the requests
+//! as failed; a call still queued in Redis would run later all the same,
+//! and charge requests that were refused. So a call carries the time after
+//! which its caller no longer waits for it, on Redis' clock, and a call
+//! that runs later does nothing: its requests are answered as failed and
+//! charged nothing. The caller translates its own (monotonic) give-up time
+//! into Redis time with the offset it learns from each reply's `now_us`
+//! ([`clock::Offset`]), which errs early, never late, while Redis' clock
+//! does not step back; and it stops waiting some time after that deadline,
+//! for the reply's way back.
 //!
 //! State: the O(1) algorithms keep [`Limit::state_words`] words and the
 //! key's expiry (ms of the Redis clock) as a string of a 0 byte and
@@ -60,6 +77,8 @@
 //! The script rejects a line outside these ranges (or with malformed
 //! arguments) with no retry-after: it fails closed and never over-admits.
 //! Configurations should therefore be checked with [`exact`] up front.
+
+pub mod clock;
 
 use std::fmt::Write as _;
 use std::hash::Hasher;
@@ -152,19 +171,31 @@ pub enum Arg<'a> {
     Neg(u64),
 }
 
+/// What a call is for, besides its requests: the script's `ARGV[1 ..= 3]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Call {
+    /// Commit the requests that all their lines admit (else check only).
+    pub commit: bool,
+    /// Replaces Redis `TIME` (tests).
+    pub now_us: Option<u64>,
+    /// Redis time (µs) after which the call must do nothing.
+    pub deadline_us: Option<u64>,
+}
+
 /// Emits the script's `ARGV` for `requests` (each a request's lines: a limit
-/// and the request's cost on it), in the order of their `KEYS`. `commit`
-/// false checks only; `now_override_us` replaces Redis `TIME` (tests).
-pub fn write_args<R, L>(requests: R, commit: bool, now_override_us: Option<u64>, mut emit: impl FnMut(Arg<'_>))
+/// and the request's cost on it), in the order of their `KEYS`.
+pub fn write_args<R, L>(requests: R, call: Call, mut emit: impl FnMut(Arg<'_>))
 where
     R: IntoIterator<Item = L>,
     L: IntoIterator<Item = (Limit, u64)>,
     L::IntoIter: ExactSizeIterator,
 {
-    emit(Arg::Str(if commit { "1" } else { "0" }));
-    match now_override_us {
-        Some(t) => emit(Arg::Int(t)),
-        None => emit(Arg::Str("")),
+    emit(Arg::Str(if call.commit { "1" } else { "0" }));
+    for t in [call.now_us, call.deadline_us] {
+        match t {
+            Some(t) => emit(Arg::Int(t)),
+            None => emit(Arg::Str("")),
+        }
     }
     // The spec of the last line seen (requests on one location share it).
     let mut spec = Spec::default();
@@ -229,14 +260,10 @@ pub fn write_spec(out: &mut String, limit: &Limit, cost: u64) {
 }
 
 /// [`write_args`] as strings.
-pub fn script_args<'a>(
-    requests: impl IntoIterator<Item = &'a [(Limit, u64)]>,
-    commit: bool,
-    now_override_us: Option<u64>,
-) -> Vec<String> {
+pub fn script_args<'a>(requests: impl IntoIterator<Item = &'a [(Limit, u64)]>, call: Call) -> Vec<String> {
     let mut args = Vec::new();
     let requests = requests.into_iter().map(|r| r.iter().copied());
-    write_args(requests, commit, now_override_us, |a| {
+    write_args(requests, call, |a| {
         args.push(match a {
             Arg::Str(s) => s.to_owned(),
             Arg::Int(i) => i.to_string(),
@@ -268,12 +295,34 @@ pub type Lines = SmallVec<[ScriptLine; 2]>;
 /// One request's outcome: all lines admitted, and each line's outcome.
 pub type RequestReply = (bool, Lines);
 
-/// Parses the script's reply for requests of `nlines[j]` lines each into
-/// (Redis time in ms, per-request outcomes); `None` if it is malformed
-/// (wrong length, negative values, unknown codes).
-pub fn parse_reply(reply: &[i64], nlines: &[usize]) -> Option<(u64, Vec<RequestReply>)> {
-    let (&now_ms, mut rest) = reply.split_first()?;
-    let now_ms = u64::try_from(now_ms).ok()?;
+/// The script's reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScriptReply {
+    /// Redis ran the call at `now_us` (µs of its clock): each request's
+    /// outcome, in order.
+    Done { now_us: u64, requests: Vec<RequestReply> },
+    /// Redis ran the call at `now_us`, past its deadline: nothing was
+    /// checked or written.
+    Late { now_us: u64 },
+}
+
+impl ScriptReply {
+    /// When Redis ran the call (µs of its clock).
+    pub fn now_us(&self) -> u64 {
+        match self {
+            ScriptReply::Done { now_us, .. } | ScriptReply::Late { now_us } => *now_us,
+        }
+    }
+}
+
+/// Parses the script's reply for requests of `nlines[j]` lines each; `None`
+/// if it is malformed (wrong length, negative values, unknown codes).
+pub fn parse_reply(reply: &[i64], nlines: &[usize]) -> Option<ScriptReply> {
+    if let [-1, now_us] = *reply {
+        return Some(ScriptReply::Late { now_us: u64::try_from(now_us).ok()? });
+    }
+    let (&now_us, mut rest) = reply.split_first()?;
+    let now_us = u64::try_from(now_us).ok()?;
     let mut out = Vec::with_capacity(nlines.len());
     for &n in nlines {
         let len = n.checked_mul(3)?;
@@ -303,7 +352,7 @@ pub fn parse_reply(reply: &[i64], nlines: &[usize]) -> Option<(u64, Vec<RequestR
     if !rest.is_empty() {
         return None;
     }
-    Some((now_ms, out))
+    Some(ScriptReply::Done { now_us, requests: out })
 }
 
 /// The hash tag of a client key as a number: its SipHash-1-3 with the

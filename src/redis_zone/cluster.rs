@@ -1,22 +1,37 @@
 //! Redis Cluster: a script call's keys must share a slot. The jobs whose
 //! lines all have one client key go in one call per slot; a job whose lines
 //! span slots is checked on every slot first, then committed.
+//!
+//! Every call carries the batch's deadline (see [`super::clock`]), the
+//! commits of a job across slots too; but those commits are separate calls,
+//! so one can be in time and another late (or rejected, when another client
+//! took the last of a limit between the check and the commit): the job is
+//! then answered as failed, or rejected, with its lines on the slots that
+//! committed charged. The zone keeps one offset for all the masters, so a
+//! deadline can also be late by the skew between their clocks.
+
+use std::time::Instant;
 
 use rl_core::redis::{write_state_key, Lines, RequestReply, ScriptLine};
 
 use super::conn::{Conn, ZoneConn};
-use super::script::{call_one, Code, Via};
+use super::script::{call_one, Code};
 use super::{Job, JobLine, RedisError};
 
 impl ZoneConn {
     /// A batch on a cluster: the jobs whose lines all have one client tag go
     /// in one call per slot; the others one by one ([`ZoneConn::run_job`]).
-    pub async fn run_cluster(&self, code: &Code, jobs: &[Job]) -> Vec<Result<RequestReply, RedisError>> {
+    pub async fn run_cluster(
+        &self,
+        code: &Code,
+        jobs: &[Job],
+        until: Instant,
+    ) -> Vec<Result<RequestReply, RedisError>> {
         let (groups, singles) = by_slot(jobs, &self.spec.prefix);
-        let batches = groups.iter().map(|g| self.run_batch(code, g.iter().map(|&i| &jobs[i])));
+        let batches = groups.iter().map(|g| self.run_batch(code, g.iter().map(|&i| &jobs[i]), until));
         let each = singles.iter().map(|&i| {
             let job = &jobs[i];
-            self.retrying(move |conn| self.run_job(conn, code, job))
+            self.retrying(move |conn| self.run_job(conn, code, job, until))
         });
         let (batches, each) =
             futures_util::future::join(futures_util::future::join_all(batches), futures_util::future::join_all(each))
@@ -35,9 +50,9 @@ impl ZoneConn {
 
     /// One job on a cluster: one script call when its lines share a slot;
     /// else the lines are checked first, then committed, group by group.
-    async fn run_job(&self, conn: Conn, code: &Code, job: &Job) -> Result<RequestReply, RedisError> {
+    async fn run_job(&self, conn: Conn, code: &Code, job: &Job, until: Instant) -> Result<RequestReply, RedisError> {
         let prefix = &self.spec.prefix;
-        let via = Via { code, fcall: &self.fcall };
+        let via = self.via(code, until);
         let tags: Vec<u64> = job.lines.iter().map(|l| l.tag).collect();
         let Some(groups) = groups(&tags) else {
             return call_one(conn, via, prefix, &job.lines, true).await;

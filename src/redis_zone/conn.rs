@@ -11,6 +11,7 @@ use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
 use rl_core::redis::RequestReply;
 use rl_core::url::RedisUrl;
 
+use super::clock::Clock;
 use super::script::{call, Code, Via};
 use super::sentinel::sentinel_master;
 use super::{Job, JobLine, RedisError, ZoneSpec};
@@ -39,6 +40,8 @@ pub struct ZoneConn {
     pub state: tokio::sync::Mutex<ConnState>,
     /// The script runs as a Redis function (until the server shows it cannot).
     pub fcall: AtomicBool,
+    /// Redis' clock, for the calls' deadlines.
+    pub clock: Clock,
 }
 
 pub struct ConnState {
@@ -66,6 +69,7 @@ impl ZoneConn {
                 master: None,
             }),
             fcall: AtomicBool::new(true),
+            clock: Clock::new(),
         }
     }
 
@@ -79,6 +83,7 @@ impl ZoneConn {
         }
         match connect(&self.spec.target, &self.spec.tls).await {
             Ok((c, master)) => {
+                self.clock.forget();
                 st.conn = Some(c.clone());
                 st.master = master;
                 st.failures = 0;
@@ -100,12 +105,17 @@ impl ZoneConn {
     }
 
     /// Runs a batch of jobs: one script call for all of them (on a cluster,
-    /// see [`ZoneConn::run_cluster`]).
-    pub async fn run(&self, code: &Code, jobs: &[Job]) -> Vec<Result<RequestReply, RedisError>> {
+    /// see [`ZoneConn::run_cluster`]), which Redis must not run after `until`.
+    pub async fn run(&self, code: &Code, jobs: &[Job], until: Instant) -> Vec<Result<RequestReply, RedisError>> {
         match self.spec.target {
-            Target::Cluster(_) => self.run_cluster(code, jobs).await,
-            _ => self.run_batch(code, jobs.iter()).await,
+            Target::Cluster(_) => self.run_cluster(code, jobs, until).await,
+            _ => self.run_batch(code, jobs.iter(), until).await,
         }
+    }
+
+    /// How this zone calls the script, until `until`.
+    pub fn via<'a>(&'a self, code: &'a Code, until: Instant) -> Via<'a> {
+        Via { code, fcall: &self.fcall, clock: &self.clock, until }
     }
 
     /// Jobs in one script call (their keys must share a slot on a cluster).
@@ -113,11 +123,12 @@ impl ZoneConn {
         &self,
         code: &Code,
         jobs: impl Iterator<Item = &'a Job>,
+        until: Instant,
     ) -> Vec<Result<RequestReply, RedisError>> {
         let requests: Vec<&[JobLine]> = jobs.map(|j| j.lines.as_slice()).collect();
-        let via = Via { code, fcall: &self.fcall };
+        let via = self.via(code, until);
         match self.retrying(|conn| call(conn, via, &self.spec.prefix, &requests, true)).await {
-            Ok((_, replies)) => replies.into_iter().map(Ok).collect(),
+            Ok(replies) => replies.into_iter().map(Ok).collect(),
             Err(e) => requests.iter().map(|_| Err(e.clone())).collect(),
         }
     }

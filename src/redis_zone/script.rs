@@ -2,25 +2,35 @@
 //! library (Redis 7+) or `EVALSHA`/`EVAL`, and the reply.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Script};
 use rl_core::redis::{
-    function_library, function_name, parse_reply, write_args, write_state_key, Arg, RequestReply, LIMIT_SCRIPT,
+    function_library, function_name, parse_reply, write_args, write_state_key, Arg, Call, RequestReply, ScriptReply,
+    LIMIT_SCRIPT,
 };
 
+use super::clock::Clock;
 use super::conn::Conn;
 use super::{JobLine, RedisError};
 
 /// One script call for `requests` (each a request's lines) on keys under
-/// `prefix` (see [`invoke`] for how).
+/// `prefix` (see [`invoke`] for how), with the deadline `via.until`: a
+/// call Redis runs later does nothing and fails as [`RedisError::Late`].
+/// The first call after the zone (re)connected asks Redis `TIME` first,
+/// so that it has a deadline too.
 pub async fn call(
     conn: Conn,
     via: Via<'_>,
     prefix: &str,
     requests: &[&[JobLine]],
     commit: bool,
-) -> Result<(u64, Vec<RequestReply>), RedisError> {
+) -> Result<Vec<RequestReply>, RedisError> {
+    if !via.clock.known() {
+        via.clock.sync(&conn).await;
+    }
+    let deadline_us = via.clock.deadline(via.until);
     let command = |how: How| {
         let mut cmd = match how {
             How::Fcall => redis::cmd("FCALL").arg(&via.code.function).to_owned(),
@@ -35,7 +45,7 @@ pub async fn call(
             cmd.arg(key.as_str());
         }
         let lines = requests.iter().map(|r| r.iter().map(|l| (l.limit, l.cost)));
-        write_args(lines, commit, None, |a| {
+        write_args(lines, Call { commit, now_us: None, deadline_us }, |a| {
             match a {
                 Arg::Str(s) => cmd.arg(s),
                 Arg::Int(i) => cmd.arg(i),
@@ -45,12 +55,19 @@ pub async fn call(
         });
         cmd
     };
+    let sent = Instant::now();
     let reply: Vec<i64> = match conn {
         Conn::Plain(mut c) => invoke(&mut c, via, command).await?,
         Conn::Cluster(mut c) => invoke(&mut c, via, command).await?,
     };
+    let received = Instant::now();
     let nlines: Vec<usize> = requests.iter().map(|r| r.len()).collect();
-    parse_reply(&reply, &nlines).ok_or(RedisError::Malformed)
+    let reply = parse_reply(&reply, &nlines).ok_or(RedisError::Malformed)?;
+    via.clock.learn(sent, received, reply.now_us());
+    match reply {
+        ScriptReply::Done { requests, .. } => Ok(requests),
+        ScriptReply::Late { .. } => Err(RedisError::Late),
+    }
 }
 
 /// [`call`] for one request.
@@ -61,7 +78,7 @@ pub async fn call_one(
     lines: &[JobLine],
     commit: bool,
 ) -> Result<RequestReply, RedisError> {
-    let (_, mut replies) = call(conn, via, prefix, &[lines], commit).await?;
+    let mut replies = call(conn, via, prefix, &[lines], commit).await?;
     replies.pop().ok_or(RedisError::Malformed)
 }
 
@@ -80,11 +97,15 @@ impl Code {
     }
 }
 
-/// How a zone runs the script: `fcall` until its server shows it cannot.
+/// How a zone runs the script: `fcall` until its server shows it cannot;
+/// each call with a deadline, `until` on the local clock and in Redis time
+/// by the zone's `clock`.
 #[derive(Clone, Copy)]
 pub struct Via<'a> {
     pub code: &'a Code,
     pub fcall: &'a AtomicBool,
+    pub clock: &'a Clock,
+    pub until: Instant,
 }
 
 #[derive(Clone, Copy)]

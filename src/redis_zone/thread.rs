@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::clock::script_deadline;
 use super::conn::{Target, ZoneConn};
 use super::script::Code;
 use super::sentinel::watch_master;
@@ -85,7 +86,10 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
                     let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
                     let (zc, shared, code) = (conns[z].clone(), shared.clone(), code.clone());
                     tokio::spawn(async move {
-                        let results = match tokio::time::timeout(zc.spec.timeout, zc.run(&code, &jobs)).await {
+                        // Redis must not run the call after this; nginx
+                        // waits a little longer, for the reply.
+                        let until = script_deadline(zc.spec.timeout);
+                        let results = match tokio::time::timeout(zc.spec.timeout, zc.run(&code, &jobs, until)).await {
                             Ok(results) => results,
                             Err(_) => jobs.iter().map(|_| Err(RedisError::Timeout)).collect(),
                         };

@@ -9,6 +9,10 @@
 -- ARGV[1]  "1": check every line of a request, commit all of them iff all
 --          admit; else check only (never writes).
 -- ARGV[2]  now in microseconds; "" or "0" = Redis TIME.
+-- ARGV[3]  the call's deadline, in microseconds of the same clock; "" =
+--          none. A call that runs later (now > deadline) checks nothing,
+--          writes nothing, and returns {-1, now}: by then its caller no
+--          longer waits for it (it answers its requests as failed).
 -- Then per request, in order: its lines, each one argument
 -- "algorithm count period_us burst cost" (the same string for every
 -- request with the same limit and cost, so parsed once per call); a
@@ -21,7 +25,7 @@
 -- arrived in that order in the same microsecond: a request sees the
 -- writes of the requests before it.
 --
--- Returns {now_ms, then per line: remaining, reset_us, and -2 if admitted,
+-- Returns {now (us), then per line: remaining, reset_us, and -2 if admitted,
 -- else the retry-after in us or -1 (never)}, all integers. A request is
 -- admitted (and committed) iff all its lines are.
 --
@@ -307,7 +311,7 @@ local function muldiv(a, b, d)
   return aq * b + qq, r
 end
 
--- The arguments after ARGV[2], by their string, parsed once per call: a
+-- The arguments after ARGV[3], by their string, parsed once per call: a
 -- line "algorithm count period_us burst cost" (count, period_us, burst
 -- integers in [1, 2^53), cost an integer >= 0) as {algorithm, count,
 -- period_us, burst, cost, K, BT}, where K is the algorithm's constant (W =
@@ -409,9 +413,21 @@ local function limit(KEYS, ARGV)
     ms = ms - ms % 1
   end
 
+  -- The deadline: checked before anything is read.
+  local deadline = ARGV[3]
+  if deadline and deadline ~= '' then
+    deadline = tonumber(deadline)
+    if not deadline then
+      return redis.error_reply('rl: malformed arguments')
+    end
+    if now > deadline then
+      return { -1, now }
+    end
+  end
+
   commit = ARGV[1] == '1'
   local nargs = #ARGV
-  reply, nreply = { ms }, 1
+  reply, nreply = { now }, 1
 
   slot, names, cur, nslots = {}, {}, nil, 0
   R = {}
@@ -454,7 +470,7 @@ local function limit(KEYS, ARGV)
   end
   -- The next ARGV and KEYS to read; the requests left in a run, their line,
   -- and how far a line advances ARGV (0 in a run).
-  local argi, k = 3, 0
+  local argi, k = 4, 0
   local run, rlim, step = 0, nil, 1
 
   while run > 0 or argi <= nargs do

@@ -5,8 +5,8 @@
 
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::redis::{
-    exact, key_tag, parse_reply, script_args, state_key, tag_of, write_state_key, ScriptLine, LIMIT_SCRIPT, MAX_EXACT,
-    TTL_MARGIN_MS, TTL_SLACK_MS,
+    exact, key_tag, parse_reply, script_args, state_key, tag_of, write_state_key, Call, ScriptLine, ScriptReply,
+    LIMIT_SCRIPT, MAX_EXACT, TTL_MARGIN_MS, TTL_SLACK_MS,
 };
 use rl_core::redis::{function_library, function_name};
 
@@ -301,7 +301,7 @@ fn out_of_range_fails_closed() {
     let k = keys(1);
     let r = Redis::new();
     r.set_now(T0);
-    let reject = vec![(T0 / 1000) as i64, 0, 0, -1];
+    let reject = vec![T0 as i64, 0, 0, -1];
     let bad = [
         "nope 1 1000000 1 1",
         "gcra 0 1000000 1 1",
@@ -320,29 +320,36 @@ fn out_of_range_fails_closed() {
     ];
     let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     for line in bad {
-        assert_eq!(r.eval(&k, &args(&["1", "", line])), reject, "{line:?}");
-        assert_eq!(r.eval(&k, &args(&["1", "", "1", line])), reject, "{line:?}");
+        assert_eq!(r.eval(&k, &args(&["1", "", "", line])), reject, "{line:?}");
+        assert_eq!(r.eval(&k, &args(&["1", "", "", "1", line])), reject, "{line:?}");
     }
     // Missing arguments, or a missing key.
-    assert_eq!(r.eval(&k, &args(&["1", "", "1"])), reject);
-    assert_eq!(r.eval(&[], &args(&["1", "", "gcra 1 1000000 1 1"])), reject);
+    assert_eq!(r.eval(&k, &args(&["1", "", "", "1"])), reject);
+    assert_eq!(r.eval(&[], &args(&["1", "", "", "gcra 1 1000000 1 1"])), reject);
     // No request: just the time. A malformed line count: an error reply.
-    assert_eq!(r.eval(&k, &args(&["1", ""])), [(T0 / 1000) as i64]);
-    assert_eq!(r.eval(&k, &args(&["1", "", "0"])), [(T0 / 1000) as i64]);
+    assert_eq!(r.eval(&k, &args(&["1", "", ""])), [T0 as i64]);
+    assert_eq!(r.eval(&k, &args(&["1", "", "", "0"])), [T0 as i64]);
     // A malformed count, or a run of more requests than there are keys.
     for n in ["1.5", "-1.5", "-2"] {
-        let reply = r.eval_table(&k, &args(&["1", "", n, "gcra 1 1000000 1 1"]));
+        let reply = r.eval_table(&k, &args(&["1", "", "", n, "gcra 1 1000000 1 1"]));
         let err: String = reply.raw_get("err").unwrap();
         assert_eq!(err, "rl: malformed arguments", "{n:?}");
     }
     // A run whose line is not a line: each of its requests fails closed.
     let k3 = keys(3);
     for line in ["nope 1 1000000 1 1", "2", "-1"] {
-        let want: Vec<i64> = [(T0 / 1000) as i64].into_iter().chain(reject[1..].repeat(3)).collect();
-        assert_eq!(r.eval(&k3, &args(&["1", "", "-3", line])), want, "{line:?}");
+        let want: Vec<i64> = [T0 as i64].into_iter().chain(reject[1..].repeat(3)).collect();
+        assert_eq!(r.eval(&k3, &args(&["1", "", "", "-3", line])), want, "{line:?}");
     }
-    assert_eq!(r.eval(&k3, &args(&["1", "", "-3"])).len(), 1 + 3 * 3);
-    assert_eq!(r.eval(&k, &args(&["1", "", "-0"])), [(T0 / 1000) as i64]);
+    assert_eq!(r.eval(&k3, &args(&["1", "", "", "-3"])).len(), 1 + 3 * 3);
+    assert_eq!(r.eval(&k, &args(&["1", "", "", "-0"])), [T0 as i64]);
+    // No deadline argument at all: none. A malformed deadline: an error reply.
+    assert_eq!(r.eval(&k, &args(&["1", ""])), [T0 as i64]);
+    for d in ["x", "1e", " "] {
+        let reply = r.eval_table(&k, &args(&["1", "", d, "gcra 1 1000000 1 1"]));
+        let err: String = reply.raw_get("err").unwrap();
+        assert_eq!(err, "rl: malformed arguments", "{d:?}");
+    }
     assert_eq!(r.writes(), 0);
     // Beyond 2^52 µs (year 2112) every line fails closed.
     let l = case_limit(Algorithm::Gcra);
@@ -351,6 +358,67 @@ fn out_of_range_fails_closed() {
     let (all, _) = r.run(&k, &[(l, 1)], MAX_EXACT, true, false);
     assert!(all);
     assert_eq!(r.writes(), 1);
+}
+
+/// A call with a deadline (Redis time, µs): run at or before it, it is the
+/// model's call; run after it, it reads and writes nothing and answers
+/// `{-1, now}`, whether its clock is Redis `TIME` or the given time, as a
+/// function or through `EVALSHA`, committing or checking only. A late call
+/// changes nothing for the calls after it (the model, which never saw it,
+/// still agrees).
+#[test]
+fn deadline_before_at_after() {
+    for mode in [Mode::Function, Mode::Eval] {
+        for alg in Algorithm::ALL {
+            let l = case_limit(alg);
+            let mut p = Pair::with(mode, &[(l, 1)]);
+            let mut t = T0;
+            for (use_time, commit) in [(false, true), (true, true), (false, false), (true, false)] {
+                for cost in [1, 2, 0] {
+                    let what = format!("{mode:?} {alg} use_time={use_time} commit={commit} cost={cost}");
+                    let lines = [(l, cost)];
+                    assert!(p.step_until(&lines, t, commit, use_time, Some(t + 1)).is_some(), "before: {what}");
+                    assert!(p.step_until(&lines, t, commit, use_time, Some(t)).is_some(), "at: {what}");
+                    assert!(p.step_until(&lines, t, commit, use_time, Some(t - 1)).is_none(), "after: {what}");
+                    assert!(p.step_until(&lines, t, commit, use_time, Some(0)).is_none(), "long after: {what}");
+                    assert!(p.step_until(&lines, t, commit, use_time, None).is_some(), "none: {what}");
+                    t += 400_000;
+                }
+            }
+        }
+    }
+    // The raw reply of a late call: -1, then Redis' time.
+    let r = Redis::new();
+    r.set_now(T0);
+    let args: Vec<String> = ["1", "", &(T0 - 1).to_string(), "gcra 1 1000000 1 1"].map(String::from).to_vec();
+    assert_eq!(r.eval(&keys(1), &args), [-1, T0 as i64]);
+    assert_eq!((r.count("TIME"), r.count("MGET"), r.writes()), (1, 0, 0));
+}
+
+/// A batch is all late or all in time: late, none of its requests is
+/// evaluated, whatever they are; in time, it is its requests one by one.
+#[test]
+fn deadline_of_a_batch() {
+    let a = limit(Algorithm::Gcra, 10, 1_000_000, 3);
+    let b = limit(Algorithm::SlidingLog, 1, 1_000_000, 2);
+    let (one, two): (Request, Request) = (&[(a, 1)], &[(a, 1), (b, 1)]);
+    let batch = [one, two, one, one, two];
+    let k = keys(2);
+    let bkeys: Vec<String> = batch.iter().flat_map(|r| k[..r.len()].to_vec()).collect();
+    for mode in [Mode::Function, Mode::Eval] {
+        let r = Redis::with(mode);
+        let s = Redis::with(mode);
+        assert_eq!(r.run_until(&bkeys, &batch, T0, true, true, Some(T0 - 1)), None, "{mode:?}");
+        assert_eq!(r.snapshot(), "", "{mode:?}");
+        let got = r.run_until(&bkeys, &batch, T0, true, true, Some(T0)).expect("in time");
+        assert_eq!(got, s.run_batch(&bkeys, &batch, T0, true, true), "{mode:?}");
+        let admitted: Vec<bool> = got.iter().map(|o| o.0).collect();
+        assert_eq!(admitted, [true, true, true, false, false], "{mode:?}");
+        // Late again: the state stays as the batch in time left it.
+        let before = r.snapshot();
+        assert_eq!(r.run_until(&bkeys, &batch, T0 + 5, true, false, Some(T0 + 4)), None, "{mode:?}");
+        assert_eq!(r.snapshot(), before, "{mode:?}");
+    }
 }
 
 #[test]
@@ -424,9 +492,10 @@ fn rust_interface() {
     let (a, b): (Request, Request) = (&[(l, 3), (g, 1)], &[(g, 2)]);
     let c: &[(Limit, u64)] = &[];
     assert_eq!(
-        script_args([a, b, c, b], true, None),
+        script_args([a, b, c, b], Call { commit: true, ..Call::default() }),
         [
             "1",
+            "",
             "",
             "2",
             "token_bucket 10 60000000 20 3",
@@ -436,10 +505,13 @@ fn rust_interface() {
             "gcra 1 1000000 1 2"
         ]
     );
-    assert_eq!(script_args([], false, Some(42)), ["0", "42"]);
+    assert_eq!(script_args([], Call { commit: false, now_us: Some(42), deadline_us: None }), ["0", "42", ""]);
+    assert_eq!(script_args([], Call { commit: true, now_us: None, deadline_us: Some(43) }), ["1", "", "43"]);
     let ok = [5, 2, 3, -2, 0, 9, 4, 7, 8, -2, 0, 1, -1];
-    let (ms, reqs) = parse_reply(&ok, &[2, 1, 0, 1]).unwrap();
-    assert_eq!(ms, 5);
+    let Some(ScriptReply::Done { now_us, requests: reqs }) = parse_reply(&ok, &[2, 1, 0, 1]) else {
+        panic!("not parsed");
+    };
+    assert_eq!(now_us, 5);
     assert_eq!(reqs.len(), 4);
     assert!(!reqs[0].0 && reqs[1].0 && reqs[2].0 && !reqs[3].0);
     assert_eq!(reqs[0].1[1], ScriptLine { admitted: false, remaining: 0, reset_us: 9, retry_after_us: Some(4) });
@@ -451,9 +523,20 @@ fn rust_interface() {
     assert!(parse_reply(&[5, -1, 0, -2], &[1]).is_none());
     assert!(parse_reply(&[-5, 0, 0, -2], &[1]).is_none());
     assert!(parse_reply(&[], &[]).is_none());
-    assert_eq!(parse_reply(&[7], &[]), Some((7, vec![])));
-    let (ms, reqs) = parse_reply(&[7], &[0]).unwrap();
-    assert!(ms == 7 && reqs.len() == 1 && reqs[0].0 && reqs[0].1.is_empty());
+    assert_eq!(parse_reply(&[7], &[]), Some(ScriptReply::Done { now_us: 7, requests: vec![] }));
+    let Some(ScriptReply::Done { now_us: 7, requests: reqs }) = parse_reply(&[7], &[0]) else {
+        panic!("not parsed");
+    };
+    assert!(reqs.len() == 1 && reqs[0].0 && reqs[0].1.is_empty());
+    // Late: {-1, now}, whatever the requests were; nothing else starts with -1.
+    let late = Some(ScriptReply::Late { now_us: 9 });
+    assert_eq!(parse_reply(&[-1, 9], &[2, 1]), late);
+    assert_eq!(parse_reply(&[-1, 9], &[]), late);
+    assert_eq!(late.map(|r| r.now_us()), Some(9));
+    assert!(parse_reply(&[-1], &[]).is_none());
+    assert!(parse_reply(&[-1, -9], &[]).is_none());
+    assert!(parse_reply(&[-1, 9, 0, -2], &[1]).is_none());
+    assert!(parse_reply(&[-2, 9], &[]).is_none());
 }
 
 /// A batch is the same as its requests one call each, in order, at the same
@@ -494,8 +577,8 @@ fn runs_of_one_line_requests() {
     let other: &[(Limit, u64)] = &[(a, 2)];
     // Runs of two or more requests of the same one line; the others as before.
     let batch = [one, one, one, two, one, other, other, one];
-    let args = script_args(batch.iter().copied(), true, None);
-    let want = ["1", "", "-3", &sa, "2", &sa, &sb, &sa, "-2", &sa2, &sa];
+    let args = script_args(batch.iter().copied(), Call { commit: true, ..Call::default() });
+    let want = ["1", "", "", "-3", &sa, "2", &sa, &sb, &sa, "-2", &sa2, &sa];
     assert_eq!(args, want);
     // A run is evaluated as its requests one by one: the same outcomes and state.
     let k = keys(2);

@@ -6,7 +6,9 @@
 
 use mlua::{Function, Lua, Table, Value};
 use rl_core::limit::Limit;
-use rl_core::redis::{function_library, function_name, parse_reply, script_args, ScriptLine, LIMIT_SCRIPT};
+use rl_core::redis::{
+    function_library, function_name, parse_reply, script_args, Call, ScriptLine, ScriptReply, LIMIT_SCRIPT,
+};
 
 use crate::struct_lib::struct_lib;
 
@@ -166,13 +168,31 @@ impl Redis {
         commit: bool,
         use_time: bool,
     ) -> Vec<(bool, Vec<ScriptLine>)> {
+        self.run_until(keys, requests, now, commit, use_time, None).expect("no deadline, yet late")
+    }
+
+    /// [`Redis::run_batch`] for a call with a deadline: `None` if the script
+    /// answered that it ran past it.
+    pub(crate) fn run_until(
+        &self,
+        keys: &[String],
+        requests: &[&[(Limit, u64)]],
+        now: u64,
+        commit: bool,
+        use_time: bool,
+        deadline_us: Option<u64>,
+    ) -> Option<Vec<(bool, Vec<ScriptLine>)>> {
         self.set_now(now);
-        let args = script_args(requests.iter().copied(), commit, (!use_time).then_some(now));
+        let call = Call { commit, now_us: (!use_time).then_some(now), deadline_us };
+        let args = script_args(requests.iter().copied(), call);
         let reply = self.eval(keys, &args);
         let nlines: Vec<usize> = requests.iter().map(|r| r.len()).collect();
-        let (now_ms, out) = parse_reply(&reply, &nlines).expect("well-formed reply");
-        assert_eq!(now_ms, now / 1000);
-        out.into_iter().map(|(a, l)| (a, l.to_vec())).collect()
+        let reply = parse_reply(&reply, &nlines).expect("well-formed reply");
+        assert_eq!(reply.now_us(), now);
+        match reply {
+            ScriptReply::Done { requests, .. } => Some(requests.into_iter().map(|(a, l)| (a, l.to_vec())).collect()),
+            ScriptReply::Late { .. } => None,
+        }
     }
 }
 

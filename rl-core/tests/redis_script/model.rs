@@ -27,6 +27,26 @@ pub(crate) fn model(
     (all, outs.iter().map(line).collect())
 }
 
+/// The model of a call's deadline: a call that runs after it does nothing
+/// (`None`), else it is [`model`].
+pub(crate) fn model_until(
+    lines: &[(Limit, u64)],
+    states: &mut [Vec<u64>],
+    now: u64,
+    commit: bool,
+    deadline: Option<u64>,
+) -> Option<(bool, Vec<ScriptLine>)> {
+    if late(now, deadline) {
+        return None;
+    }
+    Some(model(lines, states, now, commit))
+}
+
+/// Whether a call that runs at `now` is past its deadline.
+pub(crate) fn late(now: u64, deadline: Option<u64>) -> bool {
+    deadline.is_some_and(|d| now > d)
+}
+
 /// The model's state as the script stores it: words, or log entries newest
 /// first.
 pub(crate) fn stored(l: &Limit, s: &[u64]) -> String {

@@ -5,8 +5,8 @@ use rl_core::limit::{Algorithm, Limit};
 use rl_core::redis::{expiry_after_write, ScriptLine, TTL_MARGIN_MS};
 
 use crate::fixtures::keys;
-use crate::harness::Redis;
-use crate::model::{model, stored};
+use crate::harness::{Mode, Redis};
+use crate::model::{model_until, stored};
 
 /// Runs both sides for one call and checks outcomes, writes and stored state.
 pub(crate) struct Pair {
@@ -19,8 +19,12 @@ pub(crate) struct Pair {
 
 impl Pair {
     pub(crate) fn new(lines: &[(Limit, u64)]) -> Pair {
+        Pair::with(Mode::Function, lines)
+    }
+
+    pub(crate) fn with(mode: Mode, lines: &[(Limit, u64)]) -> Pair {
         Pair {
-            redis: Redis::new(),
+            redis: Redis::with(mode),
             keys: keys(lines.len()),
             states: lines.iter().map(|(l, _)| vec![0; l.state_words()]).collect(),
             expiries: vec![0; lines.len()],
@@ -34,16 +38,39 @@ impl Pair {
         commit: bool,
         use_time: bool,
     ) -> (bool, Vec<ScriptLine>) {
+        self.step_until(lines, now, commit, use_time, None).expect("no deadline, yet late")
+    }
+
+    /// [`Pair::step`] for a call with a deadline: `None` if it ran past it
+    /// (then the model and the script must agree, and nothing be read or
+    /// written).
+    pub(crate) fn step_until(
+        &mut self,
+        lines: &[(Limit, u64)],
+        now: u64,
+        commit: bool,
+        use_time: bool,
+        deadline: Option<u64>,
+    ) -> Option<(bool, Vec<ScriptLine>)> {
         self.redis.set_now(now);
         for (key, x) in self.keys.iter().zip(self.expiries.iter_mut()) {
             if self.redis.value(key).is_none() {
                 *x = 0; // expired (or never written)
             }
         }
-        let (snap, writes) = (self.redis.snapshot(), self.redis.writes());
-        let got = self.redis.run(&self.keys, lines, now, commit, use_time);
-        let want = model(lines, &mut self.states, now, commit);
-        assert_eq!(got, want, "now={now} commit={commit} lines={lines:?}");
+        let (snap, writes, reads) = (self.redis.snapshot(), self.redis.writes(), self.redis.count("MGET"));
+        let got = self.redis.run_until(&self.keys, &[lines], now, commit, use_time, deadline).map(|mut out| {
+            assert_eq!(out.len(), 1);
+            out.remove(0)
+        });
+        let want = model_until(lines, &mut self.states, now, commit, deadline);
+        assert_eq!(got, want, "now={now} deadline={deadline:?} commit={commit} lines={lines:?}");
+        let Some(want) = want else {
+            assert_eq!(self.redis.count("MGET"), reads, "a late call read keys");
+            assert_eq!(self.redis.writes(), writes, "a late call wrote");
+            assert_eq!(self.redis.snapshot(), snap, "a late call changed the state");
+            return None;
+        };
         let wrote = commit && want.0 && lines.iter().any(|(_, c)| *c > 0);
         if !wrote {
             assert_eq!(self.redis.writes(), writes, "no write expected");
@@ -79,6 +106,6 @@ impl Pair {
             assert_eq!(self.redis.stored_expiry(key), Some(self.expiries[i]), "line {i}");
             assert_eq!(exp / 1000, self.expiries[i], "TTL of line {i}");
         }
-        got
+        Some(want)
     }
 }

@@ -14,7 +14,7 @@ use rl_core::redis::{exact, ScriptLine, MAX_EXACT, TTL_MARGIN_MS};
 
 use crate::fixtures::{case_limit, keys, limit, T0};
 use crate::harness::{Mode, Redis};
-use crate::model::{model, stored};
+use crate::model::{late, model, stored};
 use crate::pair::Pair;
 
 /// A raw step: (selector, fraction, cost selector).
@@ -29,7 +29,8 @@ fn frac(w: u64, permille: u16) -> u64 {
 /// selector) from `start`, comparing the script to the model at every step.
 /// Stops before the clock would pass [`MAX_EXACT`]. With `jitter`, a quarter
 /// of the requests see the clock stepped back by less than the TTL margin
-/// (so expiry still never changes a decision).
+/// (so expiry still never changes a decision). Three calls in four carry a
+/// deadline: just past, right at, or just after their time.
 fn replay(limits: &[Limit], ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool) {
     let w = limits.iter().map(Limit::window_us).max().unwrap();
     let mut lines: Vec<(Limit, u64)> = limits.iter().map(|l| (*l, 1)).collect();
@@ -66,9 +67,28 @@ fn replay(limits: &[Limit], ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool) {
             false => t,
         };
         let commit = sel >> 5 != 7;
-        let (_, out) = p.step(&lines, now, commit, flags & 1 == 1);
+        let deadline = match (flags >> 3) & 3 {
+            0 => None,
+            1 => now.checked_sub(1 + u64::from(f % 3)),
+            2 => Some(now),
+            _ => Some(now + u64::from(f % 3)),
+        };
+        let Some((_, out)) = p.step_until(&lines, now, commit, flags & 1 == 1, deadline) else {
+            continue;
+        };
         // Drive the clock by the first line that rejected, else the first.
         prev = out.iter().copied().find(|o| !o.admitted).unwrap_or(out[0]);
+    }
+}
+
+/// A call's deadline by selector: none (half the time with `sel` in
+/// `0..8`), just past, right at, or just after `now`.
+fn deadline(now: u64, sel: u8) -> Option<u64> {
+    match sel {
+        1 => now.checked_sub(1),
+        2 => Some(now),
+        3 => Some(now + 1),
+        _ => None,
     }
 }
 
@@ -153,12 +173,13 @@ proptest! {
     }
 
     /// The function library (`FCALL`) and the script (`EVALSHA`) answer
-    /// alike and leave the same keys, call after call.
+    /// alike and leave the same keys, call after call, with deadlines met or
+    /// missed.
     #[test]
     fn prop_function_equals_eval(
         ls in prop::collection::vec(small_limit(), 3),
         calls in prop::collection::vec(
-            (0u16..1500, prop::collection::vec((1u8..8, 0u8..4), 1..10)),
+            (0u16..1500, prop::collection::vec((1u8..8, 0u8..4), 1..10), 0u8..4),
             1..10,
         ),
         t in start(),
@@ -167,7 +188,7 @@ proptest! {
         let ks = keys(3);
         let (f, e) = (Redis::with(Mode::Function), Redis::with(Mode::Eval));
         let mut now = t;
-        for (step, reqs) in &calls {
+        for (step, reqs, dl) in &calls {
             now += frac(w, *step);
             prop_assume!(now <= MAX_EXACT);
             let requests: Vec<Vec<(Limit, u64)>> = reqs
@@ -181,18 +202,23 @@ proptest! {
                 .collect();
             let slices: Vec<&[(Limit, u64)]> = requests.iter().map(Vec::as_slice).collect();
             let use_time = step % 2 == 0;
-            prop_assert_eq!(f.run_batch(&bkeys, &slices, now, true, use_time), e.run_batch(&bkeys, &slices, now, true, use_time));
+            let deadline = deadline(now, *dl);
+            prop_assert_eq!(
+                f.run_until(&bkeys, &slices, now, true, use_time, deadline),
+                e.run_until(&bkeys, &slices, now, true, use_time, deadline)
+            );
             prop_assert_eq!(f.snapshot(), e.snapshot());
         }
     }
 
     /// Batches of requests, each on some of three shared lines: every batch
-    /// equals the model run request by request at the batch's time.
+    /// equals the model run request by request at the batch's time, or,
+    /// past its deadline, does nothing.
     #[test]
     fn prop_batch(
         ls in prop::collection::vec(small_limit(), 3),
         batches in prop::collection::vec(
-            (any::<u16>(), prop::collection::vec((1u8..8, prop::collection::vec(any::<u8>(), 3)), 1..12)),
+            (any::<u16>(), prop::collection::vec((1u8..8, prop::collection::vec(any::<u8>(), 3)), 1..12), 0u8..8),
             1..8,
         ),
         t in start(),
@@ -202,7 +228,7 @@ proptest! {
         let r = Redis::new();
         let mut states: Vec<Vec<u64>> = ls.iter().map(|l| vec![0; l.state_words()]).collect();
         let mut now = t;
-        for (f, reqs) in &batches {
+        for (f, reqs, dl) in &batches {
             now += frac(w, f % 1500);
             prop_assume!(now <= MAX_EXACT);
             let mut requests: Vec<Vec<(Limit, u64)>> = Vec::new();
@@ -222,8 +248,11 @@ proptest! {
             }
             let bkeys: Vec<String> = which.iter().flatten().map(|&i| ks[i].clone()).collect();
             let slices: Vec<&[(Limit, u64)]> = requests.iter().map(Vec::as_slice).collect();
-            let got = r.run_batch(&bkeys, &slices, now, true, false);
-            for (j, (lines, idx)) in requests.iter().zip(&which).enumerate() {
+            let deadline = deadline(now, *dl);
+            let got = r.run_until(&bkeys, &slices, now, true, false, deadline);
+            prop_assert_eq!(got.is_none(), late(now, deadline));
+            let got = got.unwrap_or_default();
+            for (j, (lines, idx)) in requests.iter().zip(&which).enumerate().take(got.len()) {
                 let mut sub: Vec<Vec<u64>> = idx.iter().map(|&i| states[i].clone()).collect();
                 let want = model(lines, &mut sub, now, true);
                 for (&i, st) in idx.iter().zip(sub) {
