@@ -69,6 +69,10 @@ use smallvec::SmallVec;
 
 use crate::limit::{Algorithm, Limit};
 
+mod reply;
+
+pub use reply::{check_line, max_reset_us, max_retry_after_us, OutOfRange, CLOCK_STEP_US};
+
 /// The Lua script (for `SCRIPT LOAD` / `EVALSHA`).
 pub const LIMIT_SCRIPT: &str = include_str!("redis/limit.lua");
 
@@ -270,7 +274,8 @@ pub type RequestReply = (bool, Lines);
 
 /// Parses the script's reply for requests of `nlines[j]` lines each into
 /// (Redis time in ms, per-request outcomes); `None` if it is malformed
-/// (wrong length, negative values, unknown codes).
+/// (wrong length, negative values, unknown codes). Whether each line's
+/// values are in its range is [`check_line`]'s question.
 pub fn parse_reply(reply: &[i64], nlines: &[usize]) -> Option<(u64, Vec<RequestReply>)> {
     let (&now_ms, mut rest) = reply.split_first()?;
     let now_ms = u64::try_from(now_ms).ok()?;

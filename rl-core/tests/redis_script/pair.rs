@@ -2,7 +2,7 @@
 //! outcomes, writes, stored state and TTLs compared.
 
 use rl_core::limit::{Algorithm, Limit};
-use rl_core::redis::{expiry_after_write, ScriptLine, TTL_MARGIN_MS};
+use rl_core::redis::{check_line, expiry_after_write, ScriptLine, CLOCK_STEP_US, TTL_MARGIN_MS};
 
 use crate::fixtures::keys;
 use crate::harness::Redis;
@@ -15,6 +15,8 @@ pub(crate) struct Pair {
     states: Vec<Vec<u64>>,
     /// Each string state key's expiry (ms) as the TTL policy predicts it.
     expiries: Vec<u64>,
+    /// The latest `now` of any step so far.
+    latest: u64,
 }
 
 impl Pair {
@@ -24,6 +26,7 @@ impl Pair {
             keys: keys(lines.len()),
             states: lines.iter().map(|(l, _)| vec![0; l.state_words()]).collect(),
             expiries: vec![0; lines.len()],
+            latest: 0,
         }
     }
 
@@ -44,6 +47,15 @@ impl Pair {
         let got = self.redis.run(&self.keys, lines, now, commit, use_time);
         let want = model(lines, &mut self.states, now, commit);
         assert_eq!(got, want, "now={now} commit={commit} lines={lines:?}");
+        // Every reply the script gives passes the range check nginx applies
+        // to it, while the clock has not stepped back by more than that
+        // check allows (some cases step it back by far more on purpose).
+        self.latest = self.latest.max(now);
+        if self.latest - now <= CLOCK_STEP_US {
+            for ((l, c), o) in lines.iter().zip(&got.1) {
+                assert_eq!(check_line(l, *c, o), Ok(()), "now={now} line {l:?} cost {c}: {o:?}");
+            }
+        }
         let wrote = commit && want.0 && lines.iter().any(|(_, c)| *c > 0);
         if !wrote {
             assert_eq!(self.redis.writes(), writes, "no write expected");
