@@ -96,8 +96,13 @@ pub enum RedisError {
     Timeout,
     /// The server answered with an error.
     Server(String),
-    /// The reply does not have the form the script returns.
-    Malformed,
+    /// The reply is not one the script can have sent: not an array of
+    /// integers, the wrong length, or a value out of the line's range
+    /// (what is wrong, for the log).
+    Malformed(String),
+    /// Too many of this worker's requests wait for the zone's Redis (see
+    /// `thread::MAX_WAITING`): `on_error` at once.
+    Overloaded,
     /// The worker's I/O thread is not running, or did not answer in time.
     NoThread,
     /// The job named a zone the I/O thread does not have.
@@ -117,7 +122,9 @@ impl fmt::Display for RedisError {
             RedisError::Io(e) | RedisError::Server(e) => f.write_str(e),
             RedisError::NotConnected { last } => write!(f, "not connected, reconnecting after: {last}"),
             RedisError::Timeout => f.write_str("timed out"),
-            RedisError::Malformed => f.write_str("malformed script reply"),
+            RedisError::Malformed(what) if what.is_empty() => f.write_str("malformed script reply"),
+            RedisError::Malformed(what) => write!(f, "malformed script reply: {what}"),
+            RedisError::Overloaded => write!(f, "too many requests waiting ({} per worker)", thread::MAX_WAITING),
             RedisError::NoThread => f.write_str("no reply from the I/O thread"),
             RedisError::NoZone => f.write_str("no such zone"),
         }

@@ -9,6 +9,14 @@ use rl_core::parse::parse_duration_ms;
 
 use crate::redis_zone::{self, RedisZone, Target, ZoneSpec};
 
+/// The longest `timeout`: a request held longer for a rate-limiting
+/// decision is no longer served in any useful sense (nginx's own timeouts
+/// for a peer default to 60s), every request of a zone whose Redis froze
+/// waits that long before the connection is given up (see
+/// `redis_zone::conn`), and a gracefully exiting worker (reload) lives on
+/// for as long as its requests may wait.
+const MAX_TIMEOUT_MS: u64 = 60_000;
+
 /// Parses `redis=URL [timeout=TIME] [on_error=allow|deny] [prefix=STRING]
 /// [ssl_trusted_certificate=FILE] [ssl_certificate=FILE
 /// ssl_certificate_key=FILE]`; relative file names are taken from
@@ -24,6 +32,10 @@ pub fn parse(name: &str, args: &[&str], conf_prefix: &str) -> Result<RedisZone, 
             url = Some(v);
         } else if let Some(v) = a.strip_prefix("timeout=") {
             match parse_duration_ms(v) {
+                Ok(ms) if ms > MAX_TIMEOUT_MS => {
+                    let max = MAX_TIMEOUT_MS / 1000;
+                    return Err(format!("timeout \"{v}\" is too long, nginx-rl waits for Redis at most {max}s"));
+                }
                 Ok(ms) if ms > 0 => timeout = Duration::from_millis(ms),
                 _ => return Err(format!("invalid timeout \"{v}\"")),
             }
@@ -174,4 +186,3 @@ fn hosts_of(s: &str) -> Result<Vec<&str>, String> {
     }
     Ok(hosts)
 }
-

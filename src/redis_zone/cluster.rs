@@ -2,6 +2,8 @@
 //! lines all have one client key go in one call per slot; a job whose lines
 //! span slots is checked on every slot first, then committed.
 
+use std::time::Instant;
+
 use rl_core::redis::{write_state_key, Lines, RequestReply, ScriptLine};
 
 use super::conn::{Conn, ZoneConn};
@@ -11,12 +13,17 @@ use super::{Job, JobLine, RedisError};
 impl ZoneConn {
     /// A batch on a cluster: the jobs whose lines all have one client tag go
     /// in one call per slot; the others one by one ([`ZoneConn::run_job`]).
-    pub async fn run_cluster(&self, code: &Code, jobs: &[Job]) -> Vec<Result<RequestReply, RedisError>> {
+    pub async fn run_cluster(
+        &self,
+        code: &Code,
+        jobs: &[Job],
+        deadline: Instant,
+    ) -> Vec<Result<RequestReply, RedisError>> {
         let (groups, singles) = by_slot(jobs, &self.spec.prefix);
-        let batches = groups.iter().map(|g| self.run_batch(code, g.iter().map(|&i| &jobs[i])));
+        let batches = groups.iter().map(|g| self.run_batch(code, g.iter().map(|&i| &jobs[i]), deadline));
         let each = singles.iter().map(|&i| {
             let job = &jobs[i];
-            self.retrying(move |conn| self.run_job(conn, code, job))
+            self.retrying(deadline, move |conn| self.run_job(conn, code, job))
         });
         let (batches, each) =
             futures_util::future::join(futures_util::future::join_all(batches), futures_util::future::join_all(each))
@@ -30,7 +37,9 @@ impl ZoneConn {
         for (&i, r) in singles.iter().zip(each) {
             out[i] = Some(r);
         }
-        out.into_iter().map(|r| r.unwrap_or(Err(RedisError::Malformed))).collect()
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(RedisError::Malformed("no reply for a request".into()))))
+            .collect()
     }
 
     /// One job on a cluster: one script call when its lines share a slot;
