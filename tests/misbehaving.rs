@@ -349,13 +349,14 @@ fn server_closing_on_every_call_is_reconnected_with_backoff() {
 /// Replies that come after the timeout: requests are answered by the
 /// timeout, the connection (which does answer) is kept, and the requests
 /// whose calls are still unanswered are bounded per zone and worker: beyond
-/// the bound, `on_error` applies at once.
+/// the bound (1024), `on_error` applies at once. The fake answers a call
+/// every 700 ms, within the 1 s a connection may stay silent.
 #[test]
 fn slow_server_requests_fail_by_timeout_and_waiting_is_bounded() {
-    let fake = FakeRedis::start(Behaviour::Slow(Duration::from_millis(500)));
+    let fake = FakeRedis::start(Behaviour::Slow(Duration::from_millis(700)));
     let ngx = Nginx::start(&conf(&fake.url(), "timeout=20ms on_error=allow"));
-    // More requests than both workers may keep waiting: 1024 each.
-    let hits = hammer(ngx.port, "/a.html", 16, Duration::from_secs(20), 200);
+    // Some 2,000 requests fill both workers' bound, then they are answered at once.
+    let hits = hammer(ngx.port, "/a.html", 16, Duration::from_secs(6), 100_000);
     let fast = hits.iter().filter(|h| h.took < Duration::from_millis(15)).count();
     eprintln!(
         "slow server: {} requests, {fast} answered in under 15 ms, {} connections, {} calls",
@@ -365,6 +366,8 @@ fn slow_server_requests_fail_by_timeout_and_waiting_is_bounded() {
     );
     let within = Duration::from_millis(20) + MARGIN;
     assert_answered(&hits, 200, within, "slow server");
+    // Nothing else answers before the 20 ms timeout.
+    assert!(fast >= 100, "only {fast} requests answered at once: waiting is not bounded");
     let log = ngx.error_log();
     assert_logged(&log, "timed out (20 ms)", "slow server");
     assert_logged(&log, "too many requests waiting (1024 per worker)", "slow server");
