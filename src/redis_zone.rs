@@ -100,8 +100,13 @@ pub enum RedisError {
     Late,
     /// The server answered with an error.
     Server(String),
-    /// The reply does not have the form the script returns.
-    Malformed,
+    /// The reply is not one the script can have sent: not an array of
+    /// integers, the wrong length, or a value out of the line's range
+    /// (what is wrong, for the log).
+    Malformed(String),
+    /// Too many of this worker's requests wait for the zone's Redis (see
+    /// `thread::MAX_WAITING`): `on_error` at once.
+    Overloaded,
     /// The worker's I/O thread is not running, or did not answer in time.
     NoThread,
     /// The job named a zone the I/O thread does not have.
@@ -122,7 +127,9 @@ impl fmt::Display for RedisError {
             RedisError::NotConnected { last } => write!(f, "not connected, reconnecting after: {last}"),
             RedisError::Timeout => f.write_str("timed out"),
             RedisError::Late => f.write_str("timed out (Redis ran the call past its deadline and wrote nothing)"),
-            RedisError::Malformed => f.write_str("malformed script reply"),
+            RedisError::Malformed(what) if what.is_empty() => f.write_str("malformed script reply"),
+            RedisError::Malformed(what) => write!(f, "malformed script reply: {what}"),
+            RedisError::Overloaded => write!(f, "too many requests waiting ({} per worker)", thread::MAX_WAITING),
             RedisError::NoThread => f.write_str("no reply from the I/O thread"),
             RedisError::NoZone => f.write_str("no such zone"),
         }

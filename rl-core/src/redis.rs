@@ -88,6 +88,10 @@ use smallvec::SmallVec;
 
 use crate::limit::{Algorithm, Limit};
 
+mod reply;
+
+pub use reply::{check_line, max_reset_us, max_retry_after_us, OutOfRange, CLOCK_STEP_US};
+
 /// The Lua script (for `SCRIPT LOAD` / `EVALSHA`).
 pub const LIMIT_SCRIPT: &str = include_str!("redis/limit.lua");
 

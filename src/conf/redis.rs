@@ -19,12 +19,14 @@ pub const PARAMS: [&str; 6] =
     ["timeout", "on_error", "prefix", "ssl_trusted_certificate", "ssl_certificate", "ssl_certificate_key"];
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
-/// The longest `timeout`: a waiting request's backstop timer is an nginx
-/// timer, and nginx timers wrap past the largest signed 32-bit count of
-/// milliseconds on 32-bit platforms, past the 64-bit one on any (the
-/// largest duration that parses made the timer fire at once, failing every
-/// request). The largest whole number of days below the first.
-const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 86_400);
+/// The longest `timeout`: a request held longer for a rate-limiting
+/// decision is no longer served in any useful sense (nginx's own timeouts
+/// for a peer default to 60s), every request of a zone whose Redis froze
+/// waits that long before the connection is given up (see
+/// `redis_zone::conn`), and a gracefully exiting worker (reload) lives on
+/// for as long as its requests may wait. (nginx's timers would allow about
+/// 24 days.)
+const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_PREFIX: &str = "rl:";
 
 /// Builds the zone from `redis=URL` and the other parameters of
@@ -45,8 +47,8 @@ pub fn parse<'a>(
         Some(v) => match parse_duration_ms(v).map(Duration::from_millis) {
             Ok(t) if !t.is_zero() && t <= MAX_TIMEOUT => t,
             _ => {
-                let days = MAX_TIMEOUT.as_secs() / 86_400;
-                return Err(format!("invalid timeout \"{}\", it must be from 1ms to {days}d", Quote(v)));
+                let max = MAX_TIMEOUT.as_secs();
+                return Err(format!("invalid timeout \"{}\", it must be from 1ms to {max}s", Quote(v)));
             }
         },
     };

@@ -71,10 +71,8 @@ impl Clock {
     pub async fn sync(&self, conn: &Conn) {
         let cmd = redis::cmd("TIME");
         let sent = Instant::now();
-        let time: redis::RedisResult<(u64, u64)> = match conn.clone() {
-            Conn::Plain(mut c) => cmd.query_async(&mut c).await,
-            Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
-        };
+        let mut conn = conn.clone();
+        let time: redis::RedisResult<(u64, u64)> = cmd.query_async(&mut conn).await;
         if let Ok((s, us)) = time {
             self.learn(sent, Instant::now(), s.saturating_mul(1_000_000).saturating_add(us));
         }

@@ -25,13 +25,14 @@ impl ZoneConn {
         &self,
         code: &Code,
         jobs: &[Job],
+        deadline: Instant,
         until: Instant,
     ) -> Vec<Result<RequestReply, RedisError>> {
         let (groups, singles) = by_slot(jobs, &self.spec.prefix);
-        let batches = groups.iter().map(|g| self.run_batch(code, g.iter().map(|&i| &jobs[i]), until));
+        let batches = groups.iter().map(|g| self.run_batch(code, g.iter().map(|&i| &jobs[i]), deadline, until));
         let each = singles.iter().map(|&i| {
             let job = &jobs[i];
-            self.retrying(move |conn| self.run_job(conn, code, job, until))
+            self.retrying(deadline, move |conn| self.run_job(conn, code, job, until))
         });
         let (batches, each) =
             futures_util::future::join(futures_util::future::join_all(batches), futures_util::future::join_all(each))
@@ -45,7 +46,9 @@ impl ZoneConn {
         for (&i, r) in singles.iter().zip(each) {
             out[i] = Some(r);
         }
-        out.into_iter().map(|r| r.unwrap_or(Err(RedisError::Malformed))).collect()
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(RedisError::Malformed("no reply for a request".into()))))
+            .collect()
     }
 
     /// One job on a cluster: one script call when its lines share a slot;

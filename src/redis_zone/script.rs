@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, Script};
+use redis::{Cmd, Script, Value};
 use rl_core::redis::{
-    function_library, function_name, parse_reply, write_args, write_state_key, Arg, Call, RequestReply, ScriptReply,
-    LIMIT_SCRIPT,
+    check_line, function_library, function_name, parse_reply, write_args, write_state_key, Arg, Call, RequestReply,
+    ScriptReply, LIMIT_SCRIPT,
 };
 
 use super::clock::Clock;
@@ -20,8 +20,11 @@ use super::{JobLine, RedisError};
 /// call Redis runs later does nothing and fails as [`RedisError::Late`].
 /// The first call after the zone (re)connected asks Redis `TIME` first,
 /// so that it has a deadline too.
+/// A reply the script cannot have sent for these lines (not an array of
+/// integers, the wrong length, a value out of the line's range: see
+/// [`check_line`]) is [`RedisError::Malformed`].
 pub async fn call(
-    conn: Conn,
+    mut conn: Conn,
     via: Via<'_>,
     prefix: &str,
     requests: &[&[JobLine]],
@@ -56,17 +59,55 @@ pub async fn call(
         cmd
     };
     let sent = Instant::now();
-    let reply: Vec<i64> = match conn {
-        Conn::Plain(mut c) => invoke(&mut c, via, command).await?,
-        Conn::Cluster(mut c) => invoke(&mut c, via, command).await?,
-    };
+    let reply = integers(invoke(&mut conn, via, command).await?)?;
     let received = Instant::now();
     let nlines: Vec<usize> = requests.iter().map(|r| r.len()).collect();
-    let reply = parse_reply(&reply, &nlines).ok_or(RedisError::Malformed)?;
+    let Some(reply) = parse_reply(&reply, &nlines) else {
+        let lines: usize = nlines.iter().sum();
+        let want = 1 + 3 * lines;
+        return Err(RedisError::Malformed(format!("{} integers for {lines} lines, not {want}", reply.len())));
+    };
     via.clock.learn(sent, received, reply.now_us());
+    let replies = match reply {
+        ScriptReply::Done { requests, .. } => requests,
+        ScriptReply::Late { .. } => return Err(RedisError::Late),
+    };
+    for (lines, (_, outcomes)) in requests.iter().zip(&replies) {
+        for (line, outcome) in lines.iter().zip(outcomes) {
+            check_line(&line.limit, line.cost, outcome).map_err(|e| RedisError::Malformed(e.to_string()))?;
+        }
+    }
+    Ok(replies)
+}
+/// The script's reply as its integers.
+fn integers(reply: Value) -> Result<Vec<i64>, RedisError> {
+    let malformed = |what: &Value| RedisError::Malformed(format!("{} where integers were expected", kind(what)));
     match reply {
-        ScriptReply::Done { requests, .. } => Ok(requests),
-        ScriptReply::Late { .. } => Err(RedisError::Late),
+        Value::Array(items) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::Int(i) => Ok(i),
+                other => Err(malformed(&other)),
+            })
+            .collect(),
+        other => Err(malformed(&other)),
+    }
+}
+
+/// A value's RESP type, for messages.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Nil => "nil",
+        Value::Int(_) => "an integer",
+        Value::BulkString(_) => "a bulk string",
+        Value::Array(_) => "an array",
+        Value::SimpleString(_) | Value::Okay => "a simple string",
+        Value::Map(_) => "a map",
+        Value::Set(_) => "a set",
+        Value::Double(_) => "a double",
+        Value::Boolean(_) => "a boolean",
+        Value::ServerError(_) => "an error",
+        _ => "another type",
     }
 }
 
@@ -79,7 +120,7 @@ pub async fn call_one(
     commit: bool,
 ) -> Result<RequestReply, RedisError> {
     let mut replies = call(conn, via, prefix, &[lines], commit).await?;
-    replies.pop().ok_or(RedisError::Malformed)
+    replies.pop().ok_or_else(|| RedisError::Malformed("no request in the reply".into()))
 }
 
 /// The limit script: as a Redis function library, and as a script.
@@ -129,7 +170,7 @@ async fn invoke<C: ConnectionLike + Send>(
     c: &mut C,
     via: Via<'_>,
     command: impl Fn(How) -> Cmd,
-) -> Result<Vec<i64>, RedisError> {
+) -> Result<Value, RedisError> {
     if via.fcall.load(Ordering::Relaxed) {
         let mut result = command(How::Fcall).query_async(c).await;
         if result.as_ref().is_err_and(unsupported) {
@@ -141,12 +182,8 @@ async fn invoke<C: ConnectionLike + Send>(
         let mut loads = 0;
         while loads < MAX_LOADS && result.as_ref().is_err_and(|e| detail_starts(e, "Function not found")) {
             loads += 1;
-            let load = redis::cmd("FUNCTION")
-                .arg("LOAD")
-                .arg("REPLACE")
-                .arg(&via.code.library)
-                .query_async::<redis::Value>(c)
-                .await;
+            let load =
+                redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&via.code.library).query_async::<Value>(c).await;
             match load {
                 Ok(_) => result = command(How::Fcall).query_async(c).await,
                 Err(e) if is_io(&e) => return Err(describe(e)),
@@ -170,7 +207,7 @@ async fn invoke<C: ConnectionLike + Send>(
 const MAX_LOADS: u32 = 3;
 
 /// `EVALSHA`, and `EVAL` after `NOSCRIPT` (see [`invoke`]).
-async fn evalsha<C: ConnectionLike + Send>(c: &mut C, command: impl Fn(How) -> Cmd) -> Result<Vec<i64>, RedisError> {
+async fn evalsha<C: ConnectionLike + Send>(c: &mut C, command: impl Fn(How) -> Cmd) -> Result<Value, RedisError> {
     let mut result = command(How::Evalsha).query_async(c).await;
     if let Err(e) = &result {
         if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
@@ -189,15 +226,30 @@ fn detail_starts(e: &redis::RedisError, text: &str) -> bool {
     e.detail().is_some_and(|d| d.get(..text.len()).is_some_and(|d| d.eq_ignore_ascii_case(text)))
 }
 
-/// READONLY: the server was demoted to a replica (failover); reconnect to the master.
+/// The connection is broken, or gave no reply: it failed, closed, sent
+/// bytes that are not RESP (the stream cannot be read past them), or was
+/// given up.
+pub fn broken(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.kind() == redis::ErrorKind::Parse
+        || e.is_unrecoverable_error()
+}
+
+/// A new connection may help: a broken one, or READONLY (the server was
+/// demoted to a replica in a failover: reconnect to the master).
 fn is_io(e: &redis::RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.code() == Some("READONLY")
+    broken(e) || e.code() == Some("READONLY")
 }
 
 /// A client error as the zone reads it: [`RedisError::Io`] when a new
 /// connection may help.
 fn describe(e: redis::RedisError) -> RedisError {
-    if is_io(&e) {
+    if e.kind() == redis::ErrorKind::Parse {
+        // (the client's text calls it an "incompatible type")
+        RedisError::Io(format!("protocol error: {}", e.detail().unwrap_or("unreadable reply")))
+    } else if is_io(&e) {
         RedisError::Io(e.to_string())
     } else {
         RedisError::Server(e.to_string())

@@ -8,9 +8,14 @@
 //! all-or-nothing), so `FCALL`, `TIME` and the round trip are paid once
 //! per batch (see [`super::script`]). In a Cluster, where a call's keys must
 //! share a slot, see [`super::cluster`].
+//!
+//! A batch is answered by the zone's timeout at the latest; the requests of
+//! a zone waiting for Redis are bounded ([`MAX_WAITING`]).
 
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -52,6 +57,24 @@ impl Shared {
 /// (pipelined on the connection), so that no call runs long in Redis.
 const MAX_BATCH: usize = 64;
 
+/// Requests of one zone whose script call has not come back, per worker, at
+/// most: beyond, `on_error` applies at once. A request answered by the
+/// timeout still counts until its call is answered or its connection given
+/// up, so that a server that answers, but too slowly, cannot make the calls
+/// queued for it (and the client's memory for them) grow without bound. A
+/// healthy Redis leaves a few dozen waiting at tens of thousands of requests
+/// a second.
+pub const MAX_WAITING: usize = 1024;
+
+/// Counts `n` requests as waiting on a zone while it lives.
+struct Waiting<'a>(&'a AtomicUsize, usize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::Relaxed);
+    }
+}
+
 /// The thread's body: serve jobs until the sender is dropped.
 pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Arc<Shared>) {
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
@@ -84,24 +107,43 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
             for (z, mut jobs) in by_zone.into_iter().enumerate() {
                 while !jobs.is_empty() {
                     let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
-                    let (zc, shared, code) = (conns[z].clone(), shared.clone(), code.clone());
-                    tokio::spawn(async move {
-                        // Redis must not run the call after this; nginx
-                        // waits a little longer, for the reply.
-                        let until = script_deadline(zc.spec.timeout);
-                        let results = match tokio::time::timeout(zc.spec.timeout, zc.run(&code, &jobs, until)).await {
-                            Ok(results) => results,
-                            Err(_) => jobs.iter().map(|_| Err(RedisError::Timeout)).collect(),
-                        };
-                        shared.push(jobs.iter().zip(results).map(|(job, result)| Reply {
+                    let zc = conns[z].clone();
+                    if zc.waiting.load(Ordering::Relaxed) + jobs.len() > MAX_WAITING {
+                        shared.push(jobs.iter().map(|job| Reply {
                             id: job.id,
                             zone: job.zone,
-                            result,
+                            result: Err(RedisError::Overloaded),
                         }));
-                    });
+                    } else {
+                        zc.waiting.fetch_add(jobs.len(), Ordering::Relaxed);
+                        tokio::spawn(serve(zc, code.clone(), shared.clone(), jobs));
+                    }
                     jobs = rest;
                 }
             }
         }
     });
+}
+
+/// Runs one script call for `jobs` and answers them, by the zone's timeout
+/// at the latest. The call itself goes on after the timeout (the requests
+/// still count as waiting) until Redis answers it or its connection is
+/// given up; it only ends sooner if the worker exits.
+async fn serve(zc: Arc<ZoneConn>, code: Arc<Code>, shared: Arc<Shared>, jobs: Vec<Job>) {
+    let _waiting = Waiting(&zc.waiting, jobs.len());
+    let deadline = Instant::now() + zc.spec.timeout;
+    // Redis must not run the call after `until`; nginx waits a little
+    // longer (until `deadline`), for the reply.
+    let until = script_deadline(zc.spec.timeout);
+    let work = zc.run(&code, &jobs, deadline, until);
+    tokio::pin!(work);
+    let results = match tokio::time::timeout(zc.spec.timeout, &mut work).await {
+        Ok(results) => results,
+        Err(_) => {
+            shared.push(jobs.iter().map(|job| Reply { id: job.id, zone: job.zone, result: Err(RedisError::Timeout) }));
+            let _ = work.await;
+            return;
+        }
+    };
+    shared.push(jobs.iter().zip(results).map(|(job, result)| Reply { id: job.id, zone: job.zone, result }));
 }

@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use ngx::ffi::{
-    ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_cycle_t, ngx_del_timer, ngx_delete_posted_event,
-    ngx_event_actions, ngx_event_t, ngx_get_connection, ngx_http_block_reading, ngx_http_core_run_phases,
-    ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_msec_t,
-    ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, NGX_LOG_ERR,
+    ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_cycle, ngx_cycle_t, ngx_del_timer,
+    ngx_delete_posted_event, ngx_event_t, ngx_get_connection, ngx_handle_read_event, ngx_http_block_reading,
+    ngx_http_core_run_phases, ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading, ngx_log_t,
+    ngx_msec_t, ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, NGX_LOG_ALERT, NGX_LOG_ERR,
 };
 use ngx::ngx_log_error;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
@@ -49,6 +49,29 @@ const BACKSTOP_MARGIN_MS: u64 = 500;
 
 thread_local! {
     static WORKER: RefCell<Option<Worker>> = const { RefCell::new(None) };
+    /// Requests freed while `WORKER` was borrowed (see [`forget_request`]):
+    /// forgotten before the next reply is dispatched.
+    static FREED: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on the worker's state, if there is one. The state is borrowed
+/// only inside these calls, which call back into nothing that could borrow
+/// it again; should a handler ever be re-entered all the same, the call
+/// fails (logged) rather than aborting the worker.
+fn with_worker<T>(log: *mut ngx_log_t, f: impl FnOnce(&mut Worker) -> T) -> Option<T> {
+    WORKER.with(|w| match w.try_borrow_mut() {
+        Ok(mut w) => w.as_mut().map(f),
+        Err(_) => {
+            ngx_log_error!(NGX_LOG_ALERT, log, "rl: Redis worker state in use, handler re-entered");
+            None
+        }
+    })
+}
+
+/// The cycle's log, for handlers that have no other.
+fn cycle_log() -> *mut ngx_log_t {
+    // SAFETY: ngx_cycle is set before any module code runs in a worker and stays valid.
+    unsafe { (*ngx_cycle).log }
 }
 
 /// Starts the I/O thread (in a worker, never in the master) if there are Redis zones.
@@ -76,18 +99,17 @@ pub fn init_worker(
         unsafe { libc::close(efd) };
         return Err(());
     }
-    // SAFETY: conn and its read event were just set up by ngx_get_connection; `add` is the event
-    // module's function (epoll), level-triggered with flags 0; we drain the eventfd on every call.
+    // SAFETY: conn and its read event were just set up by ngx_get_connection; nginx's own
+    // ngx_handle_read_event registers it as every event method wants (edge-triggered with epoll:
+    // on_notify reads the whole eventfd counter each time, and the I/O thread writes on every
+    // empty-to-non-empty transition of the queue, so no wake-up is lost).
     unsafe {
         let rev = (*conn).read;
         (*rev).handler = Some(on_notify);
         (*rev).log = log;
         (*conn).log = log;
-        let Some(add) = ngx_event_actions.add else {
-            ngx_close_connection(conn);
-            return Err(());
-        };
-        if add(rev, READ_EVENT, 0) != 0 {
+        if ngx_handle_read_event(rev, 0) != 0 {
+            ngx_log_error!(NGX_LOG_ERR, log, "rl: cannot watch the Redis I/O thread's eventfd");
             ngx_close_connection(conn);
             return Err(());
         }
@@ -101,8 +123,9 @@ pub fn init_worker(
     let mut flush_ev: Box<ngx_event_t> = Box::new(unsafe { core::mem::zeroed() });
     flush_ev.handler = Some(flush);
     flush_ev.log = log;
-    WORKER.with(|w| {
-        *w.borrow_mut() = Some(Worker {
+    let installed = WORKER.with(|w| {
+        let Ok(mut w) = w.try_borrow_mut() else { return false };
+        *w = Some(Worker {
             tx: Some(tx),
             outbox: Vec::new(),
             flush_ev,
@@ -115,19 +138,23 @@ pub fn init_worker(
             on_lost,
             backstop_ms: zones.iter().map(|z| z.spec.timeout.as_millis() as u64).max().unwrap_or(0)
                 + BACKSTOP_MARGIN_MS,
-        })
+        });
+        true
     });
+    if !installed {
+        ngx_log_error!(NGX_LOG_ALERT, log, "rl: Redis worker state in use at start");
+        return Err(());
+    }
     Ok(())
 }
 
-/// `EPOLLIN | EPOLLRDHUP`, nginx's NGX_READ_EVENT with epoll.
-const READ_EVENT: ngx_int_t = (libc::EPOLLIN | libc::EPOLLRDHUP) as ngx_int_t;
-
 /// Stops the I/O thread and closes the eventfd (exit_process).
 pub fn exit_worker() {
-    let Some(mut w) = WORKER.with(|w| w.borrow_mut().take()) else {
+    let Ok(w) = WORKER.with(|w| w.try_borrow_mut().map(|mut w| w.take())) else {
+        ngx_log_error!(NGX_LOG_ALERT, cycle_log(), "rl: Redis worker state in use at exit");
         return;
     };
+    let Some(mut w) = w else { return };
     if w.flush_ev.posted() != 0 {
         // SAFETY: the event is in the posted queue; remove it before it is freed.
         unsafe { ngx_delete_posted_event(&mut *w.flush_ev) };
@@ -142,9 +169,9 @@ pub fn exit_worker() {
 
 /// Sends a job for a request; the request is resumed when its reply arrives.
 pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), ()> {
-    WORKER.with(|w| {
-        let mut w = w.borrow_mut();
-        let w = w.as_mut().ok_or(())?;
+    // SAFETY: r is the live request being processed.
+    let log = unsafe { (*(*r).connection).log };
+    with_worker(log, |w| {
         let id = w.next_id;
         w.next_id += 1;
         job.id = id;
@@ -165,13 +192,14 @@ pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), ()> {
         }
         Ok(())
     })
+    .unwrap_or(Err(()))
 }
 
 /// Sends the jobs of this event-loop iteration to the I/O thread at once.
-extern "C" fn flush(_ev: *mut ngx_event_t) {
-    WORKER.with(|w| {
-        let mut w = w.borrow_mut();
-        let Some(w) = w.as_mut() else { return };
+extern "C" fn flush(ev: *mut ngx_event_t) {
+    // SAFETY: nginx passes the posted event, whose log init_worker set.
+    let log = unsafe { (*ev).log };
+    with_worker(log, |w| {
         let jobs = std::mem::take(&mut w.outbox);
         if let Some(tx) = &w.tx {
             // The receiver lives until exit_worker drops the sender.
@@ -180,21 +208,32 @@ extern "C" fn flush(_ev: *mut ngx_event_t) {
     });
 }
 
+/// A request's pool is freed: its reply, if it comes, has no request to go
+/// to. Should the worker's state be in use (it is not, where pools are
+/// freed), the id is kept in `FREED` and forgotten before the next reply is
+/// dispatched.
 extern "C" fn forget_request(data: *mut c_void) {
     let id = data as usize as u64;
-    WORKER.with(|w| {
-        if let Ok(mut w) = w.try_borrow_mut() {
+    let forgotten = WORKER.with(|w| match w.try_borrow_mut() {
+        Ok(mut w) => {
             if let Some(w) = w.as_mut() {
                 w.pending.remove(&id);
             }
+            true
         }
+        Err(_) => false,
     });
+    if !forgotten && !FREED.with(|f| f.try_borrow_mut().map(|mut f| f.push(id)).is_ok()) {
+        ngx_log_error!(NGX_LOG_ALERT, cycle_log(), "rl: cannot forget a freed request waiting for Redis");
+    }
 }
 
 /// Suspends the request until its replies are in (the access handler then
 /// returns NGX_AGAIN), with a backstop timer on its write event.
 pub fn suspend(r: *mut ngx_http_request_t) {
-    let backstop = WORKER.with(|w| w.borrow().as_ref().map_or(BACKSTOP_MARGIN_MS, |w| w.backstop_ms));
+    // SAFETY: r is the live request being processed.
+    let log = unsafe { (*(*r).connection).log };
+    let backstop = with_worker(log, |w| w.backstop_ms).unwrap_or(BACKSTOP_MARGIN_MS);
     // SAFETY: the request and its connection are valid; these are nginx's own handlers, and the
     // timer is removed in resume() or fires into backstop() below.
     unsafe {
@@ -214,11 +253,11 @@ extern "C" fn on_backstop(r: *mut ngx_http_request_t) {
     }
     // SAFETY: as above.
     unsafe { (*wev).set_timedout(0) };
-    let on_lost = WORKER.with(|w| {
-        let mut w = w.borrow_mut();
-        let w = w.as_mut()?;
+    // SAFETY: as above.
+    let log = unsafe { (*(*r).connection).log };
+    let on_lost = with_worker(log, |w| {
         w.pending.retain(|_, p| *p != r);
-        Some(w.on_lost)
+        w.on_lost
     });
     if let Some(on_lost) = on_lost {
         on_lost(r);
@@ -241,20 +280,36 @@ pub fn resume(r: *mut ngx_http_request_t) {
 }
 
 /// The eventfd is readable: dispatch every reply to its request.
-extern "C" fn on_notify(_ev: *mut ngx_event_t) {
-    let Some((shared, on_reply)) = WORKER.with(|w| w.borrow().as_ref().map(|w| (w.shared.clone(), w.on_reply))) else {
+extern "C" fn on_notify(ev: *mut ngx_event_t) {
+    // SAFETY: nginx passes the eventfd connection's read event, whose log init_worker set.
+    let log = unsafe { (*ev).log };
+    let Some((shared, on_reply)) = with_worker(log, |w| (w.shared.clone(), w.on_reply)) else {
         return;
     };
     let mut buf = 0u64;
-    // SAFETY: reading the 8-byte eventfd counter resets it; EAGAIN is harmless.
-    unsafe { libc::read(shared.efd, (&mut buf as *mut u64).cast(), 8) };
+    // SAFETY: reading the 8-byte eventfd counter resets it; EAGAIN is harmless. The event is
+    // ready again only when the I/O thread writes (edge-triggered with epoll).
+    unsafe {
+        libc::read(shared.efd, (&mut buf as *mut u64).cast(), 8);
+        (*ev).set_ready(0);
+    }
     let replies = match shared.replies.lock() {
         Ok(mut q) => std::mem::take(&mut *q),
         Err(_) => return,
     };
+    let freed = FREED.with(|f| f.try_borrow_mut().map(|mut f| std::mem::take(&mut *f)).unwrap_or_default());
+    if !freed.is_empty() {
+        let forgotten = with_worker(log, |w| {
+            for id in &freed {
+                w.pending.remove(id);
+            }
+        });
+        if forgotten.is_none() {
+            FREED.with(|f| f.try_borrow_mut().map(|mut f| f.extend(freed)).ok());
+        }
+    }
     for reply in replies {
-        let r = WORKER.with(|w| w.borrow_mut().as_mut().and_then(|w| w.pending.remove(&reply.id)));
-        if let Some(r) = r {
+        if let Some(r) = with_worker(log, |w| w.pending.remove(&reply.id)).flatten() {
             on_reply(r, reply);
         }
     }

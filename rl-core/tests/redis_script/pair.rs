@@ -2,7 +2,7 @@
 //! outcomes, writes, stored state and TTLs compared.
 
 use rl_core::limit::{Algorithm, Limit};
-use rl_core::redis::{expiry_after_write, ScriptLine, TTL_MARGIN_MS};
+use rl_core::redis::{check_line, expiry_after_write, ScriptLine, CLOCK_STEP_US, TTL_MARGIN_MS};
 
 use crate::fixtures::keys;
 use crate::harness::{Mode, Redis};
@@ -15,6 +15,8 @@ pub(crate) struct Pair {
     states: Vec<Vec<u64>>,
     /// Each string state key's expiry (ms) as the TTL policy predicts it.
     expiries: Vec<u64>,
+    /// The latest `now` of any step so far.
+    latest: u64,
 }
 
 impl Pair {
@@ -28,6 +30,7 @@ impl Pair {
             keys: keys(lines.len()),
             states: lines.iter().map(|(l, _)| vec![0; l.state_words()]).collect(),
             expiries: vec![0; lines.len()],
+            latest: 0,
         }
     }
 
@@ -71,6 +74,15 @@ impl Pair {
             assert_eq!(self.redis.snapshot(), snap, "a late call changed the state");
             return None;
         };
+        // Every reply the script gives passes the range check nginx applies
+        // to it, while the clock has not stepped back by more than that
+        // check allows (some cases step it back by far more on purpose).
+        self.latest = self.latest.max(now);
+        if self.latest - now <= CLOCK_STEP_US {
+            for ((l, c), o) in lines.iter().zip(&want.1) {
+                assert_eq!(check_line(l, *c, o), Ok(()), "now={now} line {l:?} cost {c}: {o:?}");
+            }
+        }
         let wrote = commit && want.0 && lines.iter().any(|(_, c)| *c > 0);
         if !wrote {
             assert_eq!(self.redis.writes(), writes, "no write expected");

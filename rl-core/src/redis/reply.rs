@@ -1,0 +1,232 @@
+//! What a line's outcome in the script's reply can be: every value the
+//! algorithm can produce for that limit and cost, and nothing else, so that
+//! a reply the script cannot have sent (a broken server, a proxy, another
+//! program on the keys' server) is a script error, not a verdict with
+//! `Retry-After: 9223372036855`.
+//!
+//! The time values are relative to the script's `now`. With a clock that
+//! never steps back, the algorithms' maxima are (`W` = [`Limit::window_us`],
+//! `T` = ⌈period / count⌉, `B` the burst, `c` the cost, `p`/`n` the period
+//! and count):
+//!
+//! | algorithm                       | reset    | retry-after         |
+//! |---------------------------------|----------|---------------------|
+//! | `fixed`, `sliding_log`          | `W`      | `W`                 |
+//! | `sliding`                       | `2W`     | `W + ⌈c·W/B⌉`       |
+//! | `token_bucket`, `leaky_bucket`  | `W`      | `⌈c·p/n⌉`           |
+//! | `gcra`                          | `B·T`    | `c·T`               |
+//!
+//! Each is reached. A state written before the Redis clock stepped back
+//! (a failover to a server whose clock is behind) lies in the future of
+//! `now`, and every value grows by that step: the bounds allow a step of
+//! [`CLOCK_STEP_US`], as much as a key's TTL margin allows for
+//! ([`super::TTL_MARGIN_MS`]). A retry-after is at least 1 µs, and there is
+//! none for a request that can never pass (cost above the burst). What
+//! remains is at most the burst, and after an admitted request of cost `c`
+//! at most `B − c`.
+
+use core::fmt;
+
+use super::{ScriptLine, TTL_MARGIN_MS};
+use crate::limit::{Algorithm, Limit};
+
+/// How far the Redis clock may have stepped back since a state was written
+/// for a reply to be in range: the TTL margin.
+pub const CLOCK_STEP_US: u64 = TTL_MARGIN_MS * 1000;
+
+/// A line's outcome outside what its limit can produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutOfRange {
+    /// More remaining than the line allows (the burst; less the cost once
+    /// admitted).
+    Remaining { got: u64, max: u64 },
+    /// A reset later than the algorithm can reach.
+    Reset { got: u64, max: u64 },
+    /// A retry-after of 0, beyond the algorithm's reach, or for a request
+    /// that is never rejected with one (`max` = `None`).
+    RetryAfter { got: u64, max: Option<u64> },
+    /// A request admitted with a cost above the burst.
+    Admitted { cost: u64, burst: u64 },
+}
+
+impl fmt::Display for OutOfRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            OutOfRange::Remaining { got, max } => write!(f, "remaining {got} above {max}"),
+            OutOfRange::Reset { got, max } => write!(f, "reset {got} us above {max} us"),
+            OutOfRange::RetryAfter { got, max: Some(max) } => {
+                write!(f, "retry-after {got} us outside 1..={max} us")
+            }
+            OutOfRange::RetryAfter { got, max: None } => {
+                write!(f, "retry-after {got} us for a request that is never told one")
+            }
+            OutOfRange::Admitted { cost, burst } => write!(f, "admitted a cost of {cost} above the burst {burst}"),
+        }
+    }
+}
+
+impl std::error::Error for OutOfRange {}
+
+/// `T` = ⌈period / count⌉, GCRA's emission interval.
+fn interval(limit: &Limit) -> u64 {
+    let rate = limit.rate();
+    rate.period_us.div_ceil(rate.count.max(1))
+}
+
+/// The latest reset (µs from the script's `now`) a line on `limit` can
+/// report: see the module docs.
+pub fn max_reset_us(limit: &Limit) -> u64 {
+    let w = limit.window_us();
+    let reach = match limit.algorithm() {
+        Algorithm::Fixed | Algorithm::SlidingLog | Algorithm::TokenBucket | Algorithm::LeakyBucket => w,
+        Algorithm::Sliding => w.saturating_mul(2),
+        Algorithm::Gcra => limit.burst().saturating_mul(interval(limit)),
+    };
+    reach.saturating_add(CLOCK_STEP_US)
+}
+
+/// The latest retry-after (µs) a rejected request of `cost` on `limit` can
+/// be told; `None` when it is never rejected with one (a cost of 0 always
+/// passes, a cost above the burst never does).
+pub fn max_retry_after_us(limit: &Limit, cost: u64) -> Option<u64> {
+    let b = limit.burst();
+    if cost == 0 || cost > b {
+        return None;
+    }
+    let w = limit.window_us();
+    let rate = limit.rate();
+    let wide = |a: u64, m: u64| u128::from(a) * u128::from(m);
+    let sat = |x: u128| u64::try_from(x).unwrap_or(u64::MAX);
+    let reach = match limit.algorithm() {
+        Algorithm::Fixed | Algorithm::SlidingLog => w,
+        Algorithm::Sliding => w.saturating_add(sat(wide(cost, w).div_ceil(u128::from(b)))),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            sat(wide(cost, rate.period_us).div_ceil(u128::from(rate.count.max(1))))
+        }
+        Algorithm::Gcra => sat(wide(cost, interval(limit))),
+    };
+    Some(reach.saturating_add(CLOCK_STEP_US))
+}
+
+/// Whether `line`, the script's outcome for a request of `cost` on `limit`,
+/// is one the algorithm can produce (see the module docs).
+pub fn check_line(limit: &Limit, cost: u64, line: &ScriptLine) -> Result<(), OutOfRange> {
+    let b = limit.burst();
+    if line.admitted && cost > b {
+        return Err(OutOfRange::Admitted { cost, burst: b });
+    }
+    let max = if line.admitted { b - cost } else { b };
+    if line.remaining > max {
+        return Err(OutOfRange::Remaining { got: line.remaining, max });
+    }
+    let max = max_reset_us(limit);
+    if line.reset_us > max {
+        return Err(OutOfRange::Reset { got: line.reset_us, max });
+    }
+    if let Some(got) = line.retry_after_us {
+        let max = max_retry_after_us(limit, cost);
+        if got == 0 || max.is_none_or(|m| got > m) {
+            return Err(OutOfRange::RetryAfter { got, max });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::Rate;
+
+    /// 3 per 10 s, burst 5: W = 16,666,667 µs, T = 3,333,334 µs.
+    fn limit(alg: Algorithm) -> Limit {
+        Limit::new(alg, Rate { count: 3, period_us: 10_000_000 }, 5).unwrap()
+    }
+
+    const D: u64 = CLOCK_STEP_US;
+
+    /// A full state written at `now + D` (the clock has since stepped back
+    /// by `D`), at the start of a window: every value at its maximum.
+    fn extreme(l: &Limit, now: u64) -> Vec<u64> {
+        let (w, b, t) = (l.window_us(), l.burst(), now + D);
+        let cap = b * l.rate().period_us;
+        match l.algorithm() {
+            Algorithm::Fixed => vec![t / w + 1, b],
+            Algorithm::Sliding => vec![t / w + 1, b, 0],
+            Algorithm::SlidingLog => [vec![0, b], vec![t; b as usize]].concat(),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => vec![cap, t],
+            Algorithm::Gcra => vec![t + b * interval(l)],
+        }
+    }
+
+    #[test]
+    fn maxima_are_reached_and_no_more_passes() {
+        for alg in Algorithm::ALL {
+            let l = limit(alg);
+            // `now + D` is the start of a window.
+            let now = 1000 * l.window_us() - D;
+            let s = extreme(&l, now);
+            for cost in 1..=l.burst() {
+                let o = l.check(&s, now, cost);
+                assert!(!o.admitted, "{alg}");
+                assert_eq!(o.reset_us, max_reset_us(&l), "{alg} reset");
+                assert_eq!(o.retry_after_us, max_retry_after_us(&l, cost), "{alg} cost {cost}");
+                let line = ScriptLine {
+                    admitted: false,
+                    remaining: o.remaining,
+                    reset_us: o.reset_us,
+                    retry_after_us: o.retry_after_us,
+                };
+                assert_eq!(check_line(&l, cost, &line), Ok(()), "{alg}");
+                let late = ScriptLine { reset_us: line.reset_us + 1, ..line };
+                assert!(matches!(check_line(&l, cost, &late), Err(OutOfRange::Reset { .. })), "{alg}");
+                let retry = line.retry_after_us.map(|r| r + 1);
+                let later = ScriptLine { retry_after_us: retry, ..line };
+                assert!(matches!(check_line(&l, cost, &later), Err(OutOfRange::RetryAfter { .. })), "{alg}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_maxima_without_a_clock_step() {
+        let l = |alg| limit(alg);
+        let (w, t) = (16_666_667, 3_333_334);
+        assert_eq!(max_reset_us(&l(Algorithm::Fixed)), w + D);
+        assert_eq!(max_reset_us(&l(Algorithm::SlidingLog)), w + D);
+        assert_eq!(max_reset_us(&l(Algorithm::TokenBucket)), w + D);
+        assert_eq!(max_reset_us(&l(Algorithm::Sliding)), 2 * w + D);
+        assert_eq!(max_reset_us(&l(Algorithm::Gcra)), 5 * t + D);
+        // Retry-after for a cost of 2: W; W + ⌈2W/5⌉; ⌈2·10 s/3⌉; 2T.
+        assert_eq!(max_retry_after_us(&l(Algorithm::Fixed), 2), Some(w + D));
+        assert_eq!(max_retry_after_us(&l(Algorithm::Sliding), 2), Some(w + 6_666_667 + D));
+        assert_eq!(max_retry_after_us(&l(Algorithm::LeakyBucket), 2), Some(6_666_667 + D));
+        assert_eq!(max_retry_after_us(&l(Algorithm::Gcra), 2), Some(2 * t + D));
+        // None for a cost that always passes or never does.
+        assert_eq!(max_retry_after_us(&l(Algorithm::Gcra), 0), None);
+        assert_eq!(max_retry_after_us(&l(Algorithm::Gcra), 6), None);
+    }
+
+    #[test]
+    fn remaining_and_retry_after_bounds() {
+        let l = limit(Algorithm::Fixed);
+        let line =
+            |admitted, remaining, retry_after_us| ScriptLine { admitted, remaining, reset_us: 0, retry_after_us };
+        // Admitted: at most burst - cost remain.
+        assert_eq!(check_line(&l, 2, &line(true, 3, None)), Ok(()));
+        assert_eq!(check_line(&l, 2, &line(true, 4, None)), Err(OutOfRange::Remaining { got: 4, max: 3 }));
+        assert_eq!(check_line(&l, 0, &line(true, 5, None)), Ok(()));
+        assert_eq!(check_line(&l, 6, &line(true, 0, None)), Err(OutOfRange::Admitted { cost: 6, burst: 5 }));
+        // Rejected: at most the burst; a retry-after of at least 1 µs, none
+        // for a cost that can never pass.
+        assert_eq!(check_line(&l, 2, &line(false, 5, Some(1))), Ok(()));
+        assert_eq!(check_line(&l, 2, &line(false, 6, Some(1))), Err(OutOfRange::Remaining { got: 6, max: 5 }));
+        assert!(matches!(check_line(&l, 2, &line(false, 0, Some(0))), Err(OutOfRange::RetryAfter { got: 0, .. })));
+        assert_eq!(check_line(&l, 6, &line(false, 0, None)), Ok(()));
+        assert_eq!(check_line(&l, 6, &line(false, 0, Some(9))), Err(OutOfRange::RetryAfter { got: 9, max: None }));
+        // The reply.
+        let huge = ScriptLine { admitted: false, remaining: i64::MAX as u64, reset_us: 0, retry_after_us: None };
+        assert_eq!(
+            check_line(&l, 1, &huge).map_err(|e| e.to_string()),
+            Err("remaining 9223372036854775807 above 5".to_string())
+        );
+    }
+}
