@@ -28,7 +28,7 @@
 # Environment (all optional): SOAK_QUICK, SOAK_MINUTES (bound of the keyed
 # load, fill included; default 8, quick 0.5), SOAK_KEYS (1000000; quick
 # 100000), SOAK_ZONE (64m; quick 8m), SOAK_REQUESTS (3000000 in all, fill
-# included; quick 300000), SOAK_SAMPLE (seconds, 5; quick 2),
+# included; quick 300000), SOAK_SAMPLE (seconds, 5; quick 0.5),
 # SOAK_RSS_GROWTH_KB (2048), SOAK_CONNS (32), SOAK_THREADS (wrk threads, 1),
 # RL_SOAK (5; quick 1: the reload storm's time grows faster than its reloads,
 # see bench/README.md), SOAK_PARTS ("load tests": either or both),
@@ -60,7 +60,7 @@ case "${SOAK_QUICK:-}" in 0 | no | false) SOAK_QUICK= ;; esac
 QUICK=${SOAK_QUICK:-}
 if [[ -n $QUICK ]]; then
     MINUTES=${SOAK_MINUTES:-0.5} NKEYS=${SOAK_KEYS:-100000} ZONE=${SOAK_ZONE:-8m}
-    TOTAL=${SOAK_REQUESTS:-300000} SAMPLE=${SOAK_SAMPLE:-2} FACTOR=${RL_SOAK:-1}
+    TOTAL=${SOAK_REQUESTS:-300000} SAMPLE=${SOAK_SAMPLE:-0.5} FACTOR=${RL_SOAK:-1}
 else
     MINUTES=${SOAK_MINUTES:-8} NKEYS=${SOAK_KEYS:-1000000} ZONE=${SOAK_ZONE:-64m}
     TOTAL=${SOAK_REQUESTS:-3000000} SAMPLE=${SOAK_SAMPLE:-5} FACTOR=${RL_SOAK:-5}
