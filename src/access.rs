@@ -160,14 +160,7 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
     match reply.result {
         Ok((all, outcomes)) => {
             for ((_, res), o) in ctx.on_redis(&mcf.lines, reply.zone).zip(outcomes) {
-                let o = rl_core::limit::Outcome {
-                    admitted: o.admitted,
-                    remaining: o.remaining,
-                    reset_us: o.reset_us,
-                    retry_after_us: o.retry_after_us,
-                    delay_us: 0,
-                };
-                res.set(&o, all);
+                res.set(&o.into(), all);
             }
         }
         Err(e) => {

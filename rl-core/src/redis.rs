@@ -292,6 +292,19 @@ pub struct ScriptLine {
     pub retry_after_us: Option<u64>,
 }
 
+impl From<ScriptLine> for crate::limit::Outcome {
+    /// The model's outcome the script's line reports (no shaping delay).
+    fn from(l: ScriptLine) -> Self {
+        crate::limit::Outcome {
+            admitted: l.admitted,
+            remaining: l.remaining,
+            reset_us: l.reset_us,
+            retry_after_us: l.retry_after_us,
+            delay_us: 0,
+        }
+    }
+}
+
 /// One request's lines' outcomes (inline up to two lines: no allocation for
 /// the usual request).
 pub type Lines = SmallVec<[ScriptLine; 2]>;
