@@ -8,6 +8,7 @@ use core::{mem, ptr, slice};
 use ngx::ffi::{ngx_http_request_t, ngx_pcalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_time};
 use ngx::http::{HttpModule, Request};
 use rl_core::limit::Outcome;
+use rl_core::table::Slot;
 
 use crate::line::{HeadersMode, Line, LineId};
 use crate::Module;
@@ -25,9 +26,11 @@ pub struct LineResult {
     /// The line's state was charged for this request.
     pub charged: bool,
     pub key: ngx_str_t,
-    /// Where the state is in a shared-memory zone: its hash, and the index of
-    /// the zone's lock among those the request holds.
+    /// Where the state is in a shared-memory zone: its hash, its entry (found
+    /// once, by the hash, and checked against it on every later use), and the
+    /// index of the zone's lock among those the request holds.
     pub hash: [u64; 2],
+    pub slot: Slot,
     pub lock: usize,
 }
 

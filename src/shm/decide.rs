@@ -47,7 +47,10 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         };
         res.hash = locked.table.hash_key(line.id, res.key.as_bytes());
         res.lock = lock;
-        res.active = locked.ensure(res.hash, &line.limit, now_s, log);
+        match locked.ensure(res.hash, &line.limit, now_s, log) {
+            Some(slot) => res.slot = slot,
+            None => res.active = false,
+        }
     }
 
     // Check every line, charging nothing; a line alone is checked and
@@ -59,7 +62,7 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
             res.active = false;
             continue;
         };
-        let Some(state) = locked.state(res.hash, &line.limit) else {
+        let Some(state) = locked.state(res.slot, res.hash, &line.limit) else {
             res.active = false;
             continue;
         };
@@ -70,7 +73,7 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         };
         let charged = single && o.admitted;
         if charged {
-            locked.charged(res.hash, now_us, o.reset_us);
+            locked.charged(res.slot, now_us, o.reset_us);
         }
         res.set(&o, charged);
         admitted &= o.admitted;
@@ -84,14 +87,14 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         let Some(locked) = locks.get_mut(res.lock) else {
             continue;
         };
-        let Some(state) = locked.state(res.hash, &line.limit) else {
+        let Some(state) = locked.state(res.slot, res.hash, &line.limit) else {
             continue;
         };
         let o = line.limit.acquire(state, now_us, line.cost);
         res.remaining = o.remaining;
         res.reset_us = o.reset_us;
         res.charged = true;
-        locked.charged(res.hash, now_us, o.reset_us);
+        locked.charged(res.slot, now_us, o.reset_us);
     }
     true
 }
