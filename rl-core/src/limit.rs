@@ -248,6 +248,14 @@ impl Limit {
     /// Cost 0 is always admitted; cost > burst never is (retry `None`). A
     /// `state` shorter than [`Limit::state_words`] rejects (retry `None`).
     pub fn check(&self, state: &[u64], now: u64, cost: u64) -> Outcome {
+        self.check_inline(state, now, cost)
+    }
+
+    /// [`Limit::check`], inlined into [`Limit::acquire`]: one function, in
+    /// which the second dispatch on the algorithm and what the commit
+    /// recomputes fold into the check's.
+    #[inline(always)]
+    fn check_inline(&self, state: &[u64], now: u64, cost: u64) -> Outcome {
         if state.len() < self.state_words() {
             return Outcome::default();
         }
@@ -271,6 +279,12 @@ impl Limit {
     /// admitted (misuse), or `cost` is 0, or `state` is too short, this does
     /// nothing — so it can never over-admit.
     pub fn commit(&self, state: &mut [u64], now: u64, cost: u64) {
+        self.commit_inline(state, now, cost)
+    }
+
+    /// [`Limit::commit`], inlined into [`Limit::acquire`].
+    #[inline(always)]
+    fn commit_inline(&self, state: &mut [u64], now: u64, cost: u64) {
         if state.len() < self.state_words() || cost == 0 {
             return;
         }
@@ -286,9 +300,9 @@ impl Limit {
 
     /// [`Limit::check`], then [`Limit::commit`] if admitted.
     pub fn acquire(&self, state: &mut [u64], now: u64, cost: u64) -> Outcome {
-        let outcome = self.check(state, now, cost);
+        let outcome = self.check_inline(state, now, cost);
         if outcome.admitted {
-            self.commit(state, now, cost);
+            self.commit_inline(state, now, cost);
         }
         outcome
     }
