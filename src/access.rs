@@ -10,7 +10,7 @@
 //! lines charged.
 
 use ngx::core::Status;
-use ngx::ffi::{ngx_http_complex_value, ngx_http_request_t, ngx_log_t, NGX_LOG_ERR};
+use ngx::ffi::{ngx_http_request_t, ngx_log_t, NGX_LOG_ERR};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::log::DebugMask;
 use ngx::{ngx_log_debug, ngx_log_error};
@@ -89,10 +89,7 @@ fn access(r: &mut Request) -> Status {
 /// Evaluates every line's key; an empty key leaves its line inactive.
 fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Result<(), ()> {
     for (line, res) in ctx.iter_mut(&mcf.lines) {
-        // SAFETY: the key was compiled at configuration time; the value is allocated in r->pool.
-        if unsafe { ngx_http_complex_value(r, line.key, &mut res.key) } != 0 {
-            return Err(());
-        }
+        res.key = line.eval_key(r)?;
         res.active = res.key.len > 0;
     }
     Ok(())

@@ -383,6 +383,35 @@ fn composite_keys() {
     assert_eq!(ngx.get("/a.html", &u1).status, 429);
 }
 
+/// A key that is one variable, `$name` or `${name}`, is read as the
+/// variable's value itself; anything else (`$1`, a regex capture) goes
+/// through the complex value. Both count the same keys.
+#[test]
+fn keys_of_one_variable_braces_and_captures() {
+    let ngx = Nginx::setup(&server(
+        "rl_zone z size=1m;",
+        "location /brace/ { rl_limit zone=z key=${http_x_k} rate=2r/h burst=2; }\n\
+         location ~ ^/cap/(\\w+)\\.html$ { rl_limit zone=z key=$1 rate=2r/h burst=2; }",
+    ))
+    .file("html/brace/x.html", "x\n")
+    .file("html/cap/alice.html", "alice\n")
+    .file("html/cap/bob.html", "bob\n")
+    .start();
+    let alice = [("X-K", "alice")];
+    let got: Vec<u16> = (0..3).map(|_| ngx.get("/brace/x.html", &alice).status).collect();
+    assert_eq!(got, [200, 200, 429], "key=${{http_x_k}}");
+    let r = ngx.get("/brace/x.html", &[("X-K", "bob")]);
+    assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (200, 1), "another value of the variable: {r:?}");
+    let r = ngx.get("/brace/x.html", &[]);
+    assert_eq!(r.status, 200, "variable not found: not limited");
+    assert_no_rl_headers(&r, "key=${http_x_k} without the header");
+
+    let got: Vec<u16> = (0..3).map(|_| ngx.get("/cap/alice.html", &[]).status).collect();
+    assert_eq!(got, [200, 200, 429], "key=$1");
+    let r = ngx.get("/cap/bob.html", &[]);
+    assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (200, 1), "another capture: {r:?}");
+}
+
 /// Lines sharing a zone (same key) keep separate states.
 #[test]
 fn lines_sharing_a_zone_are_independent() {
