@@ -200,7 +200,19 @@ fn uncharge(mcf: &MainConf, ctx: &mut Ctx) {
 /// Each active line's verdict, at `debug` level (compiled in where nginx
 /// was built `--with-debug`; silent unless the error log's level is debug).
 /// Keys are shown as the hash Redis keys use, never as they came.
+#[inline(always)]
 fn debug_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
+    // Checked here, once: the lines are not walked, nor the logging function called, unless the
+    // log wants them.
+    // SAFETY: the request's log is valid.
+    if ngx::log::DEBUG && ngx::log::check_mask(DebugMask::Http, unsafe { (*log).log_level }) {
+        log_verdicts(log, mcf, ctx);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn log_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
     for (line, res) in ctx.active(&mcf.lines) {
         ngx_log_debug!(
             mask: DebugMask::Http,

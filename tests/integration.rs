@@ -383,6 +383,32 @@ fn composite_keys() {
     assert_eq!(ngx.get("/a.html", &u1).status, 429);
 }
 
+/// At debug level (nginx built `--with-debug`), one line per limit and
+/// request says the verdict; the key shows as its hash, never as sent.
+#[test]
+fn debug_log_shows_each_verdict() {
+    let version = std::process::Command::new(nginx_bin()).arg("-V").output().expect("nginx -V");
+    if !String::from_utf8_lossy(&version.stderr).contains("--with-debug") {
+        eprintln!("skipped: {} is not built --with-debug", nginx_bin().display());
+        return;
+    }
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        "location = /a.html { error_log debug.log debug; rl_limit zone=z key=$http_x_k rate=1r/h burst=1; }",
+    ));
+    let h = [("X-K", "dave")];
+    assert_eq!(ngx.get("/a.html", &h).status, 200);
+    assert_eq!(ngx.get("/a.html", &h).status, 429);
+    let log = std::fs::read_to_string(ngx.prefix.join("debug.log")).expect("debug.log");
+    let verdicts: Vec<&str> = log.lines().filter(|l| l.contains("rl: zone \"z\" line \"z\" key ")).collect();
+    assert_eq!(verdicts.len(), 2, "{verdicts:#?}");
+    assert!(verdicts[0].contains(": admitted, remaining 0, reset "), "{}", verdicts[0]);
+    assert!(verdicts[0].ends_with("charged true"), "{}", verdicts[0]);
+    assert!(verdicts[1].contains(": rejected, remaining 0, reset "), "{}", verdicts[1]);
+    assert!(verdicts[1].ends_with("charged false"), "{}", verdicts[1]);
+    assert!(verdicts.iter().all(|l| !l.contains("dave")), "a key in clear: {verdicts:#?}");
+}
+
 /// A key that is one variable, `$name` or `${name}`, is read as the
 /// variable's value itself; anything else (`$1`, a regex capture) goes
 /// through the complex value. Both count the same keys.
