@@ -128,6 +128,8 @@ pub struct Line {
     pub id: u64,
     /// The item name in the `RateLimit` / `RateLimit-Policy` fields.
     pub item: String,
+    /// The burst in decimal, the `X-RateLimit-Limit` value: written once.
+    pub burst_text: String,
     /// `file:line` of the directive, for messages found after parsing.
     pub origin: String,
 }
@@ -154,6 +156,11 @@ impl Line {
             return Err(());
         }
         Ok(key)
+    }
+
+    /// The `X-RateLimit-Limit` value (it lives as long as the configuration).
+    pub fn burst_text(&self) -> ngx_str_t {
+        ngx_str_t { len: self.burst_text.len(), data: self.burst_text.as_ptr() as *mut u8 }
     }
 
     /// The identity of a line's states: the same on every nginx of a fleet

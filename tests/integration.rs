@@ -182,6 +182,48 @@ fn headers_legacy_by_default() {
     assert!((now..=now + 2 * 60 + 2).contains(&reset), "sliding X-RateLimit-Reset {reset} not in [{now}, {now}+122]");
 }
 
+/// The legacy fields' numbers in decimal, whatever their digits: from one to
+/// ten, with zeros inside and at the end.
+#[test]
+fn headers_legacy_numbers() {
+    let bursts: [u64; 9] = [1, 10, 100, 1000, 10_000, 10_001, 65_536, 100_000_000, 1_000_000_007];
+    let locs: String = bursts
+        .iter()
+        .map(|b| {
+            format!("location = /n/{b}.html {{ rl_limit zone=z key=$http_x_k rate=1r/s burst={b} algorithm=gcra; }}\n")
+        })
+        .collect();
+    let mut setup = Nginx::setup(&server(
+        "rl_zone z size=1m;",
+        &(locs + "location = /day.html { rl_limit zone=z key=$http_x_k rate=1r/d burst=1 algorithm=gcra; }"),
+    ))
+    .file("html/day.html", "day\n");
+    for b in bursts {
+        setup = setup.file(&format!("html/n/{b}.html"), "n\n");
+    }
+    let ngx = setup.start();
+    let h = [("X-K", "carol")];
+    for b in bursts {
+        let now = unix_now();
+        let r = ngx.get(&format!("/n/{b}.html"), &h);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.header("X-RateLimit-Limit"), Some(b.to_string().as_str()), "{r:?}");
+        assert_eq!(r.header("X-RateLimit-Remaining"), Some((b - 1).to_string().as_str()), "{r:?}");
+        // One request at 1r/s is gone after a second.
+        let reset = r.header("X-RateLimit-Reset").unwrap_or_else(|| panic!("no X-RateLimit-Reset in {r:?}"));
+        let n: u64 = reset.parse().unwrap_or_else(|_| panic!("X-RateLimit-Reset {reset:?}"));
+        assert!((now..=now + 2).contains(&n) && !reset.starts_with('0'), "X-RateLimit-Reset {reset} for {now}");
+    }
+    // Far in the future: a second request a day, a reset of whole days.
+    let now = unix_now();
+    assert_eq!(ngx.get("/day.html", &h).status, 200);
+    let r = ngx.get("/day.html", &h);
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header("Retry-After"), Some("86400"), "{r:?}");
+    let reset = r.num("X-RateLimit-Reset");
+    assert!((now + 86_400..=now + 86_402).contains(&reset), "X-RateLimit-Reset {reset} for {now} + 1 day");
+}
+
 #[test]
 fn headers_modes_draft_off_both() {
     let loc = |name: &str, mode: &str| {

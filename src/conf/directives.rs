@@ -199,6 +199,7 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         cost,
         id: 0,
         item,
+        burst_text: limit.burst().to_string(),
         origin: conf_origin(cf),
     });
     lcf.lines.push(LineId(id));
