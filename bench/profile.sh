@@ -56,16 +56,26 @@ while IFS=$'\t' read -r id inst path _; do
 done <"$BENCH/scenarios.tsv"
 for f in gcra_admit_noheaders sliding_admit_noheaders; do echo "hello from the nginx-rl bench" >"$TMP/html/$f"; done
 
+declare -A PORT VPID
+# A loopback port no socket uses, below the kernel's ephemeral range (a port
+# in that range may be taken at any time as the local end of a connection),
+# as run.sh picks them.
 free_port() {
-    local p
+    local p lo used
+    read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
+    ((lo > 12000)) || lo=32768
+    used=" $(awk 'FNR > 1 { split($2, a, ":"); printf "%d ", strtonum_hex(a[2]) }
+        function strtonum_hex(h,    i, n) { n = 0; for (i = 1; i <= length(h); i++) n = n * 16 + index("0123456789ABCDEF", substr(h, i, 1)) - 1; return n }' \
+        /proc/net/tcp /proc/net/tcp6 2>/dev/null) ${PORT[*]:-} "
     for _ in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
+        p=$((10000 + RANDOM % (lo - 10000)))
+        [[ $used == *" $p "* ]] && continue
+        echo "$p"
+        return 0
     done
     return 1
 }
 
-declare -A PORT VPID
 # The twin server's name: as long as "127.0.0.1", so that both Host headers
 # (with the port) have the same length.
 TWIN=twin.test
@@ -100,6 +110,7 @@ start() { # name conf
     PIDS+=($!)
     for _ in $(seq 300); do
         curl -s -o /dev/null "http://127.0.0.1:$port/" && return 0
+        kill -0 "${VPID[$name]}" 2>/dev/null || break
         sleep 0.1
     done
     cat "$dir/valgrind.log" "$dir/error.log" >&2
