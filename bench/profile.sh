@@ -2,13 +2,22 @@
 # Instructions per request, scenario by scenario, under valgrind's callgrind:
 # deterministic where req/s on a shared machine is not. Writes
 # bench/PROFILE.md: instructions per request for the baseline, limit_req and
-# nginx-rl, and the functions where nginx-rl spends its share.
+# nginx-rl, what each limit adds, and the functions where it adds them.
 #
 #   bench/profile.sh [N]     N requests per scenario (default 3000)
 #
 # Each nginx runs alone (`master_process off`) under callgrind; collection is
 # zeroed before and dumped after each scenario's N requests (curl, one
 # keep-alive connection), after a warm-up of 200 requests.
+#
+# What a limit adds is measured against the same request (same URI, same
+# header lengths) to a twin server in the same nginx: a copy of the server
+# without its limit_req and rl_limit lines, reached by its name. Parsing a
+# longer URI or finding a deeper location costs instructions of its own
+# (hundreds between the bench's URIs), and the heap a configuration leaves
+# can make glibc's malloc take a longer path on every request (about 100
+# instructions in rl.conf): a single baseline URI, or another nginx, would
+# count either as the limiter's.
 
 set -Eeuo pipefail
 export LC_ALL=C
@@ -45,18 +54,31 @@ while IFS=$'\t' read -r id inst path _; do
     [[ -z $id || $id == \#* ]] && continue
     echo "hello from the nginx-rl bench" >"$TMP/html/${path#/}"
 done <"$BENCH/scenarios.tsv"
-echo "hello from the nginx-rl bench" >"$TMP/html/gcra_admit_noheaders"
+for f in gcra_admit_noheaders sliding_admit_noheaders; do echo "hello from the nginx-rl bench" >"$TMP/html/$f"; done
 
+declare -A PORT VPID
+# A loopback port no socket uses, below the kernel's ephemeral range (a port
+# in that range may be taken at any time as the local end of a connection),
+# as run.sh picks them.
 free_port() {
-    local p
+    local p lo used
+    read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
+    ((lo > 12000)) || lo=32768
+    used=" $(awk 'FNR > 1 { split($2, a, ":"); printf "%d ", strtonum_hex(a[2]) }
+        function strtonum_hex(h,    i, n) { n = 0; for (i = 1; i <= length(h); i++) n = n * 16 + index("0123456789ABCDEF", substr(h, i, 1)) - 1; return n }' \
+        /proc/net/tcp /proc/net/tcp6 2>/dev/null) ${PORT[*]:-} "
     for _ in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
+        p=$((10000 + RANDOM % (lo - 10000)))
+        [[ $used == *" $p "* ]] && continue
+        echo "$p"
+        return 0
     done
     return 1
 }
 
-declare -A PORT VPID
+# The twin server's name: as long as "127.0.0.1", so that both Host headers
+# (with the port) have the same length.
+TWIN=twin.test
 start() { # name conf
     local name=$1 dir=$TMP/$1 port
     port=$(free_port)
@@ -67,6 +89,20 @@ start() { # name conf
             -e "s|@REDIS_PORT@|6379|g" -e "s|@BENCH@|$BENCH|g" -e "s|@MEMZ@|1m|g" "$BENCH/conf/$f" >"$dir/${f/$2/nginx.conf}"
     done
     sed -i 's/^worker_cpu_affinity.*//' "$dir/common.inc"
+    # The twin: the server block (from "    server {" to "    }") again, after it, without limits.
+    awk -v twin="$TWIN" '
+        /^    server \{/ { in_server = 1 }
+        in_server { block = block $0 "\n" }
+        { print }
+        in_server && /^    \}/ {
+            in_server = 0
+            gsub(/limit_req zone=[^;]*;|rl_limit [^;]*;/, "", block)
+            sub(/ backlog=[0-9]+;/, ";", block)
+            sub(/server \{\n/, "server {\n        server_name " twin ";\n", block)
+            printf "%s", block
+        }' "$dir/nginx.conf" >"$dir/nginx.conf.twin"
+    mv "$dir/nginx.conf.twin" "$dir/nginx.conf"
+    grep -q "server_name $TWIN;" "$dir/nginx.conf" || die "no twin server in $dir/nginx.conf"
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$dir/cg.%p" \
         "$NGINX" -p "$dir/" -c "$dir/nginx.conf" -e "$dir/error.log" -g 'daemon off; master_process off;' \
         2>"$dir/valgrind.log" &
@@ -74,38 +110,47 @@ start() { # name conf
     PIDS+=($!)
     for _ in $(seq 300); do
         curl -s -o /dev/null "http://127.0.0.1:$port/" && return 0
+        kill -0 "${VPID[$name]}" 2>/dev/null || break
         sleep 0.1
     done
     cat "$dir/valgrind.log" "$dir/error.log" >&2
     die "nginx ($name) under valgrind does not answer"
 }
 
-requests() { # url n
+requests() { # url n nkeys [host]
     # Options in a curl config apply to every later URL unless "next" starts a new set.
-    awk -v u="$1" -v n="$2" -v k="$3" 'BEGIN { srand(); for (i = 1; i <= n; i++) {
+    awk -v u="$1" -v n="$2" -v k="$3" -v h="${4:-}" 'BEGIN { srand(); for (i = 1; i <= n; i++) {
         if (i > 1) print "next"
         printf "silent\nwrite-out = \"%%{http_code}\\n\"\nurl = \"%s\"\noutput = \"/dev/null\"\n", u
+        if (h != "") printf "header = \"Host: %s\"\n", h
         if (k > 0) printf "header = \"X-User: u%d\"\n", int(rand() * k) + 1 } }' >"$TMP/req.cfg"
     curl -K "$TMP/req.cfg" | sort | uniq -c | awk '{ printf "%s%s x %s", s, $1, $2; s = ", " }'
 }
 
-# profile NAME ID PATH NKEYS: prints "ID<TAB>Ir/request<TAB>statuses"; keeps the dump.
-profile() {
-    local name=$1 id=$2 path=$3 nkeys=$4 pid=${VPID[$1]} url st total
+# measure NAME PATH NKEYS DUMP [HOST]: Ir/request of N requests, and their statuses.
+measure() {
+    local name=$1 path=$2 nkeys=$3 dump=$4 host=${5:-} pid=${VPID[$1]} url st total f
     url="http://127.0.0.1:${PORT[$name]}$path"
     callgrind_control -i on "$pid" >/dev/null 2>&1
-    requests "$url" 200 "$nkeys" >/dev/null
+    requests "$url" 200 "$nkeys" "$host" >/dev/null
     callgrind_control -z "$pid" >/dev/null 2>&1
-    st=$(requests "$url" "$N" "$nkeys")
-    callgrind_control -d "$id" "$pid" >/dev/null 2>&1
+    st=$(requests "$url" "$N" "$nkeys" "$host")
+    callgrind_control -d "${dump##*/}" "$pid" >/dev/null 2>&1
     callgrind_control -i off "$pid" >/dev/null 2>&1
-    local f
     f=$(ls -t "$TMP/$name"/cg.* | sed -n 1p)
-    mv "$f" "$TMP/$id.cg"
-    total=$(callgrind_annotate "$TMP/$id.cg" 2>/dev/null | awk '/PROGRAM TOTALS/ && !t { gsub(/,/, "", $1); t = $1 } END { print t }')
-    total=${total:-0}
-    printf '%s\t%s\t%s\n' "$id" "$((total / N))" "$st"
-    log "$id: $((total / N)) instructions/request ($st)"
+    mv "$f" "$dump"
+    total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ && !t { gsub(/,/, "", $1); t = $1 } END { print t }')
+    printf '%s\t%s\n' "$((${total:-0} / N))" "$st"
+}
+
+# profile NAME ID PATH NKEYS: prints "ID<TAB>Ir/request<TAB>Ir/request of the
+# same request to the twin<TAB>statuses"; keeps both dumps (ID.cg, ID.twin.cg).
+profile() {
+    local name=$1 id=$2 path=$3 nkeys=$4 ir st tw
+    IFS=$'\t' read -r ir st < <(measure "$name" "$path" "$nkeys" "$TMP/$id.cg")
+    IFS=$'\t' read -r tw _ < <(measure "$name" "$path" "$nkeys" "$TMP/$id.twin.cg" "$TWIN:${PORT[$name]}")
+    printf '%s\t%s\t%s\t%s\n' "$id" "$ir" "$tw" "$st"
+    log "$id: $ir instructions/request, $((ir - tw)) over the same request without a limit ($st)"
 }
 
 log "starting nginx under callgrind"
@@ -116,8 +161,13 @@ profile stock baseline /baseline 0 >>"$TMP/ir.tsv"
 profile stock limit_req /lr_admit 0 >>"$TMP/ir.tsv"
 profile stock limit_req_reject /lr_reject 0 >>"$TMP/ir.tsv"
 profile stock limit_req_k1m /lr_k1m 1000000 >>"$TMP/ir.tsv"
-profile rl rl_loaded_no_limit /baseline 0 >>"$TMP/ir.tsv"
+# A location without limits in the nginx that loads the module, against the
+# same request to stock nginx: what the module costs every request.
+IFS=$'\t' read -r ir st < <(measure rl /baseline 0 "$TMP/rl_loaded_no_limit.cg")
+cp "$TMP/baseline.cg" "$TMP/rl_loaded_no_limit.twin.cg"
+printf 'rl_loaded_no_limit\t%s\t%s\t%s\n' "$ir" "$(awk -F'\t' '$1 == "baseline" { print $2 }' "$TMP/ir.tsv")" "$st" >>"$TMP/ir.tsv"
 profile rl rl_gcra_no_headers /gcra_admit_noheaders 0 >>"$TMP/ir.tsv"
+profile rl rl_sliding_no_headers /sliding_admit_noheaders 0 >>"$TMP/ir.tsv"
 for a in fixed sliding sliding_log token_bucket leaky_bucket gcra; do
     profile rl "rl_$a" "/${a}_admit" 0 >>"$TMP/ir.tsv"
 done
@@ -127,7 +177,6 @@ profile rl rl_gcra_k1m /gcra_k1m 1000000 >>"$TMP/ir.tsv"
 profile rl rl_sliding_k1m /sliding_k1m 1000000 >>"$TMP/ir.tsv"
 profile rl rl_token_bucket_k1m /token_bucket_k1m 1000000 >>"$TMP/ir.tsv"
 
-base=$(awk -F'\t' '$1 == "baseline" { print $2 }' "$TMP/ir.tsv")
 {
     echo "# nginx-rl: instructions per request (callgrind)"
     echo
@@ -136,26 +185,63 @@ base=$(awk -F'\t' '$1 == "baseline" { print $2 }' "$TMP/ir.tsv")
     echo "$N sequential keep-alive requests per scenario after 200 of warm-up (the configurations of \`make bench\`)."
     echo "Instruction counts are deterministic, unlike req/s on a shared machine; they do not count cache misses."
     echo
-    echo "| scenario | instructions/request | added over the baseline | statuses |"
-    echo "|---|--:|--:|---|"
-    awk -F'\t' -v b="$base" '{ printf "| `%s` | %d | %s | %s |\n", $1, $2, ($1 == "baseline") ? "-" : sprintf("%+d", $2 - b), $3 }' "$TMP/ir.tsv"
-    selfcost() { # id: "instructions/request<TAB>function" per function (self cost)
-        callgrind_annotate --auto=no --threshold=100 "$TMP/$1.cg" 2>/dev/null | awk -v n="$N" '
+    echo "What a limit adds is counted against the same request (same URI, headers of the same length) to a"
+    echo "twin server in the same nginx, without limits: a longer URI or a deeper location costs instructions"
+    echo "of its own, and so can the heap another configuration leaves to malloc. \`baseline\` shows the"
+    echo "method's noise; \`rl_loaded_no_limit\` is a location without \`rl_limit\` in the nginx that loads the"
+    echo "module, against \`baseline\` (stock nginx): what the module costs every request, its hooks and"
+    echo "whatever malloc's path costs in its heap. \`*_no_headers\`: \`rl_headers off\`; the other rows send"
+    echo "the default legacy headers."
+    echo
+    echo "| scenario | instructions/request | the same request without a limit | added by the limit | x limit_req's addition | statuses |"
+    echo "|---|--:|--:|--:|--:|---|"
+    awk -F'\t' '{ id[NR] = $1; ir[NR] = $2; pl[NR] = $3; st[NR] = $4; add[$1] = $2 - $3 }
+        END { for (i = 1; i <= NR; i++) {
+            ref = (id[i] ~ /_k1m$/) ? "limit_req_k1m" : "limit_req"; r = "-"
+            if (id[i] ~ /^rl_/ && id[i] !~ /_reject$|^rl_loaded/ && add[ref] > 0) r = sprintf("%.2f", add[id[i]] / add[ref])
+            printf "| `%s` | %d | %d | %+d | %s | %s |\n", id[i], ir[i], pl[i], ir[i] - pl[i], r, st[i] } }' "$TMP/ir.tsv"
+    echo
+    echo "Goals (the structure issue): with \`rl_headers off\` nginx-rl adds no more instructions than"
+    echo "limit_req; with the legacy headers, no more than twice as many."
+    echo
+    echo "| goal | measured | |"
+    echo "|---|---|---|"
+    awk -F'\t' '{ add[$1] = $2 - $3 }
+        function goal(id, x, what) {
+            if (!(id in add) || !("limit_req" in add)) return
+            printf "| `%s` adds <= %slimit_req'"'"'s instructions (%s) | %+d vs %+d (%.2fx) | %s |\n", id, x == 1 ? "" : x " x ", what,
+                add[id], add["limit_req"], add[id] / add["limit_req"], add[id] <= x * add["limit_req"] ? "met" : "**NOT met**" }
+        END { goal("rl_gcra_no_headers", 1, "headers off"); goal("rl_sliding_no_headers", 1, "headers off")
+              goal("rl_gcra", 2, "legacy headers"); goal("rl_sliding", 2, "legacy headers") }' "$TMP/ir.tsv"
+    selfcost() { # dump: "instructions/request<TAB>function" per function (self cost)
+        callgrind_annotate --auto=no --threshold=100 "$1" 2>/dev/null | awk -v n="$N" -v root="$ROOT/" '
             /^ *[0-9,]+ / && / [^ ]*:[^ ]/ { x = $1; gsub(/,/, "", x); $1 = ""; sub(/^ *(\([ 0-9.]+%\))? */, "")
-                gsub(/\[\/tmp[^]]*\]/, "[ngx_http_rl_module.so]"); sub(/^\/rustc\/[0-9a-f]+\/library\//, "std:"); print x / n "\t" $0 }'
+                gsub(/\[\/tmp[^]]*\]/, "[ngx_http_rl_module.so]"); sub(/^\/rustc\/[0-9a-f]+\/library\//, "std:")
+                if (index($0, root) == 1) $0 = substr($0, length(root) + 1)
+                sub(/^\/[^ :]*\/rl-core\/src\//, "rl-core/src/"); sub(/^\/[^ :]*\/registry\/src\/[^\/]+\//, "")
+                print x / n "\t" $0 }'
     }
-    for pair in "rl_gcra limit_req" "rl_gcra_reject limit_req_reject" "rl_gcra_k1m limit_req_k1m"; do
+    added() { # id: "instructions/request<TAB>function": what the limit adds, per function
+        { selfcost "$TMP/$1.cg" | sed 's/^/+\t/'; selfcost "$TMP/$1.twin.cg" | sed 's/^/-\t/'; } |
+            awk -F'\t' '{ v[$3] += ($1 == "+") ? $2 : -$2 } END { for (k in v) printf "%.1f\t%s\n", v[k], k }'
+    }
+    for pair in "rl_gcra_no_headers limit_req" "rl_gcra limit_req" "rl_gcra_reject limit_req_reject" "rl_gcra_k1m limit_req_k1m" \
+        "rl_loaded_no_limit baseline"; do
         read -r a b <<<"$pair"
         echo
-        echo "## Where \`$a\` spends more than \`$b\`"
+        echo "## Where \`$a\` and \`$b\` add their instructions"
         echo
-        echo "Self cost per request by function, the largest differences ($a minus $b; functions of the module"
-        echo "with inlined code are listed once per source file)."
+        echo "Self cost per request by function, each scenario minus the same request without a limit (A: \`$a\`,"
+        echo "B: \`$b\`); the functions where either adds or saves 10 or more, largest first (the module's inlined"
+        echo "code is listed once per source file and function it is inlined into)."
         echo
         echo '```'
-        { selfcost "$a" | sed 's/^/A\t/'; selfcost "$b" | sed 's/^/B\t/'; } | awk -F'\t' '
-            { v[$3] += ($1 == "A") ? $2 : -$2 }
-            END { for (k in v) if (v[k] >= 10 || v[k] <= -10) printf "%+8.0f  %s\n", v[k], k }' | sort -rn | awk 'NR <= 30'
+        printf '%8s %8s  %s\n' A B function
+        { added "$a" | sed 's/^/A\t/'; added "$b" | sed 's/^/B\t/'; } | awk -F'\t' '
+            { if ($1 == "A") va[$3] = $2; else vb[$3] = $2; k[$3] = 1 }
+            END { for (f in k) if (va[f] >= 10 || va[f] <= -10 || vb[f] >= 10 || vb[f] <= -10)
+                printf "%.0f\t%+8.0f %+8.0f  %s\n", (va[f] ^ 2 > vb[f] ^ 2) ? va[f] ^ 2 : vb[f] ^ 2, va[f], vb[f], f }' |
+            sort -t"$(printf '\t')" -k1,1nr | cut -f2- | awk 'NR <= 40'
         echo '```'
     done
 } >"$OUT"

@@ -13,7 +13,7 @@
 //! shared-memory units are taken.
 
 use ngx::core::Status;
-use ngx::ffi::{ngx_http_complex_value, ngx_http_request_t, ngx_log_t, NGX_LOG_ERR};
+use ngx::ffi::{ngx_http_request_t, ngx_log_t, NGX_LOG_ERR};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::log::DebugMask;
 use ngx::{ngx_log_debug, ngx_log_error};
@@ -101,10 +101,7 @@ fn access(r: &mut Request) -> Status {
 /// Evaluates every line's key; an empty key leaves its line inactive.
 fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Result<(), ()> {
     for (line, res) in ctx.iter_mut(&mcf.lines) {
-        // SAFETY: the key was compiled at configuration time; the value is allocated in r->pool.
-        if unsafe { ngx_http_complex_value(r, line.key, &mut res.key) } != 0 {
-            return Err(());
-        }
+        res.key = line.eval_key(r)?;
         res.active = res.key.len > 0;
     }
     Ok(())
@@ -208,7 +205,19 @@ fn uncharge(mcf: &MainConf, ctx: &mut Ctx) {
 /// Each active line's verdict, at `debug` level (compiled in where nginx
 /// was built `--with-debug`; silent unless the error log's level is debug).
 /// Keys are shown as the hash Redis keys use, never as they came.
+#[inline(always)]
 fn debug_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
+    // Checked here, once: the lines are not walked, nor the logging function called, unless the
+    // log wants them.
+    // SAFETY: the request's log is valid.
+    if ngx::log::DEBUG && ngx::log::check_mask(DebugMask::Http, unsafe { (*log).log_level }) {
+        log_verdicts(log, mcf, ctx);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn log_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
     for (line, res) in ctx.active(&mcf.lines) {
         ngx_log_debug!(
             mask: DebugMask::Http,

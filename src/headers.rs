@@ -39,29 +39,31 @@ impl Out {
         self.len += n;
     }
 
-    fn num(&mut self, mut n: u64) {
-        const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-2021222324252627282930313233343536373839\
-4041424344454647484950515253545556575859\
-6061626364656667686970717273747576777879\
-8081828384858687888990919293949596979899";
-        let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        while n >= 100 {
-            let p = (n % 100) as usize * 2;
-            n /= 100;
-            i -= 2;
-            digits[i..i + 2].copy_from_slice(&PAIRS[p..p + 2]);
+    fn num(&mut self, n: u64) {
+        let digits = Digits::of(n);
+        self.bytes(digits.as_bytes());
+    }
+
+    /// `n` in decimal as a value of its own: written in place, no copy.
+    fn value(&mut self, n: u64) -> ngx_str_t {
+        let start = self.len;
+        let Some(room) = self.reserve() else {
+            return ngx_str_t::empty();
+        };
+        let skip = Digits::write(n, room);
+        // SAFETY: start + NUM <= cap and skip < NUM.
+        ngx_str_t { len: NUM - skip, data: unsafe { self.buf.add(start + skip) } }
+    }
+
+    /// The next NUM bytes of the buffer, if there is room.
+    fn reserve(&mut self) -> Option<&mut [u8; NUM]> {
+        if self.cap - self.len < NUM {
+            return None;
         }
-        if n >= 10 {
-            let p = n as usize * 2;
-            i -= 2;
-            digits[i..i + 2].copy_from_slice(&PAIRS[p..p + 2]);
-        } else {
-            i -= 1;
-            digits[i] = b'0' + n as u8;
-        }
-        self.bytes(&digits[i..]);
+        // SAFETY: buf has cap bytes, len + NUM <= cap, and nothing else refers to them.
+        let room = unsafe { &mut *self.buf.add(self.len).cast::<[u8; NUM]>() };
+        self.len += NUM;
+        Some(room)
     }
 
     /// The value written since `start`.
@@ -73,6 +75,54 @@ impl Out {
 
 /// Most bytes a number takes.
 const NUM: usize = 20;
+
+/// A number in decimal, right-aligned in NUM bytes.
+struct Digits {
+    buf: [u8; NUM],
+    skip: usize,
+}
+
+impl Digits {
+    fn of(n: u64) -> Digits {
+        let mut buf = [0; NUM];
+        let skip = Digits::write(n, &mut buf);
+        Digits { buf, skip }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        self.buf.get(self.skip..).unwrap_or_default()
+    }
+
+    /// Writes `n` right-aligned in `buf`, four digits at a time; returns how
+    /// many bytes lead it.
+    fn write(mut n: u64, buf: &mut [u8; NUM]) -> usize {
+        // A static, not a const: a const array indexed at run time may be copied to the stack
+        // on every use.
+        static PAIRS: [[u8; 2]; 100] = {
+            let mut t = [[0; 2]; 100];
+            let mut i = 0;
+            while i < 100 {
+                t[i] = [b'0' + (i / 10) as u8, b'0' + (i % 10) as u8];
+                i += 1;
+            }
+            t
+        };
+        let mut skip = NUM;
+        let (quads, _) = buf.as_chunks_mut::<4>();
+        for [a, b, c, d] in quads.iter_mut().rev() {
+            let q = (n % 10_000) as usize;
+            n /= 10_000;
+            [*a, *b] = PAIRS[q / 100];
+            [*c, *d] = PAIRS[q % 100];
+            skip -= 4;
+            if n == 0 {
+                // The leading group's zeros.
+                return skip + usize::from(q < 1000) + usize::from(q < 100) + usize::from(q < 10);
+            }
+        }
+        skip
+    }
+}
 
 pub unsafe extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls header filters with a valid request.
@@ -116,23 +166,15 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
         if ctx.headers.draft() { ctx.active(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum() } else { 0 };
     let mut out = Out::new(r, 4 * NUM + draft_len).ok_or(())?;
     if ctx.headers.legacy() {
-        let at = out.len;
-        out.num(line.limit.burst());
-        push(r, "X-RateLimit-Limit", out.since(at))?;
-        let at = out.len;
-        out.num(res.remaining);
-        push(r, "X-RateLimit-Remaining", out.since(at))?;
-        let at = out.len;
-        out.num(ctx.now_unix as u64 + ceil_s(res.reset_us));
-        push(r, "X-RateLimit-Reset", out.since(at))?;
+        push(r, "X-RateLimit-Limit", line.burst_text())?;
+        push(r, "X-RateLimit-Remaining", out.value(res.remaining))?;
+        push(r, "X-RateLimit-Reset", out.value(ctx.now_unix as u64 + ceil_s(res.reset_us)))?;
     }
     if ctx.rejected {
         // Honest: a lone request sent after this long passes every line.
         let wait = ctx.active(lines).filter(|(_, r)| !r.admitted).map(|(_, r)| r.retry_after_us).max();
         if let Some(wait) = wait.filter(|w| *w != u64::MAX) {
-            let at = out.len;
-            out.num(ceil_s(wait).max(1));
-            push(r, "Retry-After", out.since(at))?;
+            push(r, "Retry-After", out.value(ceil_s(wait).max(1)))?;
         }
     }
     if ctx.headers.draft() {

@@ -3,7 +3,12 @@
 //! stored under. Lines are owned by [`crate::conf::MainConf::lines`] and
 //! named elsewhere by their [`LineId`].
 
-use ngx::ffi::ngx_http_complex_value_t;
+use core::{mem, ptr};
+
+use ngx::ffi::{
+    ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_get_flushed_variable, ngx_http_request_t, ngx_str_t,
+    ngx_uint_t, ngx_variable_value_t,
+};
 use rl_core::limit::Limit;
 
 /// A line's index in [`crate::conf::MainConf::lines`].
@@ -62,12 +67,59 @@ impl HeadersMode {
     }
 }
 
+/// An `ngx_variable_value_t` as C lays it out: `len:28, valid:1,
+/// no_cacheable:1, not_found:1, escape:1` in one 32-bit unit, then `data`.
+/// bindgen's getters read a bitfield one bit at a time (about 50
+/// instructions for `len` and `not_found`); this reads the unit once.
+/// [`VarValue::matches`] checks the layout against bindgen's before a line
+/// relies on it.
+#[repr(C)]
+pub struct VarValue {
+    bits: u32,
+    data: *mut u8,
+}
+
+impl VarValue {
+    const LEN: u32 = (1 << 28) - 1;
+    const NOT_FOUND: u32 = 1 << 30;
+
+    /// Whether a value written with bindgen's setters reads back the same
+    /// through `VarValue` (the bitfields' order is the compiler's ABI).
+    pub fn matches() -> bool {
+        if mem::size_of::<VarValue>() != mem::size_of::<ngx_variable_value_t>()
+            || mem::offset_of!(VarValue, data) != mem::offset_of!(ngx_variable_value_t, data)
+        {
+            return false;
+        }
+        // SAFETY: an all-zero ngx_variable_value_t is a valid value (no length, null data).
+        let mut v: ngx_variable_value_t = unsafe { mem::zeroed() };
+        let (found, missing) = (0x0abc_defe, 0x0123_4567);
+        v.set_len(found);
+        v.set_escape(1);
+        // SAFETY: same size and data offset, checked above; any bits are a valid u32.
+        let got = unsafe { &*ptr::addr_of!(v).cast::<VarValue>() };
+        if got.bits & VarValue::LEN != found || got.bits & VarValue::NOT_FOUND != 0 {
+            return false;
+        }
+        v.set_len(missing);
+        v.set_not_found(1);
+        v.set_escape(0);
+        // SAFETY: as above.
+        let got = unsafe { &*ptr::addr_of!(v).cast::<VarValue>() };
+        got.bits & VarValue::LEN == missing && got.bits & VarValue::NOT_FOUND != 0
+    }
+}
+
 /// One `rl_limit` line.
 pub struct Line {
     pub backend: Backend,
     pub zone_name: String,
     /// The key, a complex value allocated from the configuration pool.
     pub key: *mut ngx_http_complex_value_t,
+    /// The index of the variable the key is, when it is one variable and
+    /// nothing else (`$binary_remote_addr`, `$http_x_user`): its value is the
+    /// key as is, without the complex value's length pass and copy.
+    pub key_var: Option<ngx_uint_t>,
     pub key_src: String,
     pub limit: Limit,
     pub cost: u64,
@@ -76,11 +128,41 @@ pub struct Line {
     pub id: u64,
     /// The item name in the `RateLimit` / `RateLimit-Policy` fields.
     pub item: String,
+    /// The burst in decimal, the `X-RateLimit-Limit` value: written once.
+    pub burst_text: String,
     /// `file:line` of the directive, for messages found after parsing.
     pub origin: String,
 }
 
 impl Line {
+    /// The line's key for the request (empty: the line does not apply to
+    /// it), or `Err` if it cannot be evaluated (no memory).
+    pub fn eval_key(&self, r: *mut ngx_http_request_t) -> Result<ngx_str_t, ()> {
+        if let Some(index) = self.key_var {
+            // SAFETY: the index was registered for this configuration; r is the request being
+            // handled; key_var is only set where VarValue reads the value's layout right. As the
+            // complex value "$name" does: a flushed value, empty when not found.
+            let value = unsafe { ngx_http_get_flushed_variable(r, index).cast::<VarValue>().as_ref() };
+            return Ok(match value {
+                Some(v) if v.bits & VarValue::NOT_FOUND == 0 => {
+                    ngx_str_t { len: (v.bits & VarValue::LEN) as usize, data: v.data }
+                }
+                _ => ngx_str_t::empty(),
+            });
+        }
+        let mut key = ngx_str_t::empty();
+        // SAFETY: the key was compiled at configuration time; the value is allocated in r->pool.
+        if unsafe { ngx_http_complex_value(r, self.key, &mut key) } != 0 {
+            return Err(());
+        }
+        Ok(key)
+    }
+
+    /// The `X-RateLimit-Limit` value (it lives as long as the configuration).
+    pub fn burst_text(&self) -> ngx_str_t {
+        ngx_str_t { len: self.burst_text.len(), data: self.burst_text.as_ptr() as *mut u8 }
+    }
+
     /// The identity of a line's states: the same on every nginx of a fleet
     /// running the same line (SipHash with fixed keys, not std's hasher, whose
     /// algorithm may change between Rust releases).

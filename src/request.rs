@@ -5,9 +5,10 @@
 use core::ffi::c_void;
 use core::{mem, ptr, slice};
 
-use ngx::ffi::{ngx_http_request_t, ngx_pcalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_time};
+use ngx::ffi::{ngx_http_request_t, ngx_palloc, ngx_pool_cleanup_t, ngx_str_t, ngx_time};
 use ngx::http::{HttpModule, Request};
 use rl_core::limit::{Charge, Outcome};
+use rl_core::table::Slot;
 
 use crate::line::{HeadersMode, Line, LineId};
 use crate::Module;
@@ -27,13 +28,30 @@ pub struct LineResult {
     /// What was charged to a shared-memory line, for a refund.
     pub charge: Charge,
     pub key: ngx_str_t,
-    /// Where the state is in a shared-memory zone: its hash, and the index of
-    /// the zone's lock among those the request holds.
+    /// Where the state is in a shared-memory zone: its hash, its entry (found
+    /// once, by the hash, and checked against it on every later use), and the
+    /// index of the zone's lock among those the request holds.
     pub hash: [u64; 2],
+    pub slot: Slot,
     pub lock: usize,
 }
 
 impl LineResult {
+    /// A line not evaluated (yet).
+    const INACTIVE: LineResult = LineResult {
+        active: false,
+        admitted: false,
+        remaining: 0,
+        reset_us: 0,
+        retry_after_us: 0,
+        charged: false,
+        charge: Charge::NONE,
+        key: ngx_str_t { len: 0, data: ptr::null_mut() },
+        hash: [0; 2],
+        slot: Slot::NONE,
+        lock: 0,
+    };
+
     /// Records a verdict (from shared memory or a Redis reply).
     pub fn set(&mut self, o: &Outcome, charged: bool) {
         self.admitted = o.admitted;
@@ -161,14 +179,23 @@ pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode) -> Option<&'st
     let raw: *const ngx_http_request_t = r.into();
     // SAFETY: the request pool is valid for the request's lifetime.
     let pool = unsafe { (*raw).pool };
-    let size = mem::size_of::<Ctx>() + ids.len() * mem::size_of::<LineResult>();
-    // SAFETY: pool is valid; zeroed memory is a valid LineResult array (no references inside).
-    let ctx = unsafe { ngx_pcalloc(pool, size) }.cast::<Ctx>();
-    if ctx.is_null() {
+    // One allocation: the cleanup that marks the context, the context, its results. (What
+    // ngx_pool_cleanup_add does, with its two allocations made one.)
+    let size = mem::size_of::<ngx_pool_cleanup_t>() + mem::size_of::<Ctx>() + ids.len() * mem::size_of::<LineResult>();
+    // SAFETY: pool is valid; ngx_palloc aligns to NGX_ALIGNMENT (pointer size), and every part
+    // needs 8 and has a size that is a multiple of 8.
+    let cln = unsafe { ngx_palloc(pool, size) }.cast::<ngx_pool_cleanup_t>();
+    if cln.is_null() {
         return None;
     }
-    // SAFETY: ngx_pcalloc aligns to NGX_ALIGNMENT (pointer size); Ctx and LineResult need 8.
+    // SAFETY: within the size bytes allocated.
+    let ctx = unsafe { cln.add(1).cast::<Ctx>() };
+    // SAFETY: within the size bytes allocated.
     let results = unsafe { ctx.add(1).cast::<LineResult>() };
+    for i in 0..ids.len() {
+        // SAFETY: as above, one LineResult each.
+        unsafe { results.add(i).write(LineResult::INACTIVE) };
+    }
     let value = Ctx {
         ids: ids.as_ptr(),
         results,
@@ -181,13 +208,18 @@ pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode) -> Option<&'st
         headers,
         now_unix: ngx_time() as i64,
     };
-    // SAFETY: ctx points to size bytes.
-    unsafe { ptr::write(ctx, value) };
-    // SAFETY: as above.
-    let cln = unsafe { ngx_pool_cleanup_add(pool, 0).as_mut() }?;
-    cln.handler = Some(ctx_marker);
-    cln.data = ctx.cast();
+    // SAFETY: ctx and cln point into the allocation; the pool runs its cleanups from the list
+    // head when it is destroyed (ctx_marker does nothing).
+    unsafe {
+        ptr::write(ctx, value);
+        cln.write(ngx_pool_cleanup_t { handler: Some(ctx_marker), data: ctx.cast(), next: (*pool).cleanup });
+        (*pool).cleanup = cln;
+    }
     r.set_module_ctx(ctx.cast(), Module::module());
     // SAFETY: initialised above.
     Some(unsafe { &mut *ctx })
 }
+
+// new_ctx places the parts one after the other in one allocation.
+const _: () = assert!(mem::size_of::<ngx_pool_cleanup_t>().is_multiple_of(8));
+const _: () = assert!(mem::size_of::<Ctx>().is_multiple_of(8) && mem::size_of::<LineResult>().is_multiple_of(8));

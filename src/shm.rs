@@ -18,7 +18,7 @@ use ngx::ffi::{
 };
 use ngx::{ngx_conf_log_error, ngx_log_error};
 use rl_core::limit::{Algorithm, Limit};
-use rl_core::table::{Dropped, Slot, Table};
+use rl_core::table::{Dropped, Region, Slot, Table};
 
 /// `state[2]` of an entry whose log lives out of line (`state[0]` = offset + 1).
 const RING_TAG: u64 = u64::MAX;
@@ -42,9 +42,10 @@ pub struct Zone {
     shm_zone: *mut ngx_shm_zone_t,
     /// Largest sliding_log state (in u64 words) of any line on this zone.
     pub(crate) log_words: usize,
-    /// Where the table lives once the zone is initialised (0 = not yet).
-    pub(crate) region: *mut u8,
-    pub(crate) region_len: usize,
+    /// Where the table lives and how it is split, once the zone is
+    /// initialised: laid out once per cycle, so worked out once, not on
+    /// every request.
+    pub(crate) table: Option<Region>,
 }
 
 /// The largest zone, on any machine: far more keys than any client
@@ -84,8 +85,7 @@ impl Zone {
             origin: String::new(),
             shm_zone: ptr::null_mut(),
             log_words: 0,
-            region: ptr::null_mut(),
-            region_len: 0,
+            table: None,
         });
         let mut ngx_name = ngx_str_t { len: zone.name.len(), data: zone.name.as_ptr() as *mut u8 };
         // SAFETY: cf is the configuration being parsed; the tag identifies zones of this module so
@@ -134,22 +134,15 @@ impl Zone {
 
     /// Locks the zone. `None` until the zone is initialised.
     pub fn lock(&self) -> Option<Locked<'_>> {
-        if self.region.is_null() {
-            return None;
-        }
+        let region = self.table.as_ref()?;
         let shpool = self.shpool();
         // SAFETY: the pool's mutex is initialised by nginx with the pool.
         unsafe { ngx_shmtx_lock(&mut (*shpool).mutex) };
-        // SAFETY: region/region_len were laid out by zone_init; the mutex is held for as long as
-        // the Table lives (Locked unlocks in Drop, after dropping the table).
-        match unsafe { Table::open(self.region, self.region_len) } {
-            Some(table) => Some(Locked { zone: self, shpool, table }),
-            None => {
-                // SAFETY: locked above.
-                unsafe { ngx_shmtx_unlock(&mut (*shpool).mutex) };
-                None
-            }
-        }
+        // SAFETY: the region was laid out by zone_init in the zone's memory, mapped for the
+        // cycle; the mutex is held for as long as the Table lives (Locked unlocks in Drop, after
+        // dropping the table).
+        let table = unsafe { Table::reopen(region) };
+        Some(Locked { zone: self, shpool, table })
     }
 }
 
@@ -175,13 +168,16 @@ impl<'a> Locked<'a> {
         self.table.expire(before, EXPIRE_PER_REQUEST, |state| free_ring(shpool, state));
     }
 
-    /// Makes sure `hash` has an entry (and, for sliding_log, its log).
-    /// Returns false only when the zone cannot hold the state at all.
-    pub fn ensure(&mut self, hash: [u64; 2], limit: &Limit, now_s: u32, log: *mut ngx::ffi::ngx_log_t) -> bool {
+    /// Makes sure `hash` has an entry (and, for sliding_log, its log), and
+    /// returns where it is. `None` only when the zone cannot hold the state
+    /// at all.
+    pub fn ensure(&mut self, hash: [u64; 2], limit: &Limit, now_s: u32, log: *mut ngx::ffi::ngx_log_t) -> Option<Slot> {
         let ins = self.table.find_or_insert(hash, now_s);
-        self.dropped(&ins.dropped, now_s, log);
+        if ins.dropped != Dropped::Nothing {
+            self.dropped(&ins.dropped, now_s, log);
+        }
         if !ins.new || limit.algorithm() != Algorithm::SlidingLog {
-            return true;
+            return Some(ins.slot);
         }
         let bytes = limit.state_words() * 8;
         loop {
@@ -191,18 +187,16 @@ impl<'a> Locked<'a> {
                 // SAFETY: p is a fresh allocation of `bytes` bytes; a zeroed log is a fresh state.
                 unsafe { ptr::write_bytes(p.cast::<u8>(), 0, bytes) };
                 let off = p as usize - self.shpool as usize;
-                if let Some(s) = self.table.peek(hash).and_then(|slot| self.table.state_mut(slot)) {
+                if let Some(s) = self.table.state_at(ins.slot, hash) {
                     *s = [off as u64 + 1, 0, RING_TAG];
-                    return true;
+                    return Some(ins.slot);
                 }
                 // SAFETY: allocated above, not referenced by anything.
                 unsafe { ngx_slab_free_locked(self.shpool, p) };
-                return false;
+                return None;
             }
             // Out of memory: give up the least recently used states until the log fits.
-            let Some(dropped) = self.table.evict_lru(now_s, hash) else {
-                return false;
-            };
+            let dropped = self.table.evict_lru(now_s, ins.slot)?;
             self.dropped(&dropped, now_s, log);
         }
     }
@@ -243,11 +237,12 @@ impl<'a> Locked<'a> {
         }
     }
 
-    /// The state words of `hash` for `limit`, if it has an entry.
-    pub fn state(&mut self, hash: [u64; 2], limit: &Limit) -> Option<&mut [u64]> {
-        let slot: Slot = self.table.peek(hash)?;
+    /// The state words for `limit` of the entry `ensure` found at `slot` for
+    /// `hash`: `None` if that entry no longer holds `hash` (another line's
+    /// insert dropped it to make room).
+    pub fn state(&mut self, slot: Slot, hash: [u64; 2], limit: &Limit) -> Option<&mut [u64]> {
         let words = limit.state_words();
-        let state = self.table.state_mut(slot)?;
+        let state = self.table.state_at(slot, hash)?;
         if state[2] == RING_TAG && state[0] != 0 {
             let off = (state[0] - 1) as usize;
             if limit.algorithm() != Algorithm::SlidingLog || off + words * 8 > self.zone.size {
@@ -257,20 +252,15 @@ impl<'a> Locked<'a> {
             // (the line id is part of the hash, so the same limit owns it); the mutex is held.
             return Some(unsafe { core::slice::from_raw_parts_mut(self.shpool.cast::<u8>().add(off).cast(), words) });
         }
-        if words > 3 {
-            return None;
-        }
-        Some(&mut state[..words])
+        state.get_mut(..words)
     }
 
-    /// Records that the state of `hash`, charged at `now_us`, is back to
+    /// Records that the state at `slot`, charged at `now_us`, is back to
     /// full `reset_us` later (whole seconds, rounded up): until then it is
     /// not idle.
-    pub fn charged(&mut self, hash: [u64; 2], now_us: u64, reset_us: u64) {
+    pub fn charged(&mut self, slot: Slot, now_us: u64, reset_us: u64) {
         let idle_at = now_us.saturating_add(reset_us).div_ceil(1_000_000).min(u64::from(u32::MAX)) as u32;
-        if let Some(slot) = self.table.peek(hash) {
-            self.table.set_idle_at(slot, idle_at);
-        }
+        self.table.set_idle_at(slot, idle_at);
     }
 }
 

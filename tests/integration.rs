@@ -182,6 +182,48 @@ fn headers_legacy_by_default() {
     assert!((now..=now + 2 * 60 + 2).contains(&reset), "sliding X-RateLimit-Reset {reset} not in [{now}, {now}+122]");
 }
 
+/// The legacy fields' numbers in decimal, whatever their digits: from one to
+/// ten, with zeros inside and at the end.
+#[test]
+fn headers_legacy_numbers() {
+    let bursts: [u64; 9] = [1, 10, 100, 1000, 10_000, 10_001, 65_536, 100_000_000, 1_000_000_007];
+    let locs: String = bursts
+        .iter()
+        .map(|b| {
+            format!("location = /n/{b}.html {{ rl_limit zone=z key=$http_x_k rate=1r/s burst={b} algorithm=gcra; }}\n")
+        })
+        .collect();
+    let mut setup = Nginx::setup(&server(
+        "rl_zone z size=1m;",
+        &(locs + "location = /day.html { rl_limit zone=z key=$http_x_k rate=1r/d burst=1 algorithm=gcra; }"),
+    ))
+    .file("html/day.html", "day\n");
+    for b in bursts {
+        setup = setup.file(&format!("html/n/{b}.html"), "n\n");
+    }
+    let ngx = setup.start();
+    let h = [("X-K", "carol")];
+    for b in bursts {
+        let now = unix_now();
+        let r = ngx.get(&format!("/n/{b}.html"), &h);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.header("X-RateLimit-Limit"), Some(b.to_string().as_str()), "{r:?}");
+        assert_eq!(r.header("X-RateLimit-Remaining"), Some((b - 1).to_string().as_str()), "{r:?}");
+        // One request at 1r/s is gone after a second.
+        let reset = r.header("X-RateLimit-Reset").unwrap_or_else(|| panic!("no X-RateLimit-Reset in {r:?}"));
+        let n: u64 = reset.parse().unwrap_or_else(|_| panic!("X-RateLimit-Reset {reset:?}"));
+        assert!((now..=now + 2).contains(&n) && !reset.starts_with('0'), "X-RateLimit-Reset {reset} for {now}");
+    }
+    // Far in the future: a second request a day, a reset of whole days.
+    let now = unix_now();
+    assert_eq!(ngx.get("/day.html", &h).status, 200);
+    let r = ngx.get("/day.html", &h);
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header("Retry-After"), Some("86400"), "{r:?}");
+    let reset = r.num("X-RateLimit-Reset");
+    assert!((now + 86_400..=now + 86_402).contains(&reset), "X-RateLimit-Reset {reset} for {now} + 1 day");
+}
+
 #[test]
 fn headers_modes_draft_off_both() {
     let loc = |name: &str, mode: &str| {
@@ -381,6 +423,61 @@ fn composite_keys() {
     let r = ngx.get("/a.html", &[("X-User", "u2")]);
     assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (200, 2), "other user, same URI: {r:?}");
     assert_eq!(ngx.get("/a.html", &u1).status, 429);
+}
+
+/// At debug level (nginx built `--with-debug`), one line per limit and
+/// request says the verdict; the key shows as its hash, never as sent.
+#[test]
+fn debug_log_shows_each_verdict() {
+    let version = std::process::Command::new(nginx_bin()).arg("-V").output().expect("nginx -V");
+    if !String::from_utf8_lossy(&version.stderr).contains("--with-debug") {
+        eprintln!("skipped: {} is not built --with-debug", nginx_bin().display());
+        return;
+    }
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        "location = /a.html { error_log debug.log debug; rl_limit zone=z key=$http_x_k rate=1r/h burst=1; }",
+    ));
+    let h = [("X-K", "dave")];
+    assert_eq!(ngx.get("/a.html", &h).status, 200);
+    assert_eq!(ngx.get("/a.html", &h).status, 429);
+    let log = std::fs::read_to_string(ngx.prefix.join("debug.log")).expect("debug.log");
+    let verdicts: Vec<&str> = log.lines().filter(|l| l.contains("rl: zone \"z\" line \"z\" key ")).collect();
+    assert_eq!(verdicts.len(), 2, "{verdicts:#?}");
+    assert!(verdicts[0].contains(": admitted, remaining 0, reset "), "{}", verdicts[0]);
+    assert!(verdicts[0].ends_with("charged true"), "{}", verdicts[0]);
+    assert!(verdicts[1].contains(": rejected, remaining 0, reset "), "{}", verdicts[1]);
+    assert!(verdicts[1].ends_with("charged false"), "{}", verdicts[1]);
+    assert!(verdicts.iter().all(|l| !l.contains("dave")), "a key in clear: {verdicts:#?}");
+}
+
+/// A key that is one variable, `$name` or `${name}`, is read as the
+/// variable's value itself; anything else (`$1`, a regex capture) goes
+/// through the complex value. Both count the same keys.
+#[test]
+fn keys_of_one_variable_braces_and_captures() {
+    let ngx = Nginx::setup(&server(
+        "rl_zone z size=1m;",
+        "location /brace/ { rl_limit zone=z key=${http_x_k} rate=2r/h burst=2; }\n\
+         location ~ ^/cap/(\\w+)\\.html$ { rl_limit zone=z key=$1 rate=2r/h burst=2; }",
+    ))
+    .file("html/brace/x.html", "x\n")
+    .file("html/cap/alice.html", "alice\n")
+    .file("html/cap/bob.html", "bob\n")
+    .start();
+    let alice = [("X-K", "alice")];
+    let got: Vec<u16> = (0..3).map(|_| ngx.get("/brace/x.html", &alice).status).collect();
+    assert_eq!(got, [200, 200, 429], "key=${{http_x_k}}");
+    let r = ngx.get("/brace/x.html", &[("X-K", "bob")]);
+    assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (200, 1), "another value of the variable: {r:?}");
+    let r = ngx.get("/brace/x.html", &[]);
+    assert_eq!(r.status, 200, "variable not found: not limited");
+    assert_no_rl_headers(&r, "key=${http_x_k} without the header");
+
+    let got: Vec<u16> = (0..3).map(|_| ngx.get("/cap/alice.html", &[]).status).collect();
+    assert_eq!(got, [200, 200, 429], "key=$1");
+    let r = ngx.get("/cap/bob.html", &[]);
+    assert_eq!((r.status, r.num("X-RateLimit-Remaining")), (200, 1), "another capture: {r:?}");
 }
 
 /// Lines sharing a zone (same key) keep separate states.

@@ -190,6 +190,9 @@ pub struct Charge {
 }
 
 impl Charge {
+    /// Nothing charged (the default, usable in constants).
+    pub const NONE: Charge = Charge { cost: 0, at: 0, below: 0 };
+
     /// Units charged; 0 when nothing was.
     pub fn cost(&self) -> u64 {
         self.cost
@@ -269,6 +272,14 @@ impl Limit {
     /// Cost 0 is always admitted; cost > burst never is (retry `None`). A
     /// `state` shorter than [`Limit::state_words`] rejects (retry `None`).
     pub fn check(&self, state: &[u64], now: u64, cost: u64) -> Outcome {
+        self.check_inline(state, now, cost)
+    }
+
+    /// [`Limit::check`], inlined into [`Limit::acquire`]: one function, in
+    /// which the second dispatch on the algorithm and what the commit
+    /// recomputes fold into the check's.
+    #[inline(always)]
+    fn check_inline(&self, state: &[u64], now: u64, cost: u64) -> Outcome {
         if state.len() < self.state_words() {
             return Outcome::default();
         }
@@ -293,6 +304,12 @@ impl Limit {
     /// `state` is too short, this does nothing — so it can never over-admit
     /// — and charges nothing.
     pub fn commit(&self, state: &mut [u64], now: u64, cost: u64) -> Charge {
+        self.commit_inline(state, now, cost)
+    }
+
+    /// [`Limit::commit`], inlined into [`Limit::acquire`].
+    #[inline(always)]
+    fn commit_inline(&self, state: &mut [u64], now: u64, cost: u64) -> Charge {
         if state.len() < self.state_words() || cost == 0 {
             return Charge::default();
         }
@@ -334,11 +351,18 @@ impl Limit {
 
     /// [`Limit::check`], then [`Limit::commit`] if admitted.
     pub fn acquire(&self, state: &mut [u64], now: u64, cost: u64) -> Outcome {
-        let outcome = self.check(state, now, cost);
+        let outcome = self.check_inline(state, now, cost);
         if outcome.admitted {
-            self.commit(state, now, cost);
+            self.commit_inline(state, now, cost);
         }
         outcome
+    }
+
+    /// [`Limit::acquire`], returning also what it charged (for a refund).
+    pub fn acquire_charged(&self, state: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+        let outcome = self.check_inline(state, now, cost);
+        let charge = if outcome.admitted { self.commit_inline(state, now, cost) } else { Charge::default() };
+        (outcome, charge)
     }
 
     /// `retry` when a request of `cost` can ever pass, else `None`.

@@ -24,9 +24,6 @@ mod layout;
 pub use layout::TableError;
 use layout::{Entry, Geometry, Header, FREE, HEADER_SIZE, MAGIC, NIL, VERSION};
 
-use core::hash::Hasher;
-use siphasher::sip128::{Hasher128, SipHasher13};
-
 /// Entries examined from the LRU tail to choose what to drop when full.
 const VICTIM_SCAN: usize = 16;
 
@@ -36,6 +33,37 @@ pub struct Table<'a> {
     buckets: &'a mut [u32],
     entries: &'a mut [Entry],
     len: usize,
+    /// The region, for [`Table::region`] (the fields above are views of it).
+    base: *mut u8,
+}
+
+/// Where a laid-out table lives and how it is split, as worked out when it
+/// was attached or opened: what a process keeps to open the table again on
+/// every use with [`Table::reopen`], without recomputing the split or
+/// re-reading the header. Only a [`Table`] makes one ([`Table::region`]), so
+/// its split always fits its length.
+#[derive(Debug, Clone, Copy)]
+pub struct Region {
+    base: *mut u8,
+    len: usize,
+    geo: Geometry,
+}
+
+impl Region {
+    /// The region's first byte.
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// The region's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a table needs [`Table::min_len`] bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// How [`Table::attach`] found the region.
@@ -49,11 +77,15 @@ pub enum Attach {
 }
 
 /// The position of an entry. Valid until the next insert, remove or expire
-/// on the table (which may reuse the entry for another key).
+/// on the table (which may reuse the entry for another key); the `_at`
+/// methods, given the key's hash too, tell a slot that no longer holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Slot(u32);
 
 impl Slot {
+    /// No entry: a placeholder in which the `_at` methods find nothing.
+    pub const NONE: Slot = Slot(NIL);
+
     /// The entry index.
     pub fn index(self) -> u32 {
         self.0
@@ -152,6 +184,32 @@ impl<'a> Table<'a> {
         table.is_laid_out().then_some(table)
     }
 
+    /// Opens the table of a [`Region`] taken from an earlier [`Table`]: the
+    /// split is the one worked out then, and nothing is checked or written.
+    /// A header that was overwritten since costs states, not safety: every
+    /// index read from the region is bounds-checked against this split.
+    ///
+    /// # Safety
+    /// The region's memory must still be valid for reads and writes for
+    /// `'a`, and nothing else may access it during `'a` (hold the zone's
+    /// mutex for as long as the `Table` lives).
+    pub unsafe fn reopen(region: &Region) -> Table<'a> {
+        // SAFETY: forwarded to our caller; `region` came from a `Table`, so its base is 8-aligned
+        // and not null and its geometry is `Geometry::for_len(len)`.
+        unsafe { Self::split(region.base, region.len, region.geo) }
+    }
+
+    /// This table's region, to [`Table::reopen`] it later.
+    pub fn region(&self) -> Region {
+        // The split `view` made: the entries follow the header and the buckets.
+        let geo = Geometry {
+            nbuckets: self.buckets.len() as u32,
+            capacity: self.entries.len() as u32,
+            entries_off: HEADER_SIZE as usize + self.buckets.len() * 4,
+        };
+        Region { base: self.base, len: self.len, geo }
+    }
+
     /// Splits the region into header, buckets and entries.
     ///
     /// # Safety
@@ -161,6 +219,15 @@ impl<'a> Table<'a> {
         if region.is_null() || !(region as usize).is_multiple_of(8) {
             return Err(TableError::Misaligned);
         }
+        // SAFETY: forwarded to our caller; the region is 8-aligned and not null, and `geo` is
+        // `Geometry::for_len(len)`.
+        Ok(unsafe { Self::split(region, len, geo) })
+    }
+
+    /// # Safety
+    /// As for [`Table::attach`]; `region` is 8-aligned and not null, and
+    /// `geo` is `Geometry::for_len(len)`.
+    unsafe fn split(region: *mut u8, len: usize, geo: Geometry) -> Table<'a> {
         let nbuckets = geo.nbuckets as usize;
         let capacity = geo.capacity as usize;
         // SAFETY: the caller gives us `len` bytes, exclusively, for 'a.
@@ -173,12 +240,13 @@ impl<'a> Table<'a> {
             let hdr = &mut *region.cast::<Header>();
             let buckets = region.add(HEADER_SIZE as usize).cast::<u32>();
             let entries = region.add(geo.entries_off).cast::<Entry>();
-            Ok(Table {
+            Table {
                 hdr,
                 buckets: core::slice::from_raw_parts_mut(buckets, nbuckets),
                 entries: core::slice::from_raw_parts_mut(entries, capacity),
                 len,
-            })
+                base: region,
+            }
         }
     }
 
@@ -232,12 +300,7 @@ impl<'a> Table<'a> {
     /// keyed with the table's key, so that equal keys of different limits
     /// get different entries.
     pub fn hash_key(&self, line_id: u64, key: &[u8]) -> [u64; 2] {
-        let [k0, k1] = self.hdr.sip_key;
-        let mut h = SipHasher13::new_with_keys(k0, k1);
-        h.write(&line_id.to_le_bytes());
-        h.write(key);
-        let r = h.finish128();
-        [r.h1, r.h2]
+        sip13_128(self.hdr.sip_key, line_id, key)
     }
 
     /// Finds the entry for `hash` and makes it the most recently used.
@@ -277,6 +340,16 @@ impl<'a> Table<'a> {
 
     /// The caller's state of an entry, to update.
     pub fn state_mut(&mut self, slot: Slot) -> Option<&mut [u64; 3]> {
+        self.entry_mut(slot.0).map(|e| &mut e.state)
+    }
+
+    /// The caller's state of `hash`'s entry at `slot`, to update: `None` if
+    /// that entry no longer holds `hash` (dropped, or reused for another key,
+    /// since the slot was found). No hash chain is walked.
+    pub fn state_at(&mut self, slot: Slot, hash: [u64; 2]) -> Option<&mut [u64; 3]> {
+        if self.live(slot.0).is_none_or(|e| e.hash != hash) {
+            return None;
+        }
         self.entry_mut(slot.0).map(|e| &mut e.state)
     }
 
@@ -321,11 +394,12 @@ impl<'a> Table<'a> {
     }
 
     /// Drops the entry an insert would drop to make room (idle first, else
-    /// the one closest to idle, from the LRU tail), sparing `keep`. For a
-    /// caller whose out-of-line memory ran out: it frees what the returned
-    /// state owned and tries again. `None` when nothing can be dropped.
-    pub fn evict_lru(&mut self, now_s: u32, keep: [u64; 2]) -> Option<Dropped> {
-        let spare = self.lookup(keep);
+    /// the one closest to idle, from the LRU tail), sparing the entry at
+    /// `keep`. For a caller whose out-of-line memory ran out: it frees what
+    /// the returned state owned and tries again. `None` when nothing can be
+    /// dropped. `keep` stays valid.
+    pub fn evict_lru(&mut self, now_s: u32, keep: Slot) -> Option<Dropped> {
+        let spare = self.live(keep.0).map(|_| keep.0);
         if let Some(k) = spare {
             // Move the entry to keep out of the victim window.
             self.touch(k);
@@ -559,6 +633,58 @@ impl<'a> Table<'a> {
             None => self.hdr.lru_tail = i,
         }
         self.hdr.lru_head = i;
+    }
+}
+
+/// SipHash-1-3 with a 128-bit result, keyed with `k`, of `line_id` (8 bytes,
+/// little-endian) followed by `key`: what siphasher's `SipHasher13` gives
+/// for both written in turn, in straight-line code (the generic hasher
+/// buffers every write). States in a zone are found by this value, so it
+/// must never change.
+fn sip13_128(k: [u64; 2], line_id: u64, key: &[u8]) -> [u64; 2] {
+    let mut v = [
+        k[0] ^ 0x736f_6d65_7073_6575,
+        k[1] ^ 0x646f_7261_6e64_6f6d ^ 0xee,
+        k[0] ^ 0x6c79_6765_6e65_7261,
+        k[1] ^ 0x7465_6462_7974_6573,
+    ];
+    sip_block(&mut v, line_id);
+    let (blocks, tail) = key.as_chunks::<8>();
+    for b in blocks {
+        sip_block(&mut v, u64::from_le_bytes(*b));
+    }
+    let mut last = (key.len().wrapping_add(8) as u64) << 56;
+    for (i, &b) in tail.iter().enumerate() {
+        last |= u64::from(b) << (8 * i);
+    }
+    sip_block(&mut v, last);
+    v[2] ^= 0xee;
+    sip_rounds::<3>(&mut v);
+    let h1 = v[0] ^ v[1] ^ v[2] ^ v[3];
+    v[1] ^= 0xdd;
+    sip_rounds::<3>(&mut v);
+    [h1, v[0] ^ v[1] ^ v[2] ^ v[3]]
+}
+
+/// Absorbs one 8-byte block (one compression round: SipHash-1-3).
+fn sip_block(v: &mut [u64; 4], m: u64) {
+    v[3] ^= m;
+    sip_rounds::<1>(v);
+    v[0] ^= m;
+}
+
+fn sip_rounds<const N: usize>(v: &mut [u64; 4]) {
+    for _ in 0..N {
+        v[0] = v[0].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(13) ^ v[0];
+        v[0] = v[0].rotate_left(32);
+        v[2] = v[2].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(16) ^ v[2];
+        v[0] = v[0].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(21) ^ v[0];
+        v[2] = v[2].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(17) ^ v[2];
+        v[2] = v[2].rotate_left(32);
     }
 }
 

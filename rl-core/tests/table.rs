@@ -257,3 +257,99 @@ fn keys_per_mib() {
     println!("{cap} keys per MiB ({:.1} bytes per key)", (1 << 20) as f64 / cap as f64);
     assert!(cap >= 16_000, "{cap}");
 }
+
+#[test]
+fn hash_key_is_siphash13_128_of_line_id_then_key() {
+    use siphasher::sip128::{Hasher128, SipHasher13};
+    use std::hash::Hasher;
+    let mut r = region(4096);
+    let (t, _) = attach(&mut r);
+    let bytes: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+    for line_id in [0, 1, 0x0123_4567_89ab_cdef, u64::MAX] {
+        for len in 0..=bytes.len() {
+            let key = &bytes[..len];
+            let mut h = SipHasher13::new_with_keys(7, 11);
+            h.write(&line_id.to_le_bytes());
+            h.write(key);
+            let want = h.finish128();
+            assert_eq!(t.hash_key(line_id, key), [want.h1, want.h2], "line {line_id:#x}, {len} bytes");
+        }
+    }
+}
+
+#[test]
+fn reopen_sees_the_table_as_attached() {
+    let mut r = region(16384);
+    let len = r.len() * 8;
+    let base = r.as_mut_ptr().cast::<u8>();
+    // Each table is used in its own block, never two at a time.
+    let (place, stats, h, s) = {
+        // SAFETY: valid, exclusive, 8-aligned region.
+        let (mut t, _) = unsafe { Table::attach(base, len, [7, 11]) }.expect("attach");
+        let h = t.hash_key(1, b"k");
+        let s = t.insert(h, 0).slot;
+        *t.state_mut(s).unwrap() = [1, 2, 3];
+        (t.region(), t.stats(), h, s)
+    };
+    assert_eq!((place.base(), place.len()), (base, len));
+    {
+        // SAFETY: as above.
+        let mut t = unsafe { Table::reopen(&place) };
+        assert_eq!(t.stats(), stats);
+        assert_eq!(t.find(h), Some(s));
+        assert_eq!(t.state_at(s, h), Some(&mut [1, 2, 3]));
+        t.insert([2, 2], 0);
+        t.check_invariants().unwrap();
+    }
+    // SAFETY: as above.
+    let t = unsafe { Table::open(base, len) }.expect("still laid out");
+    assert_eq!(t.stats().used, 2);
+}
+
+#[test]
+fn state_at_refuses_a_slot_that_lost_its_key() {
+    let mut r = small(8);
+    let (mut t, _) = attach(&mut r);
+    let a = t.insert([1, 0], 0).slot;
+    *t.state_at(a, [1, 0]).expect("live") = [9; 3];
+    assert_eq!(t.state(a), Some(&[9; 3]));
+    assert!(t.state_at(a, [2, 0]).is_none(), "another key's hash");
+    t.remove(a);
+    assert!(t.state_at(a, [1, 0]).is_none(), "removed");
+    // The freed entry is reused for another key: the old slot does not see it.
+    let b = t.insert([2, 0], 0).slot;
+    assert_eq!(a, b);
+    assert!(t.state_at(a, [1, 0]).is_none(), "reused");
+    assert_eq!(t.state_at(b, [2, 0]), Some(&mut [0; 3]));
+    // Dropped to make room in a full table.
+    let cap = t.stats().capacity as u64;
+    for k in 3..3 + cap {
+        t.insert([k, 0], 0);
+    }
+    assert!(t.state_at(b, [2, 0]).is_none(), "evicted");
+}
+
+#[test]
+fn evict_lru_spares_the_slot_kept() {
+    let mut r = small(16);
+    let (mut t, _) = attach(&mut r);
+    let cap = t.stats().capacity as u64;
+    for k in 0..cap {
+        let s = t.insert([k, 0], 0).slot;
+        t.set_idle_at(s, 100 + k as u32);
+    }
+    // The oldest entry, the first victim, is the one to keep (and it
+    // becomes idle last, so that it is never the best victim).
+    let keep = t.peek([0, 0]).expect("present");
+    t.set_idle_at(keep, 10_000);
+    let dropped = t.evict_lru(0, keep).expect("something to drop");
+    assert_eq!(dropped, Dropped::Evicted { state: [0; 3], idle_at: 101 });
+    assert!(t.peek([1, 0]).is_none());
+    assert_eq!(t.state_at(keep, [0, 0]), Some(&mut [0; 3]));
+    for _ in 2..cap {
+        t.evict_lru(0, keep).expect("something to drop");
+    }
+    assert_eq!(t.evict_lru(0, keep), None, "only the kept entry is left");
+    assert_eq!(t.peek([0, 0]), Some(keep));
+    t.check_invariants().unwrap();
+}

@@ -8,7 +8,7 @@ use core::mem;
 use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
     ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
-    ngx_http_complex_value_t, ngx_str_t, ngx_uint_t, NGX_LOG_EMERG,
+    ngx_http_complex_value_t, ngx_http_get_variable_index, ngx_str_t, ngx_uint_t, NGX_LOG_EMERG,
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_conf_log_error;
@@ -17,7 +17,7 @@ use rl_core::parse::{parse_number, parse_rate, parse_size, parse_u64, ParseError
 use rl_core::url::redact;
 
 use super::{LocConf, MainConf, Quote, MAX_REDIS_ZONES};
-use crate::line::{Backend, HeadersMode, Line, LineId};
+use crate::line::{Backend, HeadersMode, Line, LineId, VarValue};
 use crate::shm::{Zone, MAX_ZONES_PER_LOCATION};
 use crate::Module;
 
@@ -238,6 +238,18 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
     let Some(cv) = compile_complex_value(cf, &mut key_src) else {
         return NGX_CONF_ERROR;
     };
+    let key_var = match one_variable(text(&key_src)) {
+        Some(mut name) if VarValue::matches() => {
+            // SAFETY: cf is the configuration being parsed; nginx copies the name. The complex value
+            // compiled above registered the same name: this finds its index.
+            let index = unsafe { ngx_http_get_variable_index(cf, &mut name) };
+            match ngx_uint_t::try_from(index) {
+                Ok(i) => Some(i),
+                Err(_) => return NGX_CONF_ERROR,
+            }
+        }
+        _ => None,
+    };
 
     let same_zone = lcf.lines.iter().filter_map(|&id| mcf.line(id)).filter(|l| l.zone_name == zone).count();
     let item = if same_zone == 0 { zone.clone() } else { format!("{}-{}", zone, same_zone + 1) };
@@ -248,11 +260,13 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         backend: Backend::Shm(usize::MAX),
         zone_name: zone,
         key: cv,
+        key_var,
         key_src: text(&key_src).to_string(),
         limit,
         cost,
         id: 0,
         item,
+        burst_text: limit.burst().to_string(),
         origin: conf_origin(cf),
     });
     lcf.lines.push(LineId(id));
@@ -344,6 +358,22 @@ fn compile_complex_value(cf: *mut ngx_conf_t, value: &mut ngx_str_t) -> Option<*
         return None;
     }
     Some(cv)
+}
+
+/// The variable's name when `key` is one variable and nothing else (`$name`
+/// or `${name}`), as nginx's script compiler reads names: letters, digits
+/// and `_`, not starting with a digit (`$1` is a regex capture).
+fn one_variable(key: &str) -> Option<ngx_str_t> {
+    let name = key.strip_prefix('$')?;
+    let name = match name.strip_prefix('{') {
+        Some(braced) => braced.strip_suffix('}')?,
+        None => name,
+    };
+    let first = name.bytes().next()?;
+    if first.is_ascii_digit() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return None;
+    }
+    Some(ngx_str_t { len: name.len(), data: name.as_ptr() as *mut u8 })
 }
 
 /// `file:line` of the directive being parsed.

@@ -8,6 +8,7 @@ use core::mem;
 
 use ngx::ffi::{ngx_current_msec, ngx_log_t, NGX_LOG_ERR};
 use ngx::ngx_log_error;
+use rl_core::limit::Charge;
 
 use super::{Locked, Zone, MAX_ZONES_PER_LOCATION};
 use crate::line::Line;
@@ -47,7 +48,10 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         };
         res.hash = locked.table.hash_key(line.id, res.key.as_bytes());
         res.lock = lock;
-        res.active = locked.ensure(res.hash, &line.limit, now_s, log);
+        match locked.ensure(res.hash, &line.limit, now_s, log) {
+            Some(slot) => res.slot = slot,
+            None => res.active = false,
+        }
     }
 
     // Check every line, charging nothing; a line alone is checked and
@@ -59,15 +63,19 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
             res.active = false;
             continue;
         };
-        let Some(state) = locked.state(res.hash, &line.limit) else {
+        let Some(state) = locked.state(res.slot, res.hash, &line.limit) else {
             res.active = false;
             continue;
         };
-        let o = line.limit.check(state, now_us, line.cost);
+        let (o, charge) = if single {
+            line.limit.acquire_charged(state, now_us, line.cost)
+        } else {
+            (line.limit.check(state, now_us, line.cost), Charge::default())
+        };
         let charged = single && o.admitted;
         if charged {
-            res.charge = line.limit.commit(state, now_us, line.cost);
-            locked.charged(res.hash, now_us, o.reset_us);
+            res.charge = charge;
+            locked.charged(res.slot, now_us, o.reset_us);
         }
         res.set(&o, charged);
         admitted &= o.admitted;
@@ -81,7 +89,7 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         let Some(locked) = locks.get_mut(res.lock) else {
             continue;
         };
-        let Some(state) = locked.state(res.hash, &line.limit) else {
+        let Some(state) = locked.state(res.slot, res.hash, &line.limit) else {
             continue;
         };
         let o = line.limit.check(state, now_us, line.cost);
@@ -89,7 +97,7 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         res.remaining = o.remaining;
         res.reset_us = o.reset_us;
         res.charged = true;
-        locked.charged(res.hash, now_us, o.reset_us);
+        locked.charged(res.slot, now_us, o.reset_us);
     }
     true
 }
@@ -117,14 +125,14 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
         let Some((_, locked)) = locks.last_mut() else {
             continue;
         };
-        let Some(state) = locked.state(res.hash, &line.limit) else {
+        let Some(state) = locked.state(res.slot, res.hash, &line.limit) else {
             continue;
         };
         line.limit.refund(state, &res.charge, now_us);
         let o = line.limit.check(state, now_us, 0);
         res.remaining = o.remaining;
         res.reset_us = o.reset_us;
-        locked.charged(res.hash, now_us, o.reset_us);
+        locked.charged(res.slot, now_us, o.reset_us);
     }
 }
 

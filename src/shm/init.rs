@@ -33,10 +33,15 @@ pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) ->
         // and the old cycle's workers go on using it while they drain: it is never freed or laid
         // out anew here.
         // SAFETY: data is the previous cycle's Zone, alive until the old cycle is freed.
-        let len = unsafe { (*data.cast::<Zone>()).region_len };
+        let len = unsafe { (*data.cast::<Zone>()).table.as_ref() }.map_or(0, |t| t.len());
         let region = pool.data.cast::<u8>();
-        // SAFETY: the region was laid out by the previous cycle's zone_init.
-        if !region.is_null() && len > 0 && unsafe { Table::open(region, len) }.is_some() {
+        let reused = if region.is_null() || len == 0 {
+            None
+        } else {
+            // SAFETY: the region was laid out by the previous cycle's zone_init.
+            unsafe { Table::open(region, len) }.map(|t| t.region())
+        };
+        if let Some(table) = reused {
             if pool.pfree * page < zone.log_words * 8 * 8 {
                 // A sliding_log line now uses a zone laid out without room for its logs. As
                 // limit_req refuses a zone whose key changed, refuse the reload: the running
@@ -54,8 +59,7 @@ pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) ->
             // A full zone is reported by its own warning, not by the slab allocator's
             // [crit] on every failed allocation (as limit_req does).
             pool.set_log_nomem(0);
-            zone.region = region;
-            zone.region_len = len;
+            zone.table = Some(table);
             return Status::NGX_OK.into();
         }
     }
@@ -76,15 +80,17 @@ pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) ->
     let s = RandomState::new();
     let seed = [s.hash_one(0xA5u8), s.hash_one(0x5Au8)];
     // SAFETY: region is a fresh allocation of len bytes in the zone.
-    if let Err(e) = unsafe { Table::attach(region, len, seed) } {
-        // SAFETY: cycle log is valid during initialisation.
-        ngx_log_error!(NGX_LOG_EMERG, unsafe { (*shm_zone).shm.log }, "rl_zone \"{}\": {:?}", zone.name, e);
-        return Status::NGX_ERROR.into();
-    }
+    let table = match unsafe { Table::attach(region, len, seed) } {
+        Ok((table, _)) => table.region(),
+        Err(e) => {
+            // SAFETY: cycle log is valid during initialisation.
+            ngx_log_error!(NGX_LOG_EMERG, unsafe { (*shm_zone).shm.log }, "rl_zone \"{}\": {:?}", zone.name, e);
+            return Status::NGX_ERROR.into();
+        }
+    };
     pool.data = region.cast();
     pool.set_log_nomem(0);
-    zone.region = region;
-    zone.region_len = len;
+    zone.table = Some(table);
     set_log_ctx(pool, &zone.name);
     Status::NGX_OK.into()
 }

@@ -126,3 +126,60 @@ fn scribbled_region_never_panics_or_hangs() {
     }
     assert!(opened > 50, "only {opened} scribbled regions opened");
 }
+
+#[test]
+fn reopened_scribbled_region_never_panics_or_hangs() {
+    // As above, but through `reopen`, which reads nothing back from the
+    // header: the header is scribbled too, and every table is used.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for round in 0..200u64 {
+        let mut region = vec![0u64; 160];
+        let (len, base) = (region.len() * 8, region.as_mut_ptr());
+        let place = {
+            // SAFETY: valid, exclusive, 8-aligned region; the table is dropped at the end of the block.
+            let (mut t, _) = unsafe { Table::attach(base.cast(), len, [3, 4]) }.expect("attach");
+            for k in 0..40 {
+                let r = t.find_or_insert([k, round], k as u32);
+                t.set_idle_at(r.slot, (k * 3) as u32);
+            }
+            t.region()
+        };
+        for i in 0..region.len() {
+            if noise(&mut seed).is_multiple_of(4) {
+                let w = if noise(&mut seed).is_multiple_of(2) { noise(&mut seed) } else { noise(&mut seed) % 64 };
+                // SAFETY: in bounds; written through the pointer the region was opened with.
+                unsafe { base.add(i).write(w) };
+            }
+        }
+        // SAFETY: valid, exclusive region, as attached.
+        let mut t = unsafe { Table::reopen(&place) };
+        for step in 0..300u64 {
+            let k = noise(&mut seed) % 64;
+            let now = step as u32;
+            match noise(&mut seed) % 5 {
+                0 => drop(t.find([k, round])),
+                1 => {
+                    let r = t.find_or_insert([k, round], now);
+                    t.set_idle_at(r.slot, now + 5);
+                    if let Some(s) = t.state_at(r.slot, [k, round]) {
+                        s[0] += 1;
+                    }
+                }
+                2 => drop(t.remove(super::Slot((noise(&mut seed) % 80) as u32))),
+                3 => drop(t.state_at(super::Slot((noise(&mut seed) % 80) as u32), [k, round])),
+                _ => drop(t.expire(now, 3, |_| {})),
+            }
+        }
+    }
+}
+
+#[test]
+fn state_at_refuses_a_slot_out_of_range() {
+    let mut region = vec![0u64; 128];
+    let (mut t, _) = attach(&mut region);
+    let s = t.insert([1, 1], 0).slot;
+    assert!(t.state_at(s, [1, 1]).is_some());
+    assert!(t.state_at(super::Slot::NONE, [1, 1]).is_none());
+    assert!(t.state_at(super::Slot::NONE, [0, 0]).is_none());
+    assert!(t.state_at(super::Slot(t.stats().capacity as u32), [0, 0]).is_none());
+}
