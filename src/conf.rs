@@ -10,7 +10,7 @@ pub mod redis;
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 
-use ngx::ffi::{ngx_conf_t, ngx_uint_t, NGX_LOG_EMERG};
+use ngx::ffi::{ngx_conf_t, ngx_log_t, ngx_uint_t, NGX_LOG_EMERG};
 use ngx::ngx_log_error;
 
 use crate::line::{Backend, HeadersMode, Line, LineId};
@@ -113,6 +113,44 @@ impl LocConf {
     }
 }
 
+/// Refuses two lines of one zone and name that differ in what a state
+/// means (key, algorithm, rate, burst): they would share states.
+fn check_names(log: *mut ngx_log_t, lines: &[Line]) -> Result<(), ()> {
+    let mut first: HashMap<(&str, &str), &Line> = HashMap::new();
+    for line in lines {
+        let Some(name) = line.name.as_deref() else { continue };
+        let prev = *first.entry((&line.zone_name, name)).or_insert(line);
+        let differs = if prev.key_src != line.key_src {
+            Some(("key", prev.key_src.clone(), line.key_src.clone()))
+        } else if prev.limit.algorithm() != line.limit.algorithm() {
+            Some(("algorithm", prev.limit.algorithm().to_string(), line.limit.algorithm().to_string()))
+        } else if prev.limit.rate() != line.limit.rate() {
+            Some(("rate", prev.limit.rate().to_string(), line.limit.rate().to_string()))
+        } else if prev.limit.burst() != line.limit.burst() {
+            Some(("burst", prev.limit.burst().to_string(), line.limit.burst().to_string()))
+        } else {
+            None
+        };
+        if let Some((what, was, is)) = differs {
+            ngx_log_error!(
+                NGX_LOG_EMERG,
+                log,
+                "rl_limit \"{}\" of zone \"{}\" uses {}={} while previously ({}) it used {}={} in {}",
+                name,
+                Quote(&line.zone_name),
+                what,
+                Quote(&is),
+                prev.origin,
+                what,
+                Quote(&was),
+                line.origin
+            );
+            return Err(());
+        }
+    }
+    Ok(())
+}
+
 /// Resolves zone names, gives each line its identity and sorts every
 /// location's lines by zone (the order in which zone locks are taken).
 /// Errors are logged here, naming the directive and its `file:line` as
@@ -121,7 +159,9 @@ impl LocConf {
 pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
     // SAFETY: cf is the http{} configuration being finished; its log is the cycle's.
     let log = unsafe { (*cf).log };
-    let mut seen: HashMap<u64, u64> = HashMap::new();
+    if let Err(()) = check_names(log, &mcf.lines) {
+        return Err(());
+    }
     for line in mcf.lines.iter_mut() {
         let shm = mcf.zones.iter().position(|z| z.name == line.zone_name);
         let redis = mcf.redis.iter().position(|z| z.name == line.zone_name);
@@ -139,10 +179,7 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
                 return Err(());
             }
         };
-        let base = line.identity();
-        let dup = seen.entry(base).or_insert(0);
-        line.id = base ^ dup.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        *dup += 1;
+        line.id = line.identity();
         match line.backend {
             Backend::Shm(i) => mcf.zones[i].note_line(&line.limit),
             Backend::Redis(_) if !rl_core::redis::exact(&line.limit) => {

@@ -132,6 +132,13 @@ pub struct Line {
     pub burst_text: String,
     /// `file:line` of the directive, for messages found after parsing.
     pub origin: String,
+    /// `name=`: the line's identity within its zone, wherever it appears.
+    pub name: Option<String>,
+    /// `dry_run`: evaluated and charged as if enforced, never rejects or
+    /// delays (also set by `rl_dry_run on`).
+    pub dry_run: bool,
+    /// `queue=`: requests of a key that may wait for their turn.
+    pub queue: u64,
 }
 
 impl Line {
@@ -163,10 +170,26 @@ impl Line {
         ngx_str_t { len: self.burst_text.len(), data: self.burst_text.as_ptr() as *mut u8 }
     }
 
-    /// The identity of a line's states: the same on every nginx of a fleet
-    /// running the same line (SipHash with fixed keys, not std's hasher, whose
-    /// algorithm may change between Rust releases).
+    /// Whether `name` may name a line: a token, as it is quoted in the
+    /// `RateLimit` fields and logged.
+    pub fn valid_name(name: &str) -> bool {
+        !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    }
+
+    /// The identity of a line's states: lines with one identity share one
+    /// state per key wherever they appear. A named line's is its zone and
+    /// name; an unnamed line's its zone, key, algorithm, rate and burst (not
+    /// its cost, queue or dry run). The same on every nginx of a fleet
+    /// running the same line (SipHash with fixed keys, not std's hasher,
+    /// whose algorithm may change between Rust releases), and for unnamed
+    /// lines the same as before names existed, so that their Redis keys stay.
     pub fn identity(&self) -> u64 {
+        let sip = siphasher::sip::SipHasher13::new_with_keys(0, 0);
+        if let Some(name) = &self.name {
+            // An unnamed line's text starts with its zone name, which is
+            // never empty and holds no NUL: named and unnamed never share.
+            return sip.hash(format!("\0{}\0{}", self.zone_name, name).as_bytes());
+        }
         let rate = self.limit.rate();
         let canon = format!(
             "{}|{}|{}|{}|{}|{}",
@@ -177,6 +200,6 @@ impl Line {
             rate.period_us,
             self.limit.burst()
         );
-        siphasher::sip::SipHasher13::new_with_keys(0, 0).hash(canon.as_bytes())
+        sip.hash(canon.as_bytes())
     }
 }

@@ -226,9 +226,10 @@ fn headers_legacy_numbers() {
 
 #[test]
 fn headers_modes_draft_off_both() {
+    // One line per location (the key holds the URI): the same line in all three would be one budget.
     let loc = |name: &str, mode: &str| {
         format!(
-            "location = /{name}.html {{ rl_limit zone=z key=$http_x_k rate=10r/m burst=10 algorithm=fixed; rl_headers {mode}; }}\n"
+            "location = /{name}.html {{ rl_limit zone=z key=$http_x_k$uri rate=10r/m burst=10 algorithm=fixed; rl_headers {mode}; }}\n"
         )
     };
     let ngx = Nginx::setup(&server(

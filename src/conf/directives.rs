@@ -166,7 +166,16 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
     };
     // SAFETY: called by nginx while parsing, cf is valid.
     let args = unsafe { args(cf) };
-    let given = match params(args.get(1..).unwrap_or(&[]), &["zone", "rate", "key", "algorithm", "burst", "cost"]) {
+    // `dry_run` is a flag, as in `limit_req ... nodelay`; the rest are `name=value`.
+    let mut rest = args.get(1..).unwrap_or(&[]);
+    let mut dry_run = false;
+    if let Some((last, init)) = rest.split_last() {
+        if text(last) == "dry_run" {
+            dry_run = true;
+            rest = init;
+        }
+    }
+    let given = match params(rest, &["zone", "rate", "key", "algorithm", "burst", "cost", "name", "queue"]) {
         Ok(given) => given,
         Err(e) => conf_err!(cf, "{} in \"rl_limit\" directive", e),
     };
@@ -214,6 +223,22 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         Ok(l) => l,
         Err(e) => conf_err!(cf, "invalid limit in \"rl_limit\" directive: {}", e),
     };
+    let queue = match get("queue").map(parse_u64) {
+        None => 0,
+        Some(Ok(n)) => n,
+        Some(Err(e)) => {
+            conf_err!(cf, "invalid queue \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), number_hint(&e))
+        }
+    };
+    let name = match get("name") {
+        None => None,
+        Some(n) if Line::valid_name(n) => Some(n.to_string()),
+        Some(n) => conf_err!(
+            cf,
+            "invalid name \"{}\" in \"rl_limit\" directive, it must be letters, digits, \"_\" and \"-\"",
+            Quote(n)
+        ),
+    };
     // The lines of one level are all a location has (inner levels replace
     // outer ones), so its zones are counted here, where the message can
     // point at the line that goes over (zone names are unique across kinds).
@@ -252,11 +277,15 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
     };
 
     let same_zone = lcf.lines.iter().filter_map(|&id| mcf.line(id)).filter(|l| l.zone_name == zone).count();
-    let item = if same_zone == 0 { zone.clone() } else { format!("{}-{}", zone, same_zone + 1) };
+    let item = match &name {
+        Some(n) => n.clone(),
+        None if same_zone == 0 => zone.clone(),
+        None => format!("{}-{}", zone, same_zone + 1),
+    };
     let Ok(id) = u32::try_from(mcf.lines.len()) else {
         conf_err!(cf, "too many \"rl_limit\" directives");
     };
-    mcf.lines.push(Line {
+    let line = Line {
         backend: Backend::Shm(usize::MAX),
         zone_name: zone,
         key: cv,
@@ -268,7 +297,17 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         item,
         burst_text: limit.burst().to_string(),
         origin: conf_origin(cf),
-    });
+        name,
+        dry_run,
+        queue,
+    };
+    // One budget per identity: the same line twice in one block would be
+    // charged twice for one request.
+    let identity = line.identity();
+    if lcf.lines.iter().filter_map(|&id| mcf.line(id)).any(|l| l.identity() == identity) {
+        conf_err!(cf, "\"rl_limit\" directive is duplicate");
+    }
+    mcf.lines.push(line);
     lcf.lines.push(LineId(id));
     NGX_CONF_OK
 }
