@@ -19,6 +19,7 @@ use ngx::log::DebugMask;
 use ngx::{ngx_log_debug, ngx_log_error};
 
 use crate::conf::MainConf;
+use crate::delay;
 use crate::redis_zone::{self, Job, JobLine, RedisError, Reply};
 use crate::request::{get_ctx, new_ctx, Ctx, Phase};
 use crate::shm::decide::{decide, refund};
@@ -47,7 +48,7 @@ fn access(r: &mut Request) -> Status {
     let ctx = match get_ctx(r) {
         Some(ctx) => match ctx.phase {
             Phase::Decided => return Status::NGX_DECLINED,
-            Phase::Waiting(_) => return Status::NGX_AGAIN,
+            Phase::Waiting(_) | Phase::Delayed => return Status::NGX_AGAIN,
             Phase::Replied => ctx,
         },
         None if lcf.lines.is_empty() => return Status::NGX_DECLINED,
@@ -55,7 +56,7 @@ fn access(r: &mut Request) -> Status {
             let Some(ctx) = new_ctx(r, &lcf.lines, lcf.headers()) else {
                 return Status(500);
             };
-            if eval_keys(raw, mcf, ctx).is_err() {
+            if eval_keys(raw, mcf, ctx, lcf.dry_run()).is_err() {
                 return Status(500);
             }
             if lcf.has_redis && ctx.iter(&mcf.lines).any(|(l, res)| res.active && l.backend.redis().is_some()) {
@@ -79,13 +80,22 @@ fn access(r: &mut Request) -> Status {
     };
     ctx.phase = Phase::Decided;
     let redis_ok = !ctx.denied_by_error
-        && ctx.iter(&mcf.lines).all(|(l, res)| !res.active || res.admitted || l.backend.redis().is_none());
+        && ctx
+            .iter(&mcf.lines)
+            .all(|(l, res)| !res.active || res.admitted || res.dry_run || l.backend.redis().is_none());
     let admitted = match ctx.reserved {
         Some(charged) => charged && redis_ok,
         None => redis_ok && decide(&mcf.zones, &mcf.lines, ctx, r.log()),
     };
     if admitted {
         debug_verdicts(r.log(), mcf, ctx);
+        // The longest wait of the enforced lines (dry-run lines never delay).
+        let delay_us = ctx.enforced(&mcf.lines).map(|(_, res)| res.delay_us).max().unwrap_or(0);
+        if delay_us > 0 {
+            ctx.phase = Phase::Delayed;
+            delay::sleep(raw, delay_us.div_ceil(1000));
+            return Status::NGX_AGAIN;
+        }
         return Status::NGX_DECLINED;
     }
     ctx.rejected = true;
@@ -99,10 +109,12 @@ fn access(r: &mut Request) -> Status {
 }
 
 /// Evaluates every line's key; an empty key leaves its line inactive.
-fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Result<(), ()> {
+/// `dry_run`: the location's `rl_dry_run`.
+fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_run: bool) -> Result<(), ()> {
     for (line, res) in ctx.iter_mut(&mcf.lines) {
         res.key = line.eval_key(r)?;
         res.active = res.key.len > 0;
+        res.dry_run = dry_run || line.dry_run;
     }
     Ok(())
 }
@@ -135,9 +147,10 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
 }
 
 /// A zone's lines could not be decided by Redis: `on_error=allow` leaves
-/// them out, `on_error=deny` rejects the request.
+/// them out, `on_error=deny` rejects the request (unless they are all
+/// dry-run: a dry-run line never rejects).
 fn redis_failed(mcf: &MainConf, ctx: &mut Ctx, zone: usize, allow: bool) {
-    if !allow {
+    if !allow && ctx.on_redis(&mcf.lines, zone).any(|(_, res)| !res.dry_run) {
         ctx.denied_by_error = true;
     }
     for (_, res) in ctx.on_redis(&mcf.lines, zone) {

@@ -73,11 +73,13 @@ pub struct LocConf {
     pub has_redis: bool,
     pub status: ngx_uint_t,
     pub headers: Option<HeadersMode>,
+    /// `rl_dry_run`: every line of the location is dry-run.
+    pub dry_run: Option<bool>,
 }
 
 impl Default for LocConf {
     fn default() -> Self {
-        LocConf { lines: Vec::new(), has_redis: false, status: ngx_uint_t::MAX, headers: None }
+        LocConf { lines: Vec::new(), has_redis: false, status: ngx_uint_t::MAX, headers: None, dry_run: None }
     }
 }
 
@@ -106,6 +108,13 @@ impl LocConf {
         if self.headers.is_none() {
             self.headers = Some(prev.headers.unwrap_or(HeadersMode::Legacy));
         }
+        if self.dry_run.is_none() {
+            self.dry_run = Some(prev.dry_run.unwrap_or(false));
+        }
+    }
+
+    pub fn dry_run(&self) -> bool {
+        self.dry_run.unwrap_or(false)
     }
 
     pub fn headers(&self) -> HeadersMode {

@@ -149,7 +149,7 @@ fn ceil_s(us: u64) -> u64 {
 /// The line the legacy fields describe: the most restrictive (fewest
 /// remaining; among rejecting lines, the longest wait).
 fn most_restrictive<'a>(ctx: &'a Ctx, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
-    ctx.active(lines).min_by_key(|(_, r)| {
+    ctx.enforced(lines).min_by_key(|(_, r)| {
         let rejected = ctx.rejected && !r.admitted;
         (!rejected, r.remaining, u64::MAX - r.reset_us)
     })
@@ -163,7 +163,7 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
         return Ok(());
     };
     let draft_len: usize =
-        if ctx.headers.draft() { ctx.active(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum() } else { 0 };
+        if ctx.headers.draft() { ctx.enforced(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum() } else { 0 };
     let mut out = Out::new(r, 4 * NUM + draft_len).ok_or(())?;
     if ctx.headers.legacy() {
         push(r, "X-RateLimit-Limit", line.burst_text())?;
@@ -172,19 +172,19 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
     }
     if ctx.rejected {
         // Honest: a lone request sent after this long passes every line.
-        let wait = ctx.active(lines).filter(|(_, r)| !r.admitted).map(|(_, r)| r.retry_after_us).max();
+        let wait = ctx.enforced(lines).filter(|(_, r)| !r.admitted).map(|(_, r)| r.retry_after_us).max();
         if let Some(wait) = wait.filter(|w| *w != u64::MAX) {
             push(r, "Retry-After", out.value(ceil_s(wait).max(1)))?;
         }
     }
     if ctx.headers.draft() {
         let at = out.len;
-        for (i, (line, _)) in ctx.active(lines).enumerate() {
+        for (i, (line, _)) in ctx.enforced(lines).enumerate() {
             item(&mut out, i, &line.item, b"\";q=", line.limit.burst(), b";w=", ceil_s(line.limit.window_us()).max(1));
         }
         push(r, "RateLimit-Policy", out.since(at))?;
         let at = out.len;
-        for (i, (line, res)) in ctx.active(lines).enumerate() {
+        for (i, (line, res)) in ctx.enforced(lines).enumerate() {
             item(&mut out, i, &line.item, b"\";r=", res.remaining, b";t=", ceil_s(res.reset_us));
         }
         push(r, "RateLimit", out.since(at))?;

@@ -20,7 +20,7 @@ use ngx::core::{Status, NGX_CONF_ERROR};
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_core_main_conf_t, ngx_http_handler_pt,
     ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_http_top_header_filter, ngx_int_t, ngx_module_t,
-    ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
+    ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
     NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
@@ -28,13 +28,14 @@ use ngx::ngx_string;
 
 mod access;
 mod conf;
+mod delay;
 mod headers;
 mod line;
 mod redis_zone;
 mod request;
 mod shm;
 
-use conf::directives::{cmd_rl_headers, cmd_rl_limit, cmd_rl_status, cmd_rl_zone};
+use conf::directives::{cmd_rl_dry_run, cmd_rl_headers, cmd_rl_limit, cmd_rl_status, cmd_rl_zone};
 use conf::{LocConf, MainConf};
 
 pub struct Module;
@@ -113,13 +114,15 @@ const fn command(name: ngx_str_t, type_: ngx_uint_t, set: SetFn, conf: ngx_uint_
 const MAIN: ngx_uint_t = NGX_HTTP_MAIN_CONF_OFFSET;
 const LOC: ngx_uint_t = NGX_HTTP_LOC_CONF_OFFSET;
 const TAKE1: ngx_uint_t = NGX_CONF_TAKE1 as ngx_uint_t;
+const FLAG: ngx_uint_t = NGX_CONF_FLAG as ngx_uint_t;
 const MORE: ngx_uint_t = NGX_CONF_1MORE as ngx_uint_t;
 
-static mut COMMANDS: [ngx_command_t; 5] = [
+static mut COMMANDS: [ngx_command_t; 6] = [
     command(ngx_string!("rl_zone"), NGX_HTTP_MAIN_CONF as ngx_uint_t | MORE, cmd_rl_zone, MAIN),
     command(ngx_string!("rl_limit"), ANY_LEVEL | MORE, cmd_rl_limit, LOC),
     command(ngx_string!("rl_status"), ANY_LEVEL | TAKE1, cmd_rl_status, LOC),
     command(ngx_string!("rl_headers"), ANY_LEVEL | TAKE1, cmd_rl_headers, LOC),
+    command(ngx_string!("rl_dry_run"), ANY_LEVEL | FLAG, cmd_rl_dry_run, LOC),
     ngx_command_t::empty(),
 ];
 

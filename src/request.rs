@@ -25,6 +25,10 @@ pub struct LineResult {
     pub retry_after_us: u64,
     /// The line's state was charged for this request.
     pub charged: bool,
+    /// The line is dry-run for this request (`dry_run`, `rl_dry_run on`).
+    pub dry_run: bool,
+    /// When admitted: how long the line delays the request (`queue=`), µs.
+    pub delay_us: u64,
     /// What was charged to a shared-memory line, for a refund.
     pub charge: Charge,
     pub key: ngx_str_t,
@@ -45,6 +49,8 @@ impl LineResult {
         reset_us: 0,
         retry_after_us: 0,
         charged: false,
+        dry_run: false,
+        delay_us: 0,
         charge: Charge::NONE,
         key: ngx_str_t { len: 0, data: ptr::null_mut() },
         hash: [0; 2],
@@ -58,6 +64,7 @@ impl LineResult {
         self.remaining = o.remaining;
         self.reset_us = o.reset_us;
         self.retry_after_us = o.retry_after_us.unwrap_or(u64::MAX);
+        self.delay_us = o.delay_us;
         self.charged = charged;
     }
 }
@@ -69,6 +76,8 @@ pub enum Phase {
     Waiting(u32),
     /// Redis replies are in; the decision is still to be made.
     Replied,
+    /// Admitted, and sleeping until its turn (`queue=`).
+    Delayed,
     /// Decided: later passes through the access phase (internal redirects) let it through.
     Decided,
 }
@@ -117,6 +126,12 @@ impl Ctx {
     /// The lines evaluated for this request, with their outcomes.
     pub fn active<'a>(&'a self, lines: &'a [Line]) -> impl Iterator<Item = (&'a Line, &'a LineResult)> {
         self.iter(lines).filter(|(_, r)| r.active)
+    }
+
+    /// The lines evaluated for this request and enforced (not dry-run):
+    /// those the response fields describe.
+    pub fn enforced<'a>(&'a self, lines: &'a [Line]) -> impl Iterator<Item = (&'a Line, &'a LineResult)> {
+        self.iter(lines).filter(|(_, r)| r.active && !r.dry_run)
     }
 
     /// Each line with its outcome, to be written.

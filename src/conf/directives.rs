@@ -167,15 +167,14 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
     // SAFETY: called by nginx while parsing, cf is valid.
     let args = unsafe { args(cf) };
     // `dry_run` is a flag, as in `limit_req ... nodelay`; the rest are `name=value`.
-    let mut rest = args.get(1..).unwrap_or(&[]);
-    let mut dry_run = false;
-    if let Some((last, init)) = rest.split_last() {
-        if text(last) == "dry_run" {
-            dry_run = true;
-            rest = init;
-        }
-    }
-    let given = match params(rest, &["zone", "rate", "key", "algorithm", "burst", "cost", "name", "queue"]) {
+    let all = args.get(1..).unwrap_or(&[]);
+    let rest: Vec<ngx_str_t> = all.iter().filter(|a| text(a) != "dry_run").copied().collect();
+    let dry_run = match all.len() - rest.len() {
+        0 => false,
+        1 => true,
+        _ => conf_err!(cf, "duplicate \"dry_run\" parameter in \"rl_limit\" directive"),
+    };
+    let given = match params(&rest, &["zone", "rate", "key", "algorithm", "burst", "cost", "name", "queue"]) {
         Ok(given) => given,
         Err(e) => conf_err!(cf, "{} in \"rl_limit\" directive", e),
     };
@@ -357,6 +356,32 @@ pub extern "C" fn cmd_rl_headers(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, 
         _ => conf_err!(
             cf,
             "invalid value \"{}\" in \"rl_headers\" directive, it must be \"off\", \"legacy\", \"draft\" or \"both\"",
+            Quote(&arg.to_string())
+        ),
+    });
+    NGX_CONF_OK
+}
+
+/// `rl_dry_run on | off;`
+pub extern "C" fn cmd_rl_dry_run(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+    // SAFETY: the location configuration of this module (NGX_HTTP_LOC_CONF_OFFSET).
+    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: called by nginx while parsing, cf is valid.
+    let args = unsafe { args(cf) };
+    if lcf.dry_run.is_some() {
+        conf_err!(cf, "\"rl_dry_run\" directive is duplicate");
+    }
+    // (NGX_CONF_FLAG: nginx has checked there is one argument)
+    let Some(arg) = args.get(1) else {
+        return NGX_CONF_ERROR;
+    };
+    // As ngx_conf_set_flag_slot: case-insensitive, and its message.
+    lcf.dry_run = Some(match text(arg) {
+        v if v.eq_ignore_ascii_case("on") => true,
+        v if v.eq_ignore_ascii_case("off") => false,
+        _ => conf_err!(
+            cf,
+            "invalid value \"{}\" in \"rl_dry_run\" directive, it must be \"on\" or \"off\"",
             Quote(&arg.to_string())
         ),
     });

@@ -14,9 +14,10 @@ use super::{Locked, Zone, MAX_ZONES_PER_LOCATION};
 use crate::line::Line;
 use crate::request::Ctx;
 
-/// Decides the request's active shared-memory lines and, if they all admit,
-/// charges them; returns whether they all admit. A line whose zone cannot be
-/// used is left inactive, and said so in the log.
+/// Decides the request's active shared-memory lines and, if every enforced
+/// one admits, charges them and the dry-run lines that admit; returns
+/// whether every enforced line admits. A line whose zone cannot be used is
+/// left inactive, and said so in the log.
 pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) -> bool {
     // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
     let now_us = unsafe { ngx_current_msec } as u64 * 1000;
@@ -55,7 +56,8 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
     }
 
     // Check every line, charging nothing; a line alone is checked and
-    // charged in one step.
+    // charged in one step (a dry-run line alone, too: it is charged if and
+    // only if it admits, and never rejects).
     let single = ctx.iter(lines).filter(|(_, r)| r.active).count() == 1;
     let mut admitted = true;
     for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| res.active && l.backend.shm().is_some()) {
@@ -78,14 +80,15 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
             locked.charged(res.slot, now_us, o.reset_us);
         }
         res.set(&o, charged);
-        admitted &= o.admitted;
+        admitted &= o.admitted || res.dry_run;
     }
     if !admitted || single {
         return admitted;
     }
 
-    // Every line admits: charge them all.
-    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| res.active && l.backend.shm().is_some()) {
+    // Every enforced line admits: charge them all, and each dry-run line
+    // that admits, as if it were enforced.
+    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| res.active && res.admitted && l.backend.shm().is_some()) {
         let Some(locked) = locks.get_mut(res.lock) else {
             continue;
         };
