@@ -591,6 +591,48 @@ pub fn concurrent(port: u16, n: usize, path: &str, headers: &[(&str, &str)]) -> 
         .collect()
 }
 
+/// As [`concurrent`], with the time each response took, from the moment
+/// every request was sent (the barrier) to its last byte.
+pub fn concurrent_timed(port: u16, n: usize, path: &str, headers: &[(&str, &str)]) -> Vec<(Response, Duration)> {
+    let req = Arc::new(request_text(path, headers));
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (req, barrier) = (req.clone(), barrier.clone());
+            thread::Builder::new()
+                .stack_size(256 * 1024)
+                .spawn(move || {
+                    let s = connect(port);
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    exchange(s?, &req).map(|r| (r, t0.elapsed()))
+                })
+                .expect("cannot spawn a client thread")
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join().expect("client thread panicked").unwrap_or_else(|e| panic!("concurrent GET {path} failed: {e}"))
+        })
+        .collect()
+}
+
+/// A request sent on a connection of its own and not read: the client
+/// waits (or goes away, when the stream is dropped).
+pub fn send_only(port: u16, path: &str) -> TcpStream {
+    let mut s = connect(port).unwrap_or_else(|e| panic!("connect to {port}: {e}"));
+    s.write_all(request_text(path, &[]).as_bytes()).unwrap_or_else(|e| panic!("send {path}: {e}"));
+    s
+}
+
+impl Nginx {
+    /// As [`concurrent_timed`] on this nginx.
+    pub fn concurrent_timed(&self, n: usize, path: &str, headers: &[(&str, &str)]) -> Vec<(Response, Duration)> {
+        concurrent_timed(self.port, n, path, headers)
+    }
+}
+
 /// How many responses had each status.
 pub fn statuses(rs: &[Response]) -> BTreeMap<u16, usize> {
     let mut m = BTreeMap::new();
