@@ -10,7 +10,7 @@ pub mod redis;
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 
-use ngx::ffi::{ngx_conf_t, ngx_uint_t, NGX_LOG_EMERG};
+use ngx::ffi::{ngx_conf_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO};
 use ngx::ngx_log_error;
 
 use crate::line::{Backend, HeadersMode, Line, LineId};
@@ -73,11 +73,19 @@ pub struct LocConf {
     pub has_redis: bool,
     pub status: ngx_uint_t,
     pub headers: Option<HeadersMode>,
+    /// The level of the "limiting requests" line (`rl_log_level`).
+    pub log_level: ngx_uint_t,
 }
 
 impl Default for LocConf {
     fn default() -> Self {
-        LocConf { lines: Vec::new(), has_redis: false, status: ngx_uint_t::MAX, headers: None }
+        LocConf {
+            lines: Vec::new(),
+            has_redis: false,
+            status: ngx_uint_t::MAX,
+            headers: None,
+            log_level: ngx_uint_t::MAX,
+        }
     }
 }
 
@@ -106,6 +114,15 @@ impl LocConf {
         if self.headers.is_none() {
             self.headers = Some(prev.headers.unwrap_or(HeadersMode::Legacy));
         }
+        if self.log_level == ngx_uint_t::MAX {
+            self.log_level = if prev.log_level == ngx_uint_t::MAX { NGX_LOG_ERR as ngx_uint_t } else { prev.log_level };
+        }
+    }
+
+    /// The level of the "delaying request" line: one below `rl_log_level`,
+    /// `info` staying `info`, as `limit_req_log_level` has it.
+    pub fn delay_log_level(&self) -> ngx_uint_t {
+        (self.log_level + 1).min(NGX_LOG_INFO as ngx_uint_t)
     }
 
     pub fn headers(&self) -> HeadersMode {
