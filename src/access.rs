@@ -244,7 +244,10 @@ fn log_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
 /// nginx into its own buffer, as `limit_req` does: nothing allocated.
 /// Rejections by a failing Redis zone are logged by the zone instead.
 fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
-    if ctx.denied_by_error {
+    // Checked first, once: no line is looked at unless the log wants one (the delay level
+    // is never more severe than the rejection level).
+    // SAFETY: the request's log is valid.
+    if ctx.denied_by_error || unsafe { (*log).log_level } < lcf.log_level {
         return;
     }
     let Some((line, res)) = ctx.behind(&mcf.lines) else {
