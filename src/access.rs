@@ -12,16 +12,19 @@
 //! nor rejected yet charged in Redis for it; while Redis decides, its
 //! shared-memory units are taken.
 
+use core::ffi::CStr;
+
 use ngx::core::Status;
-use ngx::ffi::{ngx_http_request_t, ngx_log_t, NGX_LOG_ERR};
+use ngx::ffi::{ngx_http_request_t, ngx_log_error_core, ngx_log_t, ngx_str_t, ngx_uint_t};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::log::DebugMask;
-use ngx::{ngx_log_debug, ngx_log_error};
+use ngx::ngx_log_debug;
 
-use crate::conf::MainConf;
+use crate::conf::{LocConf, MainConf};
 use crate::delay;
+use crate::line::Line;
 use crate::redis_zone::{self, Job, JobLine, RedisError, Reply};
-use crate::request::{get_ctx, new_ctx, Ctx, Phase};
+use crate::request::{get_ctx, new_ctx, Ctx, LineResult, Phase, Verdict};
 use crate::shm::decide::{decide, refund};
 use crate::Module;
 
@@ -89,6 +92,8 @@ fn access(r: &mut Request) -> Status {
     };
     if admitted {
         debug_verdicts(r.log(), mcf, ctx);
+        // A delay, or a dry-run line that would have limited.
+        log_limited(r.log(), lcf, mcf, ctx);
         // The longest wait of the enforced lines (dry-run lines never delay).
         let delay_us = ctx.enforced(&mcf.lines).map(|(_, res)| res.delay_us).max().unwrap_or(0);
         if delay_us > 0 {
@@ -104,7 +109,7 @@ fn access(r: &mut Request) -> Status {
         refund(&mcf.zones, &mcf.lines, ctx);
     }
     debug_verdicts(r.log(), mcf, ctx);
-    log_rejection(r.log(), mcf, ctx);
+    log_limited(r.log(), lcf, mcf, ctx);
     Status(lcf.status as isize)
 }
 
@@ -247,22 +252,60 @@ fn log_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
     }
 }
 
-/// One line per rejection, naming the zone, as limit_req does.
-fn log_rejection(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
-    if ctx.denied_by_error {
+/// One line per limited request, for the line behind its verdict, in
+/// `limit_req`'s words (tools that read nginx's error log, fail2ban's
+/// `nginx-limit-req` filter among them, know them); nginx's request log
+/// handler appends `, client: ..., server: ..., request: ...`. Formatted by
+/// nginx into its own buffer, as `limit_req` does: nothing allocated.
+/// Rejections by a failing Redis zone are logged by the zone instead.
+fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
+    // Checked first, once: no line is looked at unless the log wants one (the delay level
+    // is never more severe than the rejection level).
+    // SAFETY: the request's log is valid.
+    if ctx.denied_by_error || unsafe { (*log).log_level } < lcf.log_level {
         return;
     }
-    for (line, res) in ctx.iter(&mcf.lines).filter(|(_, r)| r.active && !r.admitted) {
-        ngx_log_error!(
-            NGX_LOG_ERR,
-            log,
-            "limiting requests by zone \"{}\", rate {}, burst {}, algorithm {}, retry in {}.{:03}s",
-            line.zone_name,
-            line.limit.rate(),
-            line.limit.burst(),
-            line.limit.algorithm(),
-            res.retry_after_us / 1_000_000,
-            res.retry_after_us % 1_000_000 / 1000
-        );
+    let Some((line, res)) = ctx.behind(&mcf.lines) else {
+        return;
+    };
+    let (level, format, dry_run) = match res.verdict() {
+        Verdict::Passed => return,
+        Verdict::Rejected => (lcf.log_level, LIMITING, c""),
+        Verdict::RejectedDryRun => (lcf.log_level, LIMITING, c", dry run"),
+        Verdict::Delayed => (lcf.delay_log_level(), DELAYING, c""),
+        Verdict::DelayedDryRun => (lcf.delay_log_level(), DELAYING, c", dry run"),
+    };
+    // SAFETY: the request's log is valid.
+    if unsafe { (*log).log_level } < level {
+        return;
     }
+    let excess = excess_milli(line, res);
+    let zone = ngx_str_t { len: line.zone_name.len(), data: line.zone_name.as_ptr().cast_mut() };
+    // SAFETY: the format's conversions take, in order, a NUL-terminated string (%s), two
+    // ngx_uint_t (%ui) and a pointer to an ngx_str_t (%V), all valid for the call.
+    unsafe {
+        ngx_log_error_core(
+            level,
+            log,
+            0,
+            format.as_ptr(),
+            dry_run.as_ptr(),
+            (excess / 1000) as ngx_uint_t,
+            (excess % 1000) as ngx_uint_t,
+            &zone as *const ngx_str_t,
+        )
+    };
+}
+
+/// `limit_req`'s formats, word for word (the comma before "by zone" too).
+const LIMITING: &CStr = c"limiting requests%s, excess: %ui.%03ui by zone \"%V\"";
+const DELAYING: &CStr = c"delaying request%s, excess: %ui.%03ui, by zone \"%V\"";
+
+/// The excess the log line reports, in thousandths of a unit: what the key
+/// would hold above the rate's one request, with this request (counted if
+/// rejected, already charged if admitted).
+fn excess_milli(line: &Line, res: &LineResult) -> u64 {
+    let held = line.limit.burst().saturating_sub(res.remaining);
+    let held = if res.admitted { held } else { held.saturating_add(line.cost) };
+    held.saturating_sub(1).saturating_mul(1000)
 }

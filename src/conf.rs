@@ -10,7 +10,7 @@ pub mod redis;
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 
-use ngx::ffi::{ngx_conf_t, ngx_log_t, ngx_uint_t, NGX_LOG_EMERG};
+use ngx::ffi::{ngx_conf_t, ngx_log_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO};
 use ngx::ngx_log_error;
 
 use crate::line::{Backend, HeadersMode, Line, LineId};
@@ -75,11 +75,20 @@ pub struct LocConf {
     pub headers: Option<HeadersMode>,
     /// `rl_dry_run`: every line of the location is dry-run.
     pub dry_run: Option<bool>,
+    /// The level of the "limiting requests" line (`rl_log_level`).
+    pub log_level: ngx_uint_t,
 }
 
 impl Default for LocConf {
     fn default() -> Self {
-        LocConf { lines: Vec::new(), has_redis: false, status: ngx_uint_t::MAX, headers: None, dry_run: None }
+        LocConf {
+            lines: Vec::new(),
+            has_redis: false,
+            status: ngx_uint_t::MAX,
+            headers: None,
+            dry_run: None,
+            log_level: ngx_uint_t::MAX,
+        }
     }
 }
 
@@ -111,10 +120,19 @@ impl LocConf {
         if self.dry_run.is_none() {
             self.dry_run = Some(prev.dry_run.unwrap_or(false));
         }
+        if self.log_level == ngx_uint_t::MAX {
+            self.log_level = if prev.log_level == ngx_uint_t::MAX { NGX_LOG_ERR as ngx_uint_t } else { prev.log_level };
+        }
     }
 
     pub fn dry_run(&self) -> bool {
         self.dry_run.unwrap_or(false)
+    }
+
+    /// The level of the "delaying request" line: one below `rl_log_level`,
+    /// `info` staying `info`, as `limit_req_log_level` has it.
+    pub fn delay_log_level(&self) -> ngx_uint_t {
+        (self.log_level + 1).min(NGX_LOG_INFO as ngx_uint_t)
     }
 
     pub fn headers(&self) -> HeadersMode {

@@ -11,7 +11,7 @@ use ngx::ffi::{
 use ngx::http::{HttpModuleMainConf, Request};
 
 use crate::line::{HeadersMode, Line};
-use crate::request::{get_ctx, Ctx, LineResult};
+use crate::request::{get_ctx, Ctx};
 use crate::Module;
 
 /// The next filter in nginx's header filter chain.
@@ -146,20 +146,12 @@ fn ceil_s(us: u64) -> u64 {
     us.div_ceil(1_000_000)
 }
 
-/// The line the legacy fields describe: the most restrictive (fewest
-/// remaining; among rejecting lines, the longest wait).
-fn most_restrictive<'a>(ctx: &'a Ctx, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
-    ctx.enforced(lines).min_by_key(|(_, r)| {
-        let rejected = ctx.rejected && !r.admitted;
-        (!rejected, r.remaining, u64::MAX - r.reset_us)
-    })
-}
-
 fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<(), ()> {
     if ctx.headers == HeadersMode::Off {
         return Ok(());
     }
-    let Some((line, res)) = most_restrictive(ctx, lines) else {
+    // The line `$rl_*` describe (when it is enforced).
+    let Some((line, res)) = ctx.enforced_behind(lines) else {
         return Ok(());
     };
     let draft_len: usize =

@@ -9,7 +9,8 @@
 //! - [`redis_zone`]: Redis zones, the worker's I/O thread and its connections;
 //! - [`conf`]: the directives, merged per location and finished;
 //! - [`access`]: the access phase, combining the verdicts all-or-nothing;
-//! - [`headers`]: the response fields.
+//! - [`headers`]: the response fields;
+//! - [`variables`]: the `$rl_*` variables.
 //!
 //! The algorithms themselves are in the `rl-core` crate.
 
@@ -34,8 +35,9 @@ mod line;
 mod redis_zone;
 mod request;
 mod shm;
+mod variables;
 
-use conf::directives::{cmd_rl_dry_run, cmd_rl_headers, cmd_rl_limit, cmd_rl_status, cmd_rl_zone};
+use conf::directives::{cmd_rl_dry_run, cmd_rl_headers, cmd_rl_limit, cmd_rl_log_level, cmd_rl_status, cmd_rl_zone};
 use conf::{LocConf, MainConf};
 
 pub struct Module;
@@ -44,6 +46,13 @@ impl HttpModule for Module {
     fn module() -> &'static ngx_module_t {
         // SAFETY: the module static is only written by nginx while loading, before any handler runs.
         unsafe { &*ptr::addr_of!(ngx_http_rl_module) }
+    }
+
+    unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        match variables::add(cf) {
+            Ok(()) => Status::NGX_OK.into(),
+            Err(()) => Status::NGX_ERROR.into(),
+        }
     }
 
     unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
@@ -117,17 +126,18 @@ const TAKE1: ngx_uint_t = NGX_CONF_TAKE1 as ngx_uint_t;
 const FLAG: ngx_uint_t = NGX_CONF_FLAG as ngx_uint_t;
 const MORE: ngx_uint_t = NGX_CONF_1MORE as ngx_uint_t;
 
-static mut COMMANDS: [ngx_command_t; 6] = [
+static mut COMMANDS: [ngx_command_t; 7] = [
     command(ngx_string!("rl_zone"), NGX_HTTP_MAIN_CONF as ngx_uint_t | MORE, cmd_rl_zone, MAIN),
     command(ngx_string!("rl_limit"), ANY_LEVEL | MORE, cmd_rl_limit, LOC),
     command(ngx_string!("rl_status"), ANY_LEVEL | TAKE1, cmd_rl_status, LOC),
     command(ngx_string!("rl_headers"), ANY_LEVEL | TAKE1, cmd_rl_headers, LOC),
     command(ngx_string!("rl_dry_run"), ANY_LEVEL | FLAG, cmd_rl_dry_run, LOC),
+    command(ngx_string!("rl_log_level"), ANY_LEVEL | TAKE1, cmd_rl_log_level, LOC),
     ngx_command_t::empty(),
 ];
 
 static NGX_HTTP_RL_MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
-    preconfiguration: None,
+    preconfiguration: Some(Module::preconfiguration),
     postconfiguration: Some(Module::postconfiguration),
     create_main_conf: Some(Module::create_main_conf),
     init_main_conf: None,

@@ -2,6 +2,7 @@
 //! verdict, and where the decision stands. Allocated from the request pool
 //! and kept across internal redirects (see [`get_ctx`]).
 
+use core::cmp::Reverse;
 use core::ffi::c_void;
 use core::{mem, ptr, slice};
 
@@ -25,9 +26,9 @@ pub struct LineResult {
     pub retry_after_us: u64,
     /// The line's state was charged for this request.
     pub charged: bool,
-    /// The line is dry-run for this request (`dry_run`, `rl_dry_run on`).
+    /// The line is dry-run: its verdict is reported, never enforced.
     pub dry_run: bool,
-    /// When admitted: how long the line delays the request (`queue=`), µs.
+    /// The line delays the request by this much (0: not delayed).
     pub delay_us: u64,
     /// What was charged to a shared-memory line, for a refund.
     pub charge: Charge,
@@ -67,6 +68,62 @@ impl LineResult {
         self.delay_us = o.delay_us;
         self.charged = charged;
     }
+
+    /// What the line did to the request, as `$rl_status` names it.
+    pub fn verdict(&self) -> Verdict {
+        match (self.admitted, self.delay_us > 0, self.dry_run) {
+            (false, _, false) => Verdict::Rejected,
+            (false, _, true) => Verdict::RejectedDryRun,
+            (true, true, false) => Verdict::Delayed,
+            (true, true, true) => Verdict::DelayedDryRun,
+            (true, false, _) => Verdict::Passed,
+        }
+    }
+
+    /// How the line ranks for [`behind`] (least first).
+    fn rank(&self) -> (Reverse<Verdict>, bool, Reverse<u64>, u64, Reverse<u64>) {
+        let verdict = self.verdict();
+        // How long the verdict holds the request back: the wait until a lone request passes
+        // when rejected, the delay when delayed.
+        let wait = match verdict {
+            Verdict::Rejected | Verdict::RejectedDryRun => self.retry_after_us,
+            Verdict::Delayed | Verdict::DelayedDryRun => self.delay_us,
+            Verdict::Passed => 0,
+        };
+        (Reverse(verdict), self.dry_run, Reverse(wait), self.remaining, Reverse(self.reset_us))
+    }
+}
+
+/// A line's verdict, in `$limit_req_status`'s words, ordered by precedence:
+/// with several lines, the request's is the greatest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verdict {
+    Passed,
+    DelayedDryRun,
+    RejectedDryRun,
+    Delayed,
+    Rejected,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Passed => "PASSED",
+            Verdict::DelayedDryRun => "DELAYED_DRY_RUN",
+            Verdict::RejectedDryRun => "REJECTED_DRY_RUN",
+            Verdict::Delayed => "DELAYED",
+            Verdict::Rejected => "REJECTED",
+        }
+    }
+}
+
+/// The line behind the request's verdict among `lines`: the greatest
+/// verdict; of several lines with it, the longest wait; then (all passed,
+/// or equal waits) the most restrictive: fewest remaining, then the longest
+/// until full. Enforced lines before dry-run ones, then the first in the
+/// location. `$rl_*`, the legacy fields and the log line all describe it.
+fn behind<'a>(lines: impl Iterator<Item = (&'a Line, &'a LineResult)>) -> Option<(&'a Line, &'a LineResult)> {
+    lines.min_by_key(|(_, r)| r.rank())
 }
 
 /// Where the request is in its evaluation.
@@ -132,6 +189,19 @@ impl Ctx {
     /// those the response fields describe.
     pub fn enforced<'a>(&'a self, lines: &'a [Line]) -> impl Iterator<Item = (&'a Line, &'a LineResult)> {
         self.iter(lines).filter(|(_, r)| r.active && !r.dry_run)
+    }
+
+    /// The line behind the request's verdict (see [`behind`]), among every
+    /// active line: what `$rl_*` and the log line describe.
+    pub fn behind<'a>(&'a self, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
+        behind(self.active(lines))
+    }
+
+    /// The line behind the verdict among the enforced lines: what the
+    /// response fields describe (dry-run lines add nothing to them). The same
+    /// line as [`Ctx::behind`] whenever that one is enforced.
+    pub fn enforced_behind<'a>(&'a self, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
+        behind(self.active(lines).filter(|(_, r)| !r.dry_run))
     }
 
     /// Each line with its outcome, to be written.

@@ -30,8 +30,8 @@ fn exact_burst_under_concurrency(alg: &str) {
     for r in rs.iter().filter(|r| r.status == 200) {
         assert_eq!(r.body, "index\n");
     }
-    // One "limiting requests" line per rejected request.
-    let logged = ngx.error_log().matches("limiting requests by zone \"z\"").count();
+    // One "limiting requests, excess: ... by zone" line per rejected request.
+    let logged = ngx.error_log().matches(" by zone \"z\", client: ").count();
     assert_eq!(logged, 250, "rejections logged for algorithm={alg}");
 }
 
@@ -323,7 +323,7 @@ fn error_page_served_and_counted_once() {
         assert_eq!(r.header("X-RateLimit-Remaining"), Some("0"), "{r:?}");
         assert!(r.num("Retry-After") >= 1);
     }
-    let logged = ngx.error_log().matches("limiting requests by zone \"z\"").count();
+    let logged = ngx.error_log().matches(" by zone \"z\", client: ").count();
     assert_eq!(logged, 2, "each rejected request logged once");
     // Another key has its own, untouched budget.
     let r = ngx.get("/missing.html", &[("X-K", "dave")]);

@@ -34,7 +34,10 @@ fn twenty_requests(zone: &str, alg: &str) {
     assert!(passed[..5].iter().all(|t| *t <= at_once), "{alg}: the burst waited: {passed:?}");
     for (k, t) in passed[5..].iter().enumerate() {
         let want = 100 * (k as u64 + 1);
-        assert!(t.abs_diff(want) <= at_once, "{alg}: delayed request {k} answered after {t} ms, not {want}: {passed:?}");
+        assert!(
+            t.abs_diff(want) <= at_once,
+            "{alg}: delayed request {k} answered after {t} ms, not {want}: {passed:?}"
+        );
     }
 }
 
@@ -66,10 +69,13 @@ fn several_lines_wait_for_the_longest() {
                 rl_limit zone=z rate=5r/s burst=1 queue=5 algorithm=gcra key=$binary_remote_addr$host; }";
     let ngx = Nginx::start(&server("rl_zone z size=1m;", body));
     let rs = ngx.concurrent_timed(3, "/index.html", &[]);
-    let mut t: Vec<u64> = rs.iter().map(|(r, t)| {
-        assert_eq!(r.status, 200);
-        ms(*t)
-    }).collect();
+    let mut t: Vec<u64> = rs
+        .iter()
+        .map(|(r, t)| {
+            assert_eq!(r.status, 200);
+            ms(*t)
+        })
+        .collect();
     t.sort_unstable();
     // The slower line: 0, 200, 400 ms.
     for (k, got) in t.iter().enumerate() {
@@ -125,7 +131,10 @@ fn client_gone_while_delayed() {
 #[test]
 fn queue_is_refused_for_window_algorithms() {
     for alg in ["fixed", "sliding", "sliding_log"] {
-        let block = server("rl_zone z size=1m;", &format!("location / {{ rl_limit zone=z rate=1r/s queue=5 algorithm={alg}; }}"));
+        let block = server(
+            "rl_zone z size=1m;",
+            &format!("location / {{ rl_limit zone=z rate=1r/s queue=5 algorithm={alg}; }}"),
+        );
         let (ok, out) = nginx_t(&block);
         assert!(!ok, "{alg}: {out}");
         assert!(out.contains("token_bucket") && out.contains("leaky_bucket") && out.contains("gcra"), "{alg}: {out}");

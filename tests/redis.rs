@@ -58,8 +58,7 @@ fn two_nginx_exact(alg: &str) {
     for r in all.iter().filter(|r| r.status == 200) {
         assert_eq!(r.body, "index\n");
     }
-    let logged =
-        la.matches("limiting requests by zone \"r\"").count() + lb.matches("limiting requests by zone \"r\"").count();
+    let logged = la.matches(" by zone \"r\", client: ").count() + lb.matches(" by zone \"r\", client: ").count();
     assert_eq!(logged, 250, "algorithm={alg}: rejections logged by both nginx together");
     assert!(failed_lines(&la, "r").is_empty() && failed_lines(&lb, "r").is_empty(), "algorithm={alg}: Redis failures");
     assert!(

@@ -1,4 +1,5 @@
-//! The directive handlers: `rl_zone`, `rl_limit`, `rl_status`, `rl_headers`.
+//! The directive handlers: `rl_zone`, `rl_limit`, `rl_status`, `rl_headers`,
+//! `rl_log_level`.
 //! Each logs its own error at the directive (so that `nginx -t` says what is
 //! wrong and where) before it returns `NGX_CONF_ERROR`.
 
@@ -8,7 +9,8 @@ use core::mem;
 use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
     ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
-    ngx_http_complex_value_t, ngx_http_get_variable_index, ngx_str_t, ngx_uint_t, NGX_LOG_EMERG,
+    ngx_http_complex_value_t, ngx_http_get_variable_index, ngx_str_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR,
+    NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_conf_log_error;
@@ -385,6 +387,33 @@ pub extern "C" fn cmd_rl_dry_run(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, 
             Quote(&arg.to_string())
         ),
     });
+    NGX_CONF_OK
+}
+
+/// `rl_log_level info | notice | warn | error;`
+pub extern "C" fn cmd_rl_log_level(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+    // SAFETY: the location configuration of this module (NGX_HTTP_LOC_CONF_OFFSET).
+    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: called by nginx while parsing, cf is valid.
+    let args = unsafe { args(cf) };
+    if lcf.log_level != ngx_uint_t::MAX {
+        conf_err!(cf, "\"rl_log_level\" directive is duplicate");
+    }
+    // (NGX_CONF_TAKE1: nginx has checked there is one argument)
+    let Some(arg) = args.get(1) else {
+        return NGX_CONF_ERROR;
+    };
+    lcf.log_level = match text(arg) {
+        "info" => NGX_LOG_INFO,
+        "notice" => NGX_LOG_NOTICE,
+        "warn" => NGX_LOG_WARN,
+        "error" => NGX_LOG_ERR,
+        _ => conf_err!(
+            cf,
+            "invalid value \"{}\" in \"rl_log_level\" directive, it must be \"info\", \"notice\", \"warn\" or \"error\"",
+            Quote(&arg.to_string())
+        ),
+    } as ngx_uint_t;
     NGX_CONF_OK
 }
 
