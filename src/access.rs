@@ -175,7 +175,7 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
     match reply.result {
         Ok((all, outcomes)) => {
             for ((_, res), o) in ctx.on_redis(&mcf.lines, reply.zone).zip(outcomes) {
-                res.set(&o.into(), all);
+                res.set(&o, all);
             }
         }
         Err(e) => {

@@ -5,6 +5,8 @@
 //! - [`parse`]: rates, sizes and durations as nginx.conf writes them.
 //! - [`table`]: the keyed state table that lives in a shared-memory zone
 //!   (hash chains + LRU over a caller-provided memory region).
+//! - [`verdict`]: [`verdict::Outcome`], a line's verdict on a request,
+//!   from the model or the Redis script.
 //! - [`url`]: Redis URLs (server, sentinels, cluster) and the redaction of
 //!   their passwords for messages.
 #![forbid(unsafe_op_in_unsafe_fn)]
@@ -14,3 +16,4 @@ pub mod parse;
 pub mod redis;
 pub mod table;
 pub mod url;
+pub mod verdict;

@@ -16,11 +16,33 @@
 //! | `fixed`        | ≤ B per aligned window of `W` (2B across a boundary)                         | 2           |
 //! | `sliding`      | ≤ B per aligned window, ≤ 2B − 1 in any interval `W`; retry ≤ W + ⌈cost·W/B⌉ | 3           |
 //! | `sliding_log`  | exactly ≤ B in any interval of length `W`                                    | 2 + B       |
-//! | `token_bucket` | ≤ B + rate·t over any time span t                                            | 2           |
+//! | `token_bucket` | ≤ B + Q + rate·t over any time span t                                        | 2           |
 //! | `leaky_bucket` | same as token bucket, viewed as a draining meter                             | 2           |
 //! | `gcra`         | same, emission interval rounded up to whole µs                               | 1           |
 //!
-//! where `W` = [`Limit::window_us`] = ⌈B · period_us / count⌉.
+//! where `W` = [`Limit::window_us`] = ⌈B · period_us / count⌉ and `Q` the
+//! queue ([`Limit::with_queue`], 0 by default).
+//!
+//! # Delaying (`queue=Q`)
+//!
+//! `token_bucket`, `leaky_bucket` and `gcra` can delay requests instead of
+//! rejecting them. Up to B units pass at once, as without a queue; beyond
+//! that a request is admitted *delayed* if it conforms to the rate within at
+//! most Q emission intervals (Q / rate), and rejected otherwise. Its
+//! [`Outcome::delay_us`] is the exact wait until it conforms: the least `d`
+//! such that the same line without a queue would admit it at `now + d` had
+//! nothing else been charged. A delayed request is charged at arrival, so
+//! the requests after it queue behind it (first come, first served): the
+//! state then holds more than B units, up to B + Q.
+//!
+//! A queued state is read as it is by every line that shares it, whatever
+//! its own queue: a line with a smaller queue (or none) sees the units
+//! queued beyond its own B + Q and rejects (or delays) accordingly. For a
+//! queued line, [`Outcome::remaining`] is 0 while anything is queued,
+//! [`Outcome::reset_us`] counts the queued units too, and
+//! [`Outcome::retry_after_us`] is the wait until a lone request of the same
+//! cost would be admitted, possibly delayed. A cost above the burst is never
+//! admitted, queue or not: it never conforms.
 
 mod bucket;
 mod fixed;
@@ -32,6 +54,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::parse::{ParseError, ParseErrorKind, Rate};
+pub use crate::verdict::Outcome;
 
 /// Largest burst `sliding_log` accepts: it stores one timestamp per unit.
 pub const MAX_LOG_BURST: u64 = 65_536;
@@ -119,6 +142,17 @@ pub enum LimitError {
         /// The burst.
         burst: u64,
     },
+    /// A queue for an algorithm that cannot delay (the window algorithms).
+    QueueNotSupported(Algorithm),
+    /// `(burst + queue) * period_us` does not fit in 64 bits.
+    QueueOverflow {
+        /// The rate.
+        rate: Rate,
+        /// The burst.
+        burst: u64,
+        /// The queue.
+        queue: u64,
+    },
 }
 
 impl fmt::Display for LimitError {
@@ -134,45 +168,37 @@ impl fmt::Display for LimitError {
                 "burst={burst} is too large for \"sliding_log\", which keeps one timestamp \
                  per request (at most {MAX_LOG_BURST}); use \"sliding\" or \"gcra\""
             ),
+            LimitError::QueueNotSupported(a) => write!(
+                f,
+                "\"queue\" is not supported by algorithm \"{a}\": only \"token_bucket\", \"leaky_bucket\" \
+                 and \"gcra\" can delay requests"
+            ),
+            LimitError::QueueOverflow { rate, burst, queue } => write!(
+                f,
+                "burst={burst} and queue={queue} with rate \"{rate}\" are too large: \
+                 (burst + queue) * period overflows 64 bits"
+            ),
         }
     }
 }
 
 impl std::error::Error for LimitError {}
 
-/// A validated limit: algorithm, rate and burst, plus derived constants.
+/// A validated limit: algorithm, rate, burst and queue, plus derived
+/// constants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Limit {
     algorithm: Algorithm,
     rate: Rate,
     burst: u64,
+    /// Requests delayed beyond the burst (0: none; buckets and `gcra` only).
+    queue: u64,
     /// `W` = ⌈burst · period / count⌉ ≥ 1.
     window: u64,
     /// GCRA emission interval `T` = ⌈period / count⌉ ≥ 1.
     interval: u64,
     /// Bucket capacity in scaled units: burst · period (one request = period).
     capacity: u64,
-}
-
-/// The verdict on one request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Outcome {
-    /// Whether the request is (or would be) admitted.
-    pub admitted: bool,
-    /// Cost-1 requests that would be admitted right now; when admitted this is
-    /// counted after the request's own charge (for `check` and `acquire` alike).
-    pub remaining: u64,
-    /// Microseconds until the key is back to full capacity (`remaining ==
-    /// burst`) if nothing else arrives; 0 if already full.
-    pub reset_us: u64,
-    /// When rejected: the exact wait until a lone request of the same cost is
-    /// admitted — it passes at `now + d` and not at `now + d − 1`, if nothing
-    /// else is charged meanwhile. `None` when admitted or when it never can be
-    /// (cost > burst).
-    pub retry_after_us: Option<u64>,
-    /// `leaky_bucket` only (else 0): how long the request would wait to leave
-    /// the bucket if shaped — the level before it divided by the rate.
-    pub delay_us: u64,
 }
 
 /// What one [`Limit::commit`] charged, for [`Limit::refund`] to take back:
@@ -199,18 +225,6 @@ impl Charge {
     }
 }
 
-impl Outcome {
-    /// An admitted request.
-    fn admit(remaining: u64, reset_us: u64, delay_us: u64) -> Self {
-        Outcome { admitted: true, remaining, reset_us, retry_after_us: None, delay_us }
-    }
-
-    /// A rejected request; `retry` is `None` exactly when it can never pass.
-    fn reject(remaining: u64, reset_us: u64, retry: Option<u64>, delay_us: u64) -> Self {
-        Outcome { admitted: false, remaining, reset_us, retry_after_us: retry, delay_us }
-    }
-}
-
 impl Limit {
     /// Validates and builds a limit. Rejects a zero rate or burst, params
     /// whose `burst * period_us` overflows `u64`, and a `sliding_log` burst
@@ -230,10 +244,30 @@ impl Limit {
             algorithm,
             rate,
             burst,
+            queue: 0,
             window: capacity.div_ceil(rate.count),
             interval: rate.period_us.div_ceil(rate.count),
             capacity,
         })
+    }
+
+    /// This limit with a queue of `queue` requests (see the module docs):
+    /// `token_bucket`, `leaky_bucket` and `gcra` only, unless `queue` is 0.
+    /// Refuses a queue whose `(burst + queue) * period_us` overflows `u64`.
+    pub fn with_queue(self, queue: u64) -> Result<Limit, LimitError> {
+        if queue == 0 {
+            return Ok(Limit { queue, ..self });
+        }
+        if !matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra) {
+            return Err(LimitError::QueueNotSupported(self.algorithm));
+        }
+        let (rate, burst) = (self.rate, self.burst);
+        burst.checked_add(queue).and_then(|n| n.checked_mul(rate.period_us)).ok_or(LimitError::QueueOverflow {
+            rate,
+            burst,
+            queue,
+        })?;
+        Ok(Limit { queue, ..self })
     }
 
     /// The algorithm.
@@ -249,6 +283,11 @@ impl Limit {
     /// The burst: the most cost units admitted at one instant.
     pub fn burst(&self) -> u64 {
         self.burst
+    }
+
+    /// The queue: requests delayed beyond the burst (0: none).
+    pub fn queue(&self) -> u64 {
+        self.queue
     }
 
     /// `W` = burst / rate = ⌈burst · period_us / count⌉ µs, at least 1.
@@ -267,10 +306,11 @@ impl Limit {
         }
     }
 
-    /// Would a request of `cost` be admitted at `now`? Does not modify
-    /// `state`; the outcome is the one [`Limit::acquire`] would return.
-    /// Cost 0 is always admitted; cost > burst never is (retry `None`). A
-    /// `state` shorter than [`Limit::state_words`] rejects (retry `None`).
+    /// Would a request of `cost` be admitted at `now`, at once or delayed?
+    /// Does not modify `state`; the outcome is the one [`Limit::acquire`]
+    /// would return. Cost 0 is always admitted at once; cost > burst never
+    /// is (retry `None`). A `state` shorter than [`Limit::state_words`]
+    /// rejects (retry `None`).
     pub fn check(&self, state: &[u64], now: u64, cost: u64) -> Outcome {
         self.check_inline(state, now, cost)
     }
@@ -294,13 +334,13 @@ impl Limit {
         // Cost 0 charges nothing, so it passes even when a lagging clock
         // sees the key over its limit.
         match cost {
-            0 => Outcome::admit(outcome.remaining, outcome.reset_us, outcome.delay_us),
+            0 => Outcome::admit(outcome.remaining, outcome.reset_us, 0),
             _ => outcome,
         }
     }
 
-    /// Charges a request that [`Limit::check`] admitted, and returns what
-    /// it charged. If it would not be admitted (misuse), or `cost` is 0, or
+    /// Charges a request that [`Limit::check`] admitted (delayed or not),
+    /// and returns what it charged. If it would not be admitted (misuse), or `cost` is 0, or
     /// `state` is too short, this does nothing — so it can never over-admit
     /// — and charges nothing.
     pub fn commit(&self, state: &mut [u64], now: u64, cost: u64) -> Charge {

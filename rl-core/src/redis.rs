@@ -86,7 +86,7 @@ use std::hash::Hasher;
 use siphasher::sip::SipHasher13;
 use smallvec::SmallVec;
 
-use crate::limit::{Algorithm, Limit};
+use crate::limit::{Algorithm, Limit, Outcome};
 
 mod reply;
 
@@ -277,37 +277,9 @@ pub fn script_args<'a>(requests: impl IntoIterator<Item = &'a [(Limit, u64)]>, c
     args
 }
 
-/// One line's outcome as the script reports it (see
-/// [`crate::limit::Outcome`]; `delay_us` is not reported).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ScriptLine {
-    /// Whether this line admits the request.
-    pub admitted: bool,
-    /// Cost-1 requests that would still be admitted.
-    pub remaining: u64,
-    /// Microseconds until the key is back to full capacity.
-    pub reset_us: u64,
-    /// When rejected, the wait until a lone request of the same cost passes;
-    /// `None` if admitted or it never can.
-    pub retry_after_us: Option<u64>,
-}
-
-impl From<ScriptLine> for crate::limit::Outcome {
-    /// The model's outcome the script's line reports (no shaping delay).
-    fn from(l: ScriptLine) -> Self {
-        crate::limit::Outcome {
-            admitted: l.admitted,
-            remaining: l.remaining,
-            reset_us: l.reset_us,
-            retry_after_us: l.retry_after_us,
-            delay_us: 0,
-        }
-    }
-}
-
 /// One request's lines' outcomes (inline up to two lines: no allocation for
 /// the usual request).
-pub type Lines = SmallVec<[ScriptLine; 2]>;
+pub type Lines = SmallVec<[Outcome; 2]>;
 
 /// One request's outcome: all lines admitted, and each line's outcome.
 pub type RequestReply = (bool, Lines);
@@ -356,11 +328,12 @@ pub fn parse_reply(reply: &[i64], nlines: &[usize]) -> Option<ScriptReply> {
                     -1 => (false, None),
                     r => (false, Some(u64::try_from(r).ok()?)),
                 };
-                Some(ScriptLine {
+                Some(Outcome {
                     admitted,
                     remaining: u64::try_from(l[0]).ok()?,
                     reset_us: u64::try_from(l[1]).ok()?,
                     retry_after_us,
+                    delay_us: 0,
                 })
             })
             .collect::<Option<Lines>>()?;

@@ -91,9 +91,10 @@ fn max_in_aligned(ch: &[(u64, u64)], w: u64) -> u64 {
     per.into_values().max().unwrap_or(0)
 }
 
-/// Asserts the algorithm's admission bound over charged requests.
+/// Asserts the algorithm's admission bound over charged requests (delayed
+/// ones included, charged at arrival: B + Q at one instant).
 fn assert_bound(l: &Limit, ch: &[(u64, u64)]) {
-    let (b, w) = (l.burst(), l.window_us());
+    let (b, w, q) = (l.burst(), l.window_us(), l.queue());
     let Rate { count, period_us } = l.rate();
     match l.algorithm() {
         Algorithm::Fixed => assert!(max_in_aligned(ch, w) <= b),
@@ -108,7 +109,7 @@ fn assert_bound(l: &Limit, ch: &[(u64, u64)]) {
                 for j in i..ch.len() {
                     units += u128::from(ch[j].1);
                     let span = u128::from(ch[j].0 - ch[i].0);
-                    let allowed = u128::from(b) * u128::from(period_us) + u128::from(count) * span;
+                    let allowed = u128::from(b + q) * u128::from(period_us) + u128::from(count) * span;
                     assert!(units * u128::from(period_us) <= allowed, "{i}..={j}");
                 }
             }
@@ -116,11 +117,15 @@ fn assert_bound(l: &Limit, ch: &[(u64, u64)]) {
     }
 }
 
-/// A limit with a small rate and burst, and periods that may not divide.
+/// A limit with a small rate and burst, and periods that may not divide;
+/// for the algorithms that can delay, sometimes a queue.
 fn limits() -> impl Strategy<Value = Limit> {
     let period = prop_oneof![1u64..=40, 1_000u64..=2_000_000, Just(1_000_000u64), Just(60_000_000u64),];
-    (select(Algorithm::ALL.to_vec()), 1u64..=12, period, 1u64..=10)
-        .prop_map(|(a, count, p, b)| Limit::new(a, Rate { count, period_us: p }, b).unwrap())
+    let queue = prop_oneof![Just(0u64), 1u64..=12];
+    (select(Algorithm::ALL.to_vec()), 1u64..=12, period, 1u64..=10, queue).prop_map(|(a, count, p, b, q)| {
+        let l = Limit::new(a, Rate { count, period_us: p }, b).unwrap();
+        l.with_queue(q).unwrap_or(l)
+    })
 }
 
 /// Request sequences.
@@ -215,9 +220,7 @@ proptest! {
             .map(|a| Limit::new(a, rate, burst).unwrap());
         let mut states = ls.map(|l| vec![0; l.state_words()]);
         replay(&ls[0], &ops, start, false, |_, now, cost| {
-            let outs: Vec<Outcome> = ls.iter().zip(&mut states).map(|(l, s)| {
-                Outcome { delay_us: 0, ..l.acquire(s, now, cost) }
-            }).collect();
+            let outs: Vec<Outcome> = ls.iter().zip(&mut states).map(|(l, s)| l.acquire(s, now, cost)).collect();
             assert_eq!(outs[0], outs[1]);
             assert_eq!(outs[0], outs[2]);
             outs[0]

@@ -41,7 +41,7 @@ fn cost(l: &Limit, (_, f, c): Raw) -> u64 {
         0 => 0,
         5 => 1 + u64::from(f) % b,
         6 => b,
-        7 => b + 1,
+        7 => b + 1 + l.queue() % 3,
         _ => 1,
     }
 }
@@ -90,11 +90,16 @@ fn assert_stricter(l: &Limit, a: &[u64], b: &[u64], now: u64, later: &[Raw]) {
     }
 }
 
-/// A limit with a small rate and burst, and periods that may not divide.
+/// A limit with a small rate and burst, and periods that may not divide;
+/// for the algorithms that can delay, sometimes a queue (delayed requests
+/// are charged and refunded as the others).
 fn limits() -> impl Strategy<Value = Limit> {
     let period = prop_oneof![1u64..=40, 1_000u64..=2_000_000, Just(1_000_000u64), Just(60_000_000u64)];
-    (select(Algorithm::ALL.to_vec()), 1u64..=12, period, 1u64..=10)
-        .prop_map(|(a, count, p, b)| Limit::new(a, Rate { count, period_us: p }, b).unwrap())
+    let queue = prop_oneof![Just(0u64), 1u64..=12];
+    (select(Algorithm::ALL.to_vec()), 1u64..=12, period, 1u64..=10, queue).prop_map(|(a, count, p, b, q)| {
+        let l = Limit::new(a, Rate { count, period_us: p }, b).unwrap();
+        l.with_queue(q).unwrap_or(l)
+    })
 }
 
 fn ops(max: usize) -> impl Strategy<Value = Vec<Raw>> {

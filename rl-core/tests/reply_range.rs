@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use rl_core::limit::{Algorithm, Limit, Outcome};
 use rl_core::parse::Rate;
-use rl_core::redis::{check_line, ScriptLine, CLOCK_STEP_US};
+use rl_core::redis::{check_line, CLOCK_STEP_US};
 
 /// A raw step: (time selector, fraction, cost selector).
 type Raw = (u8, u16, u8);
@@ -16,10 +16,6 @@ type Raw = (u8, u16, u8);
 /// `w · permille / 1000`.
 fn frac(w: u64, permille: u16) -> u64 {
     (u128::from(w) * u128::from(permille) / 1000) as u64
-}
-
-fn line(o: &Outcome) -> ScriptLine {
-    ScriptLine { admitted: o.admitted, remaining: o.remaining, reset_us: o.reset_us, retry_after_us: o.retry_after_us }
 }
 
 /// Limits of every algorithm: small rates and bursts, periods that may not
@@ -68,9 +64,9 @@ proptest! {
                 _ => 1,
             };
             let checked = l.check(&s, now, cost);
-            prop_assert_eq!(check_line(&l, cost, &line(&checked)), Ok(()), "check {:?} now={} cost={}", l, now, cost);
+            prop_assert_eq!(check_line(&l, cost, &checked), Ok(()), "check {:?} now={} cost={}", l, now, cost);
             prev = l.acquire(&mut s, now, cost);
-            prop_assert_eq!(check_line(&l, cost, &line(&prev)), Ok(()), "acquire {:?} now={} cost={}", l, now, cost);
+            prop_assert_eq!(check_line(&l, cost, &prev), Ok(()), "acquire {:?} now={} cost={}", l, now, cost);
         }
     }
 }

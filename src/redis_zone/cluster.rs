@@ -12,7 +12,8 @@
 
 use std::time::Instant;
 
-use rl_core::redis::{write_state_key, Lines, RequestReply, ScriptLine};
+use rl_core::limit::Outcome;
+use rl_core::redis::{write_state_key, Lines, RequestReply};
 
 use super::conn::{Conn, ZoneConn};
 use super::script::{call_one, Code};
@@ -60,7 +61,7 @@ impl ZoneConn {
         let Some(groups) = groups(&tags) else {
             return call_one(conn, via, prefix, &job.lines, true).await;
         };
-        let mut lines: Lines = smallvec::smallvec![ScriptLine::default(); job.lines.len()];
+        let mut lines: Lines = smallvec::smallvec![Outcome::default(); job.lines.len()];
         let mut all = true;
         for commit in [false, true] {
             let calls = groups.iter().map(|g| {

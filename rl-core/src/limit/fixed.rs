@@ -45,7 +45,7 @@ pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
         return Outcome::admit(free - cost, reset(l, &after, now), 0);
     }
     let retry = l.retry(cost, || to_end(l, &v, now));
-    Outcome::reject(free, reset(l, &v, now), retry, 0)
+    Outcome::reject(free, reset(l, &v, now), retry)
 }
 
 /// See [`Limit::commit`].

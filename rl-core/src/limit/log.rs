@@ -94,7 +94,7 @@ pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
         return Outcome::admit(free - cost, reset, 0);
     }
     let retry = l.retry(cost, || retry(l, &v, now, cost));
-    Outcome::reject(free, reset(l, v.newest(), v.live(), now), retry, 0)
+    Outcome::reject(free, reset(l, v.newest(), v.live(), now), retry)
 }
 
 /// See [`Limit::commit`]: drops expired entries, appends `cost` stamps.

@@ -101,7 +101,7 @@ pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
         return Outcome::admit(remaining(l, &after), reset(l, &after, now), 0);
     }
     let retry = l.retry(cost, || retry(l, &v, now, cost));
-    Outcome::reject(remaining(l, &v), reset(l, &v, now), retry, 0)
+    Outcome::reject(remaining(l, &v), reset(l, &v, now), retry)
 }
 
 /// See [`Limit::commit`].

@@ -27,8 +27,8 @@
 
 use core::fmt;
 
-use super::{ScriptLine, TTL_MARGIN_MS};
-use crate::limit::{Algorithm, Limit};
+use super::TTL_MARGIN_MS;
+use crate::limit::{Algorithm, Limit, Outcome};
 
 /// How far the Redis clock may have stepped back since a state was written
 /// for a reply to be in range: the TTL margin.
@@ -110,7 +110,7 @@ pub fn max_retry_after_us(limit: &Limit, cost: u64) -> Option<u64> {
 
 /// Whether `line`, the script's outcome for a request of `cost` on `limit`,
 /// is one the algorithm can produce (see the module docs).
-pub fn check_line(limit: &Limit, cost: u64, line: &ScriptLine) -> Result<(), OutOfRange> {
+pub fn check_line(limit: &Limit, cost: u64, line: &Outcome) -> Result<(), OutOfRange> {
     let b = limit.burst();
     if line.admitted && cost > b {
         return Err(OutOfRange::Admitted { cost, burst: b });
@@ -170,17 +170,12 @@ mod tests {
                 assert!(!o.admitted, "{alg}");
                 assert_eq!(o.reset_us, max_reset_us(&l), "{alg} reset");
                 assert_eq!(o.retry_after_us, max_retry_after_us(&l, cost), "{alg} cost {cost}");
-                let line = ScriptLine {
-                    admitted: false,
-                    remaining: o.remaining,
-                    reset_us: o.reset_us,
-                    retry_after_us: o.retry_after_us,
-                };
+                let line = o;
                 assert_eq!(check_line(&l, cost, &line), Ok(()), "{alg}");
-                let late = ScriptLine { reset_us: line.reset_us + 1, ..line };
+                let late = Outcome { reset_us: line.reset_us + 1, ..line };
                 assert!(matches!(check_line(&l, cost, &late), Err(OutOfRange::Reset { .. })), "{alg}");
                 let retry = line.retry_after_us.map(|r| r + 1);
-                let later = ScriptLine { retry_after_us: retry, ..line };
+                let later = Outcome { retry_after_us: retry, ..line };
                 assert!(matches!(check_line(&l, cost, &later), Err(OutOfRange::RetryAfter { .. })), "{alg}");
             }
         }
@@ -208,8 +203,13 @@ mod tests {
     #[test]
     fn remaining_and_retry_after_bounds() {
         let l = limit(Algorithm::Fixed);
-        let line =
-            |admitted, remaining, retry_after_us| ScriptLine { admitted, remaining, reset_us: 0, retry_after_us };
+        let line = |admitted, remaining, retry_after_us| Outcome {
+            admitted,
+            remaining,
+            reset_us: 0,
+            retry_after_us,
+            delay_us: 0,
+        };
         // Admitted: at most burst - cost remain.
         assert_eq!(check_line(&l, 2, &line(true, 3, None)), Ok(()));
         assert_eq!(check_line(&l, 2, &line(true, 4, None)), Err(OutOfRange::Remaining { got: 4, max: 3 }));
@@ -223,7 +223,7 @@ mod tests {
         assert_eq!(check_line(&l, 6, &line(false, 0, None)), Ok(()));
         assert_eq!(check_line(&l, 6, &line(false, 0, Some(9))), Err(OutOfRange::RetryAfter { got: 9, max: None }));
         // The reply.
-        let huge = ScriptLine { admitted: false, remaining: i64::MAX as u64, reset_us: 0, retry_after_us: None };
+        let huge = Outcome { remaining: i64::MAX as u64, ..Outcome::default() };
         assert_eq!(
             check_line(&l, 1, &huge).map_err(|e| e.to_string()),
             Err("remaining 9223372036854775807 above 5".to_string())

@@ -5,14 +5,15 @@
 
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::redis::{
-    exact, key_tag, parse_reply, script_args, state_key, tag_of, write_state_key, Call, ScriptLine, ScriptReply,
-    LIMIT_SCRIPT, MAX_EXACT, TTL_MARGIN_MS, TTL_SLACK_MS,
+    exact, key_tag, parse_reply, script_args, state_key, tag_of, write_state_key, Call, ScriptReply, LIMIT_SCRIPT,
+    MAX_EXACT, TTL_MARGIN_MS, TTL_SLACK_MS,
 };
 use rl_core::redis::{function_library, function_name};
+use rl_core::verdict::Outcome;
 
 use crate::fixtures::{case_limit, keys, limit, T0};
 use crate::harness::{put_raw, Mode, Redis};
-use crate::model::{line, stored};
+use crate::model::stored;
 use crate::pair::Pair;
 
 /// A request: its lines, each a limit and a cost.
@@ -204,11 +205,11 @@ fn foreign_state_reads_like_the_model() {
                 let what = format!("{alg} {raw:?} list={list} cost={cost}");
                 // Check only: the model's outcome, nothing written.
                 let (_, out) = r.run(&k, &[(l, cost)], now, false, false);
-                assert_eq!(out[0], line(&want), "{what}");
+                assert_eq!(out[0], want, "{what}");
                 assert_eq!(r.writes(), 0, "{what}");
                 // Commit: the same, and the model's state if admitted.
                 let (_, out) = r.run(&k, &[(l, cost)], now, true, false);
-                assert_eq!(out[0], line(&want), "{what}");
+                assert_eq!(out[0], want, "{what}");
                 if want.admitted {
                     let mut s = state.clone();
                     l.commit(&mut s, now, cost);
@@ -514,8 +515,11 @@ fn rust_interface() {
     assert_eq!(now_us, 5);
     assert_eq!(reqs.len(), 4);
     assert!(!reqs[0].0 && reqs[1].0 && reqs[2].0 && !reqs[3].0);
-    assert_eq!(reqs[0].1[1], ScriptLine { admitted: false, remaining: 0, reset_us: 9, retry_after_us: Some(4) });
-    assert_eq!(reqs[1].1[0], ScriptLine { admitted: true, remaining: 7, reset_us: 8, retry_after_us: None });
+    assert_eq!(
+        reqs[0].1[1],
+        Outcome { admitted: false, remaining: 0, reset_us: 9, retry_after_us: Some(4), delay_us: 0 }
+    );
+    assert_eq!(reqs[1].1[0], Outcome { admitted: true, remaining: 7, reset_us: 8, retry_after_us: None, delay_us: 0 });
     assert_eq!(reqs[3].1[0].retry_after_us, None);
     assert!(parse_reply(&ok, &[2, 1]).is_none()); // left over
     assert!(parse_reply(&ok, &[2, 1, 2]).is_none()); // short

@@ -6,9 +6,8 @@
 
 use mlua::{Function, Lua, Table, Value};
 use rl_core::limit::Limit;
-use rl_core::redis::{
-    function_library, function_name, parse_reply, script_args, Call, ScriptLine, ScriptReply, LIMIT_SCRIPT,
-};
+use rl_core::redis::{function_library, function_name, parse_reply, script_args, Call, ScriptReply, LIMIT_SCRIPT};
+use rl_core::verdict::Outcome;
 
 use crate::struct_lib::struct_lib;
 
@@ -152,7 +151,7 @@ impl Redis {
         now: u64,
         commit: bool,
         use_time: bool,
-    ) -> (bool, Vec<ScriptLine>) {
+    ) -> (bool, Vec<Outcome>) {
         let mut out = self.run_batch(keys, &[lines], now, commit, use_time);
         assert_eq!(out.len(), 1);
         out.remove(0)
@@ -167,7 +166,7 @@ impl Redis {
         now: u64,
         commit: bool,
         use_time: bool,
-    ) -> Vec<(bool, Vec<ScriptLine>)> {
+    ) -> Vec<(bool, Vec<Outcome>)> {
         self.run_until(keys, requests, now, commit, use_time, None).expect("no deadline, yet late")
     }
 
@@ -181,7 +180,7 @@ impl Redis {
         commit: bool,
         use_time: bool,
         deadline_us: Option<u64>,
-    ) -> Option<Vec<(bool, Vec<ScriptLine>)>> {
+    ) -> Option<Vec<(bool, Vec<Outcome>)>> {
         self.set_now(now);
         let call = Call { commit, now_us: (!use_time).then_some(now), deadline_us };
         let args = script_args(requests.iter().copied(), call);

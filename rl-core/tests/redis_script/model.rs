@@ -3,20 +3,9 @@
 //! state as the script stores it.
 
 use rl_core::limit::{Algorithm, Limit, Outcome};
-use rl_core::redis::ScriptLine;
-
-/// The model's answer in the script's terms.
-pub(crate) fn line(o: &Outcome) -> ScriptLine {
-    ScriptLine { admitted: o.admitted, remaining: o.remaining, reset_us: o.reset_us, retry_after_us: o.retry_after_us }
-}
 
 /// The model of one call: check every line; commit all iff all admit.
-pub(crate) fn model(
-    lines: &[(Limit, u64)],
-    states: &mut [Vec<u64>],
-    now: u64,
-    commit: bool,
-) -> (bool, Vec<ScriptLine>) {
+pub(crate) fn model(lines: &[(Limit, u64)], states: &mut [Vec<u64>], now: u64, commit: bool) -> (bool, Vec<Outcome>) {
     let outs: Vec<Outcome> = lines.iter().zip(states.iter()).map(|((l, c), s)| l.check(s, now, *c)).collect();
     let all = outs.iter().all(|o| o.admitted);
     if all && commit {
@@ -24,7 +13,7 @@ pub(crate) fn model(
             l.commit(s, now, *c);
         }
     }
-    (all, outs.iter().map(line).collect())
+    (all, outs)
 }
 
 /// The model of a call's deadline: a call that runs after it does nothing
@@ -35,7 +24,7 @@ pub(crate) fn model_until(
     now: u64,
     commit: bool,
     deadline: Option<u64>,
-) -> Option<(bool, Vec<ScriptLine>)> {
+) -> Option<(bool, Vec<Outcome>)> {
     if late(now, deadline) {
         return None;
     }

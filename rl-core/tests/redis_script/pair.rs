@@ -2,7 +2,8 @@
 //! outcomes, writes, stored state and TTLs compared.
 
 use rl_core::limit::{Algorithm, Limit};
-use rl_core::redis::{check_line, expiry_after_write, ScriptLine, CLOCK_STEP_US, TTL_MARGIN_MS};
+use rl_core::redis::{check_line, expiry_after_write, CLOCK_STEP_US, TTL_MARGIN_MS};
+use rl_core::verdict::Outcome;
 
 use crate::fixtures::keys;
 use crate::harness::{Mode, Redis};
@@ -40,7 +41,7 @@ impl Pair {
         now: u64,
         commit: bool,
         use_time: bool,
-    ) -> (bool, Vec<ScriptLine>) {
+    ) -> (bool, Vec<Outcome>) {
         self.step_until(lines, now, commit, use_time, None).expect("no deadline, yet late")
     }
 
@@ -54,7 +55,7 @@ impl Pair {
         commit: bool,
         use_time: bool,
         deadline: Option<u64>,
-    ) -> Option<(bool, Vec<ScriptLine>)> {
+    ) -> Option<(bool, Vec<Outcome>)> {
         self.redis.set_now(now);
         for (key, x) in self.keys.iter().zip(self.expiries.iter_mut()) {
             if self.redis.value(key).is_none() {

@@ -10,7 +10,8 @@ use proptest::sample::select;
 use proptest::test_runner::FileFailurePersistence;
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
-use rl_core::redis::{exact, ScriptLine, MAX_EXACT, TTL_MARGIN_MS};
+use rl_core::redis::{exact, MAX_EXACT, TTL_MARGIN_MS};
+use rl_core::verdict::Outcome;
 
 use crate::fixtures::{case_limit, keys, limit, T0};
 use crate::harness::{Mode, Redis};
@@ -35,7 +36,7 @@ fn replay(limits: &[Limit], ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool) {
     let w = limits.iter().map(Limit::window_us).max().unwrap();
     let mut lines: Vec<(Limit, u64)> = limits.iter().map(|l| (*l, 1)).collect();
     let mut p = Pair::new(&lines);
-    let (mut t, mut prev) = (start, ScriptLine::default());
+    let (mut t, mut prev) = (start, Outcome::default());
     for ((sel, f, flags), costs) in ops {
         let (sel, f) = (*sel, *f);
         t = t.saturating_add(match sel % 10 {
@@ -319,7 +320,7 @@ proptest! {
             let mut s = vec![vec![0; l.state_words()]];
             prop_assert_eq!(out, model(&lines, &mut s, T0, true).1);
         } else {
-            prop_assert_eq!(out[0], ScriptLine::default());
+            prop_assert_eq!(out[0], Outcome::default());
             prop_assert_eq!(r.writes(), 0);
         }
     }
