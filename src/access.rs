@@ -22,9 +22,8 @@ use ngx::ngx_log_debug;
 
 use crate::conf::{LocConf, MainConf};
 use crate::delay;
-use crate::line::Line;
 use crate::redis_zone::{self, Job, JobLine, RedisError, Reply};
-use crate::request::{get_ctx, new_ctx, Ctx, LineResult, Phase, Verdict};
+use crate::request::{get_ctx, new_ctx, Ctx, Phase, Verdict};
 use crate::shm::decide::{decide, refund};
 use crate::Module;
 
@@ -279,7 +278,7 @@ fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
     if unsafe { (*log).log_level } < level {
         return;
     }
-    let excess = excess_milli(line, res);
+    let excess = res.outcome().excess_milli(&line.limit, line.cost);
     let zone = ngx_str_t { len: line.zone_name.len(), data: line.zone_name.as_ptr().cast_mut() };
     // SAFETY: the format's conversions take, in order, a NUL-terminated string (%s), two
     // ngx_uint_t (%ui) and a pointer to an ngx_str_t (%V), all valid for the call.
@@ -300,12 +299,3 @@ fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
 /// `limit_req`'s formats, word for word (the comma before "by zone" too).
 const LIMITING: &CStr = c"limiting requests%s, excess: %ui.%03ui by zone \"%V\"";
 const DELAYING: &CStr = c"delaying request%s, excess: %ui.%03ui, by zone \"%V\"";
-
-/// The excess the log line reports, in thousandths of a unit: what the key
-/// would hold above the rate's one request, with this request (counted if
-/// rejected, already charged if admitted).
-fn excess_milli(line: &Line, res: &LineResult) -> u64 {
-    let held = line.limit.burst().saturating_sub(res.remaining);
-    let held = if res.admitted { held } else { held.saturating_add(line.cost) };
-    held.saturating_sub(1).saturating_mul(1000)
-}

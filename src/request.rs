@@ -69,6 +69,17 @@ impl LineResult {
         self.charged = charged;
     }
 
+    /// The verdict as rl-core gave it.
+    pub fn outcome(&self) -> Outcome {
+        Outcome {
+            admitted: self.admitted,
+            remaining: self.remaining,
+            reset_us: self.reset_us,
+            retry_after_us: (self.retry_after_us != u64::MAX).then_some(self.retry_after_us),
+            delay_us: self.delay_us,
+        }
+    }
+
     /// What the line did to the request, as `$rl_status` names it.
     pub fn verdict(&self) -> Verdict {
         match (self.admitted, self.delay_us > 0, self.dry_run) {

@@ -111,6 +111,17 @@ fn limit_args() -> Vec<(String, &'static str)> {
         ("zone={Z} rate=10r/s cost=11".into(), "cost=11 exceeds burst=10"),
         ("zone={Z} rate=10r/s burst=100000 algorithm=sliding_log".into(), "invalid limit"),
         ("zone=nope rate=10r/s".into(), "unknown zone \"nope\""),
+        // queue=, name=, dry_run
+        ("zone={Z} rate=10r/s algorithm=gcra queue=".into(), "invalid queue \"\""),
+        ("zone={Z} rate=10r/s algorithm=gcra queue=-1".into(), "invalid queue \"-1\""),
+        ("zone={Z} rate=10r/s algorithm=gcra queue=x".into(), "invalid queue \"x\""),
+        ("zone={Z} rate=10r/s algorithm=gcra queue=99999999999999999999".into(), "invalid queue \"999"),
+        ("zone={Z} rate=10r/s queue=5".into(), "\"queue\" is not supported by algorithm \"sliding\""),
+        ("zone={Z} rate=10r/s algorithm=fixed queue=5".into(), "\"queue\" is not supported by algorithm \"fixed\""),
+        ("zone={Z} rate=10r/s name=".into(), "invalid name \"\""),
+        ("zone={Z} rate=10r/s name=a.b".into(), "invalid name \"a.b\""),
+        ("zone={Z} rate=10r/s dry_run dry_run".into(), "duplicate \"dry_run\" parameter"),
+        ("zone={Z} rate=10r/s dry_run=on".into(), "invalid parameter \"dry_run=on\""),
     ];
     // each parameter twice: the same value, and another
     for (p, value, other) in [
@@ -640,6 +651,10 @@ fn their_good_forms_are_accepted() {
     let good = [
         "rl_limit zone=z rate=10r/s key=$uri algorithm=gcra burst=0005 cost=1;",
         "rl_limit zone=r rate=10r/s key=$uri algorithm=sliding_log burst=10 cost=10;",
+        "rl_limit zone=z rate=10r/s algorithm=gcra queue=0010 name=a-B_9 dry_run;",
+        "rl_limit dry_run zone=r rate=10r/s algorithm=token_bucket queue=0;",
+        "rl_dry_run on;",
+        "rl_log_level warn;",
         "rl_status 0429;",
         "rl_status 599;",
         "rl_headers both;",

@@ -22,8 +22,11 @@ fn ms(d: Duration) -> u64 {
 /// requests of one key: 5 answered at once, 10 answered 100, 200, ...,
 /// 1000 ms later (first come, first served), 5 rejected at once.
 fn twenty_requests(zone: &str, alg: &str) {
-    let body = format!("location / {{ rl_limit zone=z rate=10r/s burst=5 queue=10 algorithm={alg}; }}");
-    let ngx = Nginx::start(&server(zone, &body));
+    let body = format!(
+        "location / {{ rl_limit zone=z rate=10r/s burst=5 queue=10 algorithm={alg}; access_log {{ROOT}}/../rl.log rl; }}"
+    );
+    let zones = format!("{zone}\nlog_format rl '$status $rl_status $rl_delay $rl_line';");
+    let ngx = Nginx::start(&server(&zones, &body));
     let rs = ngx.concurrent_timed(20, "/index.html", &[]);
     let mut passed: Vec<u64> = rs.iter().filter(|(r, _)| r.status == 200).map(|(_, t)| ms(*t)).collect();
     let rejected: Vec<u64> = rs.iter().filter(|(r, _)| r.status == 429).map(|(_, t)| ms(*t)).collect();
@@ -39,6 +42,43 @@ fn twenty_requests(zone: &str, alg: &str) {
             "{alg}: delayed request {k} answered after {t} ms, not {want}: {passed:?}"
         );
     }
+    // $rl_status and $rl_delay (ms) in the access log.
+    let log = std::fs::read_to_string(ngx.prefix.join("rl.log")).unwrap_or_default();
+    let mut by_status = std::collections::BTreeMap::new();
+    let mut delays = Vec::new();
+    for line in log.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        *by_status.entry((f[0].to_string(), f[1].to_string())).or_insert(0) += 1;
+        if f[1] == "DELAYED" {
+            delays.push(f[2].parse::<u64>().unwrap_or(0));
+        } else {
+            assert_eq!(f[2], "-", "{alg}: $rl_delay of a request not delayed: {line}");
+        }
+        assert_eq!(f[3], "z", "{alg}: $rl_line: {line}");
+    }
+    let want: std::collections::BTreeMap<_, _> = [
+        (("200".to_string(), "PASSED".to_string()), 5),
+        (("200".to_string(), "DELAYED".to_string()), 10),
+        (("429".to_string(), "REJECTED".to_string()), 5),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(by_status, want, "{alg}: {log}");
+    delays.sort_unstable();
+    assert!(delays.iter().enumerate().all(|(k, d)| d.abs_diff(100 * (k as u64 + 1)) <= at_once), "{alg}: {delays:?}");
+    // One log line per delay (at warn, one level below the rejections) and per rejection, in
+    // limit_req's form.
+    let err = ngx.error_log();
+    assert_eq!(
+        err.lines().filter(|l| l.contains("[warn]") && l.contains("delaying request, excess: ")).count(),
+        10,
+        "{alg}: {err}"
+    );
+    assert_eq!(
+        err.lines().filter(|l| l.contains("[error]") && l.contains("limiting requests, excess: ")).count(),
+        5,
+        "{alg}: {err}"
+    );
 }
 
 #[test]

@@ -224,12 +224,20 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         Ok(l) => l,
         Err(e) => conf_err!(cf, "invalid limit in \"rl_limit\" directive: {}", e),
     };
-    let queue = match get("queue").map(parse_u64) {
+    let queue = match get("queue").map(parse_number) {
         None => 0,
         Some(Ok(n)) => n,
         Some(Err(e)) => {
-            conf_err!(cf, "invalid queue \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), number_hint(&e))
+            let hint = match e.kind {
+                ParseErrorKind::TooLarge => "it is too large",
+                _ => "it must be a number",
+            };
+            conf_err!(cf, "invalid queue \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), hint)
         }
+    };
+    let limit = match limit.with_queue(queue) {
+        Ok(l) => l,
+        Err(e) => conf_err!(cf, "invalid limit in \"rl_limit\" directive: {}", e),
     };
     let name = match get("name") {
         None => None,
