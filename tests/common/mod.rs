@@ -568,27 +568,7 @@ pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Response {
 /// `n` GETs on `n` simultaneous connections: all connections are opened
 /// first, then every request is sent at once (a barrier).
 pub fn concurrent(port: u16, n: usize, path: &str, headers: &[(&str, &str)]) -> Vec<Response> {
-    let req = Arc::new(request_text(path, headers));
-    let barrier = Arc::new(Barrier::new(n));
-    let handles: Vec<_> = (0..n)
-        .map(|_| {
-            let (req, barrier) = (req.clone(), barrier.clone());
-            thread::Builder::new()
-                .stack_size(256 * 1024)
-                .spawn(move || {
-                    let s = connect(port);
-                    barrier.wait();
-                    exchange(s?, &req)
-                })
-                .expect("cannot spawn a client thread")
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| {
-            h.join().expect("client thread panicked").unwrap_or_else(|e| panic!("concurrent GET {path} failed: {e}"))
-        })
-        .collect()
+    concurrent_timed(port, n, path, headers).into_iter().map(|(r, _)| r).collect()
 }
 
 /// As [`concurrent`], with the time each response took, from the moment
