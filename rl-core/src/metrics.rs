@@ -189,6 +189,9 @@ impl core::fmt::Display for Seconds {
     }
 }
 
+/// A number of a zone's sample.
+type ZoneField = fn(&ShmZoneSample) -> u64;
+
 /// The Prometheus text exposition format, version 0.0.4. A family with no
 /// sample is left out.
 pub fn prometheus(s: &Snapshot, out: &mut String) {
@@ -206,7 +209,7 @@ pub fn prometheus(s: &Snapshot, out: &mut String) {
         }
     }
     if !s.shm.is_empty() {
-        let gauges: [(&str, &str, fn(&ShmZoneSample) -> u64); 4] = [
+        let gauges: [(&str, &str, ZoneField); 4] = [
             ("nginx_rl_zone_keys", "Keys a shared-memory zone holds a state for.", |z| z.keys),
             ("nginx_rl_zone_capacity_keys", "Keys a shared-memory zone can hold.", |z| z.capacity_keys),
             ("nginx_rl_zone_size_bytes", "Size of a shared-memory zone.", |z| z.size_bytes),
