@@ -17,7 +17,7 @@ RUN_CONF     ?= $(ROOT)/nginx-conf/example.conf
 CARGO        ?= cargo
 
 # Debian packages the build, the tests and the benchmark need.
-APT_PACKAGES := nginx nginx-dev libclang-dev pkg-config libssl-dev libpcre2-dev zlib1g-dev redis-server openssl
+APT_PACKAGES := nginx nginx-dev libclang-dev pkg-config libssl-dev libpcre2-dev zlib1g-dev redis-server openssl prometheus python3-prometheus-client
 
 .PHONY: all help deps build build-debian build-vendored install run stop check test unittest test-core test-integration bench bench-quick soak clean
 
@@ -93,7 +93,7 @@ test-core:
 
 # The integration tests start their own nginx (and redis-server) on loopback
 # ports, once against Debian's nginx and once against the vendored 1.28.
-INTEGRATION := --test integration --test identity --test dry_run --test variables --test queue --test reliability --test conf_check --test redis --test redis_late --test misbehaving --test mixed --test sentinel
+INTEGRATION := --test integration --test identity --test dry_run --test variables --test queue --test reliability --test conf_check --test redis --test redis_late --test misbehaving --test mixed --test sentinel --test metrics
 
 test-integration:
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) RL_NGINX=/usr/sbin/nginx RL_MODULE=$(DEBIAN_SO) \

@@ -22,6 +22,7 @@ use ngx::ngx_log_debug;
 
 use crate::conf::{LocConf, MainConf};
 use crate::delay;
+use crate::metrics;
 use crate::redis_zone::{self, Job, JobLine, RedisError, Reply};
 use crate::request::{get_ctx, new_ctx, Ctx, Phase, Verdict};
 use crate::shm::decide::{decide, refund};
@@ -89,6 +90,7 @@ fn access(r: &mut Request) -> Status {
         Some(charged) => charged && redis_ok,
         None => redis_ok && decide(&mcf.zones, &mcf.lines, ctx, r.log()),
     };
+    metrics::count(mcf, ctx);
     if admitted {
         debug_verdicts(r.log(), mcf, ctx);
         // A delay, or a dry-run line that would have limited.
@@ -144,6 +146,7 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
             ctx.awaited |= 1 << z;
         } else {
             zone.failed(log, &RedisError::NoThread);
+            metrics::redis_failed(mcf, ctx, z, zone.on_error_allow, &RedisError::NoThread);
             redis_failed(mcf, ctx, z, zone.on_error_allow);
         }
     }
@@ -179,6 +182,7 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
         }
         Err(e) => {
             zone.failed(req.log(), &e);
+            metrics::redis_failed(mcf, ctx, reply.zone, zone.on_error_allow, &e);
             redis_failed(mcf, ctx, reply.zone, zone.on_error_allow);
         }
     }
@@ -201,6 +205,7 @@ pub fn on_lost(r: *mut ngx_http_request_t) {
     for (z, zone) in mcf.redis.iter().enumerate() {
         if ctx.awaited & (1 << z) != 0 {
             zone.failed(req.log(), &RedisError::NoThread);
+            metrics::redis_failed(mcf, ctx, z, zone.on_error_allow, &RedisError::NoThread);
             redis_failed(mcf, ctx, z, zone.on_error_allow);
         }
     }

@@ -58,6 +58,8 @@ pub struct MainConf {
     pub lines: Vec<Line>,
     /// Location configurations that have lines, sorted by zone at postconfiguration.
     pub locs: Vec<*mut LocConf>,
+    /// `rl_metrics`: the counters' rows.
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl MainConf {

@@ -32,6 +32,7 @@ mod conf;
 mod delay;
 mod headers;
 mod line;
+mod metrics;
 mod redis_zone;
 mod request;
 mod shm;
@@ -60,7 +61,7 @@ impl HttpModule for Module {
         let Some(mcf) = (unsafe { Module::main_conf_mut(&*cf) }) else {
             return Status::NGX_ERROR.into();
         };
-        if conf::finish(cf, mcf).is_err() {
+        if conf::finish(cf, mcf).is_err() || metrics::setup(cf, mcf).is_err() {
             return Status::NGX_ERROR.into();
         }
         // SAFETY: as above; the core module's main configuration always exists in http{}.
@@ -125,14 +126,16 @@ const LOC: ngx_uint_t = NGX_HTTP_LOC_CONF_OFFSET;
 const TAKE1: ngx_uint_t = NGX_CONF_TAKE1 as ngx_uint_t;
 const FLAG: ngx_uint_t = NGX_CONF_FLAG as ngx_uint_t;
 const MORE: ngx_uint_t = NGX_CONF_1MORE as ngx_uint_t;
+const NOARGS: ngx_uint_t = ngx::ffi::NGX_CONF_NOARGS as ngx_uint_t;
 
-static mut COMMANDS: [ngx_command_t; 7] = [
+static mut COMMANDS: [ngx_command_t; 8] = [
     command(ngx_string!("rl_zone"), NGX_HTTP_MAIN_CONF as ngx_uint_t | MORE, cmd_rl_zone, MAIN),
     command(ngx_string!("rl_limit"), ANY_LEVEL | MORE, cmd_rl_limit, LOC),
     command(ngx_string!("rl_status"), ANY_LEVEL | TAKE1, cmd_rl_status, LOC),
     command(ngx_string!("rl_headers"), ANY_LEVEL | TAKE1, cmd_rl_headers, LOC),
     command(ngx_string!("rl_dry_run"), ANY_LEVEL | FLAG, cmd_rl_dry_run, LOC),
     command(ngx_string!("rl_log_level"), ANY_LEVEL | TAKE1, cmd_rl_log_level, LOC),
+    command(ngx_string!("rl_metrics"), NGX_HTTP_LOC_CONF as ngx_uint_t | NOARGS, metrics::cmd_rl_metrics, LOC),
     ngx_command_t::empty(),
 ];
 
@@ -168,6 +171,7 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     let Some(mcf) = (unsafe { cycle.as_ref() }).and_then(Module::main_conf) else {
         return Status::NGX_OK.into();
     };
+    metrics::init_worker(mcf);
     match redis_zone::init_worker(cycle, &mcf.redis, access::on_reply, access::on_lost) {
         Ok(()) => Status::NGX_OK.into(),
         Err(()) => Status::NGX_ERROR.into(),

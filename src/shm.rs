@@ -127,6 +127,18 @@ impl Zone {
         Ok(())
     }
 
+    /// What `rl_metrics` shows of the zone: its table's counters, and the
+    /// bytes in use (the zone less its free pages and its table's entries
+    /// that hold no key). `None` until the zone is initialised.
+    pub fn usage(&self) -> Option<(rl_core::table::Stats, usize)> {
+        let locked = self.lock()?;
+        let stats = locked.table.stats();
+        // SAFETY: the pool's mutex is held (by `locked`); ngx_pagesize is set at startup.
+        let free = unsafe { (*self.shpool()).pfree * ngx_pagesize };
+        let empty = stats.capacity.saturating_sub(stats.used) * Table::ENTRY_BYTES;
+        Some((stats, self.size.saturating_sub(free).saturating_sub(empty)))
+    }
+
     fn shpool(&self) -> *mut ngx_slab_pool_t {
         // SAFETY: shm_zone was returned by ngx_shared_memory_add and lives as long as the cycle.
         unsafe { (*self.shm_zone).shm.addr.cast() }

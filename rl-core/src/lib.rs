@@ -2,6 +2,8 @@
 //!
 //! - [`limit`]: the rate-limiting algorithms as pure state transitions over
 //!   integer time (microseconds, passed in by the caller).
+//! - [`metrics`]: the verdicts `rl_metrics` counts and their rendering
+//!   (Prometheus text format, JSON).
 //! - [`parse`]: rates, sizes and durations as nginx.conf writes them.
 //! - [`table`]: the keyed state table that lives in a shared-memory zone
 //!   (hash chains + LRU over a caller-provided memory region).
@@ -12,6 +14,7 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod limit;
+pub mod metrics;
 pub mod parse;
 pub mod redis;
 pub mod table;

@@ -286,6 +286,9 @@ impl<'a> Table<'a> {
         self.buckets.fill(NIL);
     }
 
+    /// Bytes of one entry (a key's state) in the region.
+    pub const ENTRY_BYTES: usize = layout::ENTRY_SIZE as usize;
+
     /// The smallest region [`Table::attach`] accepts (8 entries).
     pub const fn min_len() -> usize {
         Geometry::min_len()

@@ -31,6 +31,7 @@ use super::clock::Clock;
 use super::script::{broken, call, Code, Via};
 use super::sentinel::sentinel_master;
 use super::{Job, JobLine, RedisError, ZoneSpec};
+use crate::metrics::store::RedisSlot;
 
 /// Where a zone's Redis is.
 #[derive(Clone)]
@@ -264,6 +265,8 @@ pub struct ZoneConn {
     /// Requests whose script call has not come back, answered or not (see
     /// `thread::MAX_WAITING`).
     pub waiting: AtomicUsize,
+    /// This worker's counters of the zone (`rl_metrics`).
+    pub metrics: Option<&'static RedisSlot>,
 }
 
 pub struct ConnState {
@@ -299,6 +302,7 @@ impl ZoneConn {
             fcall: AtomicBool::new(true),
             clock: Clock::new(),
             waiting: AtomicUsize::new(0),
+            metrics: None,
         }
     }
 
@@ -326,6 +330,9 @@ impl ZoneConn {
         }
         match connect(&self.spec.target, &self.spec.tls, self.stall_limit()).await {
             Ok((c, master)) => {
+                if let Some(m) = self.metrics {
+                    m.connected(master.as_ref().map(|(h, p)| format!("{h}:{p}")).as_deref());
+                }
                 self.clock.forget();
                 st.conn = Some(c.clone());
                 st.master = master;

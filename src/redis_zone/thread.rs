@@ -24,6 +24,7 @@ use super::conn::{Target, ZoneConn};
 use super::script::Code;
 use super::sentinel::watch_master;
 use super::{Job, RedisError, Reply, ZoneSpec};
+use crate::metrics::store::redis_slot;
 
 /// The queue the nginx thread drains when the eventfd fires.
 pub struct Shared {
@@ -85,7 +86,11 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
     let _ = rustls::crypto::ring::default_provider().install_default();
     rt.block_on(async move {
         let code = Arc::new(Code::new());
-        let conns: Vec<Arc<ZoneConn>> = zones.into_iter().map(|z| Arc::new(ZoneConn::new(z))).collect();
+        let conns: Vec<Arc<ZoneConn>> = zones
+            .into_iter()
+            .enumerate()
+            .map(|(i, z)| Arc::new(ZoneConn { metrics: redis_slot(i), ..ZoneConn::new(z) }))
+            .collect();
         for zc in &conns {
             if matches!(zc.spec.target, Target::Sentinel { .. }) {
                 tokio::spawn(watch_master(zc.clone()));
@@ -131,7 +136,13 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
 /// given up; it only ends sooner if the worker exits.
 async fn serve(zc: Arc<ZoneConn>, code: Arc<Code>, shared: Arc<Shared>, jobs: Vec<Job>) {
     let _waiting = Waiting(&zc.waiting, jobs.len());
-    let deadline = Instant::now() + zc.spec.timeout;
+    let started = Instant::now();
+    let deadline = started + zc.spec.timeout;
+    let counted = |zc: &ZoneConn| {
+        if let Some(m) = zc.metrics {
+            m.call(jobs.len(), started.elapsed().as_micros().min(u128::from(u64::MAX)) as u64);
+        }
+    };
     // Redis must not run the call after `until`; nginx waits a little
     // longer (until `deadline`), for the reply.
     let until = script_deadline(zc.spec.timeout);
@@ -142,8 +153,10 @@ async fn serve(zc: Arc<ZoneConn>, code: Arc<Code>, shared: Arc<Shared>, jobs: Ve
         Err(_) => {
             shared.push(jobs.iter().map(|job| Reply { id: job.id, zone: job.zone, result: Err(RedisError::Timeout) }));
             let _ = work.await;
+            counted(&zc);
             return;
         }
     };
+    counted(&zc);
     shared.push(jobs.iter().zip(results).map(|(job, result)| Reply { id: job.id, zone: job.zone, result }));
 }

@@ -1,0 +1,398 @@
+//! What `rl_metrics` shows: the verdict a line's request counts as, and the
+//! rendering of a snapshot of the counters as the Prometheus text format
+//! (version 0.0.4) and as JSON with the same numbers.
+//!
+//! The counters themselves live in shared memory, per worker (the module's
+//! `metrics` store); this is the part that needs no nginx.
+
+use core::fmt::Write as _;
+
+/// The verdicts a line counts, in the order of [`LineSample::results`] and
+/// of the counters in a row. A dry-run line that would have admitted
+/// without delay counts as `passed`: it did what an enforced line would.
+pub const RESULTS: [&str; 7] =
+    ["passed", "delayed", "rejected", "dry_run_delayed", "dry_run_rejected", "error_allowed", "error_denied"];
+pub const PASSED: usize = 0;
+pub const DELAYED: usize = 1;
+pub const REJECTED: usize = 2;
+pub const DRY_RUN_DELAYED: usize = 3;
+pub const DRY_RUN_REJECTED: usize = 4;
+pub const ERROR_ALLOWED: usize = 5;
+pub const ERROR_DENIED: usize = 6;
+
+/// Why a Redis zone could not decide a request, as the metric labels it.
+pub const ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "refused"];
+pub const ERR_TIMEOUT: usize = 0;
+pub const ERR_CONNECTION: usize = 1;
+pub const ERR_SCRIPT: usize = 2;
+pub const ERR_REFUSED: usize = 3;
+
+/// Upper bounds of the call latency histogram's buckets, µs (a last
+/// bucket, `+Inf`, follows).
+pub const LATENCY_BOUNDS_US: [u64; 11] =
+    [250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000];
+/// Buckets of the latency histogram, `+Inf` included.
+pub const LATENCY_BUCKETS: usize = LATENCY_BOUNDS_US.len() + 1;
+
+/// The verdict an evaluated line counts for a request it decided:
+/// admitted (delayed when it makes the request wait), or rejected; a
+/// dry-run line counts what it would have done.
+#[inline]
+pub fn verdict(admitted: bool, dry_run: bool, delay_us: u64) -> usize {
+    match (admitted, dry_run, delay_us > 0) {
+        (true, _, false) => PASSED,
+        (true, false, true) => DELAYED,
+        (true, true, true) => DRY_RUN_DELAYED,
+        (false, false, _) => REJECTED,
+        (false, true, _) => DRY_RUN_REJECTED,
+    }
+}
+
+/// The verdict a line counts when its Redis zone failed and `on_error`
+/// decided: a dry-run line never denies.
+#[inline]
+pub fn error_verdict(allow: bool, dry_run: bool) -> usize {
+    if allow || dry_run {
+        ERROR_ALLOWED
+    } else {
+        ERROR_DENIED
+    }
+}
+
+/// The latency bucket of a call that took `us` µs.
+pub fn latency_bucket(us: u64) -> usize {
+    LATENCY_BOUNDS_US.iter().position(|&b| us <= b).unwrap_or(LATENCY_BOUNDS_US.len())
+}
+
+/// One line (lines with one identity are one line), its counters summed
+/// over the workers.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LineSample {
+    pub zone: String,
+    /// The line's `name=`, or its identity in 16 hex digits.
+    pub line: String,
+    pub results: [u64; RESULTS.len()],
+    /// Requests per second (the rate's count over its period).
+    pub rate_per_s: f64,
+    pub burst: u64,
+}
+
+/// A shared-memory zone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShmZoneSample {
+    pub zone: String,
+    pub size_bytes: u64,
+    pub keys: u64,
+    pub capacity_keys: u64,
+    pub bytes_used: u64,
+    /// States dropped to make room that were idle (back to full).
+    pub evicted_idle: u64,
+    /// States dropped to make room that were still limiting their key.
+    pub evicted_limited: u64,
+}
+
+/// A Redis zone, summed over the workers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisZoneSample {
+    pub zone: String,
+    /// Script calls answered (or failed) by Redis.
+    pub calls: u64,
+    /// Requests those calls decided (their sum: requests per call is this
+    /// over `calls`).
+    pub call_requests: u64,
+    /// Calls per latency bucket (not cumulative; the last is `+Inf`).
+    pub latency: [u64; LATENCY_BUCKETS],
+    pub latency_sum_us: u64,
+    /// Requests the zone could not decide, by [`ERROR_KINDS`].
+    pub errors: [u64; ERROR_KINDS.len()],
+    /// Requests `on_error` let through, and rejected.
+    pub on_error_allowed: u64,
+    pub on_error_denied: u64,
+    /// Connections opened.
+    pub connects: u64,
+    /// For a Sentinel zone: the masters the workers' connections go to
+    /// (`host:port`, distinct, sorted).
+    pub masters: Vec<String>,
+}
+
+/// Everything one scrape shows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub lines: Vec<LineSample>,
+    pub shm: Vec<ShmZoneSample>,
+    pub redis: Vec<RedisZoneSample>,
+}
+
+/// A label value as the text format writes it: `\`, `"` and newline escaped.
+pub fn escape_label(v: &str, out: &mut String) {
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// A JSON string (quotes included).
+pub fn escape_json(v: &str, out: &mut String) {
+    out.push('"');
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Writes `# HELP` and `# TYPE` for a metric family.
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
+}
+
+/// Writes one sample: `name{l1="v1",...} value`.
+fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: impl core::fmt::Display) {
+    out.push_str(name);
+    if !labels.is_empty() {
+        out.push('{');
+        for (i, (k, v)) in labels.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(k);
+            out.push_str("=\"");
+            escape_label(v, out);
+            out.push('"');
+        }
+        out.push('}');
+    }
+    let _ = writeln!(out, " {value}");
+}
+
+/// µs as seconds, exactly as a decimal.
+struct Seconds(u64);
+
+impl core::fmt::Display for Seconds {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let (s, us) = (self.0 / 1_000_000, self.0 % 1_000_000);
+        if us == 0 {
+            return write!(f, "{s}");
+        }
+        let frac = format!("{us:06}");
+        write!(f, "{s}.{}", frac.trim_end_matches('0'))
+    }
+}
+
+/// A number of a zone's sample.
+type ZoneField = fn(&ShmZoneSample) -> u64;
+
+/// The Prometheus text exposition format, version 0.0.4. A family with no
+/// sample is left out.
+pub fn prometheus(s: &Snapshot, out: &mut String) {
+    if !s.lines.is_empty() {
+        family(out, "nginx_rl_requests_total", "counter", "Requests each rl_limit line decided, by verdict.");
+        for l in &s.lines {
+            for (r, n) in RESULTS.iter().zip(l.results) {
+                sample(out, "nginx_rl_requests_total", &[("zone", &l.zone), ("line", &l.line), ("result", r)], n);
+            }
+        }
+        family(out, "nginx_rl_limit", "gauge", "Configured limit of each rl_limit line: rate (per second) and burst.");
+        for l in &s.lines {
+            sample(out, "nginx_rl_limit", &[("zone", &l.zone), ("line", &l.line), ("param", "rate")], l.rate_per_s);
+            sample(out, "nginx_rl_limit", &[("zone", &l.zone), ("line", &l.line), ("param", "burst")], l.burst);
+        }
+    }
+    if !s.shm.is_empty() {
+        let gauges: [(&str, &str, ZoneField); 4] = [
+            ("nginx_rl_zone_keys", "Keys a shared-memory zone holds a state for.", |z| z.keys),
+            ("nginx_rl_zone_capacity_keys", "Keys a shared-memory zone can hold.", |z| z.capacity_keys),
+            ("nginx_rl_zone_size_bytes", "Size of a shared-memory zone.", |z| z.size_bytes),
+            (
+                "nginx_rl_zone_bytes_used",
+                "Bytes of a shared-memory zone in use: its table's header and buckets, its keys' entries and logs.",
+                |z| z.bytes_used,
+            ),
+        ];
+        for (name, help, get) in gauges {
+            family(out, name, "gauge", help);
+            for z in &s.shm {
+                sample(out, name, &[("zone", &z.zone)], get(z));
+            }
+        }
+        family(
+            out,
+            "nginx_rl_zone_evictions_total",
+            "counter",
+            "States dropped to make room in a full zone: idle (back to full) or still limiting their key.",
+        );
+        for z in &s.shm {
+            sample(out, "nginx_rl_zone_evictions_total", &[("zone", &z.zone), ("state", "idle")], z.evicted_idle);
+            sample(out, "nginx_rl_zone_evictions_total", &[("zone", &z.zone), ("state", "limited")], z.evicted_limited);
+        }
+    }
+    if !s.redis.is_empty() {
+        redis_prometheus(&s.redis, out);
+    }
+}
+
+fn redis_prometheus(zones: &[RedisZoneSample], out: &mut String) {
+    family(out, "nginx_rl_redis_calls_total", "counter", "Script calls made to a Redis zone.");
+    for z in zones {
+        sample(out, "nginx_rl_redis_calls_total", &[("zone", &z.zone)], z.calls);
+    }
+    family(
+        out,
+        "nginx_rl_redis_call_requests_total",
+        "counter",
+        "Requests decided by those calls (per call: over calls).",
+    );
+    for z in zones {
+        sample(out, "nginx_rl_redis_call_requests_total", &[("zone", &z.zone)], z.call_requests);
+    }
+    let h = "nginx_rl_redis_call_duration_seconds";
+    family(out, h, "histogram", "Time from a script call's start to its answer (or failure).");
+    for z in zones {
+        let mut cum = 0u64;
+        for (i, n) in z.latency.iter().enumerate() {
+            cum = cum.wrapping_add(*n);
+            let le = match LATENCY_BOUNDS_US.get(i) {
+                Some(&b) => Seconds(b).to_string(),
+                None => "+Inf".to_string(),
+            };
+            sample(out, &format!("{h}_bucket"), &[("zone", &z.zone), ("le", &le)], cum);
+        }
+        sample(out, &format!("{h}_sum"), &[("zone", &z.zone)], Seconds(z.latency_sum_us));
+        sample(out, &format!("{h}_count"), &[("zone", &z.zone)], cum);
+    }
+    family(out, "nginx_rl_redis_errors_total", "counter", "Requests a Redis zone could not decide, by kind of error.");
+    for z in zones {
+        for (k, n) in ERROR_KINDS.iter().zip(z.errors) {
+            sample(out, "nginx_rl_redis_errors_total", &[("zone", &z.zone), ("kind", k)], n);
+        }
+    }
+    family(
+        out,
+        "nginx_rl_redis_on_error_total",
+        "counter",
+        "Requests on_error let through (allowed) or rejected (denied).",
+    );
+    for z in zones {
+        sample(out, "nginx_rl_redis_on_error_total", &[("zone", &z.zone), ("action", "allowed")], z.on_error_allowed);
+        sample(out, "nginx_rl_redis_on_error_total", &[("zone", &z.zone), ("action", "denied")], z.on_error_denied);
+    }
+    family(
+        out,
+        "nginx_rl_redis_connects_total",
+        "counter",
+        "Connections opened to a Redis zone (one per worker at its first request; more are reconnects).",
+    );
+    for z in zones {
+        sample(out, "nginx_rl_redis_connects_total", &[("zone", &z.zone)], z.connects);
+    }
+    if zones.iter().any(|z| !z.masters.is_empty()) {
+        family(
+            out,
+            "nginx_rl_redis_master",
+            "gauge",
+            "The master a Sentinel zone's connections go to (1 per address).",
+        );
+        for z in zones {
+            for m in &z.masters {
+                sample(out, "nginx_rl_redis_master", &[("zone", &z.zone), ("addr", m)], 1);
+            }
+        }
+    }
+}
+
+/// Writes `"name":value` pairs of counters as a JSON object.
+fn json_object<'a>(out: &mut String, pairs: impl IntoIterator<Item = (&'a str, u64)>) {
+    out.push('{');
+    for (i, (k, v)) in pairs.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        escape_json(k, out);
+        let _ = write!(out, ":{v}");
+    }
+    out.push('}');
+}
+
+/// The same numbers as [`prometheus`], as one JSON object:
+/// `{"lines":[...],"zones":[...],"redis":[...]}`.
+pub fn json(s: &Snapshot, out: &mut String) {
+    out.push_str("{\"lines\":[");
+    for (i, l) in s.lines.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"zone\":");
+        escape_json(&l.zone, out);
+        out.push_str(",\"line\":");
+        escape_json(&l.line, out);
+        out.push_str(",\"requests\":");
+        json_object(out, RESULTS.iter().copied().zip(l.results));
+        let _ = write!(out, ",\"limit\":{{\"rate\":{},\"burst\":{}}}}}", l.rate_per_s, l.burst);
+    }
+    out.push_str("],\"zones\":[");
+    for (i, z) in s.shm.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"zone\":");
+        escape_json(&z.zone, out);
+        let _ = write!(
+            out,
+            ",\"keys\":{},\"capacity_keys\":{},\"size_bytes\":{},\"bytes_used\":{},\"evictions\":",
+            z.keys, z.capacity_keys, z.size_bytes, z.bytes_used
+        );
+        json_object(out, [("idle", z.evicted_idle), ("limited", z.evicted_limited)]);
+        out.push('}');
+    }
+    out.push_str("],\"redis\":[");
+    for (i, z) in s.redis.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"zone\":");
+        escape_json(&z.zone, out);
+        let _ = write!(
+            out,
+            ",\"calls\":{},\"call_requests\":{},\"call_duration_seconds\":{{\"buckets\":{{",
+            z.calls, z.call_requests
+        );
+        let mut cum = 0u64;
+        for (i, n) in z.latency.iter().enumerate() {
+            cum = cum.wrapping_add(*n);
+            if i > 0 {
+                out.push(',');
+            }
+            match LATENCY_BOUNDS_US.get(i) {
+                Some(&b) => {
+                    let _ = write!(out, "\"{}\":{cum}", Seconds(b));
+                }
+                None => {
+                    let _ = write!(out, "\"+Inf\":{cum}");
+                }
+            }
+        }
+        let _ = write!(out, "}},\"sum\":{},\"count\":{cum}}},\"errors\":", Seconds(z.latency_sum_us));
+        json_object(out, ERROR_KINDS.iter().copied().zip(z.errors));
+        out.push_str(",\"on_error\":");
+        json_object(out, [("allowed", z.on_error_allowed), ("denied", z.on_error_denied)]);
+        let _ = write!(out, ",\"connects\":{},\"masters\":[", z.connects);
+        for (i, m) in z.masters.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            escape_json(m, out);
+        }
+        out.push_str("]}");
+    }
+    out.push_str("]}\n");
+}

@@ -1,0 +1,111 @@
+//! The rendering of `rl_metrics`: the verdict each line counts, the
+//! Prometheus text format (escaping, cumulative buckets, exact seconds) and
+//! JSON with the same numbers.
+
+use rl_core::metrics::*;
+
+fn snapshot() -> Snapshot {
+    Snapshot {
+        lines: vec![LineSample {
+            zone: "z".into(),
+            line: "we\"ird\\na\nme".into(),
+            results: [1, 2, 3, 4, 5, 6, 7],
+            rate_per_s: 10.0 / 60.0,
+            burst: 5,
+        }],
+        shm: vec![ShmZoneSample {
+            zone: "z".into(),
+            size_bytes: 1 << 20,
+            keys: 3,
+            capacity_keys: 17_000,
+            bytes_used: 70_000,
+            evicted_idle: 8,
+            evicted_limited: 9,
+        }],
+        redis: vec![RedisZoneSample {
+            zone: "r".into(),
+            calls: 3,
+            call_requests: 7,
+            latency: [1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            latency_sum_us: 2_000_750,
+            errors: [1, 2, 3, 4],
+            on_error_allowed: 5,
+            on_error_denied: 6,
+            connects: 2,
+            masters: vec!["127.0.0.1:6380".into()],
+        }],
+    }
+}
+
+#[test]
+fn verdicts() {
+    assert_eq!(verdict(true, false, 0), PASSED);
+    assert_eq!(verdict(true, true, 0), PASSED);
+    assert_eq!(verdict(true, false, 1), DELAYED);
+    assert_eq!(verdict(true, true, 1), DRY_RUN_DELAYED);
+    assert_eq!(verdict(false, false, 0), REJECTED);
+    assert_eq!(verdict(false, true, 5), DRY_RUN_REJECTED);
+    assert_eq!(error_verdict(true, false), ERROR_ALLOWED);
+    assert_eq!(error_verdict(false, true), ERROR_ALLOWED);
+    assert_eq!(error_verdict(false, false), ERROR_DENIED);
+    assert_eq!(RESULTS[ERROR_DENIED], "error_denied");
+}
+
+#[test]
+fn latency_buckets() {
+    assert_eq!(latency_bucket(0), 0);
+    assert_eq!(latency_bucket(250), 0);
+    assert_eq!(latency_bucket(251), 1);
+    assert_eq!(latency_bucket(1_000_000), LATENCY_BOUNDS_US.len() - 1);
+    assert_eq!(latency_bucket(1_000_001), LATENCY_BUCKETS - 1);
+}
+
+#[test]
+fn prometheus_text() {
+    let mut out = String::new();
+    prometheus(&snapshot(), &mut out);
+    let line = r#"line="we\"ird\\na\nme""#;
+    assert!(out.contains(&format!("nginx_rl_requests_total{{zone=\"z\",{line},result=\"passed\"}} 1\n")), "{out}");
+    assert!(out.contains(&format!("nginx_rl_requests_total{{zone=\"z\",{line},result=\"error_denied\"}} 7\n")));
+    assert!(out.contains(&format!("nginx_rl_limit{{zone=\"z\",{line},param=\"rate\"}} 0.16666666666666666\n")));
+    assert!(out.contains(&format!("nginx_rl_limit{{zone=\"z\",{line},param=\"burst\"}} 5\n")));
+    assert!(out.contains("# TYPE nginx_rl_requests_total counter\n"));
+    assert!(out.contains("nginx_rl_zone_evictions_total{zone=\"z\",state=\"limited\"} 9\n"));
+    assert!(out.contains("nginx_rl_zone_capacity_keys{zone=\"z\"} 17000\n"));
+    // Cumulative buckets, bounds in seconds, the sum exact.
+    assert!(out.contains("nginx_rl_redis_call_duration_seconds_bucket{zone=\"r\",le=\"0.00025\"} 1\n"), "{out}");
+    assert!(out.contains("nginx_rl_redis_call_duration_seconds_bucket{zone=\"r\",le=\"0.001\"} 2\n"));
+    assert!(out.contains("nginx_rl_redis_call_duration_seconds_bucket{zone=\"r\",le=\"1\"} 2\n"));
+    assert!(out.contains("nginx_rl_redis_call_duration_seconds_bucket{zone=\"r\",le=\"+Inf\"} 3\n"));
+    assert!(out.contains("nginx_rl_redis_call_duration_seconds_sum{zone=\"r\"} 2.00075\n"));
+    assert!(out.contains("nginx_rl_redis_call_duration_seconds_count{zone=\"r\"} 3\n"));
+    assert!(out.contains("nginx_rl_redis_errors_total{zone=\"r\",kind=\"refused\"} 4\n"));
+    assert!(out.contains("nginx_rl_redis_master{zone=\"r\",addr=\"127.0.0.1:6380\"} 1\n"));
+    // Every family has its HELP and TYPE, once.
+    for l in out.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let name = l.split(' ').nth(2).unwrap_or("");
+        assert_eq!(out.matches(&format!("# HELP {name} ")).count(), 1, "{name}");
+        assert_eq!(out.matches(&format!("# TYPE {name} ")).count(), 1, "{name}");
+    }
+}
+
+#[test]
+fn nothing_configured_renders_nothing() {
+    let mut out = String::new();
+    prometheus(&Snapshot::default(), &mut out);
+    assert_eq!(out, "");
+    json(&Snapshot::default(), &mut out);
+    assert_eq!(out, "{\"lines\":[],\"zones\":[],\"redis\":[]}\n");
+}
+
+#[test]
+fn json_has_the_same_numbers() {
+    let mut out = String::new();
+    json(&snapshot(), &mut out);
+    assert!(out.contains(r#""line":"we\"ird\\na\u000ame""#), "{out}");
+    assert!(out.contains(r#""requests":{"passed":1,"delayed":2,"rejected":3,"dry_run_delayed":4,"dry_run_rejected":5,"error_allowed":6,"error_denied":7}"#));
+    assert!(out.contains(r#""limit":{"rate":0.16666666666666666,"burst":5}"#));
+    assert!(out.contains(r#""evictions":{"idle":8,"limited":9}"#));
+    assert!(out.contains(r#""0.001":2"#) && out.contains(r#""+Inf":3},"sum":2.00075,"count":3}"#), "{out}");
+    assert!(out.contains(r#""on_error":{"allowed":5,"denied":6},"connects":2,"masters":["127.0.0.1:6380"]"#));
+}

@@ -1,0 +1,358 @@
+//! `rl_metrics`: counters of every line's verdicts, of the shared-memory
+//! zones and of the Redis zones, for the whole nginx, served in the
+//! Prometheus text format or as JSON by the location that has the
+//! directive.
+//!
+//! Counting is one atomic add per active line and request on the worker's
+//! own slot ([`store`]); nothing is counted without `rl_metrics` anywhere in
+//! the configuration (no zone is laid out). The rendering is rl-core's
+//! [`rl_core::metrics`].
+
+pub mod store;
+
+use core::ffi::{c_char, c_void};
+use core::ptr;
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use ngx::core::{Status, NGX_CONF_ERROR, NGX_CONF_OK};
+use ngx::ffi::{
+    ngx_chain_t, ngx_command_t, ngx_conf_t, ngx_core_conf_t, ngx_core_module, ngx_create_temp_buf, ngx_http_arg,
+    ngx_http_discard_request_body, ngx_http_output_filter, ngx_http_request_t, ngx_http_send_header, ngx_ncpu,
+    ngx_shared_memory_add, ngx_str_t, ngx_worker, NGX_HTTP_GET, NGX_HTTP_HEAD, NGX_HTTP_NOT_ALLOWED, NGX_LOG_EMERG,
+};
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule, Request};
+use ngx::ngx_conf_log_error;
+use rl_core::metrics::{
+    error_verdict, verdict, LineSample, RedisZoneSample, ShmZoneSample, Snapshot, ERROR_KINDS, ERR_CONNECTION,
+    ERR_REFUSED, ERR_SCRIPT, ERR_TIMEOUT, LATENCY_BUCKETS, RESULTS,
+};
+
+use self::store::{Kind, Layout, Want};
+use crate::conf::MainConf;
+use crate::line::Line;
+use crate::redis_zone::RedisError;
+use crate::request::Ctx;
+use crate::Module;
+
+/// The counters' shared memory zone: a name no `rl_zone` can have (those
+/// refuse `=`), so that it never meets a user's zone.
+const ZONE_NAME: &str = "=rl_metrics";
+
+/// The metrics of one cycle, in the main configuration.
+pub struct Metrics {
+    /// Some location has `rl_metrics`.
+    pub enabled: bool,
+    /// The rows, found when the zone is initialised: no line has one
+    /// without `rl_metrics`.
+    layout: Layout,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            enabled: false,
+            layout: Layout {
+                wants: Vec::new(),
+                nslots: 1,
+                line_want: Vec::new(),
+                redis_want: Vec::new(),
+                lines: Vec::new(),
+                redis: Vec::new(),
+            },
+        }
+    }
+}
+
+/// The identity of a Redis zone's row: its name.
+fn redis_ident(name: &str) -> u64 {
+    siphasher::sip::SipHasher13::new_with_keys(0, 0).hash(name.as_bytes())
+}
+
+/// Slots per row: the workers (`worker_processes`, else the CPUs), as a
+/// power of two.
+fn nslots(cf: *mut ngx_conf_t) -> usize {
+    // SAFETY: cf is the configuration being finished; the core module's configuration exists
+    // from the start of the cycle (worker_processes is set if it came before http{}).
+    let workers = unsafe {
+        let ctx = (*(*cf).cycle).conf_ctx;
+        let ccf = (*ctx.add(ngx_core_module.index)).cast::<ngx_core_conf_t>();
+        ccf.as_ref().map_or(-1, |c| c.worker_processes)
+    };
+    // SAFETY: ngx_ncpu is set when nginx starts.
+    let n = if workers > 0 { workers as usize } else { unsafe { ngx_ncpu }.max(1) as usize };
+    n.next_power_of_two().min(256)
+}
+
+/// Registers the counters' zone, in postconfiguration, when some location
+/// has `rl_metrics` (lines are finished: their identities are known).
+pub fn setup(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
+    let m = &mut mcf.metrics;
+    if !m.enabled {
+        return Ok(());
+    }
+    for line in &mcf.lines {
+        let want = Want { kind: Kind::Line, ident: line.id };
+        let i = m.layout.wants.iter().position(|w| *w == want).unwrap_or_else(|| {
+            m.layout.wants.push(want);
+            m.layout.wants.len() - 1
+        });
+        m.layout.line_want.push(i);
+    }
+    for z in &mcf.redis {
+        m.layout.wants.push(Want { kind: Kind::Redis, ident: redis_ident(&z.name) });
+        m.layout.redis_want.push(m.layout.wants.len() - 1);
+    }
+    m.layout.nslots = nslots(cf);
+    let size = store::zone_size(&m.layout.wants, m.layout.nslots);
+    let mut name = ngx_str_t { len: ZONE_NAME.len(), data: ZONE_NAME.as_ptr() as *mut u8 };
+    // SAFETY: cf is the configuration being finished; the tag marks the zone as ours.
+    let shm_zone = unsafe { ngx_shared_memory_add(cf, &mut name, size, crate::module_tag()) };
+    // SAFETY: NULL or a zone entry of the new cycle.
+    let Some(shm) = (unsafe { shm_zone.as_mut() }) else {
+        return Err(());
+    };
+    shm.init = Some(store::zone_init);
+    shm.data = (&mut m.layout as *mut Layout).cast();
+    Ok(())
+}
+
+/// In each worker, when it starts: its slot, and its Redis zones' rows for
+/// its I/O thread.
+pub fn init_worker(mcf: &MainConf) {
+    if mcf.metrics.enabled {
+        // SAFETY: set by nginx before init_process.
+        store::init_worker(unsafe { ngx_worker }, &mcf.metrics.layout.redis);
+    }
+}
+
+/// Counts each active line's verdict: once per request, where the decision
+/// is final.
+#[inline]
+pub fn count(mcf: &MainConf, ctx: &mut Ctx) {
+    let rows = &mcf.metrics.layout.lines;
+    if rows.is_empty() {
+        return;
+    }
+    let ids = ctx.ids();
+    for (id, res) in ids.iter().zip(ctx.results().iter()) {
+        if !res.active {
+            continue;
+        }
+        if let Some(Some(row)) = rows.get(id.0 as usize) {
+            row.add(verdict(res.admitted, res.dry_run, res.delay_us));
+        }
+    }
+}
+
+/// Redis zone `zone` could not decide the request (`e`) and `on_error`
+/// does: counts the error, what `on_error` did, and each of the zone's
+/// active lines as `error_allowed` or `error_denied` (they are left out of
+/// [`count`] afterwards: inactive).
+pub fn redis_failed(mcf: &MainConf, ctx: &mut Ctx, zone: usize, allow: bool, e: &RedisError) {
+    let m = &mcf.metrics;
+    if m.layout.lines.is_empty() {
+        return;
+    }
+    let mut denied = false;
+    let ids = ctx.ids();
+    for (id, res) in ids.iter().zip(ctx.results().iter()) {
+        let on_zone = id.of(&mcf.lines).is_some_and(|l: &Line| l.backend.redis() == Some(zone));
+        if !res.active || !on_zone {
+            continue;
+        }
+        let v = error_verdict(allow, res.dry_run);
+        denied |= v == rl_core::metrics::ERROR_DENIED;
+        if let Some(Some(row)) = m.layout.lines.get(id.0 as usize) {
+            row.add(v);
+        }
+    }
+    if let Some(Some(row)) = m.layout.redis.get(zone) {
+        let slot = row.mine();
+        if let Some(c) = slot.errors.get(error_kind(e)) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(c) = slot.on_error.get(usize::from(denied)) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The kind an error counts as.
+fn error_kind(e: &RedisError) -> usize {
+    match e {
+        RedisError::Timeout | RedisError::Late => ERR_TIMEOUT,
+        RedisError::Io(_) | RedisError::NotConnected { .. } => ERR_CONNECTION,
+        RedisError::Server(_) | RedisError::Malformed(_) => ERR_SCRIPT,
+        RedisError::Overloaded | RedisError::NoThread | RedisError::NoZone => ERR_REFUSED,
+    }
+}
+
+/// The line's label: its name, else its identity (16 hex digits: names
+/// are tokens a user writes, unlikely to be one).
+fn line_label(line: &Line) -> String {
+    match &line.name {
+        Some(n) => n.clone(),
+        None => format!("{:016x}", line.id),
+    }
+}
+
+/// Every counter, summed over the workers' slots.
+pub fn snapshot(mcf: &MainConf) -> Snapshot {
+    let m = &mcf.metrics;
+    let mut s = Snapshot::default();
+    let mut seen = HashSet::new();
+    for (i, line) in mcf.lines.iter().enumerate() {
+        if !seen.insert(line.id) {
+            continue;
+        }
+        let mut results = [0u64; RESULTS.len()];
+        if let Some(Some(row)) = m.layout.lines.get(i) {
+            for slot in row.slots() {
+                for (sum, c) in results.iter_mut().zip(slot.0.iter()) {
+                    *sum = sum.wrapping_add(c.load(Ordering::Relaxed));
+                }
+            }
+        }
+        let rate = line.limit.rate();
+        s.lines.push(LineSample {
+            zone: line.zone_name.clone(),
+            line: line_label(line),
+            results,
+            rate_per_s: rate.count as f64 * 1e6 / rate.period_us.max(1) as f64,
+            burst: line.limit.burst(),
+        });
+    }
+    for zone in &mcf.zones {
+        let Some((stats, used)) = zone.usage() else { continue };
+        s.shm.push(ShmZoneSample {
+            zone: zone.name.clone(),
+            size_bytes: zone.size as u64,
+            keys: stats.used as u64,
+            capacity_keys: stats.capacity as u64,
+            bytes_used: used as u64,
+            evicted_idle: stats.evicted_idle,
+            evicted_limited: stats.evictions,
+        });
+    }
+    for (z, zone) in mcf.redis.iter().enumerate() {
+        let mut r = RedisZoneSample { zone: zone.name.clone(), ..Default::default() };
+        if let Some(Some(row)) = m.layout.redis.get(z) {
+            let add =
+                |sum: &mut u64, c: &core::sync::atomic::AtomicU64| *sum = sum.wrapping_add(c.load(Ordering::Relaxed));
+            for slot in row.slots() {
+                add(&mut r.calls, &slot.calls);
+                add(&mut r.call_requests, &slot.call_requests);
+                for b in 0..LATENCY_BUCKETS {
+                    if let (Some(sum), Some(c)) = (r.latency.get_mut(b), slot.latency.get(b)) {
+                        add(sum, c);
+                    }
+                }
+                add(&mut r.latency_sum_us, &slot.latency_sum_us);
+                for k in 0..ERROR_KINDS.len() {
+                    if let (Some(sum), Some(c)) = (r.errors.get_mut(k), slot.errors.get(k)) {
+                        add(sum, c);
+                    }
+                }
+                add(&mut r.on_error_allowed, &slot.on_error[0]);
+                add(&mut r.on_error_denied, &slot.on_error[1]);
+                add(&mut r.connects, &slot.connects);
+                if let Some(master) = slot.master() {
+                    r.masters.push(master);
+                }
+            }
+        }
+        r.masters.sort();
+        r.masters.dedup();
+        s.redis.push(r);
+    }
+    s
+}
+
+/// `rl_metrics;`: the location answers with the metrics.
+pub extern "C" fn cmd_rl_metrics(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, _conf: *mut c_void) -> *mut c_char {
+    // SAFETY: called by nginx while parsing a location: cf is valid.
+    let (mcf, clcf) = unsafe { (Module::main_conf_mut(&*cf), NgxHttpCoreModule::location_conf_mut(&*cf)) };
+    let (Some(mcf), Some(clcf)) = (mcf, clcf) else {
+        ngx_conf_log_error!(NGX_LOG_EMERG, cf, "\"rl_metrics\" directive: no configuration to attach to");
+        return NGX_CONF_ERROR;
+    };
+    mcf.metrics.enabled = true;
+    clcf.handler = Some(metrics_handler);
+    NGX_CONF_OK
+}
+
+ngx::http_request_handler!(metrics_handler, serve);
+
+const PROMETHEUS_TYPE: &str = "text/plain; version=0.0.4";
+const JSON_TYPE: &str = "application/json";
+
+fn serve(r: &mut Request) -> Status {
+    let raw: *mut ngx_http_request_t = (&mut *r).into();
+    // SAFETY: the request is valid in its content handler.
+    let method = unsafe { (*raw).method } as u32;
+    if method & (NGX_HTTP_GET | NGX_HTTP_HEAD) == 0 {
+        return Status(NGX_HTTP_NOT_ALLOWED as isize);
+    }
+    // SAFETY: as above.
+    let rc = unsafe { ngx_http_discard_request_body(raw) };
+    if rc != 0 {
+        return Status(rc);
+    }
+    let Some(mcf) = Module::main_conf(r) else {
+        return Status(500);
+    };
+    let mut value = ngx_str_t::empty();
+    let name = b"format";
+    // SAFETY: as above; the name is read for its length only.
+    let json = unsafe { ngx_http_arg(raw, name.as_ptr() as *mut u8, name.len(), &mut value) } == 0
+        && value.as_bytes() == b"json";
+    let snap = snapshot(mcf);
+    let mut body = String::with_capacity(4096);
+    let ctype = if json {
+        rl_core::metrics::json(&snap, &mut body);
+        JSON_TYPE
+    } else {
+        rl_core::metrics::prometheus(&snap, &mut body);
+        if body.is_empty() {
+            body.push_str("# no rl_limit line and no rl_zone\n");
+        }
+        PROMETHEUS_TYPE
+    };
+    send(raw, ctype, body.as_bytes())
+}
+
+/// Sends a 200 with `body`.
+fn send(r: *mut ngx_http_request_t, ctype: &'static str, body: &[u8]) -> Status {
+    // SAFETY: the request is valid in its content handler; the content type is static.
+    unsafe {
+        let h = &mut (*r).headers_out;
+        h.status = 200;
+        h.content_length_n = body.len() as i64;
+        h.content_type = ngx_str_t { len: ctype.len(), data: ctype.as_ptr() as *mut u8 };
+        h.content_type_len = ctype.len();
+        h.content_type_lowcase = ptr::null_mut();
+    }
+    // SAFETY: as above.
+    let rc = unsafe { ngx_http_send_header(r) };
+    // SAFETY: as above.
+    if rc == Status::NGX_ERROR.0 || rc > 0 || unsafe { (*r).header_only() } != 0 {
+        return Status(rc);
+    }
+    // SAFETY: the request pool is valid; the buffer gets body.len() bytes.
+    let b = unsafe { ngx_create_temp_buf((*r).pool, body.len()) };
+    // SAFETY: NULL or a fresh buffer.
+    let Some(buf) = (unsafe { b.as_mut() }) else {
+        return Status::NGX_ERROR;
+    };
+    // SAFETY: the buffer has room for body.len() bytes from pos.
+    unsafe {
+        ptr::copy_nonoverlapping(body.as_ptr(), buf.pos, body.len());
+        buf.last = buf.pos.add(body.len());
+    }
+    buf.set_last_buf(1);
+    buf.set_last_in_chain(1);
+    let mut out = ngx_chain_t { buf: b, next: ptr::null_mut() };
+    // SAFETY: the chain lives until the call returns; nginx copies what it keeps.
+    Status(unsafe { ngx_http_output_filter(r, &mut out) })
+}
