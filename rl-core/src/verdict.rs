@@ -47,7 +47,8 @@ impl Outcome {
     /// - `fixed`, `sliding`, `sliding_log`: the count in the window,
     ///   `burst − remaining` (the previous window weighted, for `sliding`);
     /// - `token_bucket`, `leaky_bucket`: the level, `reset_us · rate`;
-    /// - `gcra`: the backlog in emission intervals, `reset_us / T`;
+    /// - `gcra`: the backlog in emission intervals, `reset_us / T`
+    ///   (both to the nearest thousandth);
     ///
     /// with the request's own cost added when it is rejected (an admitted
     /// request's outcome counts it already). Delayed requests count as
@@ -58,12 +59,15 @@ impl Outcome {
             Algorithm::Fixed | Algorithm::Sliding | Algorithm::SlidingLog => {
                 u128::from(limit.burst().saturating_sub(self.remaining)) * 1000
             }
+            // Rounded to the nearest thousandth: the level drains between two requests, and a
+            // key that held 2 requests a few µs ago shows 2.000, not 1.999.
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                u128::from(self.reset_us) * u128::from(rate.count) * 1000 / u128::from(rate.period_us.max(1))
+                let period = u128::from(rate.period_us.max(1));
+                (u128::from(self.reset_us) * u128::from(rate.count) * 1000 + period / 2) / period
             }
             Algorithm::Gcra => {
-                let t = rate.period_us.div_ceil(rate.count.max(1)).max(1);
-                u128::from(self.reset_us) * 1000 / u128::from(t)
+                let t = u128::from(rate.period_us.div_ceil(rate.count.max(1)).max(1));
+                (u128::from(self.reset_us) * 1000 + t / 2) / t
             }
         };
         let own = if self.admitted { 0 } else { u128::from(cost) * 1000 };

@@ -115,3 +115,18 @@ fn excess_fractions_and_queue() {
     let o = l.acquire(&mut s, 1000, 3);
     assert_eq!((o.admitted, o.excess_milli(&l, 3)), (false, 5000));
 }
+
+#[test]
+fn excess_rounds_to_the_nearest_thousandth() {
+    // 2r/h burst=2, both taken, a rejection 50 ms later: the level has drained by
+    // 0.00003 of a request; limit_req would log 2.000, and so do we (not 1.999).
+    for alg in [Algorithm::TokenBucket, Algorithm::LeakyBucket, Algorithm::Gcra] {
+        let l = Limit::new(alg, rl_core::parse::parse_rate("2r/h").unwrap(), 2).unwrap();
+        let mut s = vec![0; l.state_words()];
+        let now = 7_000_000_000;
+        l.acquire(&mut s, now, 1);
+        l.acquire(&mut s, now, 1);
+        let o = l.acquire(&mut s, now + 50_000, 1);
+        assert_eq!((o.admitted, o.excess_milli(&l, 1)), (false, 2000), "{alg}");
+    }
+}
