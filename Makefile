@@ -41,7 +41,8 @@ endif
 # The `make build NGINX_SRC=` test: nginx 1.28 from the nginx-src crate,
 # configured as nginx.org's packages are (their modules and compiler flags;
 # paths and user left at nginx's defaults, the test gives its own).
-ORG_SRC      = $(shell ls -d $(or $(CARGO_HOME),$(HOME)/.cargo)/registry/src/*/nginx-src-*/nginx 2>/dev/null | sort -V | tail -1)
+ORG_CRATE    = $(shell sed -n '/^name = "nginx-src"/{n;s/^version = "\(.*\)"/\1/p}' Cargo.lock)
+ORG_SRC      = $(shell ls -d $(or $(CARGO_HOME),$(HOME)/.cargo)/registry/src/*/nginx-src-$(ORG_CRATE)/nginx 2>/dev/null | head -1)
 ORG_VERSION  = $(shell sed -n 's/^\#define NGINX_VERSION *"\(.*\)"/\1/p' $(ORG_SRC)/src/core/nginx.h)
 ORG_DIR      := $(BUILD)/nginx-org
 ORG_BIN      := $(ORG_DIR)/nginx
@@ -72,7 +73,7 @@ help:
 	@echo "make run          nginx on 127.0.0.1:8080 with $(RUN_CONF); make stop ends it"
 	@echo "make check        cargo fmt --check and clippy -D warnings on both crates"
 	@echo "make unittest     rl-core's tests (no nginx)"
-	@echo "make test         build both targets, unit and integration tests, a quick bench"
+	@echo "make test         build both targets, unit and integration tests, the package (root), a build for nginx 1.28 as nginx.org packages it, a quick bench"
 	@echo "make bench        nginx-rl against limit_req and Lua + Redis (bench/RESULTS.md, ~20 min)"
 	@echo "make soak         the reliability suite in minutes: a million-key soak, reload storm, kill -9 (~10 min; SOAK_QUICK=1: ~1 min)"
 	@echo "make clean        remove build outputs"
