@@ -211,7 +211,8 @@ dist:
 	@git diff --quiet HEAD || echo "warning: uncommitted changes are not in the tarball (it is made from HEAD)"
 	rm -rf $(BUILD)/dist && mkdir -p $(BUILD)/dist
 	git archive --format=tar --prefix=$(DIST_NAME)/ HEAD | tar -x -C $(BUILD)/dist
-	cd $(BUILD)/dist/$(DIST_NAME) && mkdir -p .cargo && $(CARGO) vendor --locked vendor 2>/dev/null > .cargo/config.toml
+	cd $(BUILD)/dist/$(DIST_NAME) && mkdir -p .cargo && $(CARGO) vendor --locked vendor > .cargo/config.toml 2> $(BUILD)/dist/vendor.log \
+		|| { cat $(BUILD)/dist/vendor.log; exit 1; }
 	grep -q '^directory = "vendor"' $(BUILD)/dist/$(DIST_NAME)/.cargo/config.toml
 	tar -C $(BUILD)/dist --sort=name --owner=0 --group=0 --numeric-owner --mtime="$$(git log -1 --format=@%ct)" \
 		-czf $(BUILD)/dist/$(DIST_NAME).tar.gz $(DIST_NAME)
