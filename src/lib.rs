@@ -16,16 +16,18 @@
 
 use core::ffi::{c_char, c_void};
 use core::ptr;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use ngx::core::{Status, NGX_CONF_ERROR};
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_core_main_conf_t, ngx_http_handler_pt,
     ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_http_top_header_filter, ngx_int_t, ngx_module_t,
-    ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
-    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
+    ngx_process, ngx_str_t, ngx_test_config, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1,
+    NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
+    NGX_HTTP_SRV_CONF, NGX_LOG_NOTICE, NGX_PROCESS_MASTER,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
-use ngx::ngx_string;
+use ngx::{ngx_log_error, ngx_string};
 
 mod access;
 mod conf;
@@ -159,10 +161,31 @@ pub static mut ngx_http_rl_module: ngx_module_t = ngx_module_t {
     // SAFETY: a pointer to the first command; nginx reads the array until the empty entry.
     commands: unsafe { ptr::addr_of_mut!(COMMANDS[0]) },
     type_: NGX_HTTP_MODULE as ngx_uint_t,
+    init_module: Some(init_module),
     init_process: Some(init_process),
     exit_process: Some(exit_process),
     ..ngx_module_t::default()
 };
+
+/// Logs the module's version at `notice`, as nginx logs its own at start
+/// (`nginx/1.22.1`), so that a log shows which build served: in the master
+/// (or the single process), not for `nginx -t` nor `nginx -s`, as the event
+/// module logs its method. Once: a reload runs this again in the same
+/// master, with the module already loaded, and has nothing new to say.
+extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    // SAFETY: process globals nginx sets from its command line before any
+    // configuration is read, and only the main thread reads them here.
+    let (testing, process) = unsafe { (ngx_test_config, ngx_process) };
+    if testing != 0 || process > NGX_PROCESS_MASTER as ngx_uint_t || LOGGED.swap(true, Ordering::Relaxed) {
+        return Status::NGX_OK.into();
+    }
+    // SAFETY: nginx passes the cycle being initialized, its log already set.
+    if let Some(cycle) = unsafe { cycle.as_ref() } {
+        ngx_log_error!(NGX_LOG_NOTICE, cycle.log, "nginx-rl/{}", env!("CARGO_PKG_VERSION"));
+    }
+    Status::NGX_OK.into()
+}
 
 /// Starts the worker's Redis I/O thread, if any zone uses Redis (workers
 /// only: nginx calls this after forking, never in the master).
