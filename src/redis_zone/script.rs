@@ -8,7 +8,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, Script, Value};
 use rl_core::redis::{
     check_line, function_library, function_name, parse_reply, write_args, write_state_key, Arg, Call, RequestReply,
-    ScriptReply, LIMIT_SCRIPT,
+    ScriptReply, LIMIT_SCRIPT, REPLY_PER_LINE,
 };
 
 use super::clock::Clock;
@@ -64,7 +64,7 @@ pub async fn call(
     let nlines: Vec<usize> = requests.iter().map(|r| r.len()).collect();
     let Some(reply) = parse_reply(&reply, &nlines) else {
         let lines: usize = nlines.iter().sum();
-        let want = 1 + 3 * lines;
+        let want = 1 + REPLY_PER_LINE * lines;
         return Err(RedisError::Malformed(format!("{} integers for {lines} lines, not {want}", reply.len())));
     };
     via.clock.learn(sent, received, reply.now_us());
@@ -74,7 +74,8 @@ pub async fn call(
     };
     for (lines, (_, outcomes)) in requests.iter().zip(&replies) {
         for (line, outcome) in lines.iter().zip(outcomes) {
-            check_line(&line.limit, line.cost, outcome).map_err(|e| RedisError::Malformed(e.to_string()))?;
+            check_line(&line.limit, line.cost, outcome, line.limit.queue())
+                .map_err(|e| RedisError::Malformed(e.to_string()))?;
         }
     }
     Ok(replies)
