@@ -136,7 +136,7 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
         let mut job = Job { id: 0, zone: z, lines: Default::default() };
         for (line, res) in ctx.on_redis(&mcf.lines, z) {
             let tag = rl_core::redis::tag_of(res.key.as_bytes());
-            job.lines.push(JobLine { tag, line_id: line.id, limit: line.limit, cost: line.cost });
+            job.lines.push(JobLine { tag, line_id: line.id, limit: line.limit, cost: line.cost, dry_run: res.dry_run });
         }
         if job.lines.is_empty() {
             continue;
@@ -176,8 +176,10 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
     ctx.awaited &= !(1 << reply.zone);
     match reply.result {
         Ok((all, outcomes)) => {
+            // A line is charged iff the request's enforced lines admit it and so does the line
+            // (rl-core's Decision::charges).
             for ((_, res), o) in ctx.on_redis(&mcf.lines, reply.zone).zip(outcomes) {
-                res.set(&o, all);
+                res.set(&o, all && o.admitted);
             }
         }
         Err(e) => {

@@ -181,6 +181,21 @@ pub struct JobLine {
     pub line_id: u64,
     pub limit: Limit,
     pub cost: u64,
+    /// Charged only if it admits and the request's enforced lines do; it
+    /// never rejects the request.
+    pub dry_run: bool,
+}
+
+/// A request's lines as the script's reply is read: which are dry-run.
+pub struct JobShape<'a>(pub &'a [JobLine]);
+
+impl rl_core::redis::Shape for JobShape<'_> {
+    fn lines(&self) -> usize {
+        self.0.len()
+    }
+    fn dry_run(&self, i: usize) -> bool {
+        self.0.get(i).is_some_and(|l| l.dry_run)
+    }
 }
 
 /// The I/O thread's answer to a job.

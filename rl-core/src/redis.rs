@@ -22,19 +22,21 @@
 //!   = none. A call that runs after it (`now > deadline`) checks nothing and
 //!   writes nothing (see *Deadlines* below).
 //! - then per request its lines, one argument each: `"algorithm count
-//!   period_us burst cost"` ([`write_spec`]; the requests of a location share
+//!   period_us burst cost queue dry"` ([`write_spec`]; the requests of a location share
 //!   it, and the script parses each distinct string once per call); a request
 //!   of other than one line is preceded by its number of lines; `n ≥ 2`
 //!   consecutive requests of one line each with the same string are sent as
 //!   `"-n"` and the string once ([`write_args`]).
 //!
-//! It returns `{now_us, then per line: remaining, reset_us, and -2 if
-//! admitted, else the retry-after in µs or -1 (never)}`, or `{-1, now_us}`
-//! for a call past its deadline, see [`parse_reply`]; a request is admitted
-//! (and committed) iff all its lines are. Each line's outcome is
-//! [`Limit::check`]'s at the script's `now` (after the requests before it in
-//! the call); the commits are [`Limit::commit`]s. A rejected request writes
-//! nothing.
+//! It returns `{now_us, then per line: remaining, reset_us, -2 if admitted
+//! else the retry-after in µs or -1 (never), and the delay in µs (0: at
+//! once)}`, or `{-1, now_us}` for a call past its deadline, see
+//! [`parse_reply`]. A request is admitted iff all its enforced lines admit
+//! it (dry-run lines, `dry` = 1, never reject it); then the enforced lines
+//! are committed, and the dry-run lines that admit it
+//! ([`crate::verdict::combine`]). Each line's outcome is [`Limit::check`]'s
+//! at the script's `now` (after the requests before it in the call); the
+//! commits are [`Limit::commit`]s. A rejected request writes nothing.
 //!
 //! # Deadlines
 //!
@@ -71,8 +73,8 @@
 //! |---------------------------------|--------------------------------------------|
 //! | `fixed`, `sliding_log`          | `W` = ⌈burst·period/count⌉ ≤ 2^52          |
 //! | `sliding`                       | `W` ≤ 2^51                                 |
-//! | `token_bucket`, `leaky_bucket`  | burst·period ≤ 2^52                        |
-//! | `gcra`                          | burst·⌈period/count⌉ ≤ 2^52                |
+//! | `token_bucket`, `leaky_bucket`  | (burst + queue)·period ≤ 2^52              |
+//! | `gcra`                          | (burst + queue)·⌈period/count⌉ ≤ 2^52      |
 //!
 //! The script rejects a line outside these ranges (or with malformed
 //! arguments) with no retry-after: it fails closed and never over-admits.
@@ -90,7 +92,7 @@ use crate::limit::{Algorithm, Limit, Outcome};
 
 mod reply;
 
-pub use reply::{check_line, max_reset_us, max_retry_after_us, OutOfRange, CLOCK_STEP_US};
+pub use reply::{check_line, max_delay_us, max_reset_us, max_retry_after_us, OutOfRange, CLOCK_STEP_US};
 
 /// The Lua script (for `SCRIPT LOAD` / `EVALSHA`).
 pub const LIMIT_SCRIPT: &str = include_str!("redis/limit.lua");
@@ -158,11 +160,14 @@ pub fn exact(limit: &Limit) -> bool {
     }
     let bound = u128::from(MAX_EXACT);
     let window = u128::from(limit.window_us());
+    // Queued units count: the state holds up to burst + queue.
+    let held = u128::from(burst) + u128::from(limit.queue());
     match limit.algorithm() {
+        _ if !small(limit.queue()) => false,
         Algorithm::Fixed | Algorithm::SlidingLog => window <= bound,
         Algorithm::Sliding => window <= bound / 2,
-        Algorithm::TokenBucket | Algorithm::LeakyBucket => u128::from(burst) * u128::from(rate.period_us) <= bound,
-        Algorithm::Gcra => u128::from(burst) * u128::from(rate.period_us.div_ceil(rate.count)) <= bound,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => held * u128::from(rate.period_us) <= bound,
+        Algorithm::Gcra => held * u128::from(rate.period_us.div_ceil(rate.count)) <= bound,
     }
 }
 
@@ -186,13 +191,37 @@ pub struct Call {
     pub deadline_us: Option<u64>,
 }
 
-/// Emits the script's `ARGV` for `requests` (each a request's lines: a limit
-/// and the request's cost on it), in the order of their `KEYS`.
-pub fn write_args<R, L>(requests: R, call: Call, mut emit: impl FnMut(Arg<'_>))
+/// One line of a request as the script takes it: the limit, the
+/// request's cost on it, and whether it is dry-run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LineArg {
+    pub limit: Limit,
+    pub cost: u64,
+    pub dry_run: bool,
+}
+
+impl From<(Limit, u64)> for LineArg {
+    /// An enforced line.
+    fn from((limit, cost): (Limit, u64)) -> Self {
+        LineArg { limit, cost, dry_run: false }
+    }
+}
+
+impl From<(Limit, u64, bool)> for LineArg {
+    fn from((limit, cost, dry_run): (Limit, u64, bool)) -> Self {
+        LineArg { limit, cost, dry_run }
+    }
+}
+
+/// Emits the script's `ARGV` for `requests` (each a request's lines: a
+/// [`LineArg`], or a limit and the request's cost on it for an enforced
+/// line), in the order of their `KEYS`.
+pub fn write_args<R, L, T>(requests: R, call: Call, mut emit: impl FnMut(Arg<'_>))
 where
     R: IntoIterator<Item = L>,
-    L: IntoIterator<Item = (Limit, u64)>,
+    L: IntoIterator<Item = T>,
     L::IntoIter: ExactSizeIterator,
+    T: Into<LineArg>,
 {
     emit(Arg::Str(if call.commit { "1" } else { "0" }));
     for t in [call.now_us, call.deadline_us] {
@@ -204,9 +233,9 @@ where
     // The spec of the last line seen (requests on one location share it).
     let mut spec = Spec::default();
     // Consecutive requests of one line each, all with the same line.
-    let mut run: Option<((Limit, u64), u64)> = None;
+    let mut run: Option<(LineArg, u64)> = None;
     for lines in requests {
-        let mut lines = lines.into_iter();
+        let mut lines = lines.into_iter().map(Into::into);
         if lines.len() == 1 {
             if let Some(line) = lines.next() {
                 match &mut run {
@@ -232,14 +261,14 @@ where
 #[derive(Default)]
 struct Spec {
     text: String,
-    of: Option<(Limit, u64)>,
+    of: Option<LineArg>,
 }
 
 impl Spec {
-    fn of(&mut self, line: (Limit, u64)) -> &str {
+    fn of(&mut self, line: LineArg) -> &str {
         if self.of != Some(line) {
             self.text.clear();
-            write_spec(&mut self.text, &line.0, line.1);
+            write_spec(&mut self.text, &line);
             self.of = Some(line);
         }
         &self.text
@@ -247,7 +276,7 @@ impl Spec {
 }
 
 /// Emits `n` requests of one `line` each: the line, or `-n` then the line.
-fn flush_run(run: Option<((Limit, u64), u64)>, spec: &mut Spec, emit: &mut impl FnMut(Arg<'_>)) {
+fn flush_run(run: Option<(LineArg, u64)>, spec: &mut Spec, emit: &mut impl FnMut(Arg<'_>)) {
     let Some((line, n)) = run else { return };
     if n > 1 {
         emit(Arg::Neg(n));
@@ -255,16 +284,29 @@ fn flush_run(run: Option<((Limit, u64), u64)>, spec: &mut Spec, emit: &mut impl 
     emit(Arg::Str(spec.of(line)));
 }
 
-/// A line as the script takes it: `"algorithm count period_us burst
-/// cost"`.
-pub fn write_spec(out: &mut String, limit: &Limit, cost: u64) {
-    let rate = limit.rate();
+/// A line as the script takes it: `"algorithm count period_us burst cost
+/// queue dry"`, `dry` being 1 for a dry-run line, else 0.
+pub fn write_spec(out: &mut String, line: &LineArg) {
+    let (limit, rate) = (&line.limit, line.limit.rate());
     // Writing to a String cannot fail.
-    let _ = write!(out, "{} {} {} {} {cost}", limit.algorithm().name(), rate.count, rate.period_us, limit.burst());
+    let _ = write!(
+        out,
+        "{} {} {} {} {} {} {}",
+        limit.algorithm().name(),
+        rate.count,
+        rate.period_us,
+        limit.burst(),
+        line.cost,
+        limit.queue(),
+        u8::from(line.dry_run)
+    );
 }
 
 /// [`write_args`] as strings.
-pub fn script_args<'a>(requests: impl IntoIterator<Item = &'a [(Limit, u64)]>, call: Call) -> Vec<String> {
+pub fn script_args<'a, T: Copy + Into<LineArg> + 'a>(
+    requests: impl IntoIterator<Item = &'a [T]>,
+    call: Call,
+) -> Vec<String> {
     let mut args = Vec::new();
     let requests = requests.into_iter().map(|r| r.iter().copied());
     write_args(requests, call, |a| {
@@ -281,8 +323,48 @@ pub fn script_args<'a>(requests: impl IntoIterator<Item = &'a [(Limit, u64)]>, c
 /// the usual request).
 pub type Lines = SmallVec<[Outcome; 2]>;
 
-/// One request's outcome: all lines admitted, and each line's outcome.
+/// One request's outcome: admitted (every enforced line admits it, see
+/// [`crate::verdict::combine`]), and each line's outcome.
 pub type RequestReply = (bool, Lines);
+
+/// Integers per line in the script's reply.
+pub const REPLY_PER_LINE: usize = 4;
+
+/// A request's lines as [`parse_reply`] reads them: how many, and which are
+/// dry-run (a number: that many enforced lines).
+pub trait Shape {
+    /// The request's number of lines.
+    fn lines(&self) -> usize;
+    /// Whether its line `i` is dry-run.
+    fn dry_run(&self, i: usize) -> bool;
+}
+
+impl Shape for usize {
+    fn lines(&self) -> usize {
+        *self
+    }
+    fn dry_run(&self, _: usize) -> bool {
+        false
+    }
+}
+
+impl Shape for [bool] {
+    fn lines(&self) -> usize {
+        self.len()
+    }
+    fn dry_run(&self, i: usize) -> bool {
+        self.get(i).copied().unwrap_or(false)
+    }
+}
+
+impl<S: Shape + ?Sized> Shape for &S {
+    fn lines(&self) -> usize {
+        (**self).lines()
+    }
+    fn dry_run(&self, i: usize) -> bool {
+        (**self).dry_run(i)
+    }
+}
 
 /// The script's reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -304,40 +386,48 @@ impl ScriptReply {
     }
 }
 
-/// Parses the script's reply for requests of `nlines[j]` lines each; `None`
-/// if it is malformed (wrong length, negative values, unknown codes).
-pub fn parse_reply(reply: &[i64], nlines: &[usize]) -> Option<ScriptReply> {
+/// Parses the script's reply for requests shaped as `requests` (their
+/// numbers of lines, or which of their lines are dry-run); `None` if it is
+/// malformed (wrong length, negative values, unknown codes, a delay for a
+/// rejected line). A request is admitted iff its enforced lines all are.
+pub fn parse_reply<S: Shape>(reply: &[i64], requests: &[S]) -> Option<ScriptReply> {
     if let [-1, now_us] = *reply {
         return Some(ScriptReply::Late { now_us: u64::try_from(now_us).ok()? });
     }
     let (&now_us, mut rest) = reply.split_first()?;
     let now_us = u64::try_from(now_us).ok()?;
-    let mut out = Vec::with_capacity(nlines.len());
-    for &n in nlines {
-        let len = n.checked_mul(3)?;
+    let mut out = Vec::with_capacity(requests.len());
+    for shape in requests {
+        let len = shape.lines().checked_mul(REPLY_PER_LINE)?;
         if rest.len() < len {
             return None;
         }
         let (mine, after) = rest.split_at(len);
         rest = after;
         let lines = mine
-            .chunks_exact(3)
+            .chunks_exact(REPLY_PER_LINE)
             .map(|l| {
-                let (admitted, retry_after_us) = match l[2] {
+                let &[remaining, reset_us, code, delay_us] = l else { return None };
+                let (admitted, retry_after_us) = match code {
                     -2 => (true, None),
                     -1 => (false, None),
                     r => (false, Some(u64::try_from(r).ok()?)),
                 };
+                let delay_us = u64::try_from(delay_us).ok()?;
+                if delay_us > 0 && !admitted {
+                    return None;
+                }
                 Some(Outcome {
                     admitted,
-                    remaining: u64::try_from(l[0]).ok()?,
-                    reset_us: u64::try_from(l[1]).ok()?,
+                    remaining: u64::try_from(remaining).ok()?,
+                    reset_us: u64::try_from(reset_us).ok()?,
                     retry_after_us,
-                    delay_us: 0,
+                    delay_us,
                 })
             })
             .collect::<Option<Lines>>()?;
-        out.push((lines.iter().all(|l| l.admitted), lines));
+        let decision = crate::verdict::combine(lines.iter().enumerate().map(|(i, o)| (o, shape.dry_run(i))));
+        out.push((decision.admitted, lines));
     }
     if !rest.is_empty() {
         return None;

@@ -25,7 +25,7 @@ fn limits() -> impl Strategy<Value = Limit> {
     let burst = prop_oneof![1u64..=10, 1u64..=5_000];
     (select(Algorithm::ALL.to_vec()), 1u64..=1_000, period, burst).prop_filter_map("invalid", |(a, count, p, b)| {
         let b = if a == Algorithm::SlidingLog { b.min(200) } else { b };
-        Limit::new(a, Rate { count, period_us: p }, b).ok()
+        Limit::new(a, Rate { count, period_us: p }, b).ok().map(|l| l.with_queue(b % 7).unwrap_or(l))
     })
 }
 
@@ -64,9 +64,9 @@ proptest! {
                 _ => 1,
             };
             let checked = l.check(&s, now, cost);
-            prop_assert_eq!(check_line(&l, cost, &checked), Ok(()), "check {:?} now={} cost={}", l, now, cost);
+            prop_assert_eq!(check_line(&l, cost, &checked, l.queue()), Ok(()), "check {:?} now={} cost={}", l, now, cost);
             prev = l.acquire(&mut s, now, cost);
-            prop_assert_eq!(check_line(&l, cost, &prev), Ok(()), "acquire {:?} now={} cost={}", l, now, cost);
+            prop_assert_eq!(check_line(&l, cost, &prev, l.queue()), Ok(()), "acquire {:?} now={} cost={}", l, now, cost);
         }
     }
 }

@@ -8,12 +8,12 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, Script, Value};
 use rl_core::redis::{
     check_line, function_library, function_name, parse_reply, write_args, write_state_key, Arg, Call, RequestReply,
-    ScriptReply, LIMIT_SCRIPT,
+    ScriptReply, LIMIT_SCRIPT, REPLY_PER_LINE,
 };
 
 use super::clock::Clock;
 use super::conn::Conn;
-use super::{JobLine, RedisError};
+use super::{JobLine, JobShape, RedisError};
 
 /// One script call for `requests` (each a request's lines) on keys under
 /// `prefix` (see [`invoke`] for how), with the deadline `via.until`: a
@@ -47,7 +47,7 @@ pub async fn call(
             write_state_key(&mut key, prefix, line.tag, line.line_id);
             cmd.arg(key.as_str());
         }
-        let lines = requests.iter().map(|r| r.iter().map(|l| (l.limit, l.cost)));
+        let lines = requests.iter().map(|r| r.iter().map(|l| (l.limit, l.cost, l.dry_run)));
         write_args(lines, Call { commit, now_us: None, deadline_us }, |a| {
             match a {
                 Arg::Str(s) => cmd.arg(s),
@@ -61,10 +61,10 @@ pub async fn call(
     let sent = Instant::now();
     let reply = integers(invoke(&mut conn, via, command).await?)?;
     let received = Instant::now();
-    let nlines: Vec<usize> = requests.iter().map(|r| r.len()).collect();
-    let Some(reply) = parse_reply(&reply, &nlines) else {
-        let lines: usize = nlines.iter().sum();
-        let want = 1 + 3 * lines;
+    let shapes: Vec<JobShape> = requests.iter().map(|r| JobShape(r)).collect();
+    let Some(reply) = parse_reply(&reply, &shapes) else {
+        let lines: usize = requests.iter().map(|r| r.len()).sum();
+        let want = 1 + REPLY_PER_LINE * lines;
         return Err(RedisError::Malformed(format!("{} integers for {lines} lines, not {want}", reply.len())));
     };
     via.clock.learn(sent, received, reply.now_us());
@@ -74,7 +74,8 @@ pub async fn call(
     };
     for (lines, (_, outcomes)) in requests.iter().zip(&replies) {
         for (line, outcome) in lines.iter().zip(outcomes) {
-            check_line(&line.limit, line.cost, outcome).map_err(|e| RedisError::Malformed(e.to_string()))?;
+            check_line(&line.limit, line.cost, outcome, line.limit.queue())
+                .map_err(|e| RedisError::Malformed(e.to_string()))?;
         }
     }
     Ok(replies)

@@ -14,7 +14,8 @@
 --          writes nothing, and returns {-1, now}: by then its caller no
 --          longer waits for it (it answers its requests as failed).
 -- Then per request, in order: its lines, each one argument
--- "algorithm count period_us burst cost" (the same string for every
+-- "algorithm count period_us burst cost queue dry" (dry: 1 for a dry-run
+-- line, else 0; queue 0 but for the buckets and gcra; the same string for every
 -- request with the same limit and cost, so parsed once per call); a
 -- request of other than one line is preceded by its number of lines; n
 -- consecutive requests of one line each with the same string may be sent
@@ -25,9 +26,13 @@
 -- arrived in that order in the same microsecond: a request sees the
 -- writes of the requests before it.
 --
--- Returns {now (us), then per line: remaining, reset_us, and -2 if admitted,
--- else the retry-after in us or -1 (never)}, all integers. A request is
--- admitted (and committed) iff all its lines are.
+-- Returns {now (us), then per line: remaining, reset_us, -2 if admitted
+-- else the retry-after in us or -1 (never), and the delay in us (0: at
+-- once)}, all integers. A request is admitted iff all its enforced (not
+-- dry-run) lines admit it; then its enforced lines are committed, and its
+-- dry-run lines that admit it. A queue=N line (buckets, gcra) admits beyond
+-- the burst, delayed, what conforms to the rate within N emission
+-- intervals, charged at arrival (rl-core's Limit::with_queue).
 --
 -- State: for fixed / sliding / token_bucket / leaky_bucket / gcra a string
 -- of a 0 byte, then rl-core's u64 state words and the key's expiry (ms of
@@ -48,8 +53,8 @@
 -- [1, 2^53), cost is an integer >= 0, now <= E, and:
 --   fixed, sliding_log         W = ceil(burst*period_us/count) <= E
 --   sliding                    W <= E/2
---   token_bucket, leaky_bucket burst*period_us <= E
---   gcra                       burst*ceil(period_us/count) <= E
+--   token_bucket, leaky_bucket (burst+queue)*period_us <= E
+--   gcra                       (burst+queue)*ceil(period_us/count) <= E
 -- (then every intermediate value stays <= 2^53; the few products that can
 -- exceed it, e.g. sliding's prev*(W-e), are computed exactly by muldiv).
 -- A line outside these ranges, or with malformed arguments, is rejected
@@ -312,12 +317,14 @@ local function muldiv(a, b, d)
 end
 
 -- The arguments after ARGV[3], by their string, parsed once per call: a
--- line "algorithm count period_us burst cost" (count, period_us, burst
--- integers in [1, 2^53), cost an integer >= 0) as {algorithm, count,
--- period_us, burst, cost, K, BT}, where K is the algorithm's constant (W =
--- ceil(burst*period/count) for fixed / sliding / sliding_log, T =
--- ceil(period/count) for gcra, with BT = burst*T; burst*period for the
--- buckets), or false when out of the exact range; a malformed line as
+-- line "algorithm count period_us burst cost queue dry" (count, period_us,
+-- burst integers in [1, 2^53), cost and queue integers >= 0, dry 0 or 1)
+-- as {algorithm, count, period_us, burst, cost, K, BT, QK, dry}, where K is
+-- the algorithm's constant (W = ceil(burst*period/count) for fixed /
+-- sliding / sliding_log, T = ceil(period/count) for gcra, with BT =
+-- burst*T; burst*period for the buckets), or false when out of the exact
+-- range; QK the queue scaled as the state (queue*T for gcra, queue*period
+-- for the buckets); dry true for a dry-run line; a malformed line as
 -- false; a number of lines as {0, n}, a run "-n" as {-1, n}; nil for a
 -- malformed number.
 local specs, nspecs = {}, 0
@@ -331,23 +338,27 @@ local function parse(s)
     end
     return { 0, n }
   end
-  local a, w1, w2, w3, w4 = string.match(s, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
-  local c, p, b, x = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4)
-  if not (c and p and b and x
+  local a, w1, w2, w3, w4, w5, w6 = string.match(s, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) ([01])$')
+  local c, p, b, x, q = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4), tonumber(w5)
+  if not (c and p and b and x and q
       and c % 1 == 0 and c >= 1 and c < TWO53
       and p % 1 == 0 and p >= 1 and p < TWO53
       and b % 1 == 0 and b >= 1 and b < TWO53
-      and x % 1 == 0 and x >= 0 and x < TWO53) then
+      and x % 1 == 0 and x >= 0 and x < TWO53
+      and q % 1 == 0 and q >= 0 and q < TWO53) then
     return false
   end
-  local K, BT = false, false
+  local K, BT, QK = false, false, 0
   if a == 'gcra' then
     local T = p / c
     local Ti = T - T % 1
     if Ti < T then Ti = Ti + 1 end
-    if b * Ti <= E then
-      K, BT = Ti, b * Ti
+    if (b + q) * Ti <= E then
+      K, BT, QK = Ti, b * Ti, q * Ti
     end
+  elseif q > 0 then
+    -- (only the buckets and gcra queue)
+    K = false
   elseif a == 'fixed' or a == 'sliding' or a == 'sliding_log' then
     local W, r = muldiv(b, p, c)
     if r > 0 then W = W + 1 end
@@ -355,12 +366,11 @@ local function parse(s)
         or (a == 'sliding_log' and b <= 65536 and W <= E) then
       K = W
     end
-  elseif a == 'token_bucket' or a == 'leaky_bucket' then
-    if b * p <= E then
-      K = b * p
-    end
   end
-  return { a, c, p, b, x, K, BT }
+  if (a == 'token_bucket' or a == 'leaky_bucket') and (b + q) * p <= E then
+    K, QK = b * p, q * p
+  end
+  return { a, c, p, b, x, K, BT, QK, w6 == '1' }
 end
 
 -- parse(s), kept in `specs` (nil, a malformed number, is not kept).
@@ -503,10 +513,11 @@ local function limit(KEYS, ARGV)
         end
       end
     end
-    -- reply[at ...]: per line 3 values.
+    -- reply[at ...]: per line 4 values.
     local at = nreply + 1
-    nreply = nreply + 3 * nlines
-    -- Several lines: all admitted so far, and the pending writes as (slot,
+    nreply = nreply + 4 * nlines
+    -- Several lines: all enforced lines admitted so far, and the pending
+    -- writes (the lines that admit, dry-run or not) as (slot,
     -- what, reset_us, algorithm, v1, v2, v3, expiry read) tuples (see `val`
     -- below).
     local all, pending, npending = 1, nil, 0
@@ -517,9 +528,9 @@ local function limit(KEYS, ARGV)
         lim = line(ARGV[argi])
       end
       argi = argi + step
-      local alg, b, cost, K
+      local alg, b, cost, K, QK
       if lim then
-        alg, b, cost, K = lim[1], lim[4], lim[5], lim[6]
+        alg, b, cost, K, QK = lim[1], lim[4], lim[5], lim[6], lim[8]
       end
       k = k + 1
       local key = KEYS[k]
@@ -528,12 +539,15 @@ local function limit(KEYS, ARGV)
       -- committing: true for the words v1, v2, v3, or for sliding_log a
       -- function that pushes the entries (`put` writes either).
       local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
+      -- (the delay: a queued line's admission beyond the burst)
+      local dly = 0
 
       if key and lim and now <= E then
 
         if alg == 'gcra' then
-          -- state {TAT}; T = ceil(period/count); admitted iff
-          -- max(TAT, now) + cost*T - now <= B*T.
+          -- state {TAT}; T = ceil(period/count); admitted at once iff
+          -- max(TAT, now) + cost*T - now <= B*T, else delayed by the excess
+          -- iff it is at most Q*T.
           local T, BT = K, lim[7]
           if T then
             ok = true
@@ -547,9 +561,15 @@ local function limit(KEYS, ARGV)
               if commit then
                 val, v1 = true, now + charged
               end
+            elseif cost <= b and backlog - (b - cost) * T <= QK then
+              local charged = backlog + cost * T
+              adm, rem, rst, dly = true, 0, charged, charged - BT
+              if commit then
+                val, v1 = true, now + charged
+              end
             else
               if cost <= b then
-                rty = backlog - (b - cost) * T
+                rty = backlog - (b - cost) * T - QK
               end
               local x = BT - backlog
               if not (0 < x) then x = 0 end
@@ -764,8 +784,9 @@ local function limit(KEYS, ARGV)
           if cap then
             ok = true
             local s1, s2 = state(j, alg, 2)
+            -- (read as it is above the capacity: units a line with a
+            -- larger queue queued)
             local used, last = s1, s2
-            if cap < used then used = cap end
             if now > last then
               local refill = (now - last) * c -- inexact only when > 2^53 > used
               if refill >= used then
@@ -777,10 +798,16 @@ local function limit(KEYS, ARGV)
             local lag = last - now
             if not (0 < lag) then lag = 0 end
               local amount
-            if cost <= b and cost * p <= cap - used then
+            local over = used + cost * p - cap
+            if cost <= b and over <= QK then
               local after = used + cost * p
-              local x = (cap - after) / p
-              adm, rem, amount = true, x - x % 1, after
+              if over <= 0 then
+                local x = (cap - after) / p
+                rem = x - x % 1
+              else
+                rem, dly = 0, drain(over, c, lag)
+              end
+              adm, amount = true, after
               if commit then
                 local at = now
                 if now < last then at = last end
@@ -788,9 +815,10 @@ local function limit(KEYS, ARGV)
               end
             else
               if cost <= b then
-                rty = drain(used - (b - cost) * p, c, lag)
+                rty = drain(over - QK, c, lag)
               end
               local x = (cap - used) / p
+              if not (0 < x) then x = 0 end
               rem, amount = x - x % 1, used
             end
             rst = drain(amount, c, lag)
@@ -798,24 +826,26 @@ local function limit(KEYS, ARGV)
         end
 
         if ok and cost == 0 then
-          -- charges nothing: passes even over the limit, and writes nothing
-          adm, rty, val = true, -1, nil
+          -- charges nothing: passes at once even over the limit, and writes
+          -- nothing
+          adm, rty, val, dly = true, -1, nil, 0
         end
       end
 
-      local n = at + 3 * i - 3
+      local n = at + 4 * i - 4
       if nlines == 1 then
-        -- The usual case: committed at once.
+        -- The usual case: committed at once (a lone dry-run line admits the
+        -- request, and is committed iff it admits it too).
         if adm and val then
           put(j, alg, val, v1, v2, v3, sx, rst)
         end
         if adm then
-          reply[n], reply[n + 1], reply[n + 2] = rem, rst, -2
+          reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = rem, rst, -2, dly
         else
-          reply[n], reply[n + 1], reply[n + 2] = rem, rst, rty
+          reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = rem, rst, rty, 0
         end
       elseif adm then
-        reply[n], reply[n + 1], reply[n + 2] = rem, rst, -2
+        reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = rem, rst, -2, dly
         if val then
           pending = pending or {}
           local q = npending
@@ -824,8 +854,10 @@ local function limit(KEYS, ARGV)
           npending = q + 8
         end
       else
-        reply[n], reply[n + 1], reply[n + 2] = rem, rst, rty
-        all = 0
+        reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = rem, rst, rty, 0
+        if not (lim and lim[9]) then
+          all = 0
+        end
       end
     end
 

@@ -9,13 +9,15 @@
 //! `T` = ⌈period / count⌉, `B` the burst, `c` the cost, `p`/`n` the period
 //! and count):
 //!
-//! | algorithm                       | reset    | retry-after         |
-//! |---------------------------------|----------|---------------------|
-//! | `fixed`, `sliding_log`          | `W`      | `W`                 |
-//! | `sliding`                       | `2W`     | `W + ⌈c·W/B⌉`       |
-//! | `token_bucket`, `leaky_bucket`  | `W`      | `⌈c·p/n⌉`           |
-//! | `gcra`                          | `B·T`    | `c·T`               |
+//! | algorithm                       | reset          | retry-after         | delay       |
+//! |---------------------------------|----------------|---------------------|-------------|
+//! | `fixed`, `sliding_log`          | `W`            | `W`                 | 0           |
+//! | `sliding`                       | `2W`           | `W + ⌈c·W/B⌉`       | 0           |
+//! | `token_bucket`, `leaky_bucket`  | `⌈(B+D)·p/n⌉`  | `⌈(D−Q+c)·p/n⌉`     | `⌈Q·p/n⌉`   |
+//! | `gcra`                          | `(B+D)·T`      | `(D−Q+c)·T`         | `Q·T`       |
 //!
+//! where `Q` is the line's queue and `D` the largest queue of the lines
+//! that share its state (queued units stay in the state for all of them).
 //! Each is reached. A state written before the Redis clock stepped back
 //! (a failover to a server whose clock is behind) lies in the future of
 //! `now`, and every value grows by that step: the bounds allow a step of
@@ -47,6 +49,8 @@ pub enum OutOfRange {
     RetryAfter { got: u64, max: Option<u64> },
     /// A request admitted with a cost above the burst.
     Admitted { cost: u64, burst: u64 },
+    /// A delay beyond the line's queue.
+    Delay { got: u64, max: u64 },
 }
 
 impl fmt::Display for OutOfRange {
@@ -61,6 +65,7 @@ impl fmt::Display for OutOfRange {
                 write!(f, "retry-after {got} us for a request that is never told one")
             }
             OutOfRange::Admitted { cost, burst } => write!(f, "admitted a cost of {cost} above the burst {burst}"),
+            OutOfRange::Delay { got, max } => write!(f, "delay {got} us above {max} us"),
         }
     }
 }
@@ -73,44 +78,68 @@ fn interval(limit: &Limit) -> u64 {
     rate.period_us.div_ceil(rate.count.max(1))
 }
 
+fn sat(x: u128) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
+}
+
+/// `units` requests' worth of time at the rate: `⌈units·p/n⌉` for the
+/// buckets, `units·T` for `gcra`.
+fn at_rate(limit: &Limit, units: u64) -> u64 {
+    let rate = limit.rate();
+    match limit.algorithm() {
+        Algorithm::Gcra => sat(u128::from(units) * u128::from(interval(limit))),
+        _ => sat((u128::from(units) * u128::from(rate.period_us)).div_ceil(u128::from(rate.count.max(1)))),
+    }
+}
+
 /// The latest reset (µs from the script's `now`) a line on `limit` can
-/// report: see the module docs.
-pub fn max_reset_us(limit: &Limit) -> u64 {
+/// report, its state shared with lines whose largest queue is `deepest`:
+/// see the module docs.
+pub fn max_reset_us(limit: &Limit, deepest: u64) -> u64 {
     let w = limit.window_us();
+    let held = limit.burst().saturating_add(deepest.max(limit.queue()));
     let reach = match limit.algorithm() {
-        Algorithm::Fixed | Algorithm::SlidingLog | Algorithm::TokenBucket | Algorithm::LeakyBucket => w,
+        Algorithm::Fixed | Algorithm::SlidingLog => w,
         Algorithm::Sliding => w.saturating_mul(2),
-        Algorithm::Gcra => limit.burst().saturating_mul(interval(limit)),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => at_rate(limit, held),
     };
     reach.saturating_add(CLOCK_STEP_US)
 }
 
 /// The latest retry-after (µs) a rejected request of `cost` on `limit` can
-/// be told; `None` when it is never rejected with one (a cost of 0 always
-/// passes, a cost above the burst never does).
-pub fn max_retry_after_us(limit: &Limit, cost: u64) -> Option<u64> {
+/// be told, its state shared with lines whose largest queue is `deepest`;
+/// `None` when it is never rejected with one (a cost of 0 always passes, a
+/// cost above the burst never does).
+pub fn max_retry_after_us(limit: &Limit, cost: u64, deepest: u64) -> Option<u64> {
     let b = limit.burst();
     if cost == 0 || cost > b {
         return None;
     }
     let w = limit.window_us();
-    let rate = limit.rate();
-    let wide = |a: u64, m: u64| u128::from(a) * u128::from(m);
-    let sat = |x: u128| u64::try_from(x).unwrap_or(u64::MAX);
     let reach = match limit.algorithm() {
         Algorithm::Fixed | Algorithm::SlidingLog => w,
-        Algorithm::Sliding => w.saturating_add(sat(wide(cost, w).div_ceil(u128::from(b)))),
-        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-            sat(wide(cost, rate.period_us).div_ceil(u128::from(rate.count.max(1))))
+        Algorithm::Sliding => w.saturating_add(sat((u128::from(cost) * u128::from(w)).div_ceil(u128::from(b)))),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
+            let q = limit.queue();
+            at_rate(limit, deepest.max(q) - q + cost)
         }
-        Algorithm::Gcra => sat(wide(cost, interval(limit))),
     };
     Some(reach.saturating_add(CLOCK_STEP_US))
 }
 
+/// The longest delay (µs) a line on `limit` can report: its queue's worth.
+pub fn max_delay_us(limit: &Limit) -> u64 {
+    match limit.queue() {
+        0 => 0,
+        q => at_rate(limit, q).saturating_add(CLOCK_STEP_US),
+    }
+}
+
 /// Whether `line`, the script's outcome for a request of `cost` on `limit`,
-/// is one the algorithm can produce (see the module docs).
-pub fn check_line(limit: &Limit, cost: u64, line: &Outcome) -> Result<(), OutOfRange> {
+/// is one the algorithm can produce (see the module docs), the line's state
+/// being shared with lines whose largest queue is `deepest` (the line's own
+/// queue, or 0, when none has a larger one).
+pub fn check_line(limit: &Limit, cost: u64, line: &Outcome, deepest: u64) -> Result<(), OutOfRange> {
     let b = limit.burst();
     if line.admitted && cost > b {
         return Err(OutOfRange::Admitted { cost, burst: b });
@@ -119,12 +148,16 @@ pub fn check_line(limit: &Limit, cost: u64, line: &Outcome) -> Result<(), OutOfR
     if line.remaining > max {
         return Err(OutOfRange::Remaining { got: line.remaining, max });
     }
-    let max = max_reset_us(limit);
+    let max = max_reset_us(limit, deepest);
     if line.reset_us > max {
         return Err(OutOfRange::Reset { got: line.reset_us, max });
     }
+    let max = max_delay_us(limit);
+    if line.delay_us > max || (line.delay_us > 0 && !line.admitted) {
+        return Err(OutOfRange::Delay { got: line.delay_us, max });
+    }
     if let Some(got) = line.retry_after_us {
-        let max = max_retry_after_us(limit, cost);
+        let max = max_retry_after_us(limit, cost, deepest);
         if got == 0 || max.is_none_or(|m| got > m) {
             return Err(OutOfRange::RetryAfter { got, max });
         }
@@ -168,15 +201,15 @@ mod tests {
             for cost in 1..=l.burst() {
                 let o = l.check(&s, now, cost);
                 assert!(!o.admitted, "{alg}");
-                assert_eq!(o.reset_us, max_reset_us(&l), "{alg} reset");
-                assert_eq!(o.retry_after_us, max_retry_after_us(&l, cost), "{alg} cost {cost}");
+                assert_eq!(o.reset_us, max_reset_us(&l, 0), "{alg} reset");
+                assert_eq!(o.retry_after_us, max_retry_after_us(&l, cost, 0), "{alg} cost {cost}");
                 let line = o;
-                assert_eq!(check_line(&l, cost, &line), Ok(()), "{alg}");
+                assert_eq!(check_line(&l, cost, &line, 0), Ok(()), "{alg}");
                 let late = Outcome { reset_us: line.reset_us + 1, ..line };
-                assert!(matches!(check_line(&l, cost, &late), Err(OutOfRange::Reset { .. })), "{alg}");
+                assert!(matches!(check_line(&l, cost, &late, 0), Err(OutOfRange::Reset { .. })), "{alg}");
                 let retry = line.retry_after_us.map(|r| r + 1);
                 let later = Outcome { retry_after_us: retry, ..line };
-                assert!(matches!(check_line(&l, cost, &later), Err(OutOfRange::RetryAfter { .. })), "{alg}");
+                assert!(matches!(check_line(&l, cost, &later, 0), Err(OutOfRange::RetryAfter { .. })), "{alg}");
             }
         }
     }
@@ -185,19 +218,19 @@ mod tests {
     fn the_maxima_without_a_clock_step() {
         let l = |alg| limit(alg);
         let (w, t) = (16_666_667, 3_333_334);
-        assert_eq!(max_reset_us(&l(Algorithm::Fixed)), w + D);
-        assert_eq!(max_reset_us(&l(Algorithm::SlidingLog)), w + D);
-        assert_eq!(max_reset_us(&l(Algorithm::TokenBucket)), w + D);
-        assert_eq!(max_reset_us(&l(Algorithm::Sliding)), 2 * w + D);
-        assert_eq!(max_reset_us(&l(Algorithm::Gcra)), 5 * t + D);
+        assert_eq!(max_reset_us(&l(Algorithm::Fixed), 0), w + D);
+        assert_eq!(max_reset_us(&l(Algorithm::SlidingLog), 0), w + D);
+        assert_eq!(max_reset_us(&l(Algorithm::TokenBucket), 0), w + D);
+        assert_eq!(max_reset_us(&l(Algorithm::Sliding), 0), 2 * w + D);
+        assert_eq!(max_reset_us(&l(Algorithm::Gcra), 0), 5 * t + D);
         // Retry-after for a cost of 2: W; W + ⌈2W/5⌉; ⌈2·10 s/3⌉; 2T.
-        assert_eq!(max_retry_after_us(&l(Algorithm::Fixed), 2), Some(w + D));
-        assert_eq!(max_retry_after_us(&l(Algorithm::Sliding), 2), Some(w + 6_666_667 + D));
-        assert_eq!(max_retry_after_us(&l(Algorithm::LeakyBucket), 2), Some(6_666_667 + D));
-        assert_eq!(max_retry_after_us(&l(Algorithm::Gcra), 2), Some(2 * t + D));
+        assert_eq!(max_retry_after_us(&l(Algorithm::Fixed), 2, 0), Some(w + D));
+        assert_eq!(max_retry_after_us(&l(Algorithm::Sliding), 2, 0), Some(w + 6_666_667 + D));
+        assert_eq!(max_retry_after_us(&l(Algorithm::LeakyBucket), 2, 0), Some(6_666_667 + D));
+        assert_eq!(max_retry_after_us(&l(Algorithm::Gcra), 2, 0), Some(2 * t + D));
         // None for a cost that always passes or never does.
-        assert_eq!(max_retry_after_us(&l(Algorithm::Gcra), 0), None);
-        assert_eq!(max_retry_after_us(&l(Algorithm::Gcra), 6), None);
+        assert_eq!(max_retry_after_us(&l(Algorithm::Gcra), 0, 0), None);
+        assert_eq!(max_retry_after_us(&l(Algorithm::Gcra), 6, 0), None);
     }
 
     #[test]
@@ -211,21 +244,21 @@ mod tests {
             delay_us: 0,
         };
         // Admitted: at most burst - cost remain.
-        assert_eq!(check_line(&l, 2, &line(true, 3, None)), Ok(()));
-        assert_eq!(check_line(&l, 2, &line(true, 4, None)), Err(OutOfRange::Remaining { got: 4, max: 3 }));
-        assert_eq!(check_line(&l, 0, &line(true, 5, None)), Ok(()));
-        assert_eq!(check_line(&l, 6, &line(true, 0, None)), Err(OutOfRange::Admitted { cost: 6, burst: 5 }));
+        assert_eq!(check_line(&l, 2, &line(true, 3, None), 0), Ok(()));
+        assert_eq!(check_line(&l, 2, &line(true, 4, None), 0), Err(OutOfRange::Remaining { got: 4, max: 3 }));
+        assert_eq!(check_line(&l, 0, &line(true, 5, None), 0), Ok(()));
+        assert_eq!(check_line(&l, 6, &line(true, 0, None), 0), Err(OutOfRange::Admitted { cost: 6, burst: 5 }));
         // Rejected: at most the burst; a retry-after of at least 1 µs, none
         // for a cost that can never pass.
-        assert_eq!(check_line(&l, 2, &line(false, 5, Some(1))), Ok(()));
-        assert_eq!(check_line(&l, 2, &line(false, 6, Some(1))), Err(OutOfRange::Remaining { got: 6, max: 5 }));
-        assert!(matches!(check_line(&l, 2, &line(false, 0, Some(0))), Err(OutOfRange::RetryAfter { got: 0, .. })));
-        assert_eq!(check_line(&l, 6, &line(false, 0, None)), Ok(()));
-        assert_eq!(check_line(&l, 6, &line(false, 0, Some(9))), Err(OutOfRange::RetryAfter { got: 9, max: None }));
+        assert_eq!(check_line(&l, 2, &line(false, 5, Some(1)), 0), Ok(()));
+        assert_eq!(check_line(&l, 2, &line(false, 6, Some(1)), 0), Err(OutOfRange::Remaining { got: 6, max: 5 }));
+        assert!(matches!(check_line(&l, 2, &line(false, 0, Some(0)), 0), Err(OutOfRange::RetryAfter { got: 0, .. })));
+        assert_eq!(check_line(&l, 6, &line(false, 0, None), 0), Ok(()));
+        assert_eq!(check_line(&l, 6, &line(false, 0, Some(9)), 0), Err(OutOfRange::RetryAfter { got: 9, max: None }));
         // The reply.
         let huge = Outcome { remaining: i64::MAX as u64, ..Outcome::default() };
         assert_eq!(
-            check_line(&l, 1, &huge).map_err(|e| e.to_string()),
+            check_line(&l, 1, &huge, 0).map_err(|e| e.to_string()),
             Err("remaining 9223372036854775807 above 5".to_string())
         );
     }

@@ -13,7 +13,7 @@ use rl_core::verdict::Outcome;
 
 use crate::fixtures::{case_limit, keys, limit, T0};
 use crate::harness::{put_raw, Mode, Redis};
-use crate::model::stored;
+use crate::model::{model, stored};
 use crate::pair::Pair;
 
 /// A request: its lines, each a limit and a cost.
@@ -302,22 +302,35 @@ fn out_of_range_fails_closed() {
     let k = keys(1);
     let r = Redis::new();
     r.set_now(T0);
-    let reject = vec![T0 as i64, 0, 0, -1];
+    let reject = vec![T0 as i64, 0, 0, -1, 0];
     let bad = [
-        "nope 1 1000000 1 1",
-        "gcra 0 1000000 1 1",
-        "gcra 1 0 1 1",
-        "gcra 1 1000000 0 1",
-        "gcra 1 1000000 1 -1",
-        "gcra 1 1000000 1 1.5",
-        "gcra 1 1000000 1 x",
-        "gcra 1 1000000 x 1",
-        "gcra 1 1000000 1",
-        "gcra 1  1000000 1 1",
-        "gcra 1 1000000 1 1 1",
-        "gcra 1 1000000 9007199254740992 1",
-        "gcra 1 1000000 1 9007199254740992",
-        "token_bucket 1 4503599627370497 1 1",
+        "nope 1 1000000 1 1 0 0",
+        "gcra 0 1000000 1 1 0 0",
+        "gcra 1 0 1 1 0 0",
+        "gcra 1 1000000 0 1 0 0",
+        "gcra 1 1000000 1 -1 0 0",
+        "gcra 1 1000000 1 1.5 0 0",
+        "gcra 1 1000000 1 x 0 0",
+        "gcra 1 1000000 x 1 0 0",
+        "gcra 1 1000000 1 1 0",
+        "gcra 1 1000000 1 1",
+        "gcra 1  1000000 1 1 0 0",
+        "gcra 1 1000000 1 1 0 0 1",
+        "gcra 1 1000000 9007199254740992 1 0 0",
+        "gcra 1 1000000 1 9007199254740992 0 0",
+        "token_bucket 1 4503599627370497 1 1 0 0",
+        // queue and dry: an integer >= 0, 0 or 1; a queue only for the
+        // buckets and gcra, and burst + queue in the exact range.
+        "gcra 1 1000000 1 1 -1 0",
+        "gcra 1 1000000 1 1 1.5 0",
+        "gcra 1 1000000 1 1 0 2",
+        "gcra 1 1000000 1 1 0 x",
+        "fixed 1 1000000 1 1 1 0",
+        "sliding 1 1000000 1 1 1 1",
+        "sliding_log 1 1000000 1 1 1 0",
+        "token_bucket 1 2 2251799813685248 1 1 0",
+        "leaky_bucket 1 2 2251799813685248 1 1 1",
+        "gcra 1 2 2251799813685248 1 1 0",
     ];
     let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     for line in bad {
@@ -326,28 +339,28 @@ fn out_of_range_fails_closed() {
     }
     // Missing arguments, or a missing key.
     assert_eq!(r.eval(&k, &args(&["1", "", "", "1"])), reject);
-    assert_eq!(r.eval(&[], &args(&["1", "", "", "gcra 1 1000000 1 1"])), reject);
+    assert_eq!(r.eval(&[], &args(&["1", "", "", "gcra 1 1000000 1 1 0 0"])), reject);
     // No request: just the time. A malformed line count: an error reply.
     assert_eq!(r.eval(&k, &args(&["1", "", ""])), [T0 as i64]);
     assert_eq!(r.eval(&k, &args(&["1", "", "", "0"])), [T0 as i64]);
     // A malformed count, or a run of more requests than there are keys.
     for n in ["1.5", "-1.5", "-2"] {
-        let reply = r.eval_table(&k, &args(&["1", "", "", n, "gcra 1 1000000 1 1"]));
+        let reply = r.eval_table(&k, &args(&["1", "", "", n, "gcra 1 1000000 1 1 0 0"]));
         let err: String = reply.raw_get("err").unwrap();
         assert_eq!(err, "rl: malformed arguments", "{n:?}");
     }
     // A run whose line is not a line: each of its requests fails closed.
     let k3 = keys(3);
-    for line in ["nope 1 1000000 1 1", "2", "-1"] {
+    for line in ["nope 1 1000000 1 1 0 0", "2", "-1"] {
         let want: Vec<i64> = [T0 as i64].into_iter().chain(reject[1..].repeat(3)).collect();
         assert_eq!(r.eval(&k3, &args(&["1", "", "", "-3", line])), want, "{line:?}");
     }
-    assert_eq!(r.eval(&k3, &args(&["1", "", "", "-3"])).len(), 1 + 3 * 3);
+    assert_eq!(r.eval(&k3, &args(&["1", "", "", "-3"])).len(), 1 + 3 * 4);
     assert_eq!(r.eval(&k, &args(&["1", "", "", "-0"])), [T0 as i64]);
     // No deadline argument at all: none. A malformed deadline: an error reply.
     assert_eq!(r.eval(&k, &args(&["1", ""])), [T0 as i64]);
     for d in ["x", "1e", " "] {
-        let reply = r.eval_table(&k, &args(&["1", "", d, "gcra 1 1000000 1 1"]));
+        let reply = r.eval_table(&k, &args(&["1", "", d, "gcra 1 1000000 1 1 0 0"]));
         let err: String = reply.raw_get("err").unwrap();
         assert_eq!(err, "rl: malformed arguments", "{d:?}");
     }
@@ -391,7 +404,7 @@ fn deadline_before_at_after() {
     // The raw reply of a late call: -1, then Redis' time.
     let r = Redis::new();
     r.set_now(T0);
-    let args: Vec<String> = ["1", "", &(T0 - 1).to_string(), "gcra 1 1000000 1 1"].map(String::from).to_vec();
+    let args: Vec<String> = ["1", "", &(T0 - 1).to_string(), "gcra 1 1000000 1 1 0 0"].map(String::from).to_vec();
     assert_eq!(r.eval(&keys(1), &args), [-1, T0 as i64]);
     assert_eq!((r.count("TIME"), r.count("MGET"), r.writes()), (1, 0, 0));
 }
@@ -499,16 +512,22 @@ fn rust_interface() {
             "",
             "",
             "2",
-            "token_bucket 10 60000000 20 3",
-            "gcra 1 1000000 1 1",
-            "gcra 1 1000000 1 2",
+            "token_bucket 10 60000000 20 3 0 0",
+            "gcra 1 1000000 1 1 0 0",
+            "gcra 1 1000000 1 2 0 0",
             "0",
-            "gcra 1 1000000 1 2"
+            "gcra 1 1000000 1 2 0 0"
         ]
     );
-    assert_eq!(script_args([], Call { commit: false, now_us: Some(42), deadline_us: None }), ["0", "42", ""]);
-    assert_eq!(script_args([], Call { commit: true, now_us: None, deadline_us: Some(43) }), ["1", "", "43"]);
-    let ok = [5, 2, 3, -2, 0, 9, 4, 7, 8, -2, 0, 1, -1];
+    assert_eq!(
+        script_args::<(Limit, u64)>([], Call { commit: false, now_us: Some(42), deadline_us: None }),
+        ["0", "42", ""]
+    );
+    assert_eq!(
+        script_args::<(Limit, u64)>([], Call { commit: true, now_us: None, deadline_us: Some(43) }),
+        ["1", "", "43"]
+    );
+    let ok = [5, 2, 3, -2, 0, 0, 9, 4, 0, 7, 8, -2, 300, 0, 1, -1, 0];
     let Some(ScriptReply::Done { now_us, requests: reqs }) = parse_reply(&ok, &[2, 1, 0, 1]) else {
         panic!("not parsed");
     };
@@ -519,15 +538,32 @@ fn rust_interface() {
         reqs[0].1[1],
         Outcome { admitted: false, remaining: 0, reset_us: 9, retry_after_us: Some(4), delay_us: 0 }
     );
-    assert_eq!(reqs[1].1[0], Outcome { admitted: true, remaining: 7, reset_us: 8, retry_after_us: None, delay_us: 0 });
+    assert_eq!(
+        reqs[1].1[0],
+        Outcome { admitted: true, remaining: 7, reset_us: 8, retry_after_us: None, delay_us: 300 }
+    );
     assert_eq!(reqs[3].1[0].retry_after_us, None);
     assert!(parse_reply(&ok, &[2, 1]).is_none()); // left over
     assert!(parse_reply(&ok, &[2, 1, 2]).is_none()); // short
-    assert!(parse_reply(&[5, 0, 0, -3], &[1]).is_none());
-    assert!(parse_reply(&[5, -1, 0, -2], &[1]).is_none());
-    assert!(parse_reply(&[-5, 0, 0, -2], &[1]).is_none());
-    assert!(parse_reply(&[], &[]).is_none());
-    assert_eq!(parse_reply(&[7], &[]), Some(ScriptReply::Done { now_us: 7, requests: vec![] }));
+    assert!(parse_reply(&[5, 0, 0, -3, 0], &[1]).is_none());
+    assert!(parse_reply(&[5, -1, 0, -2, 0], &[1]).is_none());
+    assert!(parse_reply(&[-5, 0, 0, -2, 0], &[1]).is_none());
+    assert!(parse_reply(&[5, 0, 0, -2, -1], &[1]).is_none()); // negative delay
+    assert!(parse_reply(&[5, 0, 0, 4, 1], &[1]).is_none()); // a rejected line's delay
+    assert!(parse_reply(&[5, 0, 0, -2], &[1]).is_none()); // three values
+    assert!(parse_reply::<usize>(&[], &[]).is_none());
+    assert_eq!(parse_reply::<usize>(&[7], &[]), Some(ScriptReply::Done { now_us: 7, requests: vec![] }));
+    // Dry-run lines do not reject the request: only its enforced lines.
+    let dry: [&[bool]; 4] = [&[true, false], &[false], &[], &[true]];
+    let Some(ScriptReply::Done { requests: reqs, .. }) = parse_reply(&ok, &dry) else {
+        panic!("not parsed");
+    };
+    assert!(!reqs[0].0 && reqs[1].0 && reqs[2].0 && reqs[3].0);
+    let dry: [&[bool]; 4] = [&[true, true], &[true], &[], &[false]];
+    let Some(ScriptReply::Done { requests: reqs, .. }) = parse_reply(&ok, &dry) else {
+        panic!("not parsed");
+    };
+    assert!(reqs[0].0 && reqs[1].0 && reqs[2].0 && !reqs[3].0);
     let Some(ScriptReply::Done { now_us: 7, requests: reqs }) = parse_reply(&[7], &[0]) else {
         panic!("not parsed");
     };
@@ -535,12 +571,12 @@ fn rust_interface() {
     // Late: {-1, now}, whatever the requests were; nothing else starts with -1.
     let late = Some(ScriptReply::Late { now_us: 9 });
     assert_eq!(parse_reply(&[-1, 9], &[2, 1]), late);
-    assert_eq!(parse_reply(&[-1, 9], &[]), late);
+    assert_eq!(parse_reply::<usize>(&[-1, 9], &[]), late);
     assert_eq!(late.map(|r| r.now_us()), Some(9));
-    assert!(parse_reply(&[-1], &[]).is_none());
-    assert!(parse_reply(&[-1, -9], &[]).is_none());
-    assert!(parse_reply(&[-1, 9, 0, -2], &[1]).is_none());
-    assert!(parse_reply(&[-2, 9], &[]).is_none());
+    assert!(parse_reply::<usize>(&[-1], &[]).is_none());
+    assert!(parse_reply::<usize>(&[-1, -9], &[]).is_none());
+    assert!(parse_reply(&[-1, 9, 0, -2, 0], &[1]).is_none());
+    assert!(parse_reply::<usize>(&[-2, 9], &[]).is_none());
 }
 
 /// A batch is the same as its requests one call each, in order, at the same
@@ -603,7 +639,7 @@ fn runs_of_one_line_requests() {
 
 fn spec(l: &Limit, cost: u64) -> String {
     let mut s = String::new();
-    rl_core::redis::write_spec(&mut s, l, cost);
+    rl_core::redis::write_spec(&mut s, &(*l, cost).into());
     s
 }
 
@@ -654,4 +690,85 @@ fn batch_is_requests_in_order() {
         assert_eq!(s.run(&k[..1], req, T0, true, true), got[i], "request {i}");
     }
     assert_eq!(r.snapshot(), s.snapshot());
+}
+
+/// The example on the script: rate=10r/s burst=5 queue=10, twenty
+/// requests of one key in one call: 5 at once, 10 delayed by 100 ms steps,
+/// 5 rejected; as the model says, for the three algorithms that queue.
+#[test]
+fn queue_of_twenty_requests() {
+    for alg in [Algorithm::TokenBucket, Algorithm::LeakyBucket, Algorithm::Gcra] {
+        let l = limit(alg, 10, 1_000_000, 5).with_queue(10).unwrap();
+        let r = Redis::new();
+        let k = keys(1);
+        let one: &[(Limit, u64)] = &[(l, 1)];
+        let keys20: Vec<String> = (0..20).map(|_| k[0].clone()).collect();
+        let got = r.run_batch(&keys20, &[one; 20], T0, true, false);
+        let delays: Vec<Option<u64>> = got.iter().map(|(a, o)| a.then_some(o[0].delay_us / 1000)).collect();
+        let want: Vec<Option<u64>> =
+            [0; 5].into_iter().chain((1..=10).map(|k| k * 100)).map(Some).chain([None; 5]).collect();
+        assert_eq!(delays, want, "{alg}");
+        let mut s = vec![vec![0; l.state_words()]];
+        for (a, o) in &got {
+            assert_eq!((*a, o.clone()), model(one, &mut s, T0, true), "{alg}");
+        }
+        assert_eq!(r.value(&k[0]), Some(stored(&l, &s[0])), "{alg}");
+    }
+}
+
+/// Lines that share a key with different queues: the one with the smaller
+/// queue reads what the larger one queued, as the model does on one state.
+#[test]
+fn queues_share_a_key() {
+    for alg in [Algorithm::TokenBucket, Algorithm::LeakyBucket, Algorithm::Gcra] {
+        let big = limit(alg, 10, 1_000_000, 5).with_queue(10).unwrap();
+        let small = big.with_queue(2).unwrap();
+        let none = big.with_queue(0).unwrap();
+        let r = Redis::new();
+        let k = keys(1);
+        let mut s = vec![vec![0; big.state_words()]];
+        let steps = [(big, 0), (big, 0), (big, 0), (big, 0), (big, 0), (big, 0), (big, 0), (big, 0)]
+            .into_iter()
+            .chain([(small, 0), (none, 0), (small, 50_000), (big, 60_000), (small, 900_000), (none, 1_100_000)]);
+        let mut admitted = Vec::new();
+        for (l, dt) in steps {
+            let lines = [(l, 1)];
+            let got = r.run(&k, &lines, T0 + dt, true, false);
+            assert_eq!(got, model(&lines, &mut s, T0 + dt, true), "{alg} queue {} at +{dt}", l.queue());
+            admitted.push(got.0);
+        }
+        // 8 queued by the big line: the small one (5 + 2) and the one without
+        // a queue reject until enough has drained.
+        assert_eq!(
+            admitted,
+            [true, true, true, true, true, true, true, true, false, false, false, true, true, true],
+            "{alg}"
+        );
+    }
+}
+
+/// Dry-run lines beside an enforced one, in one call: a dry-run line that
+/// would reject neither rejects the request nor is charged; one that would
+/// admit is charged with the request; an enforced rejection charges none.
+#[test]
+fn dry_run_lines() {
+    let strict = limit(Algorithm::Gcra, 1, 1_000_000, 1);
+    let loose = limit(Algorithm::Fixed, 10, 1_000_000, 10);
+    let r = Redis::new();
+    let k = keys(2);
+    let mut s = vec![vec![0; 2], vec![0; 1]];
+    let lines = [(loose, 1, false), (strict, 1, true)];
+    let mut seen = Vec::new();
+    for i in 0..12 {
+        let got = r.run(&k, &lines, T0 + i, true, false);
+        assert_eq!(got, model(&lines, &mut s, T0 + i, true), "request {i}");
+        seen.push((got.0, got.1[0].admitted, got.1[1].admitted));
+    }
+    // The first passes both; then the dry-run line would reject, yet the
+    // request passes until the enforced line's ten are spent.
+    assert_eq!(seen[0], (true, true, true));
+    assert!(seen[1..10].iter().all(|&x| x == (true, true, false)), "{seen:?}");
+    assert_eq!(seen[10], (false, false, false));
+    // The strict line was charged once: its state is one interval.
+    assert_eq!(s[1], [T0 + 1_000_000]);
 }

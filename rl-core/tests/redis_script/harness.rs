@@ -5,8 +5,9 @@
 //! replies converted as Redis does, and the store read and written directly.
 
 use mlua::{Function, Lua, Table, Value};
-use rl_core::limit::Limit;
-use rl_core::redis::{function_library, function_name, parse_reply, script_args, Call, ScriptReply, LIMIT_SCRIPT};
+use rl_core::redis::{
+    function_library, function_name, parse_reply, script_args, Call, LineArg, ScriptReply, LIMIT_SCRIPT,
+};
 use rl_core::verdict::Outcome;
 
 use crate::struct_lib::struct_lib;
@@ -144,10 +145,10 @@ impl Redis {
     }
 
     /// One script call for `lines` at `now`, parsed.
-    pub(crate) fn run(
+    pub(crate) fn run<T: Copy + Into<LineArg>>(
         &self,
         keys: &[String],
-        lines: &[(Limit, u64)],
+        lines: &[T],
         now: u64,
         commit: bool,
         use_time: bool,
@@ -159,10 +160,10 @@ impl Redis {
 
     /// One script call for several requests at `now` (`keys`: every line's
     /// key, request by request), parsed.
-    pub(crate) fn run_batch(
+    pub(crate) fn run_batch<T: Copy + Into<LineArg>>(
         &self,
         keys: &[String],
-        requests: &[&[(Limit, u64)]],
+        requests: &[&[T]],
         now: u64,
         commit: bool,
         use_time: bool,
@@ -172,10 +173,10 @@ impl Redis {
 
     /// [`Redis::run_batch`] for a call with a deadline: `None` if the script
     /// answered that it ran past it.
-    pub(crate) fn run_until(
+    pub(crate) fn run_until<T: Copy + Into<LineArg>>(
         &self,
         keys: &[String],
-        requests: &[&[(Limit, u64)]],
+        requests: &[&[T]],
         now: u64,
         commit: bool,
         use_time: bool,
@@ -185,8 +186,10 @@ impl Redis {
         let call = Call { commit, now_us: (!use_time).then_some(now), deadline_us };
         let args = script_args(requests.iter().copied(), call);
         let reply = self.eval(keys, &args);
-        let nlines: Vec<usize> = requests.iter().map(|r| r.len()).collect();
-        let reply = parse_reply(&reply, &nlines).expect("well-formed reply");
+        let shapes: Vec<Vec<bool>> =
+            requests.iter().map(|r| r.iter().map(|&l| Into::<LineArg>::into(l).dry_run).collect()).collect();
+        let shapes: Vec<&[bool]> = shapes.iter().map(Vec::as_slice).collect();
+        let reply = parse_reply(&reply, &shapes).expect("well-formed reply");
         assert_eq!(reply.now_us(), now);
         match reply {
             ScriptReply::Done { requests, .. } => Some(requests.into_iter().map(|(a, l)| (a, l.to_vec())).collect()),

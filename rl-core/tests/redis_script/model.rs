@@ -3,23 +3,35 @@
 //! state as the script stores it.
 
 use rl_core::limit::{Algorithm, Limit, Outcome};
+use rl_core::redis::LineArg;
+use rl_core::verdict::combine;
 
-/// The model of one call: check every line; commit all iff all admit.
-pub(crate) fn model(lines: &[(Limit, u64)], states: &mut [Vec<u64>], now: u64, commit: bool) -> (bool, Vec<Outcome>) {
-    let outs: Vec<Outcome> = lines.iter().zip(states.iter()).map(|((l, c), s)| l.check(s, now, *c)).collect();
-    let all = outs.iter().all(|o| o.admitted);
-    if all && commit {
-        for ((l, c), s) in lines.iter().zip(states.iter_mut()) {
-            l.commit(s, now, *c);
+/// The model of one call: check every line; the request is admitted iff
+/// every enforced line admits it, and then the lines that admit it are
+/// committed (`combine`).
+pub(crate) fn model<T: Copy + Into<LineArg>>(
+    lines: &[T],
+    states: &mut [Vec<u64>],
+    now: u64,
+    commit: bool,
+) -> (bool, Vec<Outcome>) {
+    let lines: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
+    let outs: Vec<Outcome> = lines.iter().zip(states.iter()).map(|(a, s)| a.limit.check(s, now, a.cost)).collect();
+    let d = combine(outs.iter().zip(&lines).map(|(o, a)| (o, a.dry_run)));
+    if commit {
+        for ((a, s), o) in lines.iter().zip(states.iter_mut()).zip(&outs) {
+            if d.charges(o) {
+                a.limit.commit(s, now, a.cost);
+            }
         }
     }
-    (all, outs)
+    (d.admitted, outs)
 }
 
 /// The model of a call's deadline: a call that runs after it does nothing
 /// (`None`), else it is [`model`].
-pub(crate) fn model_until(
-    lines: &[(Limit, u64)],
+pub(crate) fn model_until<T: Copy + Into<LineArg>>(
+    lines: &[T],
     states: &mut [Vec<u64>],
     now: u64,
     commit: bool,

@@ -1,8 +1,8 @@
 //! The differential step: one call run on the script and on the model,
 //! outcomes, writes, stored state and TTLs compared.
 
-use rl_core::limit::{Algorithm, Limit};
-use rl_core::redis::{check_line, expiry_after_write, CLOCK_STEP_US, TTL_MARGIN_MS};
+use rl_core::limit::Algorithm;
+use rl_core::redis::{check_line, expiry_after_write, LineArg, CLOCK_STEP_US, TTL_MARGIN_MS};
 use rl_core::verdict::Outcome;
 
 use crate::fixtures::keys;
@@ -21,23 +21,23 @@ pub(crate) struct Pair {
 }
 
 impl Pair {
-    pub(crate) fn new(lines: &[(Limit, u64)]) -> Pair {
+    pub(crate) fn new<T: Copy + Into<LineArg>>(lines: &[T]) -> Pair {
         Pair::with(Mode::Function, lines)
     }
 
-    pub(crate) fn with(mode: Mode, lines: &[(Limit, u64)]) -> Pair {
+    pub(crate) fn with<T: Copy + Into<LineArg>>(mode: Mode, lines: &[T]) -> Pair {
         Pair {
             redis: Redis::with(mode),
             keys: keys(lines.len()),
-            states: lines.iter().map(|(l, _)| vec![0; l.state_words()]).collect(),
+            states: lines.iter().map(|&l| vec![0; Into::<LineArg>::into(l).limit.state_words()]).collect(),
             expiries: vec![0; lines.len()],
             latest: 0,
         }
     }
 
-    pub(crate) fn step(
+    pub(crate) fn step<T: Copy + Into<LineArg> + std::fmt::Debug>(
         &mut self,
-        lines: &[(Limit, u64)],
+        lines: &[T],
         now: u64,
         commit: bool,
         use_time: bool,
@@ -48,9 +48,9 @@ impl Pair {
     /// [`Pair::step`] for a call with a deadline: `None` if it ran past it
     /// (then the model and the script must agree, and nothing be read or
     /// written).
-    pub(crate) fn step_until(
+    pub(crate) fn step_until<T: Copy + Into<LineArg> + std::fmt::Debug>(
         &mut self,
-        lines: &[(Limit, u64)],
+        lines: &[T],
         now: u64,
         commit: bool,
         use_time: bool,
@@ -75,21 +75,28 @@ impl Pair {
             assert_eq!(self.redis.snapshot(), snap, "a late call changed the state");
             return None;
         };
+        let args: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
         // Every reply the script gives passes the range check nginx applies
         // to it, while the clock has not stepped back by more than that
         // check allows (some cases step it back by far more on purpose).
         self.latest = self.latest.max(now);
         if self.latest - now <= CLOCK_STEP_US {
-            for ((l, c), o) in lines.iter().zip(&want.1) {
-                assert_eq!(check_line(l, *c, o), Ok(()), "now={now} line {l:?} cost {c}: {o:?}");
+            let deepest = args.iter().map(|a| a.limit.queue()).max().unwrap_or(0);
+            for (a, o) in args.iter().zip(&want.1) {
+                assert_eq!(check_line(&a.limit, a.cost, o, deepest), Ok(()), "now={now} line {a:?}: {o:?}");
             }
         }
-        let wrote = commit && want.0 && lines.iter().any(|(_, c)| *c > 0);
+        // Which lines wrote: those the request charged.
+        let charged: Vec<bool> =
+            want.1.iter().zip(&args).map(|(o, a)| commit && want.0 && o.admitted && a.cost > 0).collect();
+        let wrote = charged.iter().any(|&c| c);
         if !wrote {
             assert_eq!(self.redis.writes(), writes, "no write expected");
             assert_eq!(self.redis.snapshot(), snap, "state changed without a write");
         }
-        for (i, (l, c)) in lines.iter().enumerate() {
+        for (i, a) in args.iter().enumerate() {
+            let (l, c) = (&a.limit, &a.cost);
+            let wrote = charged[i];
             let key = &self.keys[i];
             let Some(value) = self.redis.value(key) else {
                 continue;

@@ -10,7 +10,7 @@ use proptest::sample::select;
 use proptest::test_runner::FileFailurePersistence;
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
-use rl_core::redis::{exact, MAX_EXACT, TTL_MARGIN_MS};
+use rl_core::redis::{exact, LineArg, MAX_EXACT, TTL_MARGIN_MS};
 use rl_core::verdict::Outcome;
 
 use crate::fixtures::{case_limit, keys, limit, T0};
@@ -27,14 +27,18 @@ fn frac(w: u64, permille: u16) -> u64 {
 }
 
 /// Replays `ops` on `lines` (costs chosen per line from each raw cost
-/// selector) from `start`, comparing the script to the model at every step.
+/// selector; the lines `dry` says dry-run) from `start`, comparing the script to the model at every step.
 /// Stops before the clock would pass [`MAX_EXACT`]. With `jitter`, a quarter
 /// of the requests see the clock stepped back by less than the TTL margin
 /// (so expiry still never changes a decision). Three calls in four carry a
 /// deadline: just past, right at, or just after their time.
-fn replay(limits: &[Limit], ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool) {
+fn replay(limits: &[Limit], dry: &[bool], ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool) {
     let w = limits.iter().map(Limit::window_us).max().unwrap();
-    let mut lines: Vec<(Limit, u64)> = limits.iter().map(|l| (*l, 1)).collect();
+    let mut lines: Vec<LineArg> = limits
+        .iter()
+        .enumerate()
+        .map(|(i, l)| LineArg { limit: *l, cost: 1, dry_run: dry.get(i).copied().unwrap_or(false) })
+        .collect();
     let mut p = Pair::new(&lines);
     let (mut t, mut prev) = (start, Outcome::default());
     for ((sel, f, flags), costs) in ops {
@@ -53,9 +57,9 @@ fn replay(limits: &[Limit], ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool) {
         if t > MAX_EXACT {
             break;
         }
-        for ((l, cost), c) in lines.iter_mut().zip(costs) {
-            let b = l.burst();
-            *cost = match c % 10 {
+        for (line, c) in lines.iter_mut().zip(costs) {
+            let b = line.limit.burst();
+            line.cost = match c % 10 {
                 0 => 0,
                 7 => 1 + u64::from(f) % b,
                 8 => b,
@@ -97,15 +101,20 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
     select(Algorithm::ALL.to_vec())
 }
 
-/// Small, realistic limits (every one in the exact range).
+/// Small, realistic limits (every one in the exact range), the buckets
+/// and `gcra` often with a queue.
 fn small_limit() -> impl Strategy<Value = Limit> {
     (
         algorithm(),
         1u64..=20,
         prop_oneof![select(vec![1, 1_000, 1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000]), 1u64..=10_000_000],
         1u64..=12,
+        prop_oneof![Just(0u64), 1u64..=12],
     )
-        .prop_map(|(a, c, p, b)| limit(a, c, p, b))
+        .prop_map(|(a, c, p, b, q)| {
+            let l = limit(a, c, p, b);
+            l.with_queue(q).unwrap_or(l)
+        })
 }
 
 /// Log-uniform in `[1, 2^bits)`.
@@ -115,11 +124,12 @@ fn magnitude(bits: u32) -> impl Strategy<Value = u64> {
 
 /// Large limits near the edges of the exact range.
 fn big_limit() -> impl Strategy<Value = Limit> {
-    (algorithm(), magnitude(30), magnitude(53), magnitude(40)).prop_filter_map(
+    (algorithm(), magnitude(30), magnitude(53), magnitude(40), prop_oneof![Just(0u64), magnitude(40)]).prop_filter_map(
         "outside the exact range",
-        |(a, c, p, b)| {
+        |(a, c, p, b, q)| {
             let b = if a == Algorithm::SlidingLog { b % 64 + 1 } else { b };
             let l = Limit::new(a, Rate { count: c, period_us: p }, b).ok()?;
+            let l = l.with_queue(q).unwrap_or(l);
             exact(&l).then_some(l)
         },
     )
@@ -153,24 +163,34 @@ proptest! {
         t in start(),
         jitter in any::<bool>(),
     ) {
-        replay(&[l], &ops, t, jitter);
+        replay(&[l], &[], &ops, t, jitter);
+    }
+
+    /// One dry-run line: the request is always admitted, the line charged
+    /// iff it admits.
+    #[test]
+    fn prop_single_dry_line(l in small_limit(), ops in ops(1, 32), t in start()) {
+        replay(&[l], &[true], &ops, t, false);
     }
 
     /// Large parameters and times: exact to the microsecond.
     #[test]
     fn prop_single_line_big(l in big_limit(), ops in ops(1, 24), t in start()) {
-        replay(&[l], &ops, t, false);
+        replay(&[l], &[], &ops, t, false);
     }
 
-    /// Two or three lines: all checked, committed iff all admit.
+    /// Two or three lines, some dry-run: all checked; the request admitted
+    /// iff the enforced lines admit; then committed, the dry-run lines iff
+    /// they admit.
     #[test]
     fn prop_multi_line(
         ls in prop::collection::vec(small_limit(), 2..=3),
+        dry in prop::collection::vec(any::<bool>(), 3),
         ops in ops(3, 40),
         t in start(),
         jitter in any::<bool>(),
     ) {
-        replay(&ls, &ops, t, jitter);
+        replay(&ls, &dry, &ops, t, jitter);
     }
 
     /// The function library (`FCALL`) and the script (`EVALSHA`) answer
@@ -308,11 +328,13 @@ proptest! {
         c in magnitude(60),
         p in magnitude(60),
         b in magnitude(60),
+        q in prop_oneof![Just(0u64), magnitude(60)],
     ) {
         let b = if a == Algorithm::SlidingLog { b % 65_536 + 1 } else { b };
         let Ok(l) = Limit::new(a, Rate { count: c, period_us: p }, b) else {
             return Ok(());
         };
+        let l = l.with_queue(q).unwrap_or(l);
         let r = Redis::new();
         let lines = [(l, 1)];
         let (_, out) = r.run(&keys(1), &lines, T0, true, false);
