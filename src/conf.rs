@@ -59,7 +59,7 @@ pub struct MainConf {
     /// Location configurations that have lines, sorted by zone at postconfiguration.
     pub locs: Vec<*mut LocConf>,
     /// `rl_metrics`: the counters' rows.
-    pub metrics: crate::metrics::Metrics,
+    pub metrics: crate::metrics::store::Metrics,
 }
 
 impl MainConf {

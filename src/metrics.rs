@@ -39,31 +39,6 @@ use crate::Module;
 /// refuse `=`), so that it never meets a user's zone.
 const ZONE_NAME: &str = "=rl_metrics";
 
-/// The metrics of one cycle, in the main configuration.
-pub struct Metrics {
-    /// Some location has `rl_metrics`.
-    pub enabled: bool,
-    /// The rows, found when the zone is initialised: no line has one
-    /// without `rl_metrics`.
-    layout: Layout,
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics {
-            enabled: false,
-            layout: Layout {
-                wants: Vec::new(),
-                nslots: 1,
-                line_want: Vec::new(),
-                redis_want: Vec::new(),
-                lines: Vec::new(),
-                redis: Vec::new(),
-            },
-        }
-    }
-}
-
 /// The identity of a Redis zone's row: its name.
 fn redis_ident(name: &str) -> u64 {
     siphasher::sip::SipHasher13::new_with_keys(0, 0).hash(name.as_bytes())

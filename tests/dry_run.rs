@@ -131,3 +131,20 @@ fn redis_stricter_shadow_line_rejects_nothing() {
     let ngx = files(Nginx::setup(&server(&zone, body))).start();
     assert_eq!(serial(&ngx, 11, "/a/"), [[200; 10].as_slice(), &[429]].concat());
 }
+
+/// A dry-run rejection is logged as limit_req logs its dry run, and
+/// `$rl_status` says what the line would have done.
+#[test]
+fn dry_run_is_logged_and_in_rl_status() {
+    let body = "location /a/ { rl_limit zone=z rate=1r/m algorithm=fixed dry_run; access_log {ROOT}/../rl.log rl; }";
+    let zones = "rl_zone z size=1m;\nlog_format rl '$status $rl_status';";
+    let ngx = files(Nginx::setup(&server(zones, body))).start();
+    assert_eq!(serial(&ngx, 3, "/a/"), [200, 200, 200]);
+    let log = std::fs::read_to_string(ngx.prefix.join("rl.log")).unwrap_or_default();
+    assert_eq!(log.lines().collect::<Vec<_>>(), ["200 PASSED", "200 REJECTED_DRY_RUN", "200 REJECTED_DRY_RUN"]);
+    let err = ngx.error_log();
+    let dry: Vec<&str> =
+        err.lines().filter(|l| l.contains("limiting requests, dry run, excess: 1.000 by zone \"z\"")).collect();
+    assert_eq!(dry.len(), 2, "{err}");
+    assert!(dry.iter().all(|l| l.contains("[error]") && l.contains("client: 127.0.0.1")), "{dry:?}");
+}

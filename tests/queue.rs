@@ -221,3 +221,24 @@ fn limit_req_migration_side_by_side() {
         }
     }
 }
+
+/// A reload lets a waiting request finish in its turn: the old worker
+/// answers it, then exits.
+#[test]
+fn reload_lets_waiting_requests_finish() {
+    let body = "location / { rl_limit zone=z rate=1r/s burst=1 queue=2 algorithm=gcra; }";
+    let mut ngx = Nginx::start(&server("rl_zone z size=1m;", body));
+    assert_eq!(ngx.get("/index.html", &[]).status, 200);
+    let port = ngx.port;
+    let waiting = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        (try_get(port, "/index.html", &[]).map(|r| r.status).ok(), t0.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    ngx.reload();
+    let (status, took) = waiting.join().unwrap_or((None, Duration::ZERO));
+    assert_eq!(status, Some(200), "the waiting request after a reload");
+    assert!(took >= Duration::from_millis(700), "answered after {took:?}, before its turn");
+    let log = ngx.error_log();
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+}

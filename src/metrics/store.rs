@@ -372,3 +372,28 @@ pub fn row<T>(addr: *const u8, nslots: usize) -> Row<T> {
     // SAFETY: the slots follow the header within the row (checked in zone_init).
     Row { slots: unsafe { addr.add(core::mem::size_of::<RowHeader>()) }.cast(), mask: nslots.max(1) - 1 }
 }
+
+/// The metrics of one cycle, in the main configuration.
+pub struct Metrics {
+    /// Some location has `rl_metrics`.
+    pub enabled: bool,
+    /// The rows, found when the zone is initialised: no line has one
+    /// without `rl_metrics`.
+    pub(crate) layout: Layout,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            enabled: false,
+            layout: Layout {
+                wants: Vec::new(),
+                nslots: 1,
+                line_want: Vec::new(),
+                redis_want: Vec::new(),
+                lines: Vec::new(),
+                redis: Vec::new(),
+            },
+        }
+    }
+}

@@ -193,12 +193,14 @@ fn is_script(cmd: &[Vec<u8>]) -> bool {
     matches!(name.as_str(), "FCALL" | "EVALSHA" | "EVAL")
 }
 
-/// The script's reply: `*N :now_ms` then the three values per line.
+/// The script's reply: `*N :now_ms` then the values of each line (remaining,
+/// reset, retry-after or code, delay 0).
 fn integers(lines: usize, (rem, reset, retry): (i64, i64, i64)) -> String {
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
-    let mut out = format!("*{}\r\n:{now_ms}\r\n", 1 + 3 * lines);
+    let per_line = rl_core::redis::REPLY_PER_LINE;
+    let mut out = format!("*{}\r\n:{now_ms}\r\n", 1 + per_line * lines);
     for _ in 0..lines {
-        out.push_str(&format!(":{rem}\r\n:{reset}\r\n:{retry}\r\n"));
+        out.push_str(&format!(":{rem}\r\n:{reset}\r\n:{retry}\r\n:0\r\n"));
     }
     out
 }
