@@ -74,8 +74,10 @@
 -- hundred machine instructions, and a table or closure built, or a C
 -- function called, about a thousand: per line the script does as few of
 -- each as it can. Each distinct line string is parsed once per call (or
--- library), with its algorithm's constants (W, T, capacity); per line it
--- dispatches on the algorithm and runs straight-line code (math.min / max /
+-- library), with its algorithm's constants (W, T, capacity) and its
+-- algorithm's function; per line it calls that function, straight-line
+-- code (one Lua call a line: within noise of inlining them, measured in
+-- bench/LUA.md, where the library builds the functions once) (math.min / max /
 -- floor / ceil are inlined as comparisons and `x - x % 1`, which give the
 -- same results on the finite values they see); a state is unpacked and
 -- packed by one struct call each. A key that only one line of the call
@@ -316,6 +318,327 @@ local function muldiv(a, b, d)
   return aq * b + qq, r
 end
 
+-- The algorithms, one function each: the outcome of a request of `cost`
+-- on the line `lim`, whose key `key` is the call's slot j: ok (the line is
+-- in range), admitted, remaining, reset_us, retry-after (-1: never), the
+-- delay, and what to write if admitted and committing (`val`: true for the
+-- words v1, v2, v3, or for sliding_log a function that pushes the entries;
+-- `put` writes either). Built once per library (or EVAL), called through
+-- the parsed line (its 10th field).
+
+-- gcra
+local function gcra(lim, j, key, cost)
+  local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
+  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly = false, false, 0, 0, -1, nil, 0, 0, 0, 0
+  -- state {TAT}; T = ceil(period/count); admitted at once iff
+  -- max(TAT, now) + cost*T - now <= B*T, else delayed by the excess
+  -- iff it is at most Q*T.
+  local T, BT = K, lim[7]
+  if T then
+    ok = true
+    local s = state(j, alg, 1)
+    local backlog = s - now
+    if not (0 < backlog) then backlog = 0 end
+    if cost <= b and backlog <= (b - cost) * T then
+      local charged = backlog + cost * T
+      local x = (BT - charged) / T
+      adm, rem, rst = true, x - x % 1, charged
+      if commit then
+        val, v1 = true, now + charged
+      end
+    elseif cost <= b and backlog - (b - cost) * T <= QK then
+      local charged = backlog + cost * T
+      adm, rem, rst, dly = true, 0, charged, charged - BT
+      if commit then
+        val, v1 = true, now + charged
+      end
+    else
+      if cost <= b then
+        rty = backlog - (b - cost) * T - QK
+      end
+      local x = BT - backlog
+      if not (0 < x) then x = 0 end
+      x = x / T
+      rem, rst = x - x % 1, backlog
+    end
+  end
+  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3
+end
+
+-- fixed
+local function fixed(lim, j, key, cost)
+  local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
+  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly = false, false, 0, 0, -1, nil, 0, 0, 0, 0
+  -- W = ceil(burst*period/count)
+  local W = K
+  -- state {k + 1, used}; windows [k*W, (k+1)*W).
+  if W then
+    ok = true
+    local s1, s2 = state(j, alg, 2)
+    local k = now / W
+    k = k - k % 1
+    local used = 0
+    if s1 >= 1 and s1 - 1 >= k then
+      k, used = s1 - 1, s2
+      if b < used then used = b end
+    end
+    local to_end = (k + 1) * W - now
+    if not (0 < to_end) then to_end = 0 end
+    local free = b - used
+    if cost <= free then
+      adm, rem, rst = true, free - cost, to_end
+      if used + cost == 0 then rst = 0 end
+      if commit then
+        val, v1, v2 = true, k + 1, used + cost
+      end
+    else
+      rem, rst = free, to_end
+      if used == 0 then rst = 0 end
+      if cost <= b then rty = to_end end
+    end
+  end
+  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3
+end
+
+-- sliding
+local function sliding(lim, j, key, cost)
+  local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
+  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly = false, false, 0, 0, -1, nil, 0, 0, 0, 0
+  -- W = ceil(burst*period/count)
+  local W = K
+  -- state {k + 1, curr, prev}; admitted iff
+  -- prev*(W-e) + (curr+cost)*W <= B*W, i.e.
+  -- curr + cost + ceil(prev*(W-e)/W) <= B.
+  if W then
+    ok = true
+    local s1, s2, s3 = state(j, alg, 3)
+    local k = now / W
+    k = k - k % 1
+    local curr, prev = 0, 0
+    if s1 >= 1 then
+      local sk = s1 - 1
+      if sk >= k then
+        k, curr, prev = sk, s2, s3
+      elseif sk + 1 == k then
+        prev = s2
+      end
+    end
+    if b < curr then curr = b end
+    if b < prev then prev = b end
+    local lead = k * W - now -- start - now: until(off) = max(0, lead + off)
+    local span = -lead -- W - max(0, elapsed), at least 0
+    if not (0 < span) then span = 0 end
+    span = W - span
+    if not (0 < span) then span = 0 end
+    -- pw: ceil of the previous window's weighted count
+    local pw, r = muldiv(prev, span, W)
+    if r > 0 then pw = pw + 1 end
+    local cc = curr
+    if curr + cost + pw <= b then
+      adm, rem = true, b - curr - cost - pw
+      cc = curr + cost
+      if commit then
+        val, v1, v2, v3 = true, k + 1, cc, prev
+      end
+    else
+      if cost <= b then
+        -- first_fit(pc, room): the smallest offset e < W into a window
+        -- whose previous count is pc with pc*(W-e) <= room*W; none if
+        -- slack = 0.
+        local offset
+        if curr + cost <= b then
+          local room, slack = b - curr - cost, W
+          if prev > 0 and room < prev then
+            slack = muldiv(room, W, prev)
+          end
+          if slack > 0 then offset = W - slack end
+        end
+        if offset == nil then
+          local room, slack = b - cost, W
+          if curr > 0 and room < curr then
+            slack = muldiv(room, W, curr)
+          end
+          if slack > 0 then
+            offset = W + (W - slack)
+          else
+            offset = 2 * W
+          end
+        end
+        rty = lead + offset
+        if not (1 < rty) then rty = 1 end
+      end
+      rem = b - curr - pw
+      if not (0 < rem) then rem = 0 end
+    end
+    -- reset(cc)
+    if cc == 0 and prev == 0 then
+      rst = 0
+    elseif cc == 0 then
+      rst = lead + W
+      if not (0 < rst) then rst = 0 end
+    else
+      rst = lead + 2 * W
+      if not (0 < rst) then rst = 0 end
+    end
+  end
+  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3
+end
+
+-- sliding_log
+local function sliding_log(lim, j, key, cost)
+  local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
+  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly = false, false, 0, 0, -1, nil, 0, 0, 0, 0
+  -- W = ceil(burst*period/count)
+  local W = K
+  if W then
+    -- sliding_log: a LIST of timestamps, newest first; an entry t
+    -- counts during [t, t+W).
+    ok = true
+    local B, fmt = b, string.format
+    -- (a string state pending here only if a key changed algorithm:
+    -- keys name theirs) written first, and read again after
+    if R[6 * j - 5] then
+      flush(j)
+    end
+    cur[j] = nil
+    local n = redis.pcall('LLEN', key)
+    local wrongtype = type(n) ~= 'number'
+    if wrongtype then
+      n = 0
+    end
+    if B < n then n = B end
+    local cache = {}
+    local function at(j)
+      local t = cache[j]
+      if t == nil then
+        t = tonumber(redis.call('LINDEX', key, fmt('%.0f', j)))
+        if t and t >= 0 then
+          if TWO53 < t then t = TWO53 end
+          t = floor(t)
+        else
+          t = 0
+        end
+        cache[j] = t
+      end
+      return t
+    end
+    -- live = the leading (newest) entries not yet expired
+    local lo, hi = 0, n
+    while lo < hi do
+      local mid = floor((lo + hi) / 2)
+      if at(mid) + W <= now then
+        hi = mid
+      else
+        lo = mid + 1
+      end
+    end
+    local live = lo
+    local newest = nil
+    if n > 0 then
+      newest = at(0)
+    end
+    local free = B - live
+    if cost <= free then
+      local stamp = now
+      if newest then
+        stamp = math.max(newest, now)
+      end
+      local last = newest
+      if cost > 0 then
+        last = stamp
+      end
+      adm, rem = true, free - cost
+      if live + cost > 0 then
+        rst = math.max(0, last + W - now)
+      end
+      if commit then
+        val = function()
+          if wrongtype then
+            redis.call('DEL', key)
+          end
+          local s, left = fmt('%.0f', stamp), cost
+          while left > 0 do
+            local chunk = {}
+            for j = 1, math.min(left, 512) do
+              chunk[j] = s
+            end
+            left = left - #chunk
+            redis.call('LPUSH', key, unpack(chunk))
+          end
+          redis.call('LTRIM', key, 0, fmt('%.0f', live + cost - 1))
+        end
+      end
+    else
+      rem = free
+      if live > 0 then
+        rst = math.max(0, newest + W - now)
+      end
+      if cost <= B then
+        -- until the oldest live + cost - B live entries have expired
+        rty = math.max(1, at(B - cost) + W - now)
+      end
+    end
+  end
+  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3
+end
+
+-- token_bucket and leaky_bucket
+local function bucket(lim, j, key, cost)
+  local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
+  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly = false, false, 0, 0, -1, nil, 0, 0, 0, 0
+  -- state {used, last}, amounts scaled by the period (one request =
+  -- period units, capacity burst*period).
+  local cap, c, p = K, lim[2], lim[3]
+  if cap then
+    ok = true
+    local s1, s2 = state(j, alg, 2)
+    -- (read as it is above the capacity: units a line with a
+    -- larger queue queued)
+    local used, last = s1, s2
+    if now > last then
+      local refill = (now - last) * c -- inexact only when > 2^53 > used
+      if refill >= used then
+        used = 0
+      else
+        used = used - refill
+      end
+    end
+    local lag = last - now
+    if not (0 < lag) then lag = 0 end
+      local amount
+    local over = used + cost * p - cap
+    if cost <= b and over <= QK then
+      local after = used + cost * p
+      if over <= 0 then
+        local x = (cap - after) / p
+        rem = x - x % 1
+      else
+        rem, dly = 0, drain(over, c, lag)
+      end
+      adm, amount = true, after
+      if commit then
+        local at = now
+        if now < last then at = last end
+        val, v1, v2 = true, after, at
+      end
+    else
+      if cost <= b then
+        rty = drain(over - QK, c, lag)
+      end
+      local x = (cap - used) / p
+      if not (0 < x) then x = 0 end
+      rem, amount = x - x % 1, used
+    end
+    rst = drain(amount, c, lag)
+  end
+  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3
+end
+
+local by_name = {
+  gcra = gcra, fixed = fixed, sliding = sliding, sliding_log = sliding_log,
+  token_bucket = bucket, leaky_bucket = bucket,
+}
+
 -- The arguments after ARGV[3], by their string, parsed once per call: a
 -- line "algorithm count period_us burst cost queue dry" (count, period_us,
 -- burst integers in [1, 2^53), cost and queue integers >= 0, dry 0 or 1)
@@ -324,7 +647,8 @@ end
 -- sliding / sliding_log, T = ceil(period/count) for gcra, with BT =
 -- burst*T; burst*period for the buckets), or false when out of the exact
 -- range; QK the queue scaled as the state (queue*T for gcra, queue*period
--- for the buckets); dry true for a dry-run line; a malformed line as
+-- for the buckets); dry true for a dry-run line; then the algorithm's
+-- function (nil: unknown); a malformed line as
 -- false; a number of lines as {0, n}, a run "-n" as {-1, n}; nil for a
 -- malformed number.
 local specs, nspecs = {}, 0
@@ -370,7 +694,7 @@ local function parse(s)
   if (a == 'token_bucket' or a == 'leaky_bucket') and (b + q) * p <= E then
     K, QK = b * p, q * p
   end
-  return { a, c, p, b, x, K, BT, QK, w6 == '1' }
+  return { a, c, p, b, x, K, BT, QK, w6 == '1', by_name[a] }
 end
 
 -- parse(s), kept in `specs` (nil, a malformed number, is not kept).
@@ -542,289 +866,8 @@ local function limit(KEYS, ARGV)
       -- (the delay: a queued line's admission beyond the burst)
       local dly = 0
 
-      if key and lim and now <= E then
-
-        if alg == 'gcra' then
-          -- state {TAT}; T = ceil(period/count); admitted at once iff
-          -- max(TAT, now) + cost*T - now <= B*T, else delayed by the excess
-          -- iff it is at most Q*T.
-          local T, BT = K, lim[7]
-          if T then
-            ok = true
-            local s = state(j, alg, 1)
-            local backlog = s - now
-            if not (0 < backlog) then backlog = 0 end
-            if cost <= b and backlog <= (b - cost) * T then
-              local charged = backlog + cost * T
-              local x = (BT - charged) / T
-              adm, rem, rst = true, x - x % 1, charged
-              if commit then
-                val, v1 = true, now + charged
-              end
-            elseif cost <= b and backlog - (b - cost) * T <= QK then
-              local charged = backlog + cost * T
-              adm, rem, rst, dly = true, 0, charged, charged - BT
-              if commit then
-                val, v1 = true, now + charged
-              end
-            else
-              if cost <= b then
-                rty = backlog - (b - cost) * T - QK
-              end
-              local x = BT - backlog
-              if not (0 < x) then x = 0 end
-              x = x / T
-              rem, rst = x - x % 1, backlog
-            end
-          end
-
-        elseif alg == 'fixed' or alg == 'sliding' or alg == 'sliding_log' then
-          -- W = ceil(burst*period/count)
-          local W = K
-
-          if alg == 'fixed' then
-            -- state {k + 1, used}; windows [k*W, (k+1)*W).
-            if W then
-              ok = true
-              local s1, s2 = state(j, alg, 2)
-              local k = now / W
-              k = k - k % 1
-              local used = 0
-              if s1 >= 1 and s1 - 1 >= k then
-                k, used = s1 - 1, s2
-                if b < used then used = b end
-              end
-              local to_end = (k + 1) * W - now
-              if not (0 < to_end) then to_end = 0 end
-              local free = b - used
-              if cost <= free then
-                adm, rem, rst = true, free - cost, to_end
-                if used + cost == 0 then rst = 0 end
-                if commit then
-                  val, v1, v2 = true, k + 1, used + cost
-                end
-              else
-                rem, rst = free, to_end
-                if used == 0 then rst = 0 end
-                if cost <= b then rty = to_end end
-              end
-            end
-
-          elseif alg == 'sliding' then
-            -- state {k + 1, curr, prev}; admitted iff
-            -- prev*(W-e) + (curr+cost)*W <= B*W, i.e.
-            -- curr + cost + ceil(prev*(W-e)/W) <= B.
-            if W then
-              ok = true
-              local s1, s2, s3 = state(j, alg, 3)
-              local k = now / W
-              k = k - k % 1
-              local curr, prev = 0, 0
-              if s1 >= 1 then
-                local sk = s1 - 1
-                if sk >= k then
-                  k, curr, prev = sk, s2, s3
-                elseif sk + 1 == k then
-                  prev = s2
-                end
-              end
-              if b < curr then curr = b end
-              if b < prev then prev = b end
-              local lead = k * W - now -- start - now: until(off) = max(0, lead + off)
-              local span = -lead -- W - max(0, elapsed), at least 0
-              if not (0 < span) then span = 0 end
-              span = W - span
-              if not (0 < span) then span = 0 end
-              -- pw: ceil of the previous window's weighted count
-              local pw, r = muldiv(prev, span, W)
-              if r > 0 then pw = pw + 1 end
-              local cc = curr
-              if curr + cost + pw <= b then
-                adm, rem = true, b - curr - cost - pw
-                cc = curr + cost
-                if commit then
-                  val, v1, v2, v3 = true, k + 1, cc, prev
-                end
-              else
-                if cost <= b then
-                  -- first_fit(pc, room): the smallest offset e < W into a window
-                  -- whose previous count is pc with pc*(W-e) <= room*W; none if
-                  -- slack = 0.
-                  local offset
-                  if curr + cost <= b then
-                    local room, slack = b - curr - cost, W
-                    if prev > 0 and room < prev then
-                      slack = muldiv(room, W, prev)
-                    end
-                    if slack > 0 then offset = W - slack end
-                  end
-                  if offset == nil then
-                    local room, slack = b - cost, W
-                    if curr > 0 and room < curr then
-                      slack = muldiv(room, W, curr)
-                    end
-                    if slack > 0 then
-                      offset = W + (W - slack)
-                    else
-                      offset = 2 * W
-                    end
-                  end
-                  rty = lead + offset
-                  if not (1 < rty) then rty = 1 end
-                end
-                rem = b - curr - pw
-                if not (0 < rem) then rem = 0 end
-              end
-              -- reset(cc)
-              if cc == 0 and prev == 0 then
-                rst = 0
-              elseif cc == 0 then
-                rst = lead + W
-                if not (0 < rst) then rst = 0 end
-              else
-                rst = lead + 2 * W
-                if not (0 < rst) then rst = 0 end
-              end
-            end
-
-          elseif W then
-            -- sliding_log: a LIST of timestamps, newest first; an entry t
-            -- counts during [t, t+W).
-            ok = true
-            local B, fmt = b, string.format
-            -- (a string state pending here only if a key changed algorithm:
-            -- keys name theirs) written first, and read again after
-            if R[6 * j - 5] then
-              flush(j)
-            end
-            cur[j] = nil
-            local n = redis.pcall('LLEN', key)
-            local wrongtype = type(n) ~= 'number'
-            if wrongtype then
-              n = 0
-            end
-            if B < n then n = B end
-            local cache = {}
-            local function at(j)
-              local t = cache[j]
-              if t == nil then
-                t = tonumber(redis.call('LINDEX', key, fmt('%.0f', j)))
-                if t and t >= 0 then
-                  if TWO53 < t then t = TWO53 end
-                  t = floor(t)
-                else
-                  t = 0
-                end
-                cache[j] = t
-              end
-              return t
-            end
-            -- live = the leading (newest) entries not yet expired
-            local lo, hi = 0, n
-            while lo < hi do
-              local mid = floor((lo + hi) / 2)
-              if at(mid) + W <= now then
-                hi = mid
-              else
-                lo = mid + 1
-              end
-            end
-            local live = lo
-            local newest = nil
-            if n > 0 then
-              newest = at(0)
-            end
-            local free = B - live
-            if cost <= free then
-              local stamp = now
-              if newest then
-                stamp = math.max(newest, now)
-              end
-              local last = newest
-              if cost > 0 then
-                last = stamp
-              end
-              adm, rem = true, free - cost
-              if live + cost > 0 then
-                rst = math.max(0, last + W - now)
-              end
-              if commit then
-                val = function()
-                  if wrongtype then
-                    redis.call('DEL', key)
-                  end
-                  local s, left = fmt('%.0f', stamp), cost
-                  while left > 0 do
-                    local chunk = {}
-                    for j = 1, math.min(left, 512) do
-                      chunk[j] = s
-                    end
-                    left = left - #chunk
-                    redis.call('LPUSH', key, unpack(chunk))
-                  end
-                  redis.call('LTRIM', key, 0, fmt('%.0f', live + cost - 1))
-                end
-              end
-            else
-              rem = free
-              if live > 0 then
-                rst = math.max(0, newest + W - now)
-              end
-              if cost <= B then
-                -- until the oldest live + cost - B live entries have expired
-                rty = math.max(1, at(B - cost) + W - now)
-              end
-            end
-          end
-
-        elseif alg == 'token_bucket' or alg == 'leaky_bucket' then
-          -- state {used, last}, amounts scaled by the period (one request =
-          -- period units, capacity burst*period).
-          local cap, c, p = K, lim[2], lim[3]
-          if cap then
-            ok = true
-            local s1, s2 = state(j, alg, 2)
-            -- (read as it is above the capacity: units a line with a
-            -- larger queue queued)
-            local used, last = s1, s2
-            if now > last then
-              local refill = (now - last) * c -- inexact only when > 2^53 > used
-              if refill >= used then
-                used = 0
-              else
-                used = used - refill
-              end
-            end
-            local lag = last - now
-            if not (0 < lag) then lag = 0 end
-              local amount
-            local over = used + cost * p - cap
-            if cost <= b and over <= QK then
-              local after = used + cost * p
-              if over <= 0 then
-                local x = (cap - after) / p
-                rem = x - x % 1
-              else
-                rem, dly = 0, drain(over, c, lag)
-              end
-              adm, amount = true, after
-              if commit then
-                local at = now
-                if now < last then at = last end
-                val, v1, v2 = true, after, at
-              end
-            else
-              if cost <= b then
-                rty = drain(over - QK, c, lag)
-              end
-              local x = (cap - used) / p
-              if not (0 < x) then x = 0 end
-              rem, amount = x - x % 1, used
-            end
-            rst = drain(amount, c, lag)
-          end
-        end
-
+      if key and lim and lim[10] and now <= E then
+        ok, adm, rem, rst, rty, dly, val, v1, v2, v3 = lim[10](lim, j, key, cost)
         if ok and cost == 0 then
           -- charges nothing: passes at once even over the limit, and writes
           -- nothing
