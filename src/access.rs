@@ -136,7 +136,14 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
         let mut job = Job { id: 0, zone: z, lines: Default::default() };
         for (line, res) in ctx.on_redis(&mcf.lines, z) {
             let tag = rl_core::redis::tag_of(res.key.as_bytes());
-            job.lines.push(JobLine { tag, line_id: line.id, limit: line.limit, cost: line.cost, dry_run: res.dry_run });
+            job.lines.push(JobLine {
+                tag,
+                line_id: line.id,
+                limit: line.limit,
+                cost: line.cost,
+                dry_run: res.dry_run,
+                deepest_queue: line.deepest_queue,
+            });
         }
         if job.lines.is_empty() {
             continue;

@@ -225,6 +225,15 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
             Backend::Redis(_) => {}
         }
     }
+    // Lines with one identity share states, queued units included.
+    let mut deepest: HashMap<u64, u64> = HashMap::new();
+    for line in &mcf.lines {
+        let d = deepest.entry(line.id).or_insert(0);
+        *d = (*d).max(line.limit.queue());
+    }
+    for line in mcf.lines.iter_mut() {
+        line.deepest_queue = deepest.get(&line.id).copied().unwrap_or(0);
+    }
     let lines = &mcf.lines;
     let backend = |id: &LineId| lines.get(id.0 as usize).map(|l| l.backend);
     for &loc in &mcf.locs {

@@ -139,6 +139,9 @@ pub struct Line {
     pub dry_run: bool,
     /// `queue=`: requests of a key that may wait for their turn.
     pub queue: u64,
+    /// The largest `queue=` of the lines with this one's identity (their
+    /// states are shared): how far a state may go beyond the burst.
+    pub deepest_queue: u64,
 }
 
 impl Line {

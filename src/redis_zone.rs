@@ -184,6 +184,8 @@ pub struct JobLine {
     /// Charged only if it admits and the request's enforced lines do; it
     /// never rejects the request.
     pub dry_run: bool,
+    /// [`crate::line::Line::deepest_queue`]: the reply's range.
+    pub deepest_queue: u64,
 }
 
 /// A request's lines as the script's reply is read: which are dry-run.

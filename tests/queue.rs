@@ -242,3 +242,30 @@ fn reload_lets_waiting_requests_finish() {
     let log = ngx.error_log();
     assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
 }
+
+/// One line with queue=5 in /a and queue=0 in /b shares one state: while
+/// /a's requests wait, /b sees the queued backlog and rejects, on Redis as
+/// in shared memory (the reply for /b's line, beyond its own burst + queue,
+/// is not taken for a malformed one).
+#[test]
+fn a_shorter_queue_sees_the_backlog() {
+    let redis = Redis::start();
+    for zone in
+        ["rl_zone z size=1m;".to_string(), format!("rl_zone z redis={} timeout=1s on_error=allow;", redis.url())]
+    {
+        let body = "location /a/ { rl_limit zone=z rate=2r/s burst=1 queue=5 algorithm=gcra; }\n\
+                    location /b/ { rl_limit zone=z rate=2r/s burst=1 algorithm=gcra; }";
+        let ngx = Nginx::setup(&server(&zone, body))
+            .file("html/a/index.html", "a\n")
+            .file("html/b/index.html", "b\n")
+            .start();
+        let port = ngx.port;
+        let waiting: Vec<_> = (0..4).map(|_| send_only(port, "/a/")).collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let r = ngx.get("/b/", &[]);
+        assert_eq!(r.status, 429, "{zone}: /b while /a's requests wait");
+        drop(waiting);
+        let log = ngx.error_log();
+        assert!(failed_lines(&log, "z").is_empty(), "{zone}: {:?}", failed_lines(&log, "z"));
+    }
+}

@@ -309,6 +309,7 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         name,
         dry_run,
         queue,
+        deepest_queue: queue,
     };
     // One budget per identity: the same line twice in one block would be
     // charged twice for one request.

@@ -74,7 +74,7 @@ pub async fn call(
     };
     for (lines, (_, outcomes)) in requests.iter().zip(&replies) {
         for (line, outcome) in lines.iter().zip(outcomes) {
-            check_line(&line.limit, line.cost, outcome, line.limit.queue())
+            check_line(&line.limit, line.cost, outcome, line.deepest_queue)
                 .map_err(|e| RedisError::Malformed(e.to_string()))?;
         }
     }
