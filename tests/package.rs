@@ -332,7 +332,7 @@ fn serve_429_from_a_copy_of_the_configuration() {
         let log = fs::read_to_string(prefix.join("error.log")).unwrap_or_default();
         let version = format!(": nginx-rl/{}", env!("CARGO_PKG_VERSION"));
         assert!(log.lines().any(|l| l.contains("[notice]") && l.ends_with(&version)), "no version line:\n{log}");
-        assert!(log.contains("limiting requests by zone \"pkg\""), "{log}");
+        assert!(log.contains("limiting requests, excess: 2.000 by zone \"pkg\""), "{log}");
     });
     let _ = run("kill", &["-TERM", &master.to_string()]);
     let deadline = Instant::now() + Duration::from_secs(10);
