@@ -212,7 +212,7 @@ impl Ctx {
     /// response fields describe (dry-run lines add nothing to them). The same
     /// line as [`Ctx::behind`] whenever that one is enforced.
     pub fn enforced_behind<'a>(&'a self, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
-        behind(self.active(lines).filter(|(_, r)| !r.dry_run))
+        behind(self.enforced(lines))
     }
 
     /// Each line with its outcome, to be written.

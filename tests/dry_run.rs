@@ -23,8 +23,8 @@ fn files(setup: Setup) -> Setup {
 /// so the same line enforced in /b has nothing left).
 #[test]
 fn rl_dry_run_never_rejects_and_keeps_the_enforced_state() {
-    let body = "location /a/ { rl_limit zone=z rate=2r/m algorithm=fixed; rl_dry_run on; }\n\
-                location /b/ { rl_limit zone=z rate=2r/m algorithm=fixed; }";
+    let body = "location /a/ { rl_limit zone=z rate=2r/h algorithm=fixed; rl_dry_run on; }\n\
+                location /b/ { rl_limit zone=z rate=2r/h algorithm=fixed; }";
     let ngx = files(Nginx::setup(&server("rl_zone z size=1m;", body))).start();
     for i in 0..5 {
         let r = ngx.get("/a/", &[]);
@@ -41,9 +41,9 @@ fn rl_dry_run_never_rejects_and_keeps_the_enforced_state() {
 #[test]
 fn shadow_line_beside_an_enforced_one() {
     let body = "rl_headers legacy;\n\
-                location /a/ { rl_limit zone=z rate=5r/m burst=5 algorithm=fixed; \
-                               rl_limit zone=z rate=10r/m algorithm=fixed name=shadow dry_run; }\n\
-                location /b/ { rl_limit zone=z rate=10r/m algorithm=fixed name=shadow; }";
+                location /a/ { rl_limit zone=z rate=5r/h burst=5 algorithm=fixed; \
+                               rl_limit zone=z rate=10r/h algorithm=fixed name=shadow dry_run; }\n\
+                location /b/ { rl_limit zone=z rate=10r/h algorithm=fixed name=shadow; }";
     let ngx = files(Nginx::setup(&server("rl_zone z size=1m;", body))).start();
     let a: Vec<Response> = (0..6).map(|_| ngx.get("/a/", &[])).collect();
     assert_eq!(a.iter().map(|r| r.status).collect::<Vec<_>>(), [200, 200, 200, 200, 200, 429]);
@@ -58,8 +58,8 @@ fn shadow_line_beside_an_enforced_one() {
 /// admits passes.
 #[test]
 fn stricter_shadow_line_rejects_nothing() {
-    let body = "location /a/ { rl_limit zone=z rate=10r/m algorithm=fixed; \
-                               rl_limit zone=z rate=2r/m algorithm=fixed dry_run; }";
+    let body = "location /a/ { rl_limit zone=z rate=10r/h algorithm=fixed; \
+                               rl_limit zone=z rate=2r/h algorithm=fixed dry_run; }";
     let ngx = files(Nginx::setup(&server("rl_zone z size=1m;", body))).start();
     assert_eq!(serial(&ngx, 11, "/a/"), [[200; 10].as_slice(), &[429]].concat());
 }
@@ -109,10 +109,10 @@ fn on_error_deny_does_not_apply_to_dry_run() {
 #[test]
 fn redis_shadow_line_beside_an_enforced_one() {
     let redis = Redis::start();
-    let body = "location /a/ { rl_limit zone=r rate=5r/m burst=5 algorithm=fixed; \
-                               rl_limit zone=r rate=10r/m algorithm=fixed name=shadow dry_run; }\n\
-                location /b/ { rl_limit zone=r rate=10r/m algorithm=fixed name=shadow; }\n\
-                location /c/ { rl_limit zone=r rate=1r/m algorithm=fixed; rl_dry_run on; }";
+    let body = "location /a/ { rl_limit zone=r rate=5r/h burst=5 algorithm=fixed; \
+                               rl_limit zone=r rate=10r/h algorithm=fixed name=shadow dry_run; }\n\
+                location /b/ { rl_limit zone=r rate=10r/h algorithm=fixed name=shadow; }\n\
+                location /c/ { rl_limit zone=r rate=1r/h algorithm=fixed; rl_dry_run on; }";
     let zone = format!("rl_zone r redis={} timeout=1s;", redis.url());
     let ngx = files(Nginx::setup(&server(&zone, body))).start();
     assert_eq!(serial(&ngx, 6, "/a/"), [200, 200, 200, 200, 200, 429]);
@@ -125,8 +125,8 @@ fn redis_shadow_line_beside_an_enforced_one() {
 #[test]
 fn redis_stricter_shadow_line_rejects_nothing() {
     let redis = Redis::start();
-    let body = "location /a/ { rl_limit zone=r rate=10r/m algorithm=fixed; \
-                               rl_limit zone=r rate=2r/m algorithm=fixed dry_run; }";
+    let body = "location /a/ { rl_limit zone=r rate=10r/h algorithm=fixed; \
+                               rl_limit zone=r rate=2r/h algorithm=fixed dry_run; }";
     let zone = format!("rl_zone r redis={} timeout=1s;", redis.url());
     let ngx = files(Nginx::setup(&server(&zone, body))).start();
     assert_eq!(serial(&ngx, 11, "/a/"), [[200; 10].as_slice(), &[429]].concat());
@@ -136,7 +136,7 @@ fn redis_stricter_shadow_line_rejects_nothing() {
 /// `$rl_status` says what the line would have done.
 #[test]
 fn dry_run_is_logged_and_in_rl_status() {
-    let body = "location /a/ { rl_limit zone=z rate=1r/m algorithm=fixed dry_run; access_log {ROOT}/../rl.log rl; }";
+    let body = "location /a/ { rl_limit zone=z rate=1r/h algorithm=fixed dry_run; access_log {ROOT}/../rl.log rl; }";
     let zones = "rl_zone z size=1m;\nlog_format rl '$status $rl_status';";
     let ngx = files(Nginx::setup(&server(zones, body))).start();
     assert_eq!(serial(&ngx, 3, "/a/"), [200, 200, 200]);

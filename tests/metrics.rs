@@ -170,9 +170,9 @@ fn files(setup: Setup) -> Setup {
 }
 
 const SHM: &str = "add_header X-Pid $pid always;\n\
-     location /a/ { rl_limit zone=z rate=5r/m burst=5 algorithm=fixed name=api; }\n\
-     location /b/ { rl_limit zone=z rate=5r/m burst=5 algorithm=fixed name=api; }\n\
-     location /d/ { rl_limit zone=z rate=2r/m algorithm=fixed name=shadow dry_run; }\n\
+     location /a/ { rl_limit zone=z rate=5r/h burst=5 algorithm=fixed name=api; }\n\
+     location /b/ { rl_limit zone=z rate=5r/h burst=5 algorithm=fixed name=api; }\n\
+     location /d/ { rl_limit zone=z rate=2r/h algorithm=fixed name=shadow dry_run; }\n\
      location /u/ { rl_limit zone=z key=$http_x_user rate=1r/m algorithm=gcra; }\n\
      location /p/ { rl_limit zone=z rate=6000r/m burst=6000 algorithm=gcra name=many; }\n\
      location = /metrics { rl_metrics; }";
@@ -218,7 +218,7 @@ fn counts_are_exact_across_workers_json_and_reload() {
         assert_eq!(requests(s, "z", id, "passed"), 1.0);
         assert_eq!(requests(s, "z", id, "rejected"), 1.0);
         assert_eq!(get(s, "nginx_rl_limit", &[("zone", "z"), ("line", "api"), ("param", "burst")]), 5.0);
-        assert_eq!(get(s, "nginx_rl_limit", &[("zone", "z"), ("line", "shadow"), ("param", "rate")]), 2.0 / 60.0);
+        assert_eq!(get(s, "nginx_rl_limit", &[("zone", "z"), ("line", "shadow"), ("param", "rate")]), 2.0 / 3600.0);
         assert_eq!(get(s, "nginx_rl_zone_keys", &[("zone", "z")]), 4.0);
         assert_eq!(get(s, "nginx_rl_zone_evictions_total", &[("zone", "z"), ("state", "limited")]), 0.0);
     };
