@@ -24,6 +24,7 @@ use crate::conf::{LocConf, MainConf};
 use crate::delay;
 use crate::metrics;
 use crate::redis_zone::{self, Job, JobLine, RedisError, Reply};
+use crate::line::Params;
 use crate::request::{get_ctx, new_ctx, Ctx, Phase, Verdict};
 use crate::shm::decide::{decide, refund};
 use crate::Module;
@@ -114,13 +115,32 @@ fn access(r: &mut Request) -> Status {
     Status(lcf.status as isize)
 }
 
-/// Evaluates every line's key; an empty key leaves its line inactive.
-/// `dry_run`: the location's `rl_dry_run`.
+/// Evaluates every line's key, and its rate, burst and cost where they hold
+/// variables; an empty key or value leaves its line inactive, as does a
+/// value that does not parse (logged). `dry_run`: the location's
+/// `rl_dry_run`.
 fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_run: bool) -> Result<(), ()> {
     for (line, res) in ctx.iter_mut(&mcf.lines) {
         res.key = line.eval_key(r)?;
         res.active = res.key.len > 0;
         res.dry_run = dry_run || line.dry_run;
+        res.cost = line.cost;
+        if res.active && line.vars.is_some() {
+            // SAFETY: the request is valid during the phase handler.
+            let log = unsafe { (*(*r).connection).log };
+            match line.eval_params(r, log, line.backend.redis().is_some())? {
+                Params::Static => {}
+                Params::Per(limit, cost) => {
+                    res.var_limit = line.limit_varies().then_some(limit);
+                    res.cost = cost;
+                }
+                Params::Off => res.active = false,
+            }
+        }
+        if line.charge_after {
+            // Admitted while one unit is left; the cost is charged when the request is logged.
+            res.cost = 1;
+        }
     }
     Ok(())
 }
@@ -139,8 +159,8 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
             job.lines.push(JobLine {
                 tag,
                 line_id: line.id,
-                limit: line.limit,
-                cost: line.cost,
+                limit: *res.limit(line),
+                cost: res.cost,
                 dry_run: res.dry_run,
                 deepest_queue: line.deepest_queue,
             });
@@ -226,9 +246,9 @@ pub fn on_lost(r: *mut ngx_http_request_t) {
 /// A check reports what would remain after the charge; for the lines of a
 /// rejected request that were not charged, report what remains.
 fn uncharge(mcf: &MainConf, ctx: &mut Ctx) {
-    for (line, res) in ctx.iter_mut(&mcf.lines) {
+    for (_, res) in ctx.iter_mut(&mcf.lines) {
         if res.active && res.admitted && !res.charged {
-            res.remaining = res.remaining.saturating_add(line.cost);
+            res.remaining = res.remaining.saturating_add(res.cost);
         }
     }
 }
@@ -292,7 +312,7 @@ fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
     if unsafe { (*log).log_level } < level {
         return;
     }
-    let excess = res.outcome().excess_milli(&line.limit, line.cost);
+    let excess = res.outcome().excess_milli(res.limit(line), res.cost);
     let zone = ngx_str_t { len: line.zone_name.len(), data: line.zone_name.as_ptr().cast_mut() };
     // SAFETY: the format's conversions take, in order, a NUL-terminated string (%s), two
     // ngx_uint_t (%ui) and a pointer to an ngx_str_t (%V), all valid for the call.

@@ -153,10 +153,10 @@ fn check_names(log: *mut ngx_log_t, lines: &[Line]) -> Result<(), ()> {
             Some(("key", prev.key_src.clone(), line.key_src.clone()))
         } else if prev.limit.algorithm() != line.limit.algorithm() {
             Some(("algorithm", prev.limit.algorithm().to_string(), line.limit.algorithm().to_string()))
-        } else if prev.limit.rate() != line.limit.rate() {
-            Some(("rate", prev.limit.rate().to_string(), line.limit.rate().to_string()))
-        } else if prev.limit.burst() != line.limit.burst() {
-            Some(("burst", prev.limit.burst().to_string(), line.limit.burst().to_string()))
+        } else if prev.rate_src != line.rate_src {
+            Some(("rate", prev.rate_src.clone(), line.rate_src.clone()))
+        } else if prev.burst_src != line.burst_src {
+            Some(("burst", prev.burst_src.clone(), line.burst_src.clone()))
         } else {
             None
         };
@@ -211,7 +211,8 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
         line.id = line.identity();
         match line.backend {
             Backend::Shm(i) => mcf.zones[i].note_line(&line.limit),
-            Backend::Redis(_) if !rl_core::redis::exact(&line.limit) => {
+            // A rate or burst from variables is checked per request.
+            Backend::Redis(_) if !line.limit_varies() && !rl_core::redis::exact(&line.limit) => {
                 ngx_log_error!(
                     NGX_LOG_EMERG,
                     log,

@@ -158,7 +158,11 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
         if ctx.headers.draft() { ctx.enforced(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum() } else { 0 };
     let mut out = Out::new(r, 4 * NUM + draft_len).ok_or(())?;
     if ctx.headers.legacy() {
-        push(r, "X-RateLimit-Limit", line.burst_text())?;
+        let limit = match line.limit_varies() {
+            true => out.value(res.limit(line).burst()),
+            false => line.burst_text(),
+        };
+        push(r, "X-RateLimit-Limit", limit)?;
         push(r, "X-RateLimit-Remaining", out.value(res.remaining))?;
         push(r, "X-RateLimit-Reset", out.value(ctx.now_unix as u64 + ceil_s(res.reset_us)))?;
     }
@@ -171,8 +175,9 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
     }
     if ctx.headers.draft() {
         let at = out.len;
-        for (i, (line, _)) in ctx.enforced(lines).enumerate() {
-            item(&mut out, i, &line.item, b"\";q=", line.limit.burst(), b";w=", ceil_s(line.limit.window_us()).max(1));
+        for (i, (line, res)) in ctx.enforced(lines).enumerate() {
+            let limit = res.limit(line);
+            item(&mut out, i, &line.item, b"\";q=", limit.burst(), b";w=", ceil_s(limit.window_us()).max(1));
         }
         push(r, "RateLimit-Policy", out.since(at))?;
         let at = out.len;

@@ -3,13 +3,16 @@
 //! stored under. Lines are owned by [`crate::conf::MainConf::lines`] and
 //! named elsewhere by their [`LineId`].
 
+use core::sync::atomic::{AtomicU64, Ordering};
 use core::{mem, ptr};
 
 use ngx::ffi::{
     ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_get_flushed_variable, ngx_http_request_t, ngx_str_t,
-    ngx_uint_t, ngx_variable_value_t,
+    ngx_log_t, ngx_time, ngx_uint_t, ngx_variable_value_t, NGX_LOG_ERR,
 };
+use ngx::ngx_log_error;
 use rl_core::limit::Limit;
+use rl_core::parse::{parse_number, parse_rate, parse_u64, ParseError};
 
 /// A line's index in [`crate::conf::MainConf::lines`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,6 +145,70 @@ pub struct Line {
     /// The largest `queue=` of the lines with this one's identity (their
     /// states are shared): how far a state may go beyond the burst.
     pub deepest_queue: u64,
+    /// `rate=` and `burst=` as written (the parsed value for static ones):
+    /// what identities and `nginx -t`'s messages compare.
+    pub rate_src: String,
+    pub burst_src: String,
+    /// The parameters that hold variables, evaluated per request.
+    pub vars: Option<Box<Varying>>,
+    /// `charge=after`: the access phase asks for one unit and charges
+    /// nothing; the cost is charged when the request is logged.
+    pub charge_after: bool,
+}
+
+/// A parameter of `rl_limit` that holds variables: compiled, and as written.
+pub struct VarParam {
+    pub cv: *mut ngx_http_complex_value_t,
+    pub src: String,
+}
+
+impl VarParam {
+    /// The value for the request, or `Err` if it cannot be evaluated (no memory).
+    fn eval(&self, r: *mut ngx_http_request_t) -> Result<ngx_str_t, ()> {
+        let mut value = ngx_str_t::empty();
+        // SAFETY: compiled at configuration time; the value is allocated in r->pool.
+        if unsafe { ngx_http_complex_value(r, self.cv, &mut value) } != 0 {
+            return Err(());
+        }
+        Ok(value)
+    }
+}
+
+/// The variable parameters of a line (at least one of them is set).
+pub struct Varying {
+    pub rate: Option<VarParam>,
+    pub burst: Option<VarParam>,
+    pub cost: Option<VarParam>,
+    /// When a bad value was last logged (seconds): at most once a second per line.
+    logged_s: AtomicU64,
+}
+
+impl Varying {
+    pub fn new(rate: Option<VarParam>, burst: Option<VarParam>, cost: Option<VarParam>) -> Option<Box<Varying>> {
+        (rate.is_some() || burst.is_some() || cost.is_some())
+            .then(|| Box::new(Varying { rate, burst, cost, logged_s: AtomicU64::new(0) }))
+    }
+
+    /// Whether the rate or burst varies (the state then keeps its scale).
+    pub fn limit_varies(&self) -> bool {
+        self.rate.is_some() || self.burst.is_some()
+    }
+}
+
+/// A line's limit and cost for one request.
+pub enum Params {
+    /// As configured.
+    Static,
+    /// From the request's variables.
+    Per(Limit, u64),
+    /// An empty or bad value: the line does not apply to the request.
+    Off,
+}
+
+/// Why a variable parameter's value was not applied.
+enum BadValue {
+    Parse(&'static str, ParseError),
+    Limit(String),
 }
 
 impl Line {
@@ -166,6 +233,116 @@ impl Line {
             return Err(());
         }
         Ok(key)
+    }
+
+    /// Whether the rate or burst holds variables.
+    pub fn limit_varies(&self) -> bool {
+        self.vars.as_deref().is_some_and(Varying::limit_varies)
+    }
+
+    /// The line's limit and cost for the request: evaluated when they hold
+    /// variables. `cost`: whether to evaluate `cost=` too (not for
+    /// `charge=after`, whose cost is known when the request is logged).
+    /// A bad value is logged, at most once a second per line; `Err`: no
+    /// memory.
+    pub fn eval_params(&self, r: *mut ngx_http_request_t, log: *mut ngx_log_t, redis: bool) -> Result<Params, ()> {
+        let Some(vars) = self.vars.as_deref() else {
+            return Ok(Params::Static);
+        };
+        let mut limit = self.limit;
+        let mut cost = self.cost;
+        let mut bad = None;
+        if vars.limit_varies() {
+            match self.eval_limit(vars, r, redis)? {
+                Some(Ok(l)) => limit = l,
+                Some(Err(e)) => bad = Some(e),
+                None => return Ok(Params::Off),
+            }
+        }
+        if let (None, Some(p), false) = (&bad, &vars.cost, self.charge_after) {
+            match eval_text(p, r)? {
+                None => return Ok(Params::Off),
+                Some(t) => match parse_number(t) {
+                    Ok(c) => cost = c,
+                    Err(e) => bad = Some(BadValue::Parse("cost", e)),
+                },
+            }
+        }
+        match bad {
+            None => Ok(Params::Per(limit, cost)),
+            Some(bad) => {
+                self.log_bad(vars, log, bad);
+                Ok(Params::Off)
+            }
+        }
+    }
+
+    /// The request's limit from its variable rate or burst: `None` when a
+    /// value is empty.
+    fn eval_limit(
+        &self,
+        vars: &Varying,
+        r: *mut ngx_http_request_t,
+        redis: bool,
+    ) -> Result<Option<Result<Limit, BadValue>>, ()> {
+        let rate = match &vars.rate {
+            Some(p) => match eval_text(p, r)? {
+                None => return Ok(None),
+                Some(t) => match parse_rate(t) {
+                    Ok(rate) => rate,
+                    Err(e) => return Ok(Some(Err(BadValue::Parse("rate", e)))),
+                },
+            },
+            None => self.limit.rate(),
+        };
+        let burst = match &vars.burst {
+            Some(p) => match eval_text(p, r)? {
+                None => return Ok(None),
+                Some(t) => match parse_u64(t) {
+                    Ok(burst) => burst,
+                    Err(e) => return Ok(Some(Err(BadValue::Parse("burst", e)))),
+                },
+            },
+            // Left out: the rate's count, as for a static line.
+            None if self.burst_src.is_empty() => rate.count,
+            None => self.limit.burst(),
+        };
+        Ok(Some(match Limit::new(self.limit.algorithm(), rate, burst).and_then(|l| l.with_queue(self.queue)) {
+            Ok(l) if redis && !rl_core::redis::exact(&l) => Err(BadValue::Limit(format!(
+                "rate {rate} with burst {burst} is out of the range a Redis zone computes exactly"
+            ))),
+            Ok(l) => Ok(l.varying()),
+            Err(e) => Err(BadValue::Limit(e.to_string())),
+        }))
+    }
+
+    /// Says why a value was not applied, at most once a second per line.
+    fn log_bad(&self, vars: &Varying, log: *mut ngx_log_t, bad: BadValue) {
+        let now = ngx_time() as u64;
+        if vars.logged_s.swap(now, Ordering::Relaxed) == now {
+            return;
+        }
+        let why = match bad {
+            BadValue::Parse(what, e) => {
+                let src = match what {
+                    "rate" => vars.rate.as_ref(),
+                    "burst" => vars.burst.as_ref(),
+                    _ => vars.cost.as_ref(),
+                };
+                let value: String = e.value.chars().take(64).collect();
+                format!("invalid {what} \"{value}\" from \"{}\"", src.map_or("", |p| p.src.as_str()))
+            }
+            BadValue::Limit(m) => m,
+        };
+        ngx_log_error!(
+            NGX_LOG_ERR,
+            log,
+            "{} in rl_limit \"{}\" of zone \"{}\" ({}), the line is not applied",
+            why,
+            self.item,
+            self.zone_name,
+            self.origin
+        );
     }
 
     /// The `X-RateLimit-Limit` value (it lives as long as the configuration).
@@ -193,6 +370,18 @@ impl Line {
             // never empty and holds no NUL: named and unnamed never share.
             return sip.hash(format!("\0{}\0{}", self.zone_name, name).as_bytes());
         }
+        if self.vars.as_deref().is_some_and(Varying::limit_varies) {
+            // A state that keeps its scale: never shared with a static line's.
+            let canon = format!(
+                "{}|{}|{}|{}|{}|varying",
+                self.zone_name,
+                self.key_src,
+                self.limit.algorithm(),
+                self.rate_src,
+                self.burst_src
+            );
+            return sip.hash(canon.as_bytes());
+        }
         let rate = self.limit.rate();
         let canon = format!(
             "{}|{}|{}|{}|{}|{}",
@@ -205,4 +394,26 @@ impl Line {
         );
         sip.hash(canon.as_bytes())
     }
+}
+
+// TODO(merge vary): rl-core's Limit::varying.
+pub trait Vary {
+    fn varying(self) -> Self;
+}
+impl Vary for Limit {
+    fn varying(self) -> Self {
+        self
+    }
+}
+
+/// A parameter's value as text: `None` when empty (the line does not apply).
+/// Bytes that are not UTF-8 cannot parse: they read as text that fails to.
+fn eval_text<'r>(p: &VarParam, r: *mut ngx_http_request_t) -> Result<Option<&'r str>, ()> {
+    let v = p.eval(r)?;
+    if v.len == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the value was allocated in r->pool, which outlives the phase handler.
+    let bytes = unsafe { core::slice::from_raw_parts(v.data, v.len) };
+    Ok(Some(core::str::from_utf8(bytes).unwrap_or("\u{fffd}")))
 }

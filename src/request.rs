@@ -8,7 +8,7 @@ use core::{mem, ptr, slice};
 
 use ngx::ffi::{ngx_http_request_t, ngx_palloc, ngx_pool_cleanup_t, ngx_str_t, ngx_time};
 use ngx::http::{HttpModule, Request};
-use rl_core::limit::{Charge, Outcome};
+use rl_core::limit::{Charge, Limit, Outcome};
 use rl_core::table::Slot;
 
 use crate::line::{HeadersMode, Line, LineId};
@@ -33,6 +33,10 @@ pub struct LineResult {
     /// What was charged to a shared-memory line, for a refund.
     pub charge: Charge,
     pub key: ngx_str_t,
+    /// The limit from the request's variables (`None`: the line's own).
+    pub var_limit: Option<Limit>,
+    /// The request's cost for the line.
+    pub cost: u64,
     /// Where the state is in a shared-memory zone: its hash, its entry (found
     /// once, by the hash, and checked against it on every later use), and the
     /// index of the zone's lock among those the request holds.
@@ -54,10 +58,17 @@ impl LineResult {
         delay_us: 0,
         charge: Charge::NONE,
         key: ngx_str_t { len: 0, data: ptr::null_mut() },
+        var_limit: None,
+        cost: 0,
         hash: [0; 2],
         slot: Slot::NONE,
         lock: 0,
     };
+
+    /// The limit the line applies to this request.
+    pub fn limit<'a>(&'a self, line: &'a Line) -> &'a Limit {
+        self.var_limit.as_ref().unwrap_or(&line.limit)
+    }
 
     /// Records a verdict (from shared memory or a Redis reply).
     pub fn set(&mut self, o: &Outcome, charged: bool) {

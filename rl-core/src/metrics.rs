@@ -72,9 +72,11 @@ pub struct LineSample {
     /// The line's `name=`, or its identity in 16 hex digits.
     pub line: String,
     pub results: [u64; RESULTS.len()],
-    /// Requests per second (the rate's count over its period).
-    pub rate_per_s: f64,
-    pub burst: u64,
+    /// Requests per second (the rate's count over its period); `None` when
+    /// the rate is taken from variables per request.
+    pub rate_per_s: Option<f64>,
+    /// `None` when the burst is taken from variables per request.
+    pub burst: Option<u64>,
 }
 
 /// A shared-memory zone.
@@ -204,8 +206,12 @@ pub fn prometheus(s: &Snapshot, out: &mut String) {
         }
         family(out, "nginx_rl_limit", "gauge", "Configured limit of each rl_limit line: rate (per second) and burst.");
         for l in &s.lines {
-            sample(out, "nginx_rl_limit", &[("zone", &l.zone), ("line", &l.line), ("param", "rate")], l.rate_per_s);
-            sample(out, "nginx_rl_limit", &[("zone", &l.zone), ("line", &l.line), ("param", "burst")], l.burst);
+            if let Some(rate) = l.rate_per_s {
+                sample(out, "nginx_rl_limit", &[("zone", &l.zone), ("line", &l.line), ("param", "rate")], rate);
+            }
+            if let Some(burst) = l.burst {
+                sample(out, "nginx_rl_limit", &[("zone", &l.zone), ("line", &l.line), ("param", "burst")], burst);
+            }
         }
     }
     if !s.shm.is_empty() {
@@ -337,7 +343,9 @@ pub fn json(s: &Snapshot, out: &mut String) {
         escape_json(&l.line, out);
         out.push_str(",\"requests\":");
         json_object(out, RESULTS.iter().copied().zip(l.results));
-        let _ = write!(out, ",\"limit\":{{\"rate\":{},\"burst\":{}}}}}", l.rate_per_s, l.burst);
+        let null = |x: Option<String>| x.unwrap_or_else(|| "null".to_owned());
+        let (rate, burst) = (null(l.rate_per_s.map(|r| r.to_string())), null(l.burst.map(|b| b.to_string())));
+        let _ = write!(out, ",\"limit\":{{\"rate\":{rate},\"burst\":{burst}}}}}");
     }
     out.push_str("],\"zones\":[");
     for (i, z) in s.shm.iter().enumerate() {

@@ -10,8 +10,8 @@ fn snapshot() -> Snapshot {
             zone: "z".into(),
             line: "we\"ird\\na\nme".into(),
             results: [1, 2, 3, 4, 5, 6, 7],
-            rate_per_s: 10.0 / 60.0,
-            burst: 5,
+            rate_per_s: Some(10.0 / 60.0),
+            burst: Some(5),
         }],
         shm: vec![ShmZoneSample {
             zone: "z".into(),

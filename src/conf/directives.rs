@@ -15,11 +15,11 @@ use ngx::ffi::{
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_conf_log_error;
 use rl_core::limit::{Algorithm, Limit};
-use rl_core::parse::{parse_number, parse_rate, parse_size, parse_u64, ParseError, ParseErrorKind};
+use rl_core::parse::{parse_number, parse_rate, parse_size, parse_u64, ParseError, ParseErrorKind, Rate};
 use rl_core::url::redact;
 
 use super::{LocConf, MainConf, Quote, MAX_REDIS_ZONES};
-use crate::line::{Backend, HeadersMode, Line, LineId, VarValue};
+use crate::line::{Backend, HeadersMode, Line, LineId, VarParam, VarValue, Vary, Varying};
 use crate::shm::{Zone, MAX_ZONES_PER_LOCATION};
 use crate::Module;
 
@@ -176,7 +176,7 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         1 => true,
         _ => conf_err!(cf, "duplicate \"dry_run\" parameter in \"rl_limit\" directive"),
     };
-    let given = match params(&rest, &["zone", "rate", "key", "algorithm", "burst", "cost", "name", "queue"]) {
+    let given = match params(&rest, &["zone", "rate", "key", "algorithm", "burst", "cost", "name", "queue", "charge"]) {
         Ok(given) => given,
         Err(e) => conf_err!(cf, "{} in \"rl_limit\" directive", e),
     };
@@ -185,13 +185,6 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         Some("") => conf_err!(cf, "invalid parameter \"zone=\" in \"rl_limit\" directive"),
         Some(z) => z.to_string(),
         None => conf_err!(cf, "\"rl_limit\" directive must have \"zone\" parameter"),
-    };
-    let rate = match get("rate").map(parse_rate) {
-        Some(Ok(r)) => r,
-        Some(Err(e)) => {
-            conf_err!(cf, "invalid rate \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), rate_hint(&e))
-        }
-        None => conf_err!(cf, "\"rl_limit\" directive must have \"rate\" parameter"),
     };
     let alg = match get("algorithm").map(str::parse::<Algorithm>) {
         None => Algorithm::default(),
@@ -203,21 +196,72 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
             Quote(get("algorithm").unwrap_or_default())
         ),
     };
-    let burst = match get("burst").map(parse_u64) {
+    // rate=, burst= and cost= may hold variables: those are compiled, and
+    // the line holds a placeholder for them until a request comes.
+    let Ok(rate_var) = var_param(cf, get("rate")) else {
+        return NGX_CONF_ERROR;
+    };
+    let Ok(burst_var) = var_param(cf, get("burst")) else {
+        return NGX_CONF_ERROR;
+    };
+    let Ok(cost_var) = var_param(cf, get("cost")) else {
+        return NGX_CONF_ERROR;
+    };
+    let rate = match get("rate") {
+        Some(_) if rate_var.is_some() => Rate { count: 1, period_us: 1_000_000 },
+        Some(r) => match parse_rate(r) {
+            Ok(r) => r,
+            Err(e) => {
+                conf_err!(cf, "invalid rate \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), rate_hint(&e))
+            }
+        },
+        None => conf_err!(cf, "\"rl_limit\" directive must have \"rate\" parameter"),
+    };
+    let burst = match get("burst") {
+        Some(_) if burst_var.is_some() => 1,
         None => rate.count,
-        Some(Ok(n)) => n,
-        Some(Err(e)) => {
-            conf_err!(cf, "invalid burst \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), number_hint(&e))
-        }
+        Some(b) => match parse_u64(b) {
+            Ok(n) => n,
+            Err(e) => {
+                conf_err!(cf, "invalid burst \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), number_hint(&e))
+            }
+        },
     };
-    let cost = match get("cost").map(parse_u64) {
+    let cost = match get("cost") {
         None => 1,
-        Some(Ok(n)) => n,
-        Some(Err(e)) => {
-            conf_err!(cf, "invalid cost \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), number_hint(&e))
-        }
+        Some(_) if cost_var.is_some() => 0,
+        Some(c) => match parse_u64(c) {
+            Ok(n) => n,
+            Err(e) => {
+                conf_err!(cf, "invalid cost \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), number_hint(&e))
+            }
+        },
     };
-    if cost > burst {
+    let charge_after = match get("charge") {
+        None | Some("before") => false,
+        Some("after") => true,
+        Some(v) => conf_err!(
+            cf,
+            "invalid charge \"{}\" in \"rl_limit\" directive, it must be \"before\" or \"after\"",
+            Quote(v)
+        ),
+    };
+    let burst_varies = burst_var.is_some() || (get("burst").is_none() && rate_var.is_some());
+    if alg == Algorithm::SlidingLog && burst_varies {
+        conf_err!(
+            cf,
+            "a burst from variables is not supported by algorithm \"sliding_log\", which lays out one timestamp \
+             per unit of burst when the configuration is read, in \"rl_limit\" directive"
+        );
+    }
+    if alg == Algorithm::SlidingLog && charge_after {
+        conf_err!(
+            cf,
+            "\"charge=after\" is not supported by algorithm \"sliding_log\", which cannot record an overdraft, \
+             in \"rl_limit\" directive"
+        );
+    }
+    if rate_var.is_none() && burst_var.is_none() && cost_var.is_none() && cost > burst {
         conf_err!(cf, "cost={} exceeds burst={} in \"rl_limit\" directive: no request could ever pass", cost, burst);
     }
     let limit = match Limit::new(alg, rate, burst) {
@@ -235,9 +279,29 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
             conf_err!(cf, "invalid queue \"{}\" in \"rl_limit\" directive, {}", Quote(&e.value), hint)
         }
     };
+    if charge_after && queue > 0 {
+        conf_err!(
+            cf,
+            "\"charge=after\" cannot be used with \"queue\" in \"rl_limit\" directive: delaying needs the cost up front"
+        );
+    }
     let limit = match limit.with_queue(queue) {
         Ok(l) => l,
         Err(e) => conf_err!(cf, "invalid limit in \"rl_limit\" directive: {}", e),
+    };
+    let rate_src = match &rate_var {
+        Some(p) => p.src.clone(),
+        None => rate.to_string(),
+    };
+    let burst_src = match (&burst_var, get("burst")) {
+        (Some(p), _) => p.src.clone(),
+        (None, None) if rate_var.is_some() => String::new(),
+        _ => burst.to_string(),
+    };
+    let vars = Varying::new(rate_var, burst_var, cost_var);
+    let limit = match &vars {
+        Some(v) if v.limit_varies() => limit.varying(),
+        _ => limit,
     };
     let name = match get("name") {
         None => None,
@@ -304,12 +368,16 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         cost,
         id: 0,
         item,
-        burst_text: limit.burst().to_string(),
+        burst_text: if burst_varies { String::new() } else { limit.burst().to_string() },
         origin: conf_origin(cf),
         name,
         dry_run,
         queue,
         deepest_queue: queue,
+        rate_src,
+        burst_src,
+        vars,
+        charge_after,
     };
     // One budget per identity: the same line twice in one block would be
     // charged twice for one request.
@@ -441,6 +509,18 @@ fn number_hint(e: &ParseError) -> &'static str {
         ParseErrorKind::TooLarge => "it is too large",
         ParseErrorKind::NotPositive | ParseErrorKind::Invalid => "it must be a positive number",
     }
+}
+
+/// A parameter that holds variables, compiled; `None` for a static one (or
+/// one not given). `Err`: logged by nginx.
+fn var_param(cf: *mut ngx_conf_t, value: Option<&str>) -> Result<Option<VarParam>, ()> {
+    let Some(v) = value.filter(|v| v.contains('$')) else {
+        return Ok(None);
+    };
+    // The value is part of the argument, which lives in the configuration pool as long as the cycle.
+    let mut src = ngx_str_t { len: v.len(), data: v.as_ptr().cast_mut() };
+    let cv = compile_complex_value(cf, &mut src).ok_or(())?;
+    Ok(Some(VarParam { cv, src: v.to_string() }))
 }
 
 fn compile_complex_value(cf: *mut ngx_conf_t, value: &mut ngx_str_t) -> Option<*mut ngx_http_complex_value_t> {

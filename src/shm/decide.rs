@@ -12,7 +12,7 @@ use rl_core::limit::Charge;
 
 use super::{Locked, Zone, MAX_ZONES_PER_LOCATION};
 use crate::line::Line;
-use crate::request::Ctx;
+use crate::request::{Ctx, LineResult};
 
 /// Decides the request's active shared-memory lines and, if every enforced
 /// one admits, charges them and the dry-run lines that admit; returns
@@ -49,6 +49,7 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         };
         res.hash = locked.table.hash_key(line.id, res.key.as_bytes());
         res.lock = lock;
+        // (the line's template: a state's size does not depend on the values of variables)
         match locked.ensure(res.hash, &line.limit, now_s, log) {
             Some(slot) => res.slot = slot,
             None => res.active = false,
@@ -69,12 +70,14 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
             res.active = false;
             continue;
         };
-        let (o, charge) = if single {
-            line.limit.acquire_charged(state, now_us, line.cost)
+        let limit = res.limit(line);
+        // A charge=after line asks for one unit and is charged when the request is logged.
+        let (o, charge) = if single && !line.charge_after {
+            limit.acquire_charged(state, now_us, res.cost)
         } else {
-            (line.limit.check(state, now_us, line.cost), Charge::default())
+            (limit.check(state, now_us, res.cost), Charge::default())
         };
-        let charged = single && o.admitted;
+        let charged = single && o.admitted && !line.charge_after;
         if charged {
             res.charge = charge;
             locked.charged(res.slot, now_us, o.reset_us);
@@ -88,15 +91,17 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
 
     // Every enforced line admits: charge them all, and each dry-run line
     // that admits, as if it were enforced.
-    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| res.active && res.admitted && l.backend.shm().is_some()) {
+    let charged = |l: &Line, res: &LineResult| res.active && res.admitted && !l.charge_after && l.backend.shm().is_some();
+    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| charged(l, res)) {
         let Some(locked) = locks.get_mut(res.lock) else {
             continue;
         };
         let Some(state) = locked.state(res.slot, res.hash, &line.limit) else {
             continue;
         };
-        let o = line.limit.check(state, now_us, line.cost);
-        res.charge = line.limit.commit(state, now_us, line.cost);
+        let limit = res.limit(line);
+        let o = limit.check(state, now_us, res.cost);
+        res.charge = limit.commit(state, now_us, res.cost);
         res.remaining = o.remaining;
         res.reset_us = o.reset_us;
         res.charged = true;
@@ -131,8 +136,9 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
         let Some(state) = locked.state(res.slot, res.hash, &line.limit) else {
             continue;
         };
-        line.limit.refund(state, &res.charge, now_us);
-        let o = line.limit.check(state, now_us, 0);
+        let limit = res.limit(line);
+        limit.refund(state, &res.charge, now_us);
+        let o = limit.check(state, now_us, 0);
         res.remaining = o.remaining;
         res.reset_us = o.reset_us;
         locked.charged(res.slot, now_us, o.reset_us);
