@@ -92,6 +92,15 @@ fn access(r: &mut Request) -> Status {
         None => redis_ok && decide(&mcf.zones, &mcf.lines, ctx, r.log()),
     };
     metrics::count(mcf, ctx);
+    if admitted && ctx.charge_after {
+        // Nothing is charged yet: what is left is what the line has now.
+        for (line, res) in ctx.iter_mut(&mcf.lines) {
+            if line.charge_after && res.active && res.admitted {
+                res.remaining = res.remaining.saturating_add(res.cost);
+                res.charged = false;
+            }
+        }
+    }
     if admitted {
         debug_verdicts(r.log(), mcf, ctx);
         // A delay, or a dry-run line that would have limited.
@@ -120,6 +129,7 @@ fn access(r: &mut Request) -> Status {
 /// value that does not parse (logged). `dry_run`: the location's
 /// `rl_dry_run`.
 fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_run: bool) -> Result<(), ()> {
+    let mut ctx_after = false;
     for (line, res) in ctx.iter_mut(&mcf.lines) {
         res.key = line.eval_key(r)?;
         res.active = res.key.len > 0;
@@ -137,11 +147,13 @@ fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_run:
                 Params::Off => res.active = false,
             }
         }
-        if line.charge_after {
+        if line.charge_after && res.active {
             // Admitted while one unit is left; the cost is charged when the request is logged.
             res.cost = 1;
+            ctx_after = true;
         }
     }
+    ctx.charge_after = ctx_after;
     Ok(())
 }
 
@@ -153,7 +165,7 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
     // SAFETY: the request is valid.
     let log = unsafe { (*(*r).connection).log };
     for (z, zone) in mcf.redis.iter().enumerate() {
-        let mut job = Job { id: 0, zone: z, lines: Default::default() };
+        let mut job = Job { id: 0, zone: z, charge: false, lines: Default::default() };
         for (line, res) in ctx.on_redis(&mcf.lines, z) {
             let tag = rl_core::redis::tag_of(res.key.as_bytes());
             job.lines.push(JobLine {

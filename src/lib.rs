@@ -21,7 +21,7 @@ use core::sync::atomic::{AtomicBool, Ordering};
 use ngx::core::{Status, NGX_CONF_ERROR};
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_core_main_conf_t, ngx_http_handler_pt,
-    ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_http_top_header_filter, ngx_int_t, ngx_module_t,
+    ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_http_phases_NGX_HTTP_LOG_PHASE, ngx_http_top_header_filter, ngx_int_t, ngx_module_t,
     ngx_process, ngx_str_t, ngx_test_config, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1,
     NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
     NGX_HTTP_SRV_CONF, NGX_LOG_NOTICE, NGX_PROCESS_MASTER,
@@ -30,6 +30,7 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpC
 use ngx::{ngx_log_error, ngx_string};
 
 mod access;
+mod charge;
 mod conf;
 mod delay;
 mod headers;
@@ -76,6 +77,17 @@ impl HttpModule for Module {
             .cast::<ngx_http_handler_pt>();
         if h.is_null() {
             return Status::NGX_ERROR.into();
+        }
+        // Only where a line charges after the response.
+        if mcf.lines.iter().any(|l| l.charge_after) {
+            // SAFETY: as above.
+            let log = unsafe { ngx_array_push(&mut cmcf.phases[ngx_http_phases_NGX_HTTP_LOG_PHASE as usize].handlers) }
+                .cast::<ngx_http_handler_pt>();
+            if log.is_null() {
+                return Status::NGX_ERROR.into();
+            }
+            // SAFETY: a new element of the array.
+            unsafe { *log = charge::log_handler_pt() };
         }
         // SAFETY: h points to a new element of the array; top header filter is a process global
         // that every filter module rewires in postconfiguration.

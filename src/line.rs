@@ -316,6 +316,23 @@ impl Line {
         }))
     }
 
+    /// The cost of a `charge=after` line, evaluated when the request is
+    /// logged: `None` to charge nothing (empty, zero, or a bad value,
+    /// logged).
+    pub fn after_cost(&self, r: *mut ngx_http_request_t, log: *mut ngx_log_t) -> Option<u64> {
+        let Some((vars, p)) = self.vars.as_deref().and_then(|v| Some((v, v.cost.as_ref()?))) else {
+            return Some(self.cost).filter(|c| *c > 0);
+        };
+        let text = eval_text(p, r).ok()??;
+        match parse_number(text) {
+            Ok(cost) => Some(cost).filter(|c| *c > 0),
+            Err(e) => {
+                self.log_bad(vars, log, BadValue::Parse("cost", e));
+                None
+            }
+        }
+    }
+
     /// Says why a value was not applied, at most once a second per line.
     fn log_bad(&self, vars: &Varying, log: *mut ngx_log_t, bad: BadValue) {
         let now = ngx_time() as u64;

@@ -26,7 +26,7 @@ use rl_core::redis::RequestReply;
 use smallvec::SmallVec;
 
 pub use self::conn::{client, Target};
-pub use self::worker::{exit_worker, init_worker, resume, submit, suspend};
+pub use self::worker::{charge, exit_worker, init_worker, resume, submit, suspend};
 
 /// A Redis zone as configured.
 pub struct RedisZone {
@@ -165,10 +165,12 @@ pub struct ZoneSpec {
     pub tls: Option<TlsCertificates>,
 }
 
-/// One request's lines on one Redis zone.
+/// One request's lines on one Redis zone: to decide, or (`charge`) to
+/// charge after the response, in full and with no reply awaited.
 pub struct Job {
     pub id: u64,
     pub zone: usize,
+    pub charge: bool,
     /// Inline up to two lines: no allocation for the usual request.
     pub lines: SmallVec<[JobLine; 2]>,
 }

@@ -181,6 +181,9 @@ pub struct Ctx {
     pub headers: HeadersMode,
     /// Unix time of the decision, seconds.
     pub now_unix: i64,
+    /// A `charge=after` line applies: its cost is charged when the request
+    /// is logged (then this is cleared: once).
+    pub charge_after: bool,
 }
 
 impl Ctx {
@@ -314,6 +317,7 @@ pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode) -> Option<&'st
         awaited: 0,
         headers,
         now_unix: ngx_time() as i64,
+        charge_after: false,
     };
     // SAFETY: ctx and cln point into the allocation; the pool runs its cleanups from the list
     // head when it is destroyed (ctx_marker does nothing).

@@ -159,6 +159,12 @@ pub fn exit_worker() {
         // SAFETY: the event is in the posted queue; remove it before it is freed.
         unsafe { ngx_delete_posted_event(&mut *w.flush_ev) };
     }
+    // Charges still queued go before the thread stops (it finishes them
+    // before it returns); decisions have no request left to answer.
+    let charges: Vec<Job> = w.outbox.drain(..).filter(|j| j.charge).collect();
+    if let (Some(tx), false) = (&w.tx, charges.is_empty()) {
+        let _ = tx.send(charges);
+    }
     w.tx = None;
     if let Some(t) = w.thread.take() {
         let _ = t.join();
@@ -193,6 +199,29 @@ pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), ()> {
         Ok(())
     })
     .unwrap_or(Err(()))
+}
+
+/// Queues a `charge=after` charge of a line on zone `zone`: it goes with
+/// the jobs of this event-loop iteration, and no request waits for it.
+pub fn charge(log: *mut ngx_log_t, zone: usize, line: super::JobLine) {
+    with_worker(log, |w| {
+        if w.tx.is_none() {
+            return;
+        }
+        // One job per zone and iteration: the charges go in one call.
+        match w.outbox.iter_mut().find(|j| j.charge && j.zone == zone) {
+            Some(job) => job.lines.push(line),
+            None => {
+                let mut lines = smallvec::SmallVec::new();
+                lines.push(line);
+                w.outbox.push(Job { id: 0, zone, charge: true, lines });
+            }
+        }
+        if w.flush_ev.posted() == 0 {
+            // SAFETY: as in submit.
+            unsafe { ngx_post_event(&mut *w.flush_ev, ptr::addr_of_mut!(ngx_posted_events)) };
+        }
+    });
 }
 
 /// Sends the jobs of this event-loop iteration to the I/O thread at once.

@@ -1,0 +1,203 @@
+//! Plans and metered costs (`rate=`, `burst=`, `cost=` from variables;
+//! `charge=after`), on shared-memory zones; the Redis half is in the second
+//! part of this file. What a client sees: statuses, the limit and what is
+//! left in the headers, Retry-After, and the error log's lines.
+
+mod common;
+
+use std::thread;
+use std::time::Duration;
+
+use common::*;
+
+/// A backend in the same server: `/backend/` answers with the cost of the
+/// request in `X-Tokens-Used` (30 unless the client asks for another), and
+/// `/login-backend/` with 401 unless the client sends `X-Pass`.
+const BACKEND: &str = "location /backend/ { add_header X-Tokens-Used $tokens always; return 200 \"ok\\n\"; }\n\
+     location /login-backend/ { if ($http_x_pass) { return 200 \"welcome\\n\"; } return 401; }";
+
+const MAPS: &str = "map $http_x_tokens $tokens { \"\" 30; default $http_x_tokens; }\n\
+     map $status $failed_login { 401 1; 403 1; default 0; }\n\
+     map $http_x_api_key $plan_rate { default 2r/h; ~^pro- 5r/h; ~^ent- \"\"; }";
+
+fn plans(zones: &str, body: &str) -> Nginx {
+    let zones = format!("{zones}\n{MAPS}");
+    Nginx::start(&server(&zones, &format!("{body}\n{BACKEND}")))
+}
+
+/// The issue's sequence: burst=100, each response costs 30: requests 1-4
+/// pass (the 4th takes the state to 120 used), the 5th is rejected with a
+/// Retry-After that, waited, admits.
+fn tokens(zone: &str) {
+    let ngx = plans(
+        zone,
+        "location /llm/ { rl_limit zone=z key=$http_x_api_key rate=50r/s burst=100 algorithm=token_bucket \
+             cost=$upstream_http_x_tokens_used charge=after; proxy_pass http://127.0.0.1:{PORT}/backend/; }",
+    );
+    let key = [("X-Api-Key", "k1")];
+    let first = ngx.get("/llm/", &key);
+    assert_eq!(first.status, 200, "{first:?}");
+    // Nothing is charged before the response: the whole burst is left.
+    assert_eq!(first.header("X-RateLimit-Remaining"), Some("100"), "{first:?}");
+    let second = ngx.get("/llm/", &key);
+    let left = second.num("X-RateLimit-Remaining");
+    assert!((70..=72).contains(&left), "after one response of 30: {left} left, {second:?}");
+    for i in 3..=4 {
+        let r = ngx.get("/llm/", &key);
+        assert_eq!(r.status, 200, "request {i}: {r:?}");
+    }
+    let fifth = ngx.get("/llm/", &key);
+    assert_eq!(fifth.status, 429, "120 of 100 used: {fifth:?}");
+    assert_eq!(fifth.header("X-RateLimit-Remaining"), Some("0"), "{fifth:?}");
+    // 21 units to repay at 50 a second: under a second.
+    assert_eq!(fifth.header("Retry-After"), Some("1"), "{fifth:?}");
+    // Another key has its own budget.
+    assert_eq!(ngx.get("/llm/", &[("X-Api-Key", "k2")]).status, 200);
+    thread::sleep(Duration::from_secs(1));
+    let later = ngx.get("/llm/", &key);
+    assert_eq!(later.status, 200, "after Retry-After: {later:?}");
+}
+
+#[test]
+fn charge_after_overdraws_and_waits_shm() {
+    tokens("rl_zone z size=1m;");
+}
+
+/// Only the 401s count: 10 good logins pass, then 5 failed ones pass as
+/// 401s, and the 6th failed one, and any login after it, is limited.
+fn failed_logins(zone: &str) {
+    let ngx = plans(
+        zone,
+        "location /login/ { rl_limit zone=z rate=5r/h algorithm=fixed cost=$failed_login charge=after; \
+             proxy_pass http://127.0.0.1:{PORT}/login-backend/; }",
+    );
+    for i in 0..10 {
+        let r = ngx.get("/login/", &[("X-Pass", "1")]);
+        assert_eq!(r.status, 200, "good login {i}: {r:?}");
+    }
+    for i in 0..5 {
+        let r = ngx.get("/login/", &[]);
+        assert_eq!(r.status, 401, "failed login {i}: {r:?}");
+    }
+    assert_eq!(ngx.get("/login/", &[]).status, 429);
+    assert_eq!(ngx.get("/login/", &[("X-Pass", "1")]).status, 429);
+}
+
+#[test]
+fn charge_after_failed_logins_only_shm() {
+    failed_logins("rl_zone z size=1m;");
+}
+
+/// A rate from a `map` on the API key: the free plan gets 2, the pro plan
+/// 5, the enterprise plan (an empty rate) no limit; the limit header says
+/// which.
+fn plan_rates(zone: &str) {
+    let ngx = plans(
+        zone,
+        "location / { rl_limit zone=z key=$http_x_api_key rate=$plan_rate algorithm=fixed; }",
+    );
+    for (key, n) in [("free-1", 2), ("pro-1", 5)] {
+        let h = [("X-Api-Key", key)];
+        for i in 0..n {
+            let r = ngx.get("/index.html", &h);
+            assert_eq!(r.status, 200, "{key} request {i}: {r:?}");
+            assert_eq!(r.num("X-RateLimit-Limit"), n, "{r:?}");
+        }
+        assert_eq!(ngx.get("/index.html", &h).status, 429, "{key} beyond {n}");
+    }
+    for i in 0..10 {
+        let r = ngx.get("/index.html", &[("X-Api-Key", "ent-1")]);
+        assert_eq!(r.status, 200, "enterprise request {i}: {r:?}");
+        assert!(r.header("X-RateLimit-Limit").is_none(), "no limit applies: {r:?}");
+    }
+}
+
+#[test]
+fn plan_rate_from_map_shm() {
+    plan_rates("rl_zone z size=1m;");
+}
+
+/// A key whose plan changes keeps what it used: 2 of a burst of 2 at
+/// 2r/h, then upgraded to 5r/h (the same key), 3 more pass, for each
+/// algorithm that a plan can take.
+fn upgrade(zone: &str, alg: &str) {
+    let ngx = plans(
+        zone,
+        &format!(
+            "location / {{ rl_limit zone=z key=$http_x_user rate=$http_x_rate algorithm={alg}; }}"
+        ),
+    );
+    let free = [("X-User", "u"), ("X-Rate", "2r/h")];
+    let pro = [("X-User", "u"), ("X-Rate", "5r/h")];
+    assert_eq!(ngx.get("/index.html", &free).status, 200);
+    assert_eq!(ngx.get("/index.html", &free).status, 200);
+    assert_eq!(ngx.get("/index.html", &free).status, 429, "{alg}: free plan used up");
+    for i in 0..3 {
+        let r = ngx.get("/index.html", &pro);
+        assert_eq!(r.status, 200, "{alg}: upgraded, request {i}: {r:?}");
+    }
+    let r = ngx.get("/index.html", &pro);
+    assert_eq!(r.status, 429, "{alg}: 5 used of the pro plan's 5: {r:?}");
+    // Back to the free plan: nothing left either.
+    assert_eq!(ngx.get("/index.html", &free).status, 429, "{alg}: downgraded");
+}
+
+#[test]
+fn plan_upgrade_keeps_what_was_used_shm() {
+    for alg in ["fixed", "sliding", "token_bucket", "leaky_bucket", "gcra"] {
+        upgrade("rl_zone z size=1m;", alg);
+    }
+}
+
+/// A value that does not parse leaves the line out for the request, and
+/// says so at `error`, once a second per line (and worker) at most.
+#[test]
+fn bad_value_is_logged_and_not_applied() {
+    let ngx = plans(
+        "rl_zone z size=1m;",
+        "location / { rl_limit zone=z rate=$http_x_rate burst=1 name=plan; }",
+    );
+    let bad = [("X-Rate", "lots")];
+    for _ in 0..3 {
+        assert_eq!(ngx.get("/index.html", &bad).status, 200);
+    }
+    let log = ngx.error_log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("[error]") && l.contains("invalid rate")).collect();
+    assert!((1..=WORKERS).contains(&lines.len()), "once a second per worker: {log}");
+    assert!(
+        lines[0].contains("invalid rate \"lots\" from \"$http_x_rate\" in rl_limit \"plan\" of zone \"z\""),
+        "{}",
+        lines[0]
+    );
+    // A good value applies: burst 1.
+    let good = [("X-Rate", "1r/h")];
+    assert_eq!(ngx.get("/index.html", &good).status, 200);
+    assert_eq!(ngx.get("/index.html", &good).status, 429);
+}
+
+/// What `nginx -t` can already tell is wrong.
+#[test]
+fn nginx_t_refusals() {
+    let cases = [
+        (
+            "rl_limit zone=z rate=1r/s burst=$b algorithm=sliding_log;",
+            "a burst from variables is not supported by algorithm \"sliding_log\"",
+        ),
+        ("rl_limit zone=z rate=$r algorithm=sliding_log;", "a burst from variables is not supported"),
+        ("rl_limit zone=z rate=1r/s cost=$c charge=after algorithm=sliding_log;", "\"charge=after\" is not supported by algorithm \"sliding_log\""),
+        ("rl_limit zone=z rate=1r/s cost=$c charge=after queue=5 algorithm=gcra;", "\"charge=after\" cannot be used with \"queue\""),
+        ("rl_limit zone=z rate=1r/s charge=later;", "invalid charge \"later\""),
+        ("rl_limit zone=z rate=1r/x$r;", "invalid rate"),
+    ];
+    for (line, want) in cases {
+        let block = format!("map $http_x $b {{ default 1; }}\nmap $http_x $r {{ default 1r/s; }}\nmap $http_x $c {{ default 1; }}\n{}", server("rl_zone z size=1m;", &format!("location / {{ {line} }}")));
+        let (ok, out) = nginx_t(&block);
+        if want == "invalid rate" {
+            // Text and variables mixed: only a request can tell.
+            assert!(ok, "{line}: {out}");
+            continue;
+        }
+        assert!(!ok, "{line} accepted");
+        assert!(out.contains(want), "{line}: {out}");
+    }
+}
