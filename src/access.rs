@@ -22,9 +22,9 @@ use ngx::ngx_log_debug;
 
 use crate::conf::{LocConf, MainConf};
 use crate::delay;
+use crate::line::Params;
 use crate::metrics;
 use crate::redis_zone::{self, Job, JobLine, RedisError, Reply};
-use crate::line::Params;
 use crate::request::{get_ctx, new_ctx, Ctx, Phase, Verdict};
 use crate::shm::decide::{decide, refund};
 use crate::Module;

@@ -7,8 +7,8 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use core::{mem, ptr};
 
 use ngx::ffi::{
-    ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_get_flushed_variable, ngx_http_request_t, ngx_str_t,
-    ngx_log_t, ngx_time, ngx_uint_t, ngx_variable_value_t, NGX_LOG_ERR,
+    ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_get_flushed_variable, ngx_http_request_t, ngx_log_t,
+    ngx_str_t, ngx_time, ngx_uint_t, ngx_variable_value_t, NGX_LOG_ERR,
 };
 use ngx::ngx_log_error;
 use rl_core::limit::Limit;

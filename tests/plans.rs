@@ -8,6 +8,7 @@ mod common;
 use std::thread;
 use std::time::Duration;
 
+use common::conf_nginx::ConfNginx;
 use common::*;
 
 /// A backend in the same server: `/backend/` answers with the cost of the
@@ -92,10 +93,7 @@ fn charge_after_failed_logins_only_shm() {
 /// 5, the enterprise plan (an empty rate) no limit; the limit header says
 /// which.
 fn plan_rates(zone: &str) {
-    let ngx = plans(
-        zone,
-        "location / { rl_limit zone=z key=$http_x_api_key rate=$plan_rate algorithm=fixed; }",
-    );
+    let ngx = plans(zone, "location / { rl_limit zone=z key=$http_x_api_key rate=$plan_rate algorithm=fixed; }");
     for (key, n) in [("free-1", 2), ("pro-1", 5)] {
         let h = [("X-Api-Key", key)];
         for i in 0..n {
@@ -121,12 +119,8 @@ fn plan_rate_from_map_shm() {
 /// 2r/h, then upgraded to 5r/h (the same key), 3 more pass, for each
 /// algorithm that a plan can take.
 fn upgrade(zone: &str, alg: &str) {
-    let ngx = plans(
-        zone,
-        &format!(
-            "location / {{ rl_limit zone=z key=$http_x_user rate=$http_x_rate algorithm={alg}; }}"
-        ),
-    );
+    let ngx =
+        plans(zone, &format!("location / {{ rl_limit zone=z key=$http_x_user rate=$http_x_rate algorithm={alg}; }}"));
     let free = [("X-User", "u"), ("X-Rate", "2r/h")];
     let pro = [("X-User", "u"), ("X-Rate", "5r/h")];
     assert_eq!(ngx.get("/index.html", &free).status, 200);
@@ -153,10 +147,7 @@ fn plan_upgrade_keeps_what_was_used_shm() {
 /// says so at `error`, once a second per line (and worker) at most.
 #[test]
 fn bad_value_is_logged_and_not_applied() {
-    let ngx = plans(
-        "rl_zone z size=1m;",
-        "location / { rl_limit zone=z rate=$http_x_rate burst=1 name=plan; }",
-    );
+    let ngx = plans("rl_zone z size=1m;", "location / { rl_limit zone=z rate=$http_x_rate burst=1 name=plan; }");
     let bad = [("X-Rate", "lots")];
     for _ in 0..3 {
         assert_eq!(ngx.get("/index.html", &bad).status, 200);
@@ -184,13 +175,22 @@ fn nginx_t_refusals() {
             "a burst from variables is not supported by algorithm \"sliding_log\"",
         ),
         ("rl_limit zone=z rate=$r algorithm=sliding_log;", "a burst from variables is not supported"),
-        ("rl_limit zone=z rate=1r/s cost=$c charge=after algorithm=sliding_log;", "\"charge=after\" is not supported by algorithm \"sliding_log\""),
-        ("rl_limit zone=z rate=1r/s cost=$c charge=after queue=5 algorithm=gcra;", "\"charge=after\" cannot be used with \"queue\""),
+        (
+            "rl_limit zone=z rate=1r/s cost=$c charge=after algorithm=sliding_log;",
+            "\"charge=after\" is not supported by algorithm \"sliding_log\"",
+        ),
+        (
+            "rl_limit zone=z rate=1r/s cost=$c charge=after queue=5 algorithm=gcra;",
+            "\"charge=after\" cannot be used with \"queue\"",
+        ),
         ("rl_limit zone=z rate=1r/s charge=later;", "invalid charge \"later\""),
         ("rl_limit zone=z rate=1r/x$r;", "invalid rate"),
     ];
     for (line, want) in cases {
-        let block = format!("map $http_x $b {{ default 1; }}\nmap $http_x $r {{ default 1r/s; }}\nmap $http_x $c {{ default 1; }}\n{}", server("rl_zone z size=1m;", &format!("location / {{ {line} }}")));
+        let block = format!(
+            "map $http_x $b {{ default 1; }}\nmap $http_x $r {{ default 1r/s; }}\nmap $http_x $c {{ default 1; }}\n{}",
+            server("rl_zone z size=1m;", &format!("location / {{ {line} }}"))
+        );
         let (ok, out) = nginx_t(&block);
         if want == "invalid rate" {
             // Text and variables mixed: only a request can tell.
@@ -200,4 +200,69 @@ fn nginx_t_refusals() {
         assert!(!ok, "{line} accepted");
         assert!(out.contains(want), "{line}: {out}");
     }
+}
+
+// ---------------------------------------------------------------------------
+// The configurations of nginx-conf/ the README's "Plans" section shows, run
+// as they are.
+// ---------------------------------------------------------------------------
+
+/// nginx-conf/usage-plan.conf: the free tier's burst of 50, the pro plan's
+/// 500, no limit for enterprise keys, 401 without a key; the quota line
+/// shows in the draft fields.
+#[test]
+fn usage_plan_conf() {
+    let ngx = ConfNginx::start("usage-plan.conf", &[("api/index.json", "{\"ok\":true}\n")]);
+    assert_eq!(ngx.get("/api/", &[]).status, 401);
+    let free = [("X-Api-Key", "k-free")];
+    let first = ngx.get("/api/", &free);
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.header("RateLimit-Policy"), Some("\"rate\";q=50;w=5, \"quota\";q=10000;w=86400"), "{first:?}");
+    assert_eq!(first.header("X-RateLimit-Limit"), Some("50"), "the line closest to limiting: {first:?}");
+    let rs = ngx.concurrent(60, "/api/", &free);
+    let limited: Vec<&Response> = rs.iter().filter(|r| r.status == 429).collect();
+    // 49 left of the burst; the refill (10 a second) may add a few while they run.
+    assert!((5..=11).contains(&limited.len()), "{:?}", statuses(&rs));
+    assert!(limited[0].body.contains("\"error\":\"Too Many Requests\""), "{:?}", limited[0]);
+    let pro = [("X-Api-Key", "pro-1")];
+    let r = ngx.get("/api/", &pro);
+    assert_eq!((r.status, r.header("X-RateLimit-Limit")), (200, Some("500")), "{r:?}");
+    let r = ngx.get("/api/", &[("X-Api-Key", "ent-1")]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.header("RateLimit").is_none(), "no line applies to an enterprise key: {r:?}");
+}
+
+/// nginx-conf/llm-tokens.conf: 100,000 tokens a day, 30,000 a response:
+/// four responses, then a 429 whose Retry-After is the time to repay the
+/// overdraft down to one token.
+#[test]
+fn llm_tokens_conf() {
+    let ngx = ConfNginx::start("llm-tokens.conf", &[]);
+    let key = [("X-Api-Key", "team-a")];
+    for i in 0..4 {
+        let r = ngx.get("/v1/chat", &key);
+        assert_eq!(r.status, 200, "response {i}: {r:?}");
+    }
+    let r = ngx.get("/v1/chat", &key);
+    assert_eq!(r.status, 429, "{r:?}");
+    // 120,000 used: 20,001 tokens to repay at 100,000 a day.
+    let wait = r.num("Retry-After");
+    let want = (20_001u64 * 86_400).div_ceil(100_000);
+    assert!((want - 2..=want).contains(&wait), "Retry-After {wait}, about {want}: {r:?}");
+    assert_eq!(ngx.get("/v1/chat", &[("X-Api-Key", "team-b")]).status, 200);
+}
+
+/// nginx-conf/failed-login.conf: good logins cost nothing, five failed ones
+/// use up the hour, then every login of the address is refused.
+#[test]
+fn failed_login_conf() {
+    let ngx = ConfNginx::start("failed-login.conf", &[]);
+    for _ in 0..8 {
+        assert_eq!(ngx.get("/login", &[("X-Password", "secret")]).status, 200);
+    }
+    for i in 0..5 {
+        assert_eq!(ngx.get("/login", &[("X-Password", "guess")]).status, 401, "failed login {i}");
+    }
+    assert_eq!(ngx.get("/login", &[("X-Password", "guess")]).status, 429);
+    assert_eq!(ngx.get("/login", &[("X-Password", "secret")]).status, 429);
 }

@@ -91,7 +91,8 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
 
     // Every enforced line admits: charge them all, and each dry-run line
     // that admits, as if it were enforced.
-    let charged = |l: &Line, res: &LineResult| res.active && res.admitted && !l.charge_after && l.backend.shm().is_some();
+    let charged =
+        |l: &Line, res: &LineResult| res.active && res.admitted && !l.charge_after && l.backend.shm().is_some();
     for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| charged(l, res)) {
         let Some(locked) = locks.get_mut(res.lock) else {
             continue;

@@ -651,6 +651,7 @@ pub fn sf_param(r: &Response, header: &str, item: &str, param: &str) -> u64 {
         .unwrap_or_else(|| panic!("no item {item:?} with numeric {param} in {header}: {v}"))
 }
 
+pub mod conf_nginx;
 pub mod redis;
 
 // Shared by the test files.
