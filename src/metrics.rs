@@ -153,6 +153,13 @@ pub fn redis_failed(mcf: &MainConf, ctx: &mut Ctx, zone: usize, allow: bool, e: 
     }
 }
 
+/// A `charge=after` charge of `lines` lines on Redis zone `zone` failed.
+pub fn charge_failed(mcf: &MainConf, zone: usize, lines: usize) {
+    if let Some(Some(row)) = mcf.metrics.layout.redis.get(zone) {
+        row.mine().charge_failures.fetch_add(lines as u64, Ordering::Relaxed);
+    }
+}
+
 /// The kind an error counts as.
 fn error_kind(e: &RedisError) -> usize {
     match e {
@@ -239,6 +246,7 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
                 }
                 add(&mut r.on_error_allowed, &slot.on_error[0]);
                 add(&mut r.on_error_denied, &slot.on_error[1]);
+                add(&mut r.charge_failures, &slot.charge_failures);
                 add(&mut r.connects, &slot.connects);
                 if let Some(master) = slot.master() {
                     r.masters.push(master);

@@ -112,6 +112,8 @@ pub struct RedisZoneSample {
     pub on_error_denied: u64,
     /// Connections opened.
     pub connects: u64,
+    /// `charge=after` charges that failed.
+    pub charge_failures: u64,
     /// For a Sentinel zone: the masters the workers' connections go to
     /// (`host:port`, distinct, sorted).
     pub masters: Vec<String>,
@@ -294,6 +296,15 @@ fn redis_prometheus(zones: &[RedisZoneSample], out: &mut String) {
     }
     family(
         out,
+        "nginx_rl_charge_failures_total",
+        "counter",
+        "Costs of charge=after lines a Redis zone failed to charge (logged, not retried).",
+    );
+    for z in zones {
+        sample(out, "nginx_rl_charge_failures_total", &[("zone", &z.zone)], z.charge_failures);
+    }
+    family(
+        out,
         "nginx_rl_redis_connects_total",
         "counter",
         "Connections opened to a Redis zone (one per worker at its first request; more are reconnects).",
@@ -393,7 +404,7 @@ pub fn json(s: &Snapshot, out: &mut String) {
         json_object(out, ERROR_KINDS.iter().copied().zip(z.errors));
         out.push_str(",\"on_error\":");
         json_object(out, [("allowed", z.on_error_allowed), ("denied", z.on_error_denied)]);
-        let _ = write!(out, ",\"connects\":{},\"masters\":[", z.connects);
+        let _ = write!(out, ",\"charge_failures\":{},\"connects\":{},\"masters\":[", z.charge_failures, z.connects);
         for (i, m) in z.masters.iter().enumerate() {
             if i > 0 {
                 out.push(',');

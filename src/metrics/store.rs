@@ -42,11 +42,13 @@ pub struct RedisSlot {
     /// `on_error` let through, rejected.
     pub on_error: [AtomicU64; 2],
     pub connects: AtomicU64,
+    /// `charge=after` charges that failed (written by the nginx thread).
+    pub charge_failures: AtomicU64,
     /// The Sentinel master, `host:port`, under a sequence lock (odd while
-    /// being written): length, then up to 56 bytes.
+    /// being written): length, then up to 48 bytes.
     master_seq: AtomicU64,
     master_len: AtomicU64,
-    master: [AtomicU64; 7],
+    master: [AtomicU64; 6],
 }
 
 const _: () = assert!(RESULTS.len() <= 8);
