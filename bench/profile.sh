@@ -171,6 +171,8 @@ profile rl rl_sliding_no_headers /sliding_admit_noheaders 0 >>"$TMP/ir.tsv"
 for a in fixed sliding sliding_log token_bucket leaky_bucket gcra; do
     profile rl "rl_$a" "/${a}_admit" 0 >>"$TMP/ir.tsv"
 done
+# A plan's rate from a map, beside the same static line (rl_gcra).
+profile rl rl_gcra_map /gcra_map_admit 0 >>"$TMP/ir.tsv"
 profile rl rl_gcra_reject /gcra_reject 0 >>"$TMP/ir.tsv"
 profile rl rl_sliding_reject /sliding_reject 0 >>"$TMP/ir.tsv"
 profile rl rl_gcra_k1m /gcra_k1m 1000000 >>"$TMP/ir.tsv"
