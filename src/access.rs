@@ -45,6 +45,10 @@ fn access(r: &mut Request) -> Status {
     let (Some(lcf), Some(mcf)) = (Module::location_conf(r), Module::main_conf(r)) else {
         return Status::NGX_DECLINED;
     };
+    // An `rl_quota` location reads its lines in its content handler.
+    if lcf.quota {
+        return Status::NGX_DECLINED;
+    }
     // SAFETY: the request is valid.
     if lcf.lines.is_empty() && unsafe { (*raw).internal() } == 0 {
         return Status::NGX_DECLINED;
@@ -128,7 +132,7 @@ fn access(r: &mut Request) -> Status {
 /// variables; an empty key or value leaves its line inactive, as does a
 /// value that does not parse (logged). `dry_run`: the location's
 /// `rl_dry_run`.
-fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_run: bool) -> Result<(), ()> {
+pub fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_run: bool) -> Result<(), ()> {
     let mut ctx_after = false;
     for (line, res) in ctx.iter_mut(&mcf.lines) {
         res.key = line.eval_key(r)?;
@@ -165,7 +169,7 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
     // SAFETY: the request is valid.
     let log = unsafe { (*(*r).connection).log };
     for (z, zone) in mcf.redis.iter().enumerate() {
-        let mut job = Job { id: 0, zone: z, charge: false, lines: Default::default() };
+        let mut job = Job { id: 0, zone: z, commit: true, charge: false, lines: Default::default() };
         for (line, res) in ctx.on_redis(&mcf.lines, z) {
             let tag = rl_core::redis::tag_of(res.key.as_bytes());
             job.lines.push(JobLine {

@@ -12,13 +12,14 @@
 //! holding the request (see [`crate::redis_zone::charge`]).
 
 use ngx::core::Status;
-use ngx::ffi::{ngx_current_msec, ngx_http_request_t, ngx_log_t, NGX_LOG_ERR};
+use ngx::ffi::{ngx_current_msec, ngx_cycle, ngx_http_request_t, ngx_log_t, NGX_LOG_ERR};
 use ngx::http::{HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 
 use crate::conf::MainConf;
 use crate::line::Line;
-use crate::redis_zone::{self, JobLine};
+use crate::metrics;
+use crate::redis_zone::{self, JobLine, RedisError};
 use crate::request::{get_ctx, Ctx, LineResult, Phase};
 use crate::Module;
 
@@ -77,6 +78,18 @@ fn charge(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &Ctx, log: *mut ngx_l
             redis_zone::charge(log, z, job);
         }
     }
+}
+
+/// A Redis line's charge failed: logged (a few lines a second per zone)
+/// and counted, not retried.
+pub fn on_failed(zone: usize, e: &RedisError) {
+    // SAFETY: in a worker, ngx_cycle is the running cycle, whose log is valid.
+    let Some(cycle) = (unsafe { ngx_cycle.as_ref() }) else { return };
+    let Some(mcf) = Module::main_conf(cycle) else { return };
+    if let Some(z) = mcf.redis.get(zone) {
+        z.failed_doing(cycle.log, e, "the cost of a request is not charged");
+    }
+    metrics::charge_failed(mcf, zone, 1);
 }
 
 /// Charges a shared-memory line, under its zone's lock. A state dropped

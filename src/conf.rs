@@ -79,6 +79,9 @@ pub struct LocConf {
     pub dry_run: Option<bool>,
     /// The level of the "limiting requests" line (`rl_log_level`).
     pub log_level: ngx_uint_t,
+    /// `rl_quota`: the location reads its lines, it does not enforce them
+    /// (not inherited: it is the location's content handler).
+    pub quota: bool,
 }
 
 impl Default for LocConf {
@@ -90,6 +93,7 @@ impl Default for LocConf {
             headers: None,
             dry_run: None,
             log_level: ngx_uint_t::MAX,
+            quota: false,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! - [`redis_zone`]: Redis zones, the worker's I/O thread and its connections;
 //! - [`conf`]: the directives, merged per location and finished;
 //! - [`access`]: the access phase, combining the verdicts all-or-nothing;
+//! - [`quota`]: `rl_quota`, the lines read without charging anything;
 //! - [`headers`]: the response fields;
 //! - [`variables`]: the `$rl_*` variables.
 //!
@@ -21,7 +22,7 @@ use core::sync::atomic::{AtomicBool, Ordering};
 use ngx::core::{Status, NGX_CONF_ERROR};
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_core_main_conf_t, ngx_http_handler_pt,
-    ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_http_phases_NGX_HTTP_LOG_PHASE,
+    ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_http_phases_NGX_HTTP_LOG_PHASE, ngx_http_request_t,
     ngx_http_top_header_filter, ngx_int_t, ngx_module_t, ngx_process, ngx_str_t, ngx_test_config, ngx_uint_t,
     NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF,
     NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_LOG_NOTICE, NGX_PROCESS_MASTER,
@@ -36,6 +37,7 @@ mod delay;
 mod headers;
 mod line;
 mod metrics;
+mod quota;
 mod redis_zone;
 mod request;
 mod shm;
@@ -142,7 +144,7 @@ const FLAG: ngx_uint_t = NGX_CONF_FLAG as ngx_uint_t;
 const MORE: ngx_uint_t = NGX_CONF_1MORE as ngx_uint_t;
 const NOARGS: ngx_uint_t = ngx::ffi::NGX_CONF_NOARGS as ngx_uint_t;
 
-static mut COMMANDS: [ngx_command_t; 8] = [
+static mut COMMANDS: [ngx_command_t; 9] = [
     command(ngx_string!("rl_zone"), NGX_HTTP_MAIN_CONF as ngx_uint_t | MORE, cmd_rl_zone, MAIN),
     command(ngx_string!("rl_limit"), ANY_LEVEL | MORE, cmd_rl_limit, LOC),
     command(ngx_string!("rl_status"), ANY_LEVEL | TAKE1, cmd_rl_status, LOC),
@@ -150,6 +152,7 @@ static mut COMMANDS: [ngx_command_t; 8] = [
     command(ngx_string!("rl_dry_run"), ANY_LEVEL | FLAG, cmd_rl_dry_run, LOC),
     command(ngx_string!("rl_log_level"), ANY_LEVEL | TAKE1, cmd_rl_log_level, LOC),
     command(ngx_string!("rl_metrics"), NGX_HTTP_LOC_CONF as ngx_uint_t | NOARGS, metrics::cmd_rl_metrics, LOC),
+    command(ngx_string!("rl_quota"), NGX_HTTP_LOC_CONF as ngx_uint_t | NOARGS, quota::cmd_rl_quota, LOC),
     ngx_command_t::empty(),
 ];
 
@@ -207,9 +210,27 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
         return Status::NGX_OK.into();
     };
     metrics::init_worker(mcf);
-    match redis_zone::init_worker(cycle, &mcf.redis, access::on_reply, access::on_lost) {
+    match redis_zone::init_worker(cycle, &mcf.redis, on_reply, on_lost, charge::on_failed) {
         Ok(()) => Status::NGX_OK.into(),
         Err(()) => Status::NGX_ERROR.into(),
+    }
+}
+
+/// A Redis reply, for the access phase or an `rl_quota` read.
+fn on_reply(r: *mut ngx_http_request_t, reply: redis_zone::Reply) {
+    if quota::is_quota(r) {
+        quota::on_reply(r, reply);
+    } else {
+        access::on_reply(r, reply);
+    }
+}
+
+/// Redis replies that did not come in time, for either.
+fn on_lost(r: *mut ngx_http_request_t) {
+    if quota::is_quota(r) {
+        quota::on_lost(r);
+    } else {
+        access::on_lost(r);
     }
 }
 

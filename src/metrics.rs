@@ -310,15 +310,15 @@ fn serve(r: &mut Request) -> Status {
         }
         PROMETHEUS_TYPE
     };
-    send(raw, ctype, body.as_bytes())
+    send(raw, 200, ctype, body.as_bytes())
 }
 
-/// Sends a 200 with `body`.
-fn send(r: *mut ngx_http_request_t, ctype: &'static str, body: &[u8]) -> Status {
+/// Sends `status` with `body`, from a content handler.
+pub(crate) fn send(r: *mut ngx_http_request_t, status: usize, ctype: &'static str, body: &[u8]) -> Status {
     // SAFETY: the request is valid in its content handler; the content type is static.
     unsafe {
         let h = &mut (*r).headers_out;
-        h.status = 200;
+        h.status = status;
         h.content_length_n = body.len() as i64;
         h.content_type = ngx_str_t { len: ctype.len(), data: ctype.as_ptr() as *mut u8 };
         h.content_type_len = ctype.len();

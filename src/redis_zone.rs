@@ -60,6 +60,11 @@ impl RedisZone {
 
     /// Counts a failure and logs it, a few lines per second at most.
     pub fn failed(&self, log: *mut ngx_log_t, e: &RedisError) {
+        self.failed_doing(log, e, if self.on_error_allow { "allowing request" } else { "denying request" });
+    }
+
+    /// [`RedisZone::failed`], saying what is done instead (`action`).
+    pub fn failed_doing(&self, log: *mut ngx_log_t, e: &RedisError, action: &str) {
         self.errors.set(self.errors.get() + 1);
         let now = ngx_time() as i64;
         if self.log_second.get() != now {
@@ -68,12 +73,11 @@ impl RedisZone {
         }
         if self.log_count.get() < LOG_PER_SECOND {
             self.log_count.set(self.log_count.get() + 1);
-            let action = if self.on_error_allow { "allowing" } else { "denying" };
             let e = Shown(e, self.spec.timeout);
             ngx_log_error!(
                 NGX_LOG_ERR,
                 log,
-                "rl_zone \"{}\" redis {} failed: {}, {} request ({} errors so far)",
+                "rl_zone \"{}\" redis {} failed: {}, {} ({} errors so far)",
                 self.name,
                 self.shown,
                 e,
@@ -170,6 +174,12 @@ pub struct ZoneSpec {
 pub struct Job {
     pub id: u64,
     pub zone: usize,
+    /// Charge the lines (a request), or only read them (an `rl_quota`
+    /// read: the script's check-only mode, which writes nothing). Jobs of
+    /// the two kinds never share a script call.
+    pub commit: bool,
+    /// A `charge=after` job: its lines are charged in full, no request
+    /// waits for it (never with a read).
     pub charge: bool,
     /// Inline up to two lines: no allocation for the usual request.
     pub lines: SmallVec<[JobLine; 2]>,

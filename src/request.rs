@@ -169,7 +169,8 @@ pub struct Ctx {
     n: usize,
     pub phase: Phase,
     pub rejected: bool,
-    /// A Redis zone with `on_error=deny` failed.
+    /// A Redis zone with `on_error=deny` failed (for an `rl_quota` read,
+    /// any zone failed: it answers 503).
     pub denied_by_error: bool,
     /// When the request has Redis lines, the verdict of its shared-memory
     /// lines, taken (and charged, if they admit) before Redis is asked:

@@ -109,5 +109,7 @@ fn json_has_the_same_numbers() {
     assert!(out.contains(r#""limit":{"rate":0.16666666666666666,"burst":5}"#));
     assert!(out.contains(r#""evictions":{"idle":8,"limited":9}"#));
     assert!(out.contains(r#""0.001":2"#) && out.contains(r#""+Inf":3},"sum":2.00075,"count":3}"#), "{out}");
-    assert!(out.contains(r#""on_error":{"allowed":5,"denied":6},"charge_failures":3,"connects":2,"masters":["127.0.0.1:6380"]"#));
+    assert!(out.contains(
+        r#""on_error":{"allowed":5,"denied":6},"charge_failures":3,"connects":2,"masters":["127.0.0.1:6380"]"#
+    ));
 }

@@ -26,11 +26,12 @@ impl ZoneConn {
         &self,
         code: &Code,
         jobs: &[Job],
+        commit: bool,
         deadline: Instant,
         until: Instant,
     ) -> Vec<Result<RequestReply, RedisError>> {
         let (groups, singles) = by_slot(jobs, &self.spec.prefix);
-        let batches = groups.iter().map(|g| self.run_batch(code, g.iter().map(|&i| &jobs[i]), deadline, until));
+        let batches = groups.iter().map(|g| self.run_batch(code, g.iter().map(|&i| &jobs[i]), commit, deadline, until));
         let each = singles.iter().map(|&i| {
             let job = &jobs[i];
             self.retrying(deadline, move |conn| self.run_job(conn, code, job, until))
@@ -53,13 +54,14 @@ impl ZoneConn {
     }
 
     /// One job on a cluster: one script call when its lines share a slot;
-    /// else the lines are checked first, then committed, group by group.
+    /// else the lines are checked first, then committed, group by group
+    /// (only checked, for a job that does not commit).
     async fn run_job(&self, conn: Conn, code: &Code, job: &Job, until: Instant) -> Result<RequestReply, RedisError> {
         let prefix = &self.spec.prefix;
         let via = self.via(code, until);
         let tags: Vec<u64> = job.lines.iter().map(|l| l.tag).collect();
         let Some(groups) = groups(&tags) else {
-            return call_one(conn, via, prefix, &job.lines, true).await;
+            return call_one(conn, via, prefix, &job.lines, job.commit).await;
         };
         let mut lines: Lines = smallvec::smallvec![Outcome::default(); job.lines.len()];
         let mut all = true;
@@ -76,7 +78,7 @@ impl ZoneConn {
                     lines[*i] = l;
                 }
             }
-            if !all {
+            if !all || !job.commit {
                 break;
             }
         }

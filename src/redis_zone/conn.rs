@@ -363,16 +363,18 @@ impl ZoneConn {
     /// see [`ZoneConn::run_cluster`]). `deadline` is when their requests are
     /// answered by the timeout: no new attempt starts after it; Redis must
     /// not run the calls after `until`.
+    /// `commit`: the jobs' [`Job::commit`], the same for all of them.
     pub async fn run(
         &self,
         code: &Code,
         jobs: &[Job],
+        commit: bool,
         deadline: Instant,
         until: Instant,
     ) -> Vec<Result<RequestReply, RedisError>> {
         match self.spec.target {
-            Target::Cluster(_) => self.run_cluster(code, jobs, deadline, until).await,
-            _ => self.run_batch(code, jobs.iter(), deadline, until).await,
+            Target::Cluster(_) => self.run_cluster(code, jobs, commit, deadline, until).await,
+            _ => self.run_batch(code, jobs.iter(), commit, deadline, until).await,
         }
     }
 
@@ -386,12 +388,13 @@ impl ZoneConn {
         &self,
         code: &Code,
         jobs: impl Iterator<Item = &'a Job>,
+        commit: bool,
         deadline: Instant,
         until: Instant,
     ) -> Vec<Result<RequestReply, RedisError>> {
         let requests: Vec<&[JobLine]> = jobs.map(|j| j.lines.as_slice()).collect();
         let via = self.via(code, until);
-        match self.retrying(deadline, |conn| call(conn, via, &self.spec.prefix, &requests, true)).await {
+        match self.retrying(deadline, |conn| call(conn, via, &self.spec.prefix, &requests, commit)).await {
             Ok(replies) => replies.into_iter().map(Ok).collect(),
             Err(e) => requests.iter().map(|_| Err(e.clone())).collect(),
         }

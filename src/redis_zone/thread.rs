@@ -113,21 +113,25 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
                 }
                 by_zone[job.zone].push(job);
             }
-            for (z, mut jobs) in by_zone.into_iter().enumerate() {
-                while !jobs.is_empty() {
-                    let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
-                    let zc = conns[z].clone();
-                    if zc.waiting.load(Ordering::Relaxed) + jobs.len() > MAX_WAITING {
-                        shared.push(jobs.iter().map(|job| Reply {
-                            id: job.id,
-                            zone: job.zone,
-                            result: Err(RedisError::Overloaded),
-                        }));
-                    } else {
-                        zc.waiting.fetch_add(jobs.len(), Ordering::Relaxed);
-                        tokio::spawn(serve(zc, code.clone(), shared.clone(), jobs));
+            for (z, jobs) in by_zone.into_iter().enumerate() {
+                // Charges and reads (`rl_quota`) go in calls of their own.
+                let (charges, reads): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.commit);
+                for (mut jobs, commit) in [(charges, true), (reads, false)] {
+                    while !jobs.is_empty() {
+                        let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
+                        let zc = conns[z].clone();
+                        if zc.waiting.load(Ordering::Relaxed) + jobs.len() > MAX_WAITING {
+                            shared.push(jobs.iter().map(|job| Reply {
+                                id: job.id,
+                                zone: job.zone,
+                                result: Err(RedisError::Overloaded),
+                            }));
+                        } else {
+                            zc.waiting.fetch_add(jobs.len(), Ordering::Relaxed);
+                            tokio::spawn(serve(zc, code.clone(), shared.clone(), jobs, commit));
+                        }
+                        jobs = rest;
                     }
-                    jobs = rest;
                 }
             }
         }
@@ -137,20 +141,21 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
 /// Runs one script call for `jobs` and answers them, by the zone's timeout
 /// at the latest. The call itself goes on after the timeout (the requests
 /// still count as waiting) until Redis answers it or its connection is
-/// given up; it only ends sooner if the worker exits.
-async fn serve(zc: Arc<ZoneConn>, code: Arc<Code>, shared: Arc<Shared>, jobs: Vec<Job>) {
+/// given up; it only ends sooner if the worker exits. `commit`: the jobs'
+/// [`Job::commit`]; reads (`rl_quota`) are left out of the metrics.
+async fn serve(zc: Arc<ZoneConn>, code: Arc<Code>, shared: Arc<Shared>, jobs: Vec<Job>, commit: bool) {
     let _waiting = Waiting(&zc.waiting, jobs.len());
     let started = Instant::now();
     let deadline = started + zc.spec.timeout;
     let counted = |zc: &ZoneConn| {
-        if let Some(m) = zc.metrics {
+        if let Some(m) = zc.metrics.filter(|_| commit) {
             m.call(jobs.len(), started.elapsed().as_micros().min(u128::from(u64::MAX)) as u64);
         }
     };
     // Redis must not run the call after `until`; nginx waits a little
     // longer (until `deadline`), for the reply.
     let until = script_deadline(zc.spec.timeout);
-    let work = zc.run(&code, &jobs, deadline, until);
+    let work = zc.run(&code, &jobs, commit, deadline, until);
     tokio::pin!(work);
     let results = match tokio::time::timeout(zc.spec.timeout, &mut work).await {
         Ok(results) => results,

@@ -19,7 +19,7 @@ use ngx::ngx_log_error;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use super::thread::{self, Shared};
-use super::{Job, RedisZone, Reply, ZoneSpec};
+use super::{Job, RedisError, RedisZone, Reply, ZoneSpec};
 
 /// What a worker keeps while it has Redis zones.
 struct Worker {
@@ -38,11 +38,17 @@ struct Worker {
     on_reply: fn(*mut ngx_http_request_t, Reply),
     /// Called for a request whose replies did not come in time.
     on_lost: fn(*mut ngx_http_request_t),
+    /// Called for each line of a `charge=after` charge that failed, with
+    /// the zone and why.
+    on_charge_failed: fn(usize, &RedisError),
     /// How long a suspended request waits at most (the longest zone timeout
     /// plus a margin): a backstop should the I/O thread not answer, and a
     /// timer that keeps a gracefully exiting worker alive while requests wait.
     backstop_ms: u64,
 }
+
+/// The id of a charge job, and of its replies (requests' ids start at 1).
+pub const CHARGE_ID: u64 = 0;
 
 /// Added to the longest zone timeout for the nginx-side backstop timer.
 const BACKSTOP_MARGIN_MS: u64 = 500;
@@ -80,6 +86,7 @@ pub fn init_worker(
     zones: &[Box<RedisZone>],
     on_reply: fn(*mut ngx_http_request_t, Reply),
     on_lost: fn(*mut ngx_http_request_t),
+    on_charge_failed: fn(usize, &RedisError),
 ) -> Result<(), ()> {
     if zones.is_empty() {
         return Ok(());
@@ -134,6 +141,7 @@ pub fn init_worker(
             thread,
             pending: HashMap::new(),
             next_id: 1,
+            on_charge_failed,
             on_reply,
             on_lost,
             backstop_ms: zones.iter().map(|z| z.spec.timeout.as_millis() as u64).max().unwrap_or(0)
@@ -214,7 +222,7 @@ pub fn charge(log: *mut ngx_log_t, zone: usize, line: super::JobLine) {
             None => {
                 let mut lines = smallvec::SmallVec::new();
                 lines.push(line);
-                w.outbox.push(Job { id: 0, zone, charge: true, lines });
+                w.outbox.push(Job { id: CHARGE_ID, zone, commit: true, charge: true, lines });
             }
         }
         if w.flush_ev.posted() == 0 {
@@ -338,6 +346,13 @@ extern "C" fn on_notify(ev: *mut ngx_event_t) {
         }
     }
     for reply in replies {
+        // Id 0: a charge (request ids start at 1), answered only when it failed.
+        if reply.id == CHARGE_ID {
+            if let (Some(on_failed), Err(e)) = (with_worker(log, |w| w.on_charge_failed), &reply.result) {
+                on_failed(reply.zone, e);
+            }
+            continue;
+        }
         if let Some(r) = with_worker(log, |w| w.pending.remove(&reply.id)).flatten() {
             on_reply(r, reply);
         }

@@ -1,0 +1,224 @@
+//! `rl_quota`: a location that reads its lines' budgets without charging
+//! them. A budget spent in one location is read, exactly, from the quota
+//! location, twice (nothing charged by the first read), on shared memory
+//! and on Redis; the response fields are the lines'; inactive lines are
+//! left out and dry-run lines marked; a Redis zone that is down answers
+//! 503; other methods 405; `rl_metrics` does not count the reads.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::redis::{Cluster, Redis};
+use common::*;
+
+/// The lines of the location, the same in `/api/` and `/quota`: a daily
+/// budget of 10 per API key, a per-user line (inactive without `X-User`),
+/// and a dry-run line. Day windows: a test does not cross one.
+fn lines(zone: &str) -> String {
+    format!(
+        "rl_limit zone={zone} key=$http_x_api_key rate=10r/d burst=10 algorithm=fixed name=api;\n\
+         rl_limit zone={zone} key=$http_x_user rate=5r/d burst=5 algorithm=fixed name=user;\n\
+         rl_limit zone={zone} key=$http_x_api_key rate=100r/d burst=100 algorithm=fixed name=shadow dry_run;"
+    )
+}
+
+fn conf(zones: &str, zone: &str) -> String {
+    let l = lines(zone);
+    server(
+        zones,
+        &format!(
+            "rl_headers both;\n\
+             location /api/ {{ {l} }}\n\
+             location = /quota {{ rl_quota; {l} }}\n\
+             location = /metrics {{ rl_metrics; }}"
+        ),
+    )
+}
+
+fn start(zones: &str, zone: &str) -> Nginx {
+    Nginx::setup(&conf(zones, zone)).file("html/api/index.html", "ok\n").start()
+}
+
+/// A quota body as `name -> field -> value` (checked by Python's json:
+/// the fields, their types, nothing else).
+fn parse(body: &str) -> BTreeMap<String, BTreeMap<String, String>> {
+    let script = "import json, sys\n\
+                  d = json.load(sys.stdin)\n\
+                  assert list(d) == ['lines'], d\n\
+                  for l in d['lines']:\n\
+                  \x20   assert set(l) - {'dry_run'} == {'name', 'zone', 'limit', 'remaining', 'reset', 'policy'}, l\n\
+                  \x20   assert all(type(l[k]) is int for k in ('limit', 'remaining', 'reset')), l\n\
+                  \x20   assert l.get('dry_run', True) is True, l\n\
+                  \x20   for k, v in l.items(): print('%s\\t%s\\t%s' % (l['name'], k, v))\n";
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot run /usr/bin/python3");
+    child.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "not the JSON expected: {body:?}\n{}", String::from_utf8_lossy(&out.stderr));
+    let mut m: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let f: Vec<&str> = l.split('\t').collect();
+        m.entry(f[0].to_string()).or_default().insert(f[1].to_string(), f[2].to_string());
+    }
+    m
+}
+
+fn field<'a>(q: &'a BTreeMap<String, BTreeMap<String, String>>, line: &str, f: &str) -> &'a str {
+    q.get(line).and_then(|l| l.get(f)).unwrap_or_else(|| panic!("no {f} for line {line} in {q:?}"))
+}
+
+/// Metrics text without the connection counters (a read may be the first
+/// Redis call of a worker: it opens the worker's connection).
+fn metrics(ngx: &Nginx) -> String {
+    let r = ngx.get("/metrics", &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    r.body.lines().filter(|l| !l.starts_with("nginx_rl_redis_connects_total")).collect::<Vec<_>>().join("\n")
+}
+
+/// Spends 3 of key k1's 10 in `/api/`, reads `/quota` twice: 7 both times,
+/// the same fields `/api/`'s last response sent; the `user` line (no
+/// `X-User`) left out, `shadow` marked dry-run; an unused key reads its
+/// full budget and is not charged by the read; no metric moves.
+fn spend_then_read(ngx: &Nginx, zone: &str) {
+    let k1 = [("X-Api-Key", "k1")];
+    let mut last = None;
+    for i in 0..3 {
+        let r = ngx.get("/api/", &k1);
+        assert_eq!(r.status, 200, "request {i}: {r:?}");
+        last = Some(r);
+    }
+    let last = last.unwrap();
+    assert_eq!(last.num("X-RateLimit-Remaining"), 7, "{last:?}");
+    let before = metrics(ngx);
+    for read in 0..2 {
+        let r = ngx.get("/quota", &k1);
+        assert_eq!(r.status, 200, "read {read}: {r:?}");
+        assert_eq!(r.header("Content-Type"), Some("application/json"), "{r:?}");
+        let q = parse(&r.body);
+        assert_eq!(q.keys().collect::<Vec<_>>(), ["api", "shadow"], "read {read}: {}", r.body);
+        assert_eq!(field(&q, "api", "zone"), zone);
+        assert_eq!(field(&q, "api", "limit"), "10");
+        assert_eq!(field(&q, "api", "remaining"), "7", "read {read}: {}", r.body);
+        assert_eq!(field(&q, "api", "policy"), "q=10;w=86400");
+        let reset: u64 = field(&q, "api", "reset").parse().unwrap();
+        assert!((1..=86400).contains(&reset), "{}", r.body);
+        assert_eq!(field(&q, "shadow", "remaining"), "97", "read {read}: {}", r.body);
+        assert_eq!(field(&q, "shadow", "dry_run"), "True");
+        assert!(!q["api"].contains_key("dry_run"), "{}", r.body);
+        // The fields /api/ sent, but for the reset, which counts down.
+        for h in ["X-RateLimit-Limit", "X-RateLimit-Remaining", "RateLimit-Policy"] {
+            assert_eq!(r.header(h), last.header(h), "{h}: {r:?}");
+        }
+        assert_eq!(r.header("RateLimit"), Some(format!("\"api\";r=7;t={reset}").as_str()), "{r:?}");
+        // (nginx's clock and ours may be a second apart)
+        assert!(r.num("X-RateLimit-Reset").abs_diff(unix_now() + reset) <= 2, "{r:?}");
+    }
+    // An unused key: its full budget, and the read charged nothing.
+    let k2 = [("X-Api-Key", "k2")];
+    let q = parse(&ngx.get("/quota", &k2).body);
+    assert_eq!((field(&q, "api", "remaining"), field(&q, "api", "reset")), ("10", "0"));
+    assert_eq!(metrics(ngx), before, "quota reads are not counted");
+    assert_eq!(ngx.get("/api/", &k2).num("X-RateLimit-Remaining"), 9);
+    // Without a key every line is inactive.
+    let r = ngx.get("/quota", &[]);
+    assert_eq!((r.status, r.body.as_str()), (200, "{\"lines\":[]}\n"), "{r:?}");
+    assert!(!r.has_header_prefix("X-RateLimit") && !r.has_header_prefix("RateLimit"), "{r:?}");
+}
+
+#[test]
+fn shared_memory_budget_read_twice() {
+    let ngx = start("rl_zone z size=1m;", "z");
+    spend_then_read(&ngx, "z");
+}
+
+#[test]
+fn redis_budget_read_twice() {
+    let redis = Redis::start();
+    let ngx = start(&format!("rl_zone r redis={} on_error=allow;", redis.url()), "r");
+    spend_then_read(&ngx, "r");
+    // The reads wrote nothing: k1's and k2's states, of the api and shadow lines.
+    assert_eq!(redis.keys("*").len(), 4, "{:?}", redis.keys("*"));
+}
+
+/// A Redis Cluster, a request of two lines on two keys (most likely two
+/// slots: read slot by slot, checked only): what the requests left, twice,
+/// and nothing written.
+#[test]
+fn cluster_two_slots_read_twice() {
+    let cluster = Cluster::start(3);
+    let l = "rl_limit zone=c key=$http_x_user rate=5r/d burst=5 algorithm=fixed name=user;\n\
+             rl_limit zone=c key=$http_x_team rate=3r/d burst=3 algorithm=fixed name=team;";
+    let body = format!("location /api/ {{ {l} }}\nlocation = /quota {{ rl_quota; {l} }}");
+    let ngx = Nginx::setup(&server(&format!("rl_zone c redis={} timeout=1s;", cluster.url()), &body))
+        .file("html/api/index.html", "ok\n")
+        .start();
+    let who = [("X-User", "u1"), ("X-Team", "t1")];
+    for _ in 0..2 {
+        assert_eq!(ngx.get("/api/", &who).status, 200);
+    }
+    let keys = cluster.keys("rl:*");
+    for read in 0..2 {
+        let r = ngx.get("/quota", &who);
+        assert_eq!(r.status, 200, "read {read}: {r:?}");
+        let q = parse(&r.body);
+        assert_eq!((field(&q, "user", "remaining"), field(&q, "team", "remaining")), ("3", "1"), "{}", r.body);
+    }
+    let r = ngx.get("/quota", &[("X-User", "u2"), ("X-Team", "t2")]);
+    let q = parse(&r.body);
+    assert_eq!((field(&q, "user", "remaining"), field(&q, "team", "remaining")), ("5", "3"), "{}", r.body);
+    assert_eq!(cluster.keys("rl:*"), keys, "a read wrote nothing");
+}
+
+/// A Redis zone that is down: 503 with a JSON body, whatever `on_error`
+/// says, logged with the zone's name; no rate-limit fields.
+#[test]
+fn redis_down_is_503() {
+    let mut redis = Redis::start();
+    let ngx = start(&format!("rl_zone r redis={} on_error=allow timeout=200ms;", redis.url()), "r");
+    assert_eq!(ngx.get("/quota", &[("X-Api-Key", "k1")]).status, 200);
+    redis.stop();
+    let r = ngx.get("/quota", &[("X-Api-Key", "k1")]);
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.header("Content-Type"), Some("application/json"), "{r:?}");
+    assert!(r.body.starts_with("{\"error\":"), "{r:?}");
+    assert!(!r.has_header_prefix("X-RateLimit") && !r.has_header_prefix("RateLimit"), "{r:?}");
+    let log = ngx.error_log();
+    assert!(
+        log.lines().any(|l| l.contains("rl_zone \"r\" redis ") && l.contains("answering 503 to the quota read")),
+        "{log}"
+    );
+    // /api/ still follows on_error=allow.
+    assert_eq!(ngx.get("/api/", &[("X-Api-Key", "k1")]).status, 200);
+}
+
+/// POST is 405; HEAD has the fields and no body.
+#[test]
+fn other_methods_get_405() {
+    let ngx = start("rl_zone z size=1m;", "z");
+    let exchange = |req: &[u8]| {
+        let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, ngx.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(req).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    };
+    let out = exchange(
+        b"POST /quota HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nContent-Length: 2\r\nConnection: close\r\n\r\nab",
+    );
+    assert!(out.starts_with("HTTP/1.1 405"), "{out}");
+    let out = exchange(b"HEAD /quota HTTP/1.1\r\nHost: x\r\nX-Api-Key: k1\r\nConnection: close\r\n\r\n");
+    assert!(out.starts_with("HTTP/1.1 200") && out.contains("Content-Type: application/json"), "{out}");
+    assert!(out.contains("X-RateLimit-Remaining: 10\r\n") && out.ends_with("\r\n\r\n"), "{out}");
+    assert_eq!(ngx.get("/api/", &[("X-Api-Key", "k1")]).num("X-RateLimit-Remaining"), 9);
+}
