@@ -110,9 +110,9 @@ fn precontent(r: &mut Request) -> Status {
     let ctx = match (ctx.stage, ctx.phase) {
         (Stage::BeforeAuth, Phase::Decided) => {
             ctx.stage = Stage::AfterAuth;
-            // The context's lines are this location's unless an internal redirect came between
-            // the stages: only a rejection does (access control's, with `error_page`), and a
-            // rejected request is not charged by the lines after authentication.
+            // After an internal redirect, the context's lines are those of the location the
+            // request left: limited there already, or turned away there by access control (and
+            // sent here by `error_page`), which the lines after authentication never charge.
             if !lcf.after_auth || ctx.rejected || ctx.redirected {
                 return Status::NGX_DECLINED;
             }

@@ -264,6 +264,31 @@ fn redis_after_auth() {
     assert_eq!(log.matches("limiting requests, excess: 1.000 by zone \"r\"").count(), 1, "{log}");
 }
 
+/// Each line is counted once in `rl_metrics`, by the stage that decided
+/// it; a line of a stage never reached is not counted.
+#[test]
+fn metrics_count_each_stage_once() {
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        "location = /a.html { rl_limit zone=z rate=3r/m name=ip; \
+         rl_limit zone=z key=$http_x_plan rate=1r/m name=plan after_auth; }\n\
+         location = /metrics { rl_metrics; }",
+    ));
+    let plan = |p: &'static str| [("X-Plan", p)];
+    let got: Vec<u16> = ["p", "p", "q", "r"].iter().map(|p| status_of(&ngx, "/a.html", &plan(p))).collect();
+    assert_eq!(got, [200, 429, 200, 429]);
+    let text = ngx.get("/metrics", &[]).body;
+    let count = |line: &str, result: &str| -> u64 {
+        text.lines()
+            .filter(|l| l.starts_with("nginx_rl_requests_total{"))
+            .filter(|l| l.contains(&format!("line=\"{line}\"")) && l.contains(&format!("result=\"{result}\"")))
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<u64>().ok()))
+            .sum()
+    };
+    let got = [count("ip", "passed"), count("ip", "rejected"), count("plan", "passed"), count("plan", "rejected")];
+    assert_eq!(got, [3, 1, 2, 1], "ip passed, rejected; plan passed, rejected:\n{text}");
+}
+
 /// Delays (`queue=`) in either stage: a request delayed before
 /// authentication goes on to the lines after it when it wakes; one the
 /// lines after authentication delay waits there.
