@@ -378,6 +378,12 @@ fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
     }
     let excess = res.outcome().excess_milli(&line.limit, line.cost);
     let zone = ngx_str_t { len: line.zone_name.len(), data: line.zone_name.as_ptr().cast_mut() };
+    // nginx appends " while <action>" before ", client: ..."; after an `auth_request`
+    // subrequest the connection's action is left at "sending to client", which would keep
+    // fail2ban's filter from matching a line after authentication: none for this line, as in
+    // the pre-access phase.
+    // SAFETY: the request's log is valid; the action is a static string or null.
+    let action = unsafe { core::mem::replace(&mut (*log).action, core::ptr::null_mut()) };
     // SAFETY: the format's conversions take, in order, a NUL-terminated string (%s), two
     // ngx_uint_t (%ui) and a pointer to an ngx_str_t (%V), all valid for the call.
     unsafe {
@@ -392,6 +398,8 @@ fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
             &zone as *const ngx_str_t,
         )
     };
+    // SAFETY: as above.
+    unsafe { (*log).action = action };
 }
 
 /// `limit_req`'s formats, word for word (the comma before "by zone" too).

@@ -224,8 +224,9 @@ fn mixed_stages() {
     assert_eq!((sf_param(&r, "RateLimit", "ip", "r"), sf_param(&r, "RateLimit", "plan", "r")), (1, 0), "{r:?}");
     assert_eq!(r.num("X-RateLimit-Remaining"), 0, "the rejecting line's: {r:?}");
     assert!(r.num("Retry-After") >= 1, "{r:?}");
+    // In limit_req's form, which fail2ban's filter reads: the client right after the zone.
     let log = ngx.error_log();
-    assert_eq!(log.matches("limiting requests, excess: 1.000 by zone \"z\"").count(), 1, "{log}");
+    assert_eq!(log.matches("limiting requests, excess: 1.000 by zone \"z\", client: 127.0.0.1,").count(), 1, "{log}");
 
     let r = ngx.get("/a.html", &token("basic"));
     assert_eq!(r.status, 200, "{r:?}");
