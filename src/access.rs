@@ -1,42 +1,60 @@
-//! The access phase: evaluates every `rl_limit` line of the location for the
-//! request, all-or-nothing, and remembers the outcome for the response
-//! headers.
+//! Where the lines are decided, in two stages ([`Stage`]): the lines before
+//! authentication in the pre-access phase, where `limit_req` decides (no
+//! access handler, allowing under `satisfy any`, can skip them), and the
+//! `after_auth` lines at the start of the pre-content phase, the first
+//! point every request the access phase allowed goes through. Each stage
+//! is decided all-or-nothing over its own lines, and remembered for the
+//! response headers; a request rejected in the first stage never reaches
+//! the second, one rejected in the second keeps the first's charges.
 //!
-//! Shared-memory lines are decided on the spot, under their zones' locks.
-//! When the location also has Redis lines, the shared-memory lines are
-//! decided and charged first (if they reject, Redis is not asked), the Redis
-//! lines go to the I/O thread in one script call per zone, the request is
-//! suspended, and when the replies are in it is resumed here: if Redis
-//! rejected (or failed with `on_error=deny`), the shared-memory charges are
-//! refunded. A request is so never admitted beyond a shared-memory limit,
-//! nor rejected yet charged in Redis for it; while Redis decides, its
-//! shared-memory units are taken.
+//! Within a stage, shared-memory lines are decided on the spot, under their
+//! zones' locks. When the stage also has Redis lines, the shared-memory
+//! lines are decided and charged first (if they reject, Redis is not
+//! asked), the Redis lines go to the I/O thread in one script call per
+//! zone, the request is suspended, and when the replies are in it is
+//! resumed in the same phase handler: if Redis rejected (or failed with
+//! `on_error=deny`), the stage's shared-memory charges are refunded. A
+//! request is so never admitted beyond a shared-memory limit, nor rejected
+//! yet charged in Redis for it; while Redis decides, its shared-memory
+//! units are taken.
 
 use core::ffi::CStr;
 
 use ngx::core::Status;
-use ngx::ffi::{ngx_http_request_t, ngx_log_error_core, ngx_log_t, ngx_str_t, ngx_uint_t};
+use ngx::ffi::{ngx_http_handler_pt, ngx_http_request_t, ngx_log_error_core, ngx_log_t, ngx_str_t, ngx_uint_t};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::log::DebugMask;
 use ngx::ngx_log_debug;
 
 use crate::conf::{LocConf, MainConf};
 use crate::delay;
-use crate::line::Params;
+use crate::line::{Params, Stage};
 use crate::metrics;
 use crate::redis_zone::{self, Job, JobLine, RedisError, Reply};
 use crate::request::{get_ctx, new_ctx, Ctx, Phase, Verdict};
 use crate::shm::decide::{decide, refund};
 use crate::Module;
 
-ngx::http_request_handler!(access_handler, access);
+ngx::http_request_handler!(preaccess_handler, preaccess);
+ngx::http_request_handler!(precontent_handler, precontent);
 
-/// The access-phase handler, for registration in postconfiguration.
-pub fn access_handler_pt() -> ngx::ffi::ngx_http_handler_pt {
-    Some(access_handler)
+/// The handler of the lines before authentication, for registration in
+/// the pre-access phase.
+pub fn preaccess_handler_pt() -> ngx_http_handler_pt {
+    Some(preaccess_handler)
 }
 
-fn access(r: &mut Request) -> Status {
+/// The handler of the `after_auth` lines, for registration in the
+/// pre-content phase.
+pub fn precontent_handler_pt() -> ngx_http_handler_pt {
+    Some(precontent_handler)
+}
+
+/// The first stage. The request's context is made here, for every
+/// location with lines (`after_auth` ones only, too): the first location
+/// with lines a request reaches is the one that limits it, once, whatever
+/// internal redirects follow.
+fn preaccess(r: &mut Request) -> Status {
     let raw: *mut ngx_http_request_t = (&mut *r).into();
     // SAFETY: the request is valid during the phase handler.
     if unsafe { (*raw).main } != raw {
@@ -54,42 +72,105 @@ fn access(r: &mut Request) -> Status {
         return Status::NGX_DECLINED;
     }
     let ctx = match get_ctx(r) {
-        Some(ctx) => match ctx.phase {
+        Some(ctx) if ctx.stage == Stage::BeforeAuth => match ctx.phase {
             Phase::Decided => return Status::NGX_DECLINED,
             Phase::Waiting(_) | Phase::Delayed => return Status::NGX_AGAIN,
             Phase::Replied => ctx,
         },
+        // Both stages were decided, in an earlier pass.
+        Some(_) => return Status::NGX_DECLINED,
         None if lcf.lines.is_empty() => return Status::NGX_DECLINED,
         None => {
             let Some(ctx) = new_ctx(r, &lcf.lines, lcf.headers()) else {
                 return Status(500);
             };
-            if eval_keys(raw, mcf, ctx, lcf.dry_run()).is_err() {
-                return Status(500);
-            }
-            if lcf.has_redis && ctx.iter(&mcf.lines).any(|(l, res)| res.active && l.backend.redis().is_some()) {
-                // Nothing goes to Redis if shared memory rejects.
-                let charged = decide(&mcf.zones, &mcf.lines, ctx, r.log());
-                ctx.reserved = Some(charged);
-                if charged {
-                    if let Some(n) = submit_redis(raw, mcf, ctx) {
-                        ctx.phase = Phase::Waiting(n);
-                        redis_zone::suspend(raw);
-                        return Status::NGX_AGAIN;
-                    }
-                } else {
-                    for z in 0..mcf.redis.len() {
-                        redis_failed(mcf, ctx, z, true);
-                    }
-                }
+            if let Some(status) = start(raw, lcf, mcf, ctx) {
+                return status;
             }
             ctx
         }
     };
+    finish(r, lcf, mcf, ctx)
+}
+
+/// The second stage, once access control has allowed the request.
+fn precontent(r: &mut Request) -> Status {
+    let raw: *mut ngx_http_request_t = (&mut *r).into();
+    // SAFETY: the request is valid during the phase handler.
+    if unsafe { (*raw).main } != raw {
+        return Status::NGX_DECLINED;
+    }
+    let (Some(lcf), Some(mcf)) = (Module::location_conf(r), Module::main_conf(r)) else {
+        return Status::NGX_DECLINED;
+    };
+    // SAFETY: the request is valid.
+    if !lcf.after_auth && unsafe { (*raw).internal() } == 0 {
+        return Status::NGX_DECLINED;
+    }
+    // No context: the location had no lines when the request reached its pre-access phase.
+    let Some(ctx) = get_ctx(r) else {
+        return Status::NGX_DECLINED;
+    };
+    let ctx = match (ctx.stage, ctx.phase) {
+        (Stage::BeforeAuth, Phase::Decided) => {
+            ctx.stage = Stage::AfterAuth;
+            // After an internal redirect, the context's lines are those of the location the
+            // request left: limited there already, or turned away there by access control (and
+            // sent here by `error_page`), which the lines after authentication never charge.
+            if !lcf.after_auth || ctx.rejected || ctx.redirected {
+                return Status::NGX_DECLINED;
+            }
+            if let Some(status) = start(raw, lcf, mcf, ctx) {
+                return status;
+            }
+            ctx
+        }
+        (Stage::AfterAuth, Phase::Decided) => return Status::NGX_DECLINED,
+        (Stage::AfterAuth, Phase::Replied) => ctx,
+        (_, Phase::Waiting(_) | Phase::Delayed | Phase::Replied) => return Status::NGX_AGAIN,
+    };
+    finish(r, lcf, mcf, ctx)
+}
+
+/// Starts deciding the lines of the request's current stage: evaluates
+/// their keys and, when some are on Redis, decides the shared-memory ones
+/// and sends the Redis ones. Returns the handler's status when the request
+/// is to wait for Redis (or failed), `None` to [`finish`] now.
+fn start(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Option<Status> {
+    if eval_keys(raw, mcf, ctx, lcf.dry_run()).is_err() {
+        return Some(Status(500));
+    }
+    ctx.reserved = None;
+    if lcf.has_redis && ctx.staged(&mcf.lines).any(|(l, res)| res.active && l.backend.redis().is_some()) {
+        // SAFETY: the request and its connection are valid.
+        let log = unsafe { (*(*raw).connection).log };
+        // Nothing goes to Redis if shared memory rejects.
+        let charged = decide(&mcf.zones, &mcf.lines, ctx, log);
+        ctx.reserved = Some(charged);
+        if charged {
+            if let Some(n) = submit_redis(raw, mcf, ctx) {
+                ctx.phase = Phase::Waiting(n);
+                redis_zone::suspend(raw);
+                return Some(Status::NGX_AGAIN);
+            }
+        } else {
+            for z in 0..mcf.redis.len() {
+                redis_failed(mcf, ctx, z, true);
+            }
+        }
+    }
+    None
+}
+
+/// Decides the request's current stage, its shared-memory lines decided
+/// (unless [`start`] did) and its Redis replies in: admits (at once, or
+/// after a delay) or rejects it.
+fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Status {
+    let raw: *mut ngx_http_request_t = (&mut *r).into();
     ctx.phase = Phase::Decided;
     let redis_ok = !ctx.denied_by_error
         && ctx
-            .iter(&mcf.lines)
+            .staged(&mcf.lines)
             .all(|(l, res)| !res.active || res.admitted || res.dry_run || l.backend.redis().is_none());
     let admitted = match ctx.reserved {
         Some(charged) => charged && redis_ok,
@@ -98,7 +179,7 @@ fn access(r: &mut Request) -> Status {
     metrics::count(mcf, ctx);
     if admitted && ctx.charge_after {
         // Nothing is charged yet: what is left is what the line has now.
-        for (line, res) in ctx.iter_mut(&mcf.lines) {
+        for (line, res) in ctx.staged_mut(&mcf.lines) {
             if line.charge_after && res.active && res.admitted {
                 res.remaining = res.remaining.saturating_add(res.cost);
                 res.charged = false;
@@ -109,8 +190,10 @@ fn access(r: &mut Request) -> Status {
         debug_verdicts(r.log(), mcf, ctx);
         // A delay, or a dry-run line that would have limited.
         log_limited(r.log(), lcf, mcf, ctx);
-        // The longest wait of the enforced lines (dry-run lines never delay).
-        let delay_us = ctx.enforced(&mcf.lines).map(|(_, res)| res.delay_us).max().unwrap_or(0);
+        // The longest wait of the stage's enforced lines (dry-run lines never delay).
+        let delay_us =
+            ctx.staged(&mcf.lines).filter(|(_, res)| res.active && !res.dry_run).map(|(_, res)| res.delay_us).max();
+        let delay_us = delay_us.unwrap_or(0);
         if delay_us > 0 {
             ctx.phase = Phase::Delayed;
             delay::sleep(raw, delay_us.div_ceil(1000));
@@ -128,13 +211,13 @@ fn access(r: &mut Request) -> Status {
     Status(lcf.status as isize)
 }
 
-/// Evaluates every line's key, and its rate, burst and cost where they hold
+/// Evaluates the key of every line of the current stage, and its rate, burst and cost where they hold
 /// variables; an empty key or value leaves its line inactive, as does a
 /// value that does not parse (logged). `dry_run`: the location's
 /// `rl_dry_run`.
 pub fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_run: bool) -> Result<(), ()> {
     let mut ctx_after = false;
-    for (line, res) in ctx.iter_mut(&mcf.lines) {
+    for (line, res) in ctx.staged_mut(&mcf.lines) {
         res.key = line.eval_key(r)?;
         res.active = res.key.len > 0;
         res.dry_run = dry_run || line.dry_run;
@@ -157,7 +240,7 @@ pub fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_
             ctx_after = true;
         }
     }
-    ctx.charge_after = ctx_after;
+    ctx.charge_after |= ctx_after;
     Ok(())
 }
 
@@ -260,16 +343,16 @@ pub fn on_lost(r: *mut ngx_http_request_t) {
 }
 
 /// A check reports what would remain after the charge; for the lines of a
-/// rejected request that were not charged, report what remains.
+/// rejecting stage that were not charged, report what remains.
 fn uncharge(mcf: &MainConf, ctx: &mut Ctx) {
-    for (_, res) in ctx.iter_mut(&mcf.lines) {
+    for (_, res) in ctx.staged_mut(&mcf.lines) {
         if res.active && res.admitted && !res.charged {
             res.remaining = res.remaining.saturating_add(res.cost);
         }
     }
 }
 
-/// Each active line's verdict, at `debug` level (compiled in where nginx
+/// The verdict of each active line of the stage, at `debug` level (compiled in where nginx
 /// was built `--with-debug`; silent unless the error log's level is debug).
 /// Keys are shown as the hash Redis keys use, never as they came.
 #[inline(always)]
@@ -285,7 +368,7 @@ fn debug_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
 #[cold]
 #[inline(never)]
 fn log_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
-    for (line, res) in ctx.active(&mcf.lines) {
+    for (line, res) in ctx.staged(&mcf.lines).filter(|(_, res)| res.active) {
         ngx_log_debug!(
             mask: DebugMask::Http,
             log,
@@ -301,10 +384,10 @@ fn log_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
     }
 }
 
-/// One line per limited request, for the line behind its verdict, in
-/// `limit_req`'s words (tools that read nginx's error log, fail2ban's
-/// `nginx-limit-req` filter among them, know them); nginx's request log
-/// handler appends `, client: ..., server: ..., request: ...`. Formatted by
+/// One line per limited request and stage, for the line behind the stage's
+/// verdict, in `limit_req`'s words (tools that read nginx's error log,
+/// fail2ban's `nginx-limit-req` filter among them, know them); nginx's
+/// request log handler appends `, client: ..., server: ..., request: ...`. Formatted by
 /// nginx into its own buffer, as `limit_req` does: nothing allocated.
 /// Rejections by a failing Redis zone are logged by the zone instead.
 fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
@@ -314,7 +397,7 @@ fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
     if ctx.denied_by_error || unsafe { (*log).log_level } < lcf.log_level {
         return;
     }
-    let Some((line, res)) = ctx.behind(&mcf.lines) else {
+    let Some((line, res)) = ctx.staged_behind(&mcf.lines) else {
         return;
     };
     let (level, format, dry_run) = match res.verdict() {
@@ -330,6 +413,12 @@ fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
     }
     let excess = res.outcome().excess_milli(res.limit(line), res.cost);
     let zone = ngx_str_t { len: line.zone_name.len(), data: line.zone_name.as_ptr().cast_mut() };
+    // nginx appends " while <action>" before ", client: ..."; after an `auth_request`
+    // subrequest the connection's action is left at "sending to client", which would keep
+    // fail2ban's filter from matching a line after authentication: none for this line, as in
+    // the pre-access phase.
+    // SAFETY: the request's log is valid; the action is a static string or null.
+    let action = unsafe { core::mem::replace(&mut (*log).action, core::ptr::null_mut()) };
     // SAFETY: the format's conversions take, in order, a NUL-terminated string (%s), two
     // ngx_uint_t (%ui) and a pointer to an ngx_str_t (%V), all valid for the call.
     unsafe {
@@ -344,6 +433,8 @@ fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
             &zone as *const ngx_str_t,
         )
     };
+    // SAFETY: as above.
+    unsafe { (*log).action = action };
 }
 
 /// `limit_req`'s formats, word for word (the comma before "by zone" too).

@@ -13,7 +13,7 @@ use std::fmt::{self, Write as _};
 use ngx::ffi::{ngx_conf_t, ngx_log_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO};
 use ngx::ngx_log_error;
 
-use crate::line::{Backend, HeadersMode, Line, LineId};
+use crate::line::{Backend, HeadersMode, Line, LineId, Stage};
 use crate::redis_zone::RedisZone;
 use crate::shm::Zone;
 
@@ -73,6 +73,8 @@ pub struct LocConf {
     pub lines: Vec<LineId>,
     /// Some line is on a Redis zone (set at postconfiguration).
     pub has_redis: bool,
+    /// Some line is `after_auth` (set at postconfiguration).
+    pub after_auth: bool,
     pub status: ngx_uint_t,
     pub headers: Option<HeadersMode>,
     /// `rl_dry_run`: every line of the location is dry-run.
@@ -89,6 +91,7 @@ impl Default for LocConf {
         LocConf {
             lines: Vec::new(),
             has_redis: false,
+            after_auth: false,
             status: ngx_uint_t::MAX,
             headers: None,
             dry_run: None,
@@ -247,6 +250,8 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
         // (at most MAX_ZONES_PER_LOCATION zones: cmd_rl_limit counts them)
         loc.lines.sort_by_key(backend);
         loc.has_redis = loc.lines.iter().any(|id| matches!(backend(id), Some(Backend::Redis(_))));
+        loc.after_auth =
+            loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.stage == Stage::AfterAuth));
     }
     for zone in mcf.zones.iter_mut() {
         if let Err(msg) = zone.check_fits() {

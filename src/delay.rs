@@ -12,10 +12,10 @@ use ngx::http::Request;
 
 use crate::request::{get_ctx, Phase};
 
-/// Puts the request to sleep for `delay_ms` (at least 1); the access
-/// handler returns `NGX_AGAIN` and is run again when it wakes.
+/// Puts the request to sleep for `delay_ms` (at least 1); the stage's
+/// phase handler returns `NGX_AGAIN` and is run again when it wakes.
 pub fn sleep(r: *mut ngx_http_request_t, delay_ms: u64) {
-    // SAFETY: r is the live request being processed in its access phase; as limit_req does, the
+    // SAFETY: r is the live request being processed in a phase handler; as limit_req does, the
     // write event carries the timer (and `delayed`, so that a writable socket does not wake it).
     unsafe {
         (*r).read_event_handler = Some(ngx_http_test_reading);

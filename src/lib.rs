@@ -8,24 +8,27 @@
 //! - [`shm`]: shared-memory zones, their layout across reloads, the decision;
 //! - [`redis_zone`]: Redis zones, the worker's I/O thread and its connections;
 //! - [`conf`]: the directives, merged per location and finished;
-//! - [`access`]: the access phase, combining the verdicts all-or-nothing;
+//! - [`access`]: the pre-access and pre-content phases, the two stages,
+//!   each combining its lines' verdicts all-or-nothing;
 //! - [`quota`]: `rl_quota`, the lines read without charging anything;
+//! - [`charge`]: `charge=after`, costs charged when the request is logged;
 //! - [`headers`]: the response fields;
 //! - [`variables`]: the `$rl_*` variables.
 //!
 //! The algorithms themselves are in the `rl-core` crate.
 
 use core::ffi::{c_char, c_void};
-use core::ptr;
 use core::sync::atomic::{AtomicBool, Ordering};
+use core::{ptr, slice};
 
 use ngx::core::{Status, NGX_CONF_ERROR};
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_core_main_conf_t, ngx_http_handler_pt,
-    ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_http_phases_NGX_HTTP_LOG_PHASE, ngx_http_request_t,
-    ngx_http_top_header_filter, ngx_int_t, ngx_module_t, ngx_process, ngx_str_t, ngx_test_config, ngx_uint_t,
-    NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF,
-    NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_LOG_NOTICE, NGX_PROCESS_MASTER,
+    ngx_http_module_t, ngx_http_phases_NGX_HTTP_LOG_PHASE, ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
+    ngx_http_phases_NGX_HTTP_PRECONTENT_PHASE, ngx_http_request_t, ngx_http_top_header_filter, ngx_int_t, ngx_module_t,
+    ngx_process, ngx_str_t, ngx_test_config, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1,
+    NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
+    NGX_HTTP_SRV_CONF, NGX_LOG_NOTICE, NGX_PROCESS_MASTER,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::{ngx_log_error, ngx_string};
@@ -74,11 +77,30 @@ impl HttpModule for Module {
             return Status::NGX_ERROR.into();
         };
         let cmcf: &mut ngx_http_core_main_conf_t = cmcf;
-        // SAFETY: phases[].handlers are ngx_array_t of ngx_http_handler_pt, created by the core module.
-        let h = unsafe { ngx_array_push(&mut cmcf.phases[ngx_http_phases_NGX_HTTP_ACCESS_PHASE as usize].handlers) }
-            .cast::<ngx_http_handler_pt>();
-        if h.is_null() {
-            return Status::NGX_ERROR.into();
+        // A phase runs its handlers last registered first. The lines before authentication where
+        // limit_req decides, and after the handlers registered before ours there: realip's (set
+        // in a location, it finds the client's address in this phase), limit_conn's, limit_req's.
+        // The `after_auth` lines where every request access control allowed passes, `satisfy any`
+        // or not, before try_files or mirror act on it.
+        let phases = [
+            (ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, access::preaccess_handler_pt(), true),
+            (ngx_http_phases_NGX_HTTP_PRECONTENT_PHASE, access::precontent_handler_pt(), false),
+        ];
+        for (phase, handler, last) in phases {
+            let handlers = &mut cmcf.phases[phase as usize].handlers;
+            // SAFETY: phases[].handlers are ngx_array_t of ngx_http_handler_pt, created by the core module.
+            let h = unsafe { ngx_array_push(handlers) }.cast::<ngx_http_handler_pt>();
+            if h.is_null() {
+                return Status::NGX_ERROR.into();
+            }
+            // SAFETY: h points to a new element of the array.
+            unsafe { *h = handler };
+            if last {
+                // SAFETY: the array's nelts elements, the new one included, are initialised.
+                let all =
+                    unsafe { slice::from_raw_parts_mut(handlers.elts.cast::<ngx_http_handler_pt>(), handlers.nelts) };
+                all.rotate_right(1);
+            }
         }
         // Only where a line charges after the response.
         if mcf.lines.iter().any(|l| l.charge_after) {
@@ -91,10 +113,9 @@ impl HttpModule for Module {
             // SAFETY: a new element of the array.
             unsafe { *log = charge::log_handler_pt() };
         }
-        // SAFETY: h points to a new element of the array; top header filter is a process global
-        // that every filter module rewires in postconfiguration.
+        // SAFETY: the top header filter is a process global that every filter module rewires in
+        // postconfiguration.
         unsafe {
-            *h = access::access_handler_pt();
             headers::NEXT_HEADER_FILTER = ngx_http_top_header_filter;
             ngx_http_top_header_filter = Some(headers::header_filter);
         }

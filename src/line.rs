@@ -52,6 +52,19 @@ impl Backend {
     }
 }
 
+/// When a line is decided: before nginx's access-control handlers
+/// (`allow`/`deny`, `auth_basic`, `auth_request`) run, as `limit_req` is, in
+/// the pre-access phase; or, with `after_auth`, once they have allowed the
+/// request, at the start of the pre-content phase (the access phase may end
+/// early under `satisfy any`, and modules cannot add post-access handlers).
+/// Each stage is all-or-nothing on its own: a request rejected after
+/// authentication keeps the charges of the lines before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    BeforeAuth,
+    AfterAuth,
+}
+
 /// Which rate-limit response fields are sent (`rl_headers`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HeadersMode {
@@ -142,6 +155,10 @@ pub struct Line {
     pub dry_run: bool,
     /// `queue=`: requests of a key that may wait for their turn.
     pub queue: u64,
+    /// `after_auth`: decided once access control has allowed the request.
+    /// Not part of the identity: the stage is when a state is charged, not
+    /// what it means.
+    pub stage: Stage,
     /// The largest `queue=` of the lines with this one's identity (their
     /// states are shared): how far a state may go beyond the burst.
     pub deepest_queue: u64,

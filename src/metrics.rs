@@ -101,17 +101,18 @@ pub fn init_worker(mcf: &MainConf) {
     }
 }
 
-/// Counts each active line's verdict: once per request, where the decision
-/// is final.
+/// Counts the verdict of each active line of the stage just decided: once
+/// per request and stage, where the stage's decision is final.
 #[inline]
 pub fn count(mcf: &MainConf, ctx: &mut Ctx) {
     let rows = &mcf.metrics.layout.lines;
     if rows.is_empty() {
         return;
     }
+    let stage = ctx.stage;
     let ids = ctx.ids();
     for (id, res) in ids.iter().zip(ctx.results().iter()) {
-        if !res.active {
+        if !res.active || id.of(&mcf.lines).is_none_or(|l| l.stage != stage) {
             continue;
         }
         if let Some(Some(row)) = rows.get(id.0 as usize) {
@@ -122,17 +123,18 @@ pub fn count(mcf: &MainConf, ctx: &mut Ctx) {
 
 /// Redis zone `zone` could not decide the request (`e`) and `on_error`
 /// does: counts the error, what `on_error` did, and each of the zone's
-/// active lines as `error_allowed` or `error_denied` (they are left out of
-/// [`count`] afterwards: inactive).
+/// active lines of the stage being decided as `error_allowed` or
+/// `error_denied` (they are left out of [`count`] afterwards: inactive).
 pub fn redis_failed(mcf: &MainConf, ctx: &mut Ctx, zone: usize, allow: bool, e: &RedisError) {
     let m = &mcf.metrics;
     if m.layout.lines.is_empty() {
         return;
     }
     let mut denied = false;
+    let stage = ctx.stage;
     let ids = ctx.ids();
     for (id, res) in ids.iter().zip(ctx.results().iter()) {
-        let on_zone = id.of(&mcf.lines).is_some_and(|l: &Line| l.backend.redis() == Some(zone));
+        let on_zone = id.of(&mcf.lines).is_some_and(|l: &Line| l.backend.redis() == Some(zone) && l.stage == stage);
         if !res.active || !on_zone {
             continue;
         }

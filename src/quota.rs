@@ -26,7 +26,7 @@ use ngx::{ngx_conf_log_error, ngx_log_error};
 
 use crate::access::eval_keys;
 use crate::conf::{LocConf, MainConf};
-use crate::line::HeadersMode;
+use crate::line::{HeadersMode, Stage};
 use crate::metrics::send;
 use crate::redis_zone::{self, Job, JobLine, RedisError, RedisZone, Reply};
 use crate::request::{get_ctx, new_ctx, Ctx, Phase};
@@ -81,8 +81,12 @@ fn serve(r: &mut Request) -> Status {
     let Some(ctx) = new_ctx(r, &lcf.lines, lcf.headers()) else {
         return Status(500);
     };
-    if eval_keys(raw, mcf, ctx, lcf.dry_run()).is_err() {
-        return Status(500);
+    // Every line, before and after authentication.
+    for stage in [Stage::BeforeAuth, Stage::AfterAuth] {
+        ctx.stage = stage;
+        if eval_keys(raw, mcf, ctx, lcf.dry_run()).is_err() {
+            return Status(500);
+        }
     }
     // A read charges nothing, now or when the request is logged.
     ctx.charge_after = false;
@@ -138,7 +142,7 @@ fn submit(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Option<u
     let log = unsafe { (*(*r).connection).log };
     for (z, zone) in mcf.redis.iter().enumerate() {
         let mut job = Job { id: 0, zone: z, commit: false, charge: false, lines: Default::default() };
-        for (line, res) in ctx.on_redis(&mcf.lines, z) {
+        for (line, res) in ctx.on_redis_all(&mcf.lines, z) {
             job.lines.push(JobLine {
                 tag: rl_core::redis::tag_of(res.key.as_bytes()),
                 line_id: line.id,
@@ -165,7 +169,7 @@ fn submit(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Option<u
 fn failed(log: *mut ngx_log_t, mcf: &MainConf, ctx: &mut Ctx, z: usize, zone: &RedisZone, e: &RedisError) {
     zone.failed_doing(log, e, "answering 503 to the quota read");
     ctx.denied_by_error = true;
-    for (_, res) in ctx.on_redis(&mcf.lines, z) {
+    for (_, res) in ctx.on_redis_all(&mcf.lines, z) {
         res.active = false;
     }
 }
@@ -180,7 +184,7 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
     ctx.awaited &= !(1 << reply.zone);
     match reply.result {
         Ok((_, outcomes)) => {
-            for ((_, res), o) in ctx.on_redis(&mcf.lines, reply.zone).zip(outcomes) {
+            for ((_, res), o) in ctx.on_redis_all(&mcf.lines, reply.zone).zip(outcomes) {
                 res.set(&o, false);
             }
         }

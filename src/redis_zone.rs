@@ -4,7 +4,7 @@
 //! ([`thread`], with its connections, script calls, Cluster and Sentinel).
 //!
 //! Nothing here reads the configuration module: `conf::redis` builds a
-//! [`RedisZone`] and the access phase hands jobs in.
+//! [`RedisZone`] and the phase handlers (`access`) hand jobs in.
 
 mod clock;
 mod cluster;

@@ -11,7 +11,7 @@ use ngx::http::{HttpModule, Request};
 use rl_core::limit::{Charge, Limit, Outcome};
 use rl_core::table::Slot;
 
-use crate::line::{HeadersMode, Line, LineId};
+use crate::line::{HeadersMode, Line, LineId, Stage};
 use crate::Module;
 
 /// The outcome of one line for this request.
@@ -148,7 +148,8 @@ fn behind<'a>(lines: impl Iterator<Item = (&'a Line, &'a LineResult)>) -> Option
     lines.min_by_key(|(_, r)| r.rank())
 }
 
-/// Where the request is in its evaluation.
+/// Where the request is in the evaluation of its current stage
+/// ([`Ctx::stage`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     /// Waiting for this many Redis replies.
@@ -157,7 +158,7 @@ pub enum Phase {
     Replied,
     /// Admitted, and sleeping until its turn (`queue=`).
     Delayed,
-    /// Decided: later passes through the access phase (internal redirects) let it through.
+    /// Decided: later passes through the stage's phase (internal redirects) let it through.
     Decided,
 }
 
@@ -167,7 +168,14 @@ pub struct Ctx {
     ids: *const LineId,
     results: *mut LineResult,
     n: usize,
+    /// The stage being decided, or decided last: the lines the decision
+    /// works on ([`Ctx::staged`]). Lines of a later stage stay inactive
+    /// until it starts.
+    pub stage: Stage,
     pub phase: Phase,
+    /// An internal redirect happened after the context was made: the
+    /// request left the location its lines are of.
+    pub redirected: bool,
     pub rejected: bool,
     /// A Redis zone with `on_error=deny` failed (for an `rl_quota` read,
     /// any zone failed: it answers 503).
@@ -230,14 +238,43 @@ impl Ctx {
         behind(self.enforced(lines))
     }
 
+    /// The lines of the stage being decided, with their outcomes.
+    pub fn staged<'a>(&'a self, lines: &'a [Line]) -> impl Iterator<Item = (&'a Line, &'a LineResult)> {
+        let stage = self.stage;
+        self.iter(lines).filter(move |(l, _)| l.stage == stage)
+    }
+
+    /// The line behind the verdict of the stage being decided, among its
+    /// active lines: what its log line describes.
+    pub fn staged_behind<'a>(&'a self, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
+        behind(self.staged(lines).filter(|(_, r)| r.active))
+    }
+
+    /// The lines of the stage being decided, with their outcomes, to be written.
+    pub fn staged_mut<'a>(&'a mut self, lines: &'a [Line]) -> impl Iterator<Item = (&'a Line, &'a mut LineResult)> {
+        let stage = self.stage;
+        self.iter_mut(lines).filter(move |(l, _)| l.stage == stage)
+    }
+
     /// Each line with its outcome, to be written.
     pub fn iter_mut<'a>(&'a mut self, lines: &'a [Line]) -> impl Iterator<Item = (&'a Line, &'a mut LineResult)> {
         let ids = self.ids();
         ids.iter().zip(self.results().iter_mut()).filter_map(|(&id, r)| Some((id.of(lines)?, r)))
     }
 
-    /// The active lines on Redis zone `zone`, with their outcomes.
+    /// The active lines of the stage being decided on Redis zone `zone`,
+    /// with their outcomes.
     pub fn on_redis<'a>(
+        &'a mut self,
+        lines: &'a [Line],
+        zone: usize,
+    ) -> impl Iterator<Item = (&'a Line, &'a mut LineResult)> {
+        self.staged_mut(lines).filter(move |(l, r)| r.active && l.backend.redis() == Some(zone))
+    }
+
+    /// The active lines of both stages on Redis zone `zone` (an `rl_quota`
+    /// read), with their outcomes.
+    pub fn on_redis_all<'a>(
         &'a mut self,
         lines: &'a [Line],
         zone: usize,
@@ -278,7 +315,9 @@ pub fn get_ctx(r: &Request) -> Option<&'static mut Ctx> {
         {
             r.set_module_ctx(cl.data, Module::module());
             // SAFETY: set by new_ctx below to a pool-allocated Ctx.
-            return Some(unsafe { &mut *cl.data.cast::<Ctx>() });
+            let ctx = unsafe { &mut *cl.data.cast::<Ctx>() };
+            ctx.redirected = true;
+            return Some(ctx);
         }
         c = cl.next;
     }
@@ -311,7 +350,9 @@ pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode) -> Option<&'st
         ids: ids.as_ptr(),
         results,
         n: ids.len(),
+        stage: Stage::BeforeAuth,
         phase: Phase::Decided,
+        redirected: false,
         rejected: false,
         denied_by_error: false,
         reserved: None,

@@ -39,7 +39,7 @@ const VARS: [(ngx_str_t, Var); 7] = [
 
 /// Declares the variables (in preconfiguration, as `limit_req` declares
 /// `$limit_req_status`, so that the configuration can name them).
-/// Non-cacheable: a value read before the access phase decided (in a
+/// Non-cacheable: a value read before the lines were decided (in a
 /// rewrite, say) must not stick.
 pub fn add(cf: *mut ngx_conf_t) -> Result<(), ()> {
     for (mut name, var) in VARS {

@@ -19,7 +19,7 @@ use rl_core::parse::{parse_number, parse_rate, parse_size, parse_u64, ParseError
 use rl_core::url::redact;
 
 use super::{LocConf, MainConf, Quote, MAX_REDIS_ZONES};
-use crate::line::{Backend, HeadersMode, Line, LineId, VarParam, VarValue, Vary, Varying};
+use crate::line::{Backend, HeadersMode, Line, LineId, Stage, VarParam, VarValue, Vary, Varying};
 use crate::shm::{Zone, MAX_ZONES_PER_LOCATION};
 use crate::Module;
 
@@ -158,7 +158,8 @@ pub extern "C" fn cmd_rl_zone(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, con
     NGX_CONF_OK
 }
 
-/// `rl_limit zone=NAME rate=RATE [key=KEY] [algorithm=ALG] [burst=N] [cost=N];`
+/// `rl_limit zone=NAME rate=RATE [key=KEY] [algorithm=ALG] [burst=N] [cost=N] [name=NAME] [queue=N]
+/// [dry_run] [after_auth];`
 pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
     // SAFETY: the location configuration of this module (NGX_HTTP_LOC_CONF_OFFSET).
     let lcf = unsafe { &mut *conf.cast::<LocConf>() };
@@ -168,14 +169,18 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
     };
     // SAFETY: called by nginx while parsing, cf is valid.
     let args = unsafe { args(cf) };
-    // `dry_run` is a flag, as in `limit_req ... nodelay`; the rest are `name=value`.
+    // `dry_run` and `after_auth` are flags, as in `limit_req ... nodelay`; the rest are `name=value`.
     let all = args.get(1..).unwrap_or(&[]);
-    let rest: Vec<ngx_str_t> = all.iter().filter(|a| text(a) != "dry_run").copied().collect();
-    let dry_run = match all.len() - rest.len() {
-        0 => false,
-        1 => true,
-        _ => conf_err!(cf, "duplicate \"dry_run\" parameter in \"rl_limit\" directive"),
-    };
+    let rest: Vec<ngx_str_t> = all.iter().filter(|a| !matches!(text(a), "dry_run" | "after_auth")).copied().collect();
+    let mut flags = [false; 2];
+    for (flag, name) in flags.iter_mut().zip(["dry_run", "after_auth"]) {
+        match all.iter().filter(|a| text(a) == name).count() {
+            0 => {}
+            1 => *flag = true,
+            _ => conf_err!(cf, "duplicate \"{}\" parameter in \"rl_limit\" directive", name),
+        }
+    }
+    let [dry_run, after_auth] = flags;
     let given = match params(&rest, &["zone", "rate", "key", "algorithm", "burst", "cost", "name", "queue", "charge"]) {
         Ok(given) => given,
         Err(e) => conf_err!(cf, "{} in \"rl_limit\" directive", e),
@@ -378,6 +383,7 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         burst_src,
         vars,
         charge_after,
+        stage: if after_auth { Stage::AfterAuth } else { Stage::BeforeAuth },
     };
     // One budget per identity: the same line twice in one block would be
     // charged twice for one request.

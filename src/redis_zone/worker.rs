@@ -265,7 +265,7 @@ extern "C" fn forget_request(data: *mut c_void) {
     }
 }
 
-/// Suspends the request until its replies are in (the access handler then
+/// Suspends the request until its replies are in (the phase handler then
 /// returns NGX_AGAIN), with a backstop timer on its write event.
 pub fn suspend(r: *mut ngx_http_request_t) {
     // SAFETY: r is the live request being processed.
@@ -301,7 +301,7 @@ extern "C" fn on_backstop(r: *mut ngx_http_request_t) {
     }
 }
 
-/// Continues a suspended request from the access phase.
+/// Continues a suspended request from the phase handler that suspended it.
 pub fn resume(r: *mut ngx_http_request_t) {
     // SAFETY: r is pending, hence alive (its pool cleanup removes it otherwise).
     unsafe {

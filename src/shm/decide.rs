@@ -12,11 +12,12 @@ use rl_core::limit::Charge;
 
 use super::{Locked, Zone, MAX_ZONES_PER_LOCATION};
 use crate::line::Line;
-use crate::request::{Ctx, LineResult};
+use crate::request::Ctx;
 
-/// Decides the request's active shared-memory lines and, if every enforced
-/// one admits, charges them and the dry-run lines that admit; returns
-/// whether every enforced line admits. A line whose zone cannot be used is
+/// Decides the active shared-memory lines of the request's current stage
+/// ([`Ctx::staged`]) and, if every enforced one admits, charges them and
+/// the dry-run lines that admit; returns whether every enforced line
+/// admits. A line whose zone cannot be used is
 /// left inactive, and said so in the log.
 pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) -> bool {
     // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
@@ -25,7 +26,7 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
 
     // Locks and entries.
     let mut locks = Locks::new();
-    for (line, res) in ctx.iter_mut(lines).filter(|(_, res)| res.active) {
+    for (line, res) in ctx.staged_mut(lines).filter(|(_, res)| res.active) {
         let Some(z) = line.backend.shm() else { continue };
         if locks.last_zone() != Some(z) {
             let Some(zone) = zones.get(z) else {
@@ -59,9 +60,9 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
     // Check every line, charging nothing; a line alone is checked and
     // charged in one step (a dry-run line alone, too: it is charged if and
     // only if it admits, and never rejects).
-    let single = ctx.iter(lines).filter(|(_, r)| r.active).count() == 1;
+    let single = ctx.staged(lines).filter(|(_, r)| r.active).count() == 1;
     let mut admitted = true;
-    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| res.active && l.backend.shm().is_some()) {
+    for (line, res) in ctx.staged_mut(lines).filter(|(l, res)| res.active && l.backend.shm().is_some()) {
         let Some(locked) = locks.get_mut(res.lock) else {
             res.active = false;
             continue;
@@ -91,9 +92,10 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
 
     // Every enforced line admits: charge them all, and each dry-run line
     // that admits, as if it were enforced.
-    let charged =
-        |l: &Line, res: &LineResult| res.active && res.admitted && !l.charge_after && l.backend.shm().is_some();
-    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| charged(l, res)) {
+    for (line, res) in ctx
+        .staged_mut(lines)
+        .filter(|(l, res)| res.active && res.admitted && !l.charge_after && l.backend.shm().is_some())
+    {
         let Some(locked) = locks.get_mut(res.lock) else {
             continue;
         };
@@ -111,15 +113,16 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
     true
 }
 
-/// Gives back what [`decide`] charged the request's shared-memory lines,
-/// under their zones' locks, and records what each line has left after it:
-/// the request was rejected, and charged nothing. A state dropped meanwhile
+/// Gives back what [`decide`] charged the shared-memory lines of the
+/// request's current stage (a stage before it keeps its charges), under
+/// their zones' locks, and records what each line has left after it: the
+/// stage rejected the request, and charged nothing. A state dropped meanwhile
 /// (the zone was full) has nothing to give back.
 pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
     // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
     let now_us = unsafe { ngx_current_msec } as u64 * 1000;
     let mut locks = Locks::new();
-    for (line, res) in ctx.iter_mut(lines).filter(|(_, res)| res.active && res.charged) {
+    for (line, res) in ctx.staged_mut(lines).filter(|(_, res)| res.active && res.charged) {
         let Some(z) = line.backend.shm() else { continue };
         res.charged = false;
         if locks.last_zone() != Some(z) {
