@@ -266,3 +266,30 @@ fn failed_login_conf() {
     assert_eq!(ngx.get("/login", &[("X-Password", "guess")]).status, 429);
     assert_eq!(ngx.get("/login", &[("X-Password", "secret")]).status, 429);
 }
+
+/// nginx-conf/auth-plan.conf: the plan from `auth_request_set`, limited
+/// after authentication: the free token's burst of 5, the pro token's 50,
+/// and refused requests (401) are never charged by the plan's line.
+#[test]
+fn auth_plan_conf() {
+    let out = std::process::Command::new(nginx_bin()).arg("-V").output().expect("cannot run nginx -V");
+    if !String::from_utf8_lossy(&out.stderr).contains("--with-http_auth_request_module") {
+        eprintln!("skipped: {} has no auth_request module", nginx_bin().display());
+        return;
+    }
+    let ngx = ConfNginx::start("auth-plan.conf", &[("api/index.json", "{\"ok\":true}\n")]);
+    for _ in 0..10 {
+        assert_eq!(ngx.get("/api/", &[("Authorization", "Bearer wrong")]).status, 401);
+    }
+    let free = [("Authorization", "Bearer free-token")];
+    for i in 0..5 {
+        let r = ngx.get("/api/", &free);
+        assert_eq!(r.status, 200, "free request {i}: {r:?}");
+        assert_eq!(r.header("RateLimit-Policy"), Some("\"ip\";q=100;w=2, \"plan\";q=5;w=30"), "{r:?}");
+    }
+    assert_eq!(ngx.get("/api/", &free).status, 429);
+    let pro = [("Authorization", "Bearer pro-token")];
+    let r = ngx.get("/api/", &pro);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("RateLimit-Policy"), Some("\"ip\";q=100;w=2, \"plan\";q=50;w=30"), "{r:?}");
+}
