@@ -127,8 +127,10 @@ build-src: deps
 	@echo "built $(SRC_SO) for nginx $(SRC_VERSION) configured with: $(NGINX_CONFIGURE)"
 
 # nginx 1.28 built by nginx-src (through nginx-sys), and the module against it.
+# auth_request, which the ngx crate's nginx leaves out: tests/auth.rs and
+# the plan-from-authentication example need it.
 build-vendored: deps
-	CARGO_TARGET_DIR=$(ROOT)/target/vendored $(CARGO) build --release --features vendored
+	NGX_CONFIGURE_ARGS=--with-http_auth_request_module CARGO_TARGET_DIR=$(ROOT)/target/vendored $(CARGO) build --release --features vendored
 	mkdir -p $(VENDORED_DIR)
 	cp target/vendored/release/libngx_http_rl_module.so $(VENDORED_SO)
 	cp "$$(ls -t target/vendored/release/build/nginx-sys-*/out/objs/nginx | head -1)" $(VENDORED_BIN)
