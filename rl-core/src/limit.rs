@@ -43,6 +43,16 @@
 //! [`Outcome::retry_after_us`] is the wait until a lone request of the same
 //! cost would be admitted, possibly delayed. A cost above the burst is never
 //! admitted, queue or not: it never conforms.
+//!
+//! # Overdrafts (`charge=after`)
+//!
+//! [`Limit::overdraw`] charges a cost known only after the response, in
+//! full, beyond the burst if need be. Every line reads the overdraft as it
+//! is: nothing remains, every request of cost 1 or more is rejected until
+//! it is repaid, and the retry-after and reset count it. The buckets and
+//! `gcra` repay it at the rate; `fixed` and `sliding` forget it when its
+//! window stops counting (the window charged for `fixed`, the one after it
+//! for `sliding`).
 
 mod bucket;
 mod fixed;
@@ -363,6 +373,37 @@ impl Limit {
         }
     }
 
+    /// Charges `cost` in full at `now`, whatever the state: beyond the burst
+    /// (and the queue) if need be, for a cost known only once the request
+    /// has been served. The state records the overdraft, and [`Limit::check`]
+    /// sees it until it is repaid: nothing remains, every cost of 1 or more
+    /// is rejected, [`Outcome::retry_after_us`] is the exact wait until a
+    /// request of cost 1 is admitted again, [`Outcome::reset_us`] counts
+    /// the overdraft. The buckets and `gcra` repay it at the rate; `fixed`
+    /// forgets it when the window charged ends, `sliding` when the window
+    /// after it ends (where it weighs in as the previous window's count).
+    /// `sliding_log`, which keeps one timestamp per unit, cannot hold more
+    /// than the burst: it charges what fits, as [`Limit::commit`] would.
+    ///
+    /// Returns what it charged, which [`Limit::refund`] can take back like a
+    /// commit's charge. Arithmetic saturates: a charge that would take the
+    /// state beyond `u64` leaves it at `u64::MAX` and returns
+    /// [`Charge::NONE`] (a refund then takes nothing back). Cost 0, or a
+    /// `state` shorter than [`Limit::state_words`], charges nothing.
+    pub fn overdraw(&self, state: &mut [u64], now: u64, cost: u64) -> Charge {
+        if state.len() < self.state_words() || cost == 0 {
+            return Charge::default();
+        }
+        let now = now.min(MAX_NOW);
+        match self.algorithm {
+            Algorithm::Fixed => fixed::overdraw(self, state, now, cost),
+            Algorithm::Sliding => sliding::overdraw(self, state, now, cost),
+            Algorithm::SlidingLog => log::overdraw(self, state, now, cost),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::overdraw(self, state, now, cost),
+            Algorithm::Gcra => gcra::overdraw(self, state, now, cost),
+        }
+    }
+
     /// Takes back what a [`Limit::commit`] on this state charged, as far as
     /// the state still holds it, at `now` (no earlier than the commit): the
     /// state is then as if the request had never come, or stricter — never
@@ -381,8 +422,8 @@ impl Limit {
         }
         let now = now.min(MAX_NOW);
         match self.algorithm {
-            Algorithm::Fixed => fixed::refund(self, state, charge),
-            Algorithm::Sliding => sliding::refund(self, state, charge),
+            Algorithm::Fixed => fixed::refund(state, charge),
+            Algorithm::Sliding => sliding::refund(state, charge),
             Algorithm::SlidingLog => log::refund(self, state, charge),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::refund(self, state, charge),
             Algorithm::Gcra => gcra::refund(self, state, charge, now),
@@ -414,6 +455,15 @@ impl Limit {
 /// `a * b` without overflow.
 fn mul(a: u64, b: u64) -> u128 {
     u128::from(a) * u128::from(b)
+}
+
+/// An overdrawn state word and what the overdraft charged: `x` and
+/// `charge`, or `u64::MAX` and nothing refundable when `x` overflows.
+fn overdrawn(x: u128, charge: Charge) -> (u64, Charge) {
+    match u64::try_from(x) {
+        Ok(x) => (x, charge),
+        Err(_) => (u64::MAX, Charge::NONE),
+    }
 }
 
 /// A `u128` clamped into `u64`.

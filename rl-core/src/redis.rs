@@ -22,7 +22,7 @@
 //!   = none. A call that runs after it (`now > deadline`) checks nothing and
 //!   writes nothing (see *Deadlines* below).
 //! - then per request its lines, one argument each: `"algorithm count
-//!   period_us burst cost queue dry"` ([`write_spec`]; the requests of a location share
+//!   period_us burst cost queue flags"` ([`write_spec`]; the requests of a location share
 //!   it, and the script parses each distinct string once per call); a request
 //!   of other than one line is preceded by its number of lines; `n ≥ 2`
 //!   consecutive requests of one line each with the same string are sent as
@@ -32,11 +32,36 @@
 //! else the retry-after in µs or -1 (never), and the delay in µs (0: at
 //! once)}`, or `{-1, now_us}` for a call past its deadline, see
 //! [`parse_reply`]. A request is admitted iff all its enforced lines admit
-//! it (dry-run lines, `dry` = 1, never reject it); then the enforced lines
+//! it (dry-run lines, flag 1, never reject it); then the enforced lines
 //! are committed, and the dry-run lines that admit it
 //! ([`crate::verdict::combine`]). Each line's outcome is [`Limit::check`]'s
 //! at the script's `now` (after the requests before it in the call); the
 //! commits are [`Limit::commit`]s. A rejected request writes nothing.
+//! A `charge=after` line's check ([`LineArg::check_only`], flag 4) is
+//! `Limit::check` of a cost of 1, whatever its cost, and is never
+//! committed: its cost is charged after the response, by the charge call.
+//!
+//! # The charge call
+//!
+//! Costs known only after the response (`charge=after`) are charged by a
+//! second entry point of the same script: `FCALL` [`charge_function_name`]
+//! (the library registers both functions) or `EVALSHA` of
+//! [`charge_script`]. Each line is charged in full, beyond the burst if
+//! need be ([`Limit::overdraw`]), and the key's TTL covers the repayment.
+//!
+//! - `KEYS`: every line's state key.
+//! - `ARGV[1]`: now in microseconds; `""` = Redis `TIME`.
+//! - then per line `"algorithm count period_us burst cost queue flags"`
+//!   ([`write_charge_args`]).
+//!
+//! There is no deadline: a charge is as good late as early, and the
+//! caller holds no request while it waits. The reply is `{now_us, then per
+//! line 1 if charged, 0 if refused}` ([`parse_charge_reply`]). The script
+//! refuses, writing nothing for it, a malformed line, a `sliding_log` line
+//! (a log cannot hold an overdraft), a line [`exact`] refuses, a cost of
+//! [`MAX_EXACT`] or more, or a charge that would take the state beyond
+//! [`MAX_EXACT`] (the buckets' amount, scaled by the period; `gcra`'s `TAT −
+//! now`; the windows' count), past which it would no longer be exact.
 //!
 //! # Deadlines
 //!
@@ -92,7 +117,7 @@ use crate::limit::{Algorithm, Limit, Outcome};
 
 mod reply;
 
-pub use reply::{check_line, max_delay_us, max_reset_us, max_retry_after_us, OutOfRange, CLOCK_STEP_US};
+pub use reply::{check_line, max_delay_us, max_reset_us, max_retry_after_us, OutOfRange, CLOCK_STEP_US, OVERDRAWN};
 
 /// The Lua script (for `SCRIPT LOAD` / `EVALSHA`).
 pub const LIMIT_SCRIPT: &str = include_str!("redis/limit.lua");
@@ -100,6 +125,22 @@ pub const LIMIT_SCRIPT: &str = include_str!("redis/limit.lua");
 /// The script's last line: as `EVAL` runs it, its body checks the call's
 /// `KEYS` and `ARGV`.
 const EVAL_TAIL: &str = "return limit(KEYS, ARGV)\n";
+
+/// The script's body, without its last line.
+fn script_body() -> &'static str {
+    LIMIT_SCRIPT.strip_suffix(EVAL_TAIL).unwrap_or(LIMIT_SCRIPT)
+}
+
+/// The charge call as a script (for `SCRIPT LOAD` / `EVALSHA`): the same
+/// body, its last line calling the charge.
+pub fn charge_script() -> String {
+    format!("{}return charge(KEYS, ARGV)\n", script_body())
+}
+
+/// The charge call's function in the library ([`function_library`]).
+pub fn charge_function_name() -> String {
+    format!("{}_charge", function_name())
+}
 
 /// The script's name as a Redis function (library and function): `rl_` and
 /// a hash of its text, so that nginx servers running different versions of
@@ -116,10 +157,14 @@ pub fn function_name() -> String {
 /// the library, rather than on every call, and the parsed lines stay from
 /// call to call: a call costs Redis about a third less when it carries one
 /// request, 8% less with nine.
+/// It also registers the charge call, [`charge_function_name`].
 pub fn function_library() -> String {
     let name = function_name();
-    let body = LIMIT_SCRIPT.strip_suffix(EVAL_TAIL).unwrap_or(LIMIT_SCRIPT);
-    format!("#!lua name={name}\n{body}redis.register_function('{name}', limit)\n")
+    let body = script_body();
+    format!(
+        "#!lua name={name}\n{body}redis.register_function('{name}', limit)\n\
+         redis.register_function('{name}_charge', charge)\n"
+    )
 }
 
 /// Added to every key's reset time to get its TTL.
@@ -192,24 +237,30 @@ pub struct Call {
 }
 
 /// One line of a request as the script takes it: the limit, the
-/// request's cost on it, and whether it is dry-run.
+/// request's cost on it, whether it is dry-run, and whether it is a
+/// `charge=after` line's check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LineArg {
     pub limit: Limit,
     pub cost: u64,
     pub dry_run: bool,
+    /// A `charge=after` line's admission check: admits iff a request of
+    /// cost 1 would be admitted (whatever `cost`), and is never charged,
+    /// even when the request is admitted. (Its outcome is checked against
+    /// the range of a cost of 1: [`check_line`].)
+    pub check_only: bool,
 }
 
 impl From<(Limit, u64)> for LineArg {
     /// An enforced line.
     fn from((limit, cost): (Limit, u64)) -> Self {
-        LineArg { limit, cost, dry_run: false }
+        LineArg { limit, cost, dry_run: false, check_only: false }
     }
 }
 
 impl From<(Limit, u64, bool)> for LineArg {
     fn from((limit, cost, dry_run): (Limit, u64, bool)) -> Self {
-        LineArg { limit, cost, dry_run }
+        LineArg { limit, cost, dry_run, check_only: false }
     }
 }
 
@@ -285,7 +336,8 @@ fn flush_run(run: Option<(LineArg, u64)>, spec: &mut Spec, emit: &mut impl FnMut
 }
 
 /// A line as the script takes it: `"algorithm count period_us burst cost
-/// queue dry"`, `dry` being 1 for a dry-run line, else 0.
+/// queue flags"`, `flags` being the sum of 1 for a dry-run line and 4 for a
+/// `charge=after` line's check.
 pub fn write_spec(out: &mut String, line: &LineArg) {
     let (limit, rate) = (&line.limit, line.limit.rate());
     // Writing to a String cannot fail.
@@ -298,7 +350,7 @@ pub fn write_spec(out: &mut String, line: &LineArg) {
         limit.burst(),
         line.cost,
         limit.queue(),
-        u8::from(line.dry_run)
+        u8::from(line.dry_run) | (u8::from(line.check_only) << 2)
     );
 }
 
@@ -317,6 +369,65 @@ pub fn script_args<'a, T: Copy + Into<LineArg> + 'a>(
         })
     });
     args
+}
+
+/// Emits the charge call's `ARGV` for `lines` (each a limit and the cost to
+/// charge on it), in the order of their `KEYS`: `now_us` replaces Redis
+/// `TIME` (tests).
+pub fn write_charge_args(
+    lines: impl IntoIterator<Item = (Limit, u64)>,
+    now_us: Option<u64>,
+    mut emit: impl FnMut(Arg<'_>),
+) {
+    match now_us {
+        Some(t) => emit(Arg::Int(t)),
+        None => emit(Arg::Str("")),
+    }
+    let mut spec = Spec::default();
+    for line in lines {
+        emit(Arg::Str(spec.of(line.into())));
+    }
+}
+
+/// [`write_charge_args`] as strings.
+pub fn charge_args(lines: impl IntoIterator<Item = (Limit, u64)>, now_us: Option<u64>) -> Vec<String> {
+    let mut args = Vec::new();
+    write_charge_args(lines, now_us, |a| {
+        args.push(match a {
+            Arg::Str(s) => s.to_owned(),
+            Arg::Int(i) => i.to_string(),
+            Arg::Neg(i) => format!("-{i}"),
+        })
+    });
+    args
+}
+
+/// The charge call's reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChargeReply {
+    /// When Redis ran the call (µs of its clock).
+    pub now_us: u64,
+    /// Per line: charged (a cost of 0 charges nothing and counts as
+    /// charged), or refused, nothing written (see the module docs).
+    pub charged: Vec<bool>,
+}
+
+/// Parses the charge call's reply for `lines` lines; `None` if it is
+/// malformed (wrong length, a code other than 0 or 1, a negative time).
+pub fn parse_charge_reply(reply: &[i64], lines: usize) -> Option<ChargeReply> {
+    let (&now_us, rest) = reply.split_first()?;
+    if rest.len() != lines {
+        return None;
+    }
+    let charged = rest
+        .iter()
+        .map(|&c| match c {
+            0 => Some(false),
+            1 => Some(true),
+            _ => None,
+        })
+        .collect::<Option<Vec<bool>>>()?;
+    Some(ChargeReply { now_us: u64::try_from(now_us).ok()?, charged })
 }
 
 /// One request's lines' outcomes (inline up to two lines: no allocation for

@@ -5,13 +5,14 @@
 //! exactly `elapsed_us·count` units. The stored amount is what is *used*
 //! (tokens taken, or the leaky bucket's level), so zero is a full/empty bucket.
 //! With a queue, delayed requests are charged too: the amount then exceeds
-//! the capacity, by at most the queue, `Q·period_us`.
+//! the capacity, by at most the queue, `Q·period_us`; an overdraft
+//! ([`Limit::overdraw`]) exceeds it by any amount, read as it is.
 //!
 //! State: `[used, last]`, `last` being the latest time seen. A `now` before
 //! `last` (clock stepped back) is treated as `last`: no refill, and waits are
 //! measured from `now`.
 
-use super::{div_ceil, mul, sat, Charge, Limit, Outcome};
+use super::{div_ceil, mul, overdrawn, sat, Charge, Limit, Outcome};
 
 /// The state as seen at `now`.
 struct View {
@@ -86,6 +87,17 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     s[0] = sat(used);
     s[1] = v.at;
     Charge { cost, at: v.at, below: v.used }
+}
+
+/// See [`Limit::overdraw`]: the amount grows by the cost, beyond the
+/// capacity if need be.
+pub(super) fn overdraw(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
+    let v = load(l, s, now);
+    let charge = Charge { cost, at: v.at, below: v.used };
+    let (used, charge) = overdrawn(u128::from(v.used) + mul(cost, l.rate.period_us), charge);
+    s[0] = used;
+    s[1] = v.at;
+    charge
 }
 
 /// See [`Limit::refund`]. The stored level (at `last`) holds all of the

@@ -2,8 +2,10 @@
 //!
 //! State: `[k + 1, used]` (0 = no window yet). A `now` in an earlier window
 //! than the stored one (clock stepped back) keeps counting in the stored one.
+//! `used` may exceed the burst ([`Limit::overdraw`]): the overdraft counts
+//! until the window ends, and is forgotten with it.
 
-use super::{Charge, Limit, Outcome};
+use super::{overdrawn, Charge, Limit, Outcome};
 
 /// The state as seen at `now`.
 struct View {
@@ -17,7 +19,7 @@ struct View {
 fn load(l: &Limit, s: &[u64], now: u64) -> View {
     let current = now / l.window;
     match s[0].checked_sub(1) {
-        Some(window) if window >= current => View { window, used: s[1].min(l.burst) },
+        Some(window) if window >= current => View { window, used: s[1] },
         _ => View { window: current, used: 0 },
     }
 }
@@ -39,7 +41,7 @@ fn reset(l: &Limit, v: &View, now: u64) -> u64 {
 /// See [`Limit::check`].
 pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
     let v = load(l, s, now);
-    let free = l.burst - v.used;
+    let free = l.burst.saturating_sub(v.used);
     if cost <= free {
         let after = View { used: v.used + cost, ..v };
         return Outcome::admit(free - cost, reset(l, &after, now), 0);
@@ -51,7 +53,7 @@ pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
 /// See [`Limit::commit`].
 pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     let v = load(l, s, now);
-    if cost > l.burst - v.used {
+    if cost > l.burst.saturating_sub(v.used) {
         return Charge::default();
     }
     s[0] = v.window.saturating_add(1);
@@ -59,10 +61,20 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     Charge { cost, at: v.window, below: 0 }
 }
 
+/// See [`Limit::overdraw`]: into the window counted in, beyond the burst
+/// if need be.
+pub(super) fn overdraw(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
+    let v = load(l, s, now);
+    let (used, charge) = overdrawn(u128::from(v.used) + u128::from(cost), Charge { cost, at: v.window, below: 0 });
+    s[0] = v.window.saturating_add(1);
+    s[1] = used;
+    charge
+}
+
 /// See [`Limit::refund`]: out of the window charged, while it is the one
 /// stored (once a later window is, the charge counts no more).
-pub(super) fn refund(l: &Limit, s: &mut [u64], charge: &Charge) {
+pub(super) fn refund(s: &mut [u64], charge: &Charge) {
     if s[0] == charge.at.saturating_add(1) {
-        s[1] = s[1].min(l.burst).saturating_sub(charge.cost);
+        s[1] = s[1].saturating_sub(charge.cost);
     }
 }

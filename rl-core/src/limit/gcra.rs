@@ -7,7 +7,7 @@
 //! the same. A `now` that stepped back only makes `TAT − now` larger:
 //! stricter.
 
-use super::{mul, sat, Charge, Limit, Outcome};
+use super::{mul, overdrawn, sat, Charge, Limit, Outcome};
 
 /// `TAT − now` after charging `cost` on top of `backlog`, and by how much
 /// that exceeds `τ + T = B·T` (0 if it fits: admitted at once).
@@ -53,6 +53,15 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     let at = s[0].max(now);
     s[0] = sat(u128::from(now) + charged);
     Charge { cost, at, below: 0 }
+}
+
+/// See [`Limit::overdraw`]: `TAT = max(TAT, now) + cost·T`, however far
+/// ahead.
+pub(super) fn overdraw(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
+    let at = s[0].max(now);
+    let charge;
+    (s[0], charge) = overdrawn(u128::from(at) + mul(cost, l.interval), Charge { cost, at, below: 0 });
+    charge
 }
 
 /// See [`Limit::refund`]. The charge moved `TAT` from `at` to

@@ -113,6 +113,15 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     Charge { cost, at: t, below: 0 }
 }
 
+/// See [`Limit::overdraw`]: a log holds at most `B` live entries, so it
+/// charges what fits, as [`commit`] would.
+pub(super) fn overdraw(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
+    match cost.min(l.burst - load(l, s, now).live()) {
+        0 => Charge::default(),
+        fits => commit(l, s, now, fits),
+    }
+}
+
 /// See [`Limit::refund`]: drops `cost` entries stamped with the charge's
 /// time (entries with one stamp are interchangeable), the later entries
 /// moving down; once they have expired this changes nothing.

@@ -12,10 +12,12 @@
 //! reached and checked in `tests/sliding_bound.rs`.
 //!
 //! State: `[k + 1, curr, prev]` (0 = no window yet), `prev` being the count of
-//! window `k − 1`. A `now` in an earlier window than the stored one (clock
+//! window `k − 1`. Counts may exceed the burst ([`Limit::overdraw`]): an
+//! overdraft weighs in as `curr`, then as `prev` in the next window,
+//! weighted as usual, and is forgotten when that one ends. A `now` in an earlier window than the stored one (clock
 //! stepped back) counts in the stored window with `e = 0` (the strictest).
 
-use super::{mul, sat, Charge, Limit, Outcome};
+use super::{mul, overdrawn, sat, Charge, Limit, Outcome};
 
 /// The state as seen at `now`.
 #[derive(Clone, Copy)]
@@ -41,7 +43,7 @@ fn load(l: &Limit, s: &[u64], now: u64) -> View {
         _ => (current, 0, 0),
     };
     let start = window.saturating_mul(l.window);
-    View { start, elapsed: now.saturating_sub(start), prev: prev.min(l.burst), curr: curr.min(l.burst), window }
+    View { start, elapsed: now.saturating_sub(start), prev, curr, window }
 }
 
 /// The estimate scaled by `W`: `prev·(W−e) + curr·W`.
@@ -116,15 +118,25 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     Charge { cost, at: v.window, below: 0 }
 }
 
+/// See [`Limit::overdraw`]: into `curr`, beyond the burst if need be.
+pub(super) fn overdraw(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
+    let v = load(l, s, now);
+    let (curr, charge) = overdrawn(u128::from(v.curr) + u128::from(cost), Charge { cost, at: v.window, below: 0 });
+    s[0] = v.window.saturating_add(1);
+    s[1] = curr;
+    s[2] = v.prev;
+    charge
+}
+
 /// See [`Limit::refund`]: out of `curr` while the window charged is the
 /// stored one, out of `prev` once it is the one before; later it weighs
 /// nothing.
-pub(super) fn refund(l: &Limit, s: &mut [u64], charge: &Charge) {
+pub(super) fn refund(s: &mut [u64], charge: &Charge) {
     let stored = charge.at.saturating_add(1);
     let word = match s[0] {
         w if w == stored => 1,
         w if w == stored.saturating_add(1) => 2,
         _ => return,
     };
-    s[word] = s[word].min(l.burst).saturating_sub(charge.cost);
+    s[word] = s[word].saturating_sub(charge.cost);
 }

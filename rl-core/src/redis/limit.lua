@@ -14,8 +14,9 @@
 --          writes nothing, and returns {-1, now}: by then its caller no
 --          longer waits for it (it answers its requests as failed).
 -- Then per request, in order: its lines, each one argument
--- "algorithm count period_us burst cost queue dry" (dry: 1 for a dry-run
--- line, else 0; queue 0 but for the buckets and gcra; the same string for every
+-- "algorithm count period_us burst cost queue flags" (flags: 1 for a
+-- dry-run line, + 4 for a charge=after line's check, else 0; queue 0 but
+-- for the buckets and gcra; the same string for every
 -- request with the same limit and cost, so parsed once per call); a
 -- request of other than one line is preceded by its number of lines; n
 -- consecutive requests of one line each with the same string may be sent
@@ -32,7 +33,26 @@
 -- dry-run) lines admit it; then its enforced lines are committed, and its
 -- dry-run lines that admit it. A queue=N line (buckets, gcra) admits beyond
 -- the burst, delayed, what conforms to the rate within N emission
--- intervals, charged at arrival (rl-core's Limit::with_queue).
+-- intervals, charged at arrival (rl-core's Limit::with_queue). A
+-- charge=after line (flag 4) checks a cost of 1 whatever its cost field,
+-- and is never charged here: its cost is charged after the response.
+--
+-- The charge call (`charge` below: the library's function NAME_charge, or
+-- this script with its last line calling `charge`) charges costs known
+-- only after the response, in full, beyond the burst if need be (rl-core's
+-- Limit::overdraw): the state records the overdraft and the decisions see
+-- it until it is repaid.
+-- ARGV[1]  now in microseconds; "" or "0" = Redis TIME.
+-- Then per line one argument, as above (its queue and flags do not change
+--          the charge).
+-- KEYS     the state key of every line, in the same order.
+-- No deadline: a charge is as good late as early. Returns {now, then per
+-- line 1 if charged (a cost of 0 charges nothing), 0 if refused without
+-- writing: a malformed line, sliding_log (it cannot hold an overdraft), a
+-- line out of the exact range, a cost >= 2^52, or a charge that would take
+-- the state beyond 2^52 (the buckets: used*period; gcra: TAT - now), past
+-- which the script would no longer be exact}. The key's TTL covers the
+-- overdraft's repayment, as a decision's write does.
 --
 -- State: for fixed / sliding / token_bucket / leaky_bucket / gcra a string
 -- of a 0 byte, then rl-core's u64 state words and the key's expiry (ms of
@@ -379,8 +399,9 @@ local function fixed(lim, j, key, cost)
     k = k - k % 1
     local used = 0
     if s1 >= 1 and s1 - 1 >= k then
+      -- (read as it is above the burst: an overdraft, counted until the
+      -- window ends)
       k, used = s1 - 1, s2
-      if b < used then used = b end
     end
     local to_end = (k + 1) * W - now
     if not (0 < to_end) then to_end = 0 end
@@ -393,6 +414,7 @@ local function fixed(lim, j, key, cost)
       end
     else
       rem, rst = free, to_end
+      if not (0 < rem) then rem = 0 end
       if used == 0 then rst = 0 end
       if cost <= b then rty = to_end end
     end
@@ -423,8 +445,8 @@ local function sliding(lim, j, key, cost)
         prev = s2
       end
     end
-    if b < curr then curr = b end
-    if b < prev then prev = b end
+    -- (curr and prev are read as they are above the burst: an overdraft
+    -- weighs in until the window after the one charged ends)
     local lead = k * W - now -- start - now: until(off) = max(0, lead + off)
     local span = -lead -- W - max(0, elapsed), at least 0
     if not (0 < span) then span = 0 end
@@ -640,15 +662,17 @@ local by_name = {
 }
 
 -- The arguments after ARGV[3], by their string, parsed once per call: a
--- line "algorithm count period_us burst cost queue dry" (count, period_us,
--- burst integers in [1, 2^53), cost and queue integers >= 0, dry 0 or 1)
--- as {algorithm, count, period_us, burst, cost, K, BT, QK, dry}, where K is
+-- line "algorithm count period_us burst cost queue flags" (count,
+-- period_us, burst integers in [1, 2^53), cost and queue integers >= 0,
+-- flags 0, 1, 4 or 5) as {algorithm, count, period_us, burst, cost, K, BT,
+-- QK, dry, function, after}, where K is
 -- the algorithm's constant (W = ceil(burst*period/count) for fixed /
 -- sliding / sliding_log, T = ceil(period/count) for gcra, with BT =
 -- burst*T; burst*period for the buckets), or false when out of the exact
 -- range; QK the queue scaled as the state (queue*T for gcra, queue*period
--- for the buckets); dry true for a dry-run line; then the algorithm's
--- function (nil: unknown); a malformed line as
+-- for the buckets); dry true for a dry-run line (flag 1); then the
+-- algorithm's function (nil: unknown); after true for a charge=after
+-- line's check (flag 4); a malformed line as
 -- false; a number of lines as {0, n}, a run "-n" as {-1, n}; nil for a
 -- malformed number.
 local specs, nspecs = {}, 0
@@ -662,8 +686,13 @@ local function parse(s)
     end
     return { 0, n }
   end
-  local a, w1, w2, w3, w4, w5, w6 = string.match(s, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) ([01])$')
-  local c, p, b, x, q = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4), tonumber(w5)
+  local a, w1, w2, w3, w4, w5, w6 = string.match(s, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%d)$')
+  local c, p, b, x, q, f = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4), tonumber(w5), tonumber(w6)
+  -- flags: 1 dry-run, 4 charge-after check (checks a cost of 1, never
+  -- charges); no other bit is known
+  if not (f == 0 or f == 1 or f == 4 or f == 5) then
+    return false
+  end
   if not (c and p and b and x and q
       and c % 1 == 0 and c >= 1 and c < TWO53
       and p % 1 == 0 and p >= 1 and p < TWO53
@@ -694,7 +723,7 @@ local function parse(s)
   if (a == 'token_bucket' or a == 'leaky_bucket') and (b + q) * p <= E then
     K, QK = b * p, q * p
   end
-  return { a, c, p, b, x, K, BT, QK, w6 == '1', by_name[a] }
+  return { a, c, p, b, x, K, BT, QK, f % 2 == 1, by_name[a], 4 <= f }
 end
 
 -- parse(s), kept in `specs` (nil, a malformed number, is not kept).
@@ -718,8 +747,9 @@ local function line(s)
   return lim
 end
 
--- Checks (and commits) the requests of one call: the script's body.
-local function limit(KEYS, ARGV)
+-- A call's start: binds the library functions, and sets the clock from
+-- `t` (the call's now argument; "" = Redis TIME).
+local function start(t)
   if not pack then
     floor, pack, unpack_ = math.floor, struct.pack, struct.unpack
   end
@@ -730,7 +760,7 @@ local function limit(KEYS, ARGV)
     pcall(redis.replicate_commands)
   end
   -- The clock.
-  now, ms = ARGV[2], nil
+  now, ms = t, nil
   if now == '' then
     now = nil
   else
@@ -746,6 +776,61 @@ local function limit(KEYS, ARGV)
     ms = now / 1000
     ms = ms - ms % 1
   end
+end
+
+-- Reads every distinct key of the call, and clears the call's records.
+local function read(KEYS)
+  slot, names, cur, nslots = {}, {}, nil, 0
+  R = {}
+  sx = 0
+  if nspecs > 64 then
+    -- (a library keeps the parsed lines from call to call: a few)
+    specs, nspecs = {}, 0
+  end
+
+  -- Read every distinct key with MGET, 256 at a time (one call instead of a
+  -- GET each; MGET answers nil for a key of another type, which GET reads as
+  -- fresh too).
+  local nkeys, n = #KEYS, 0
+  for i = 1, nkeys + 1 do
+    local key = KEYS[i]
+    if key then
+      local j = slot[key]
+      if j == nil then
+        nslots = nslots + 1
+        slot[key], names[nslots] = nslots, key
+        n = n + 1
+      else
+        R[6 * j] = true
+      end
+    end
+    if n == 256 or (i > nkeys and n > 0) then
+      local got = redis.call('MGET', unpack(names, nslots - n + 1, nslots))
+      if cur == nil then
+        cur = got
+      else
+        for j = 1, n do
+          cur[nslots - n + j] = got[j]
+        end
+      end
+      n = 0
+    end
+  end
+  cur = cur or {}
+end
+
+-- Writes the records of the keys several lines of the call shared.
+local function flush_all()
+  for j = 1, nslots do
+    if R[6 * j - 5] then
+      flush(j)
+    end
+  end
+end
+
+-- Checks (and commits) the requests of one call: the script's body.
+local function limit(KEYS, ARGV)
+  start(ARGV[2])
 
   -- The deadline: checked before anything is read.
   local deadline = ARGV[3]
@@ -762,46 +847,7 @@ local function limit(KEYS, ARGV)
   commit = ARGV[1] == '1'
   local nargs = #ARGV
   reply, nreply = { now }, 1
-
-  slot, names, cur, nslots = {}, {}, nil, 0
-  R = {}
-  sx = 0
-  if nspecs > 64 then
-    -- (a library keeps the parsed lines from call to call: a few)
-    specs, nspecs = {}, 0
-  end
-
-  -- Read every distinct key with MGET, 256 at a time (one call instead of a
-  -- GET each; MGET answers nil for a key of another type, which GET reads as
-  -- fresh too).
-  do
-    local nkeys, n = #KEYS, 0
-    for i = 1, nkeys + 1 do
-      local key = KEYS[i]
-      if key then
-        local j = slot[key]
-        if j == nil then
-          nslots = nslots + 1
-          slot[key], names[nslots] = nslots, key
-          n = n + 1
-        else
-          R[6 * j] = true
-        end
-      end
-      if n == 256 or (i > nkeys and n > 0) then
-        local got = redis.call('MGET', unpack(names, nslots - n + 1, nslots))
-        if cur == nil then
-          cur = got
-        else
-          for j = 1, n do
-            cur[nslots - n + j] = got[j]
-          end
-        end
-        n = 0
-      end
-    end
-    cur = cur or {}
-  end
+  read(KEYS)
   -- The next ARGV and KEYS to read; the requests left in a run, their line,
   -- and how far a line advances ARGV (0 in a run).
   local argi, k = 4, 0
@@ -855,6 +901,10 @@ local function limit(KEYS, ARGV)
       local alg, b, cost, K, QK
       if lim then
         alg, b, cost, K, QK = lim[1], lim[4], lim[5], lim[6], lim[8]
+        if lim[11] then
+          -- a charge=after line's check: one unit left admits
+          cost = 1
+        end
       end
       k = k + 1
       local key = KEYS[k]
@@ -868,6 +918,10 @@ local function limit(KEYS, ARGV)
 
       if key and lim and lim[10] and now <= E then
         ok, adm, rem, rst, rty, dly, val, v1, v2, v3 = lim[10](lim, j, key, cost)
+        if lim[11] then
+          -- a charge=after line: its cost is charged later, by `charge`
+          val = nil
+        end
         if ok and cost == 0 then
           -- charges nothing: passes at once even over the limit, and writes
           -- nothing
@@ -912,12 +966,104 @@ local function limit(KEYS, ARGV)
     end
   end
 
-  for j = 1, nslots do
-    if R[6 * j - 5] then
-      flush(j)
-    end
-  end
+  flush_all()
   return reply
+end
+
+-- The state of slot j after a charge of `cost` on the line `lim`, in full
+-- whatever the state (rl-core's Limit::overdraw): ok (charged: false for
+-- sliding_log, a line out of the exact range, or a state that would pass
+-- E), the words v1, v2, v3, and the reset (us) of the state after it.
+local function overdraw(lim, j, cost)
+  local alg, K = lim[1], lim[6]
+  if not K or E <= cost then
+    return false
+  end
+  if alg == 'fixed' or alg == 'sliding' then
+    local s1, s2, s3 = state(j, alg, alg == 'fixed' and 2 or 3)
+    local k = now / K
+    k = k - k % 1
+    local curr, prev = 0, 0
+    if s1 >= 1 then
+      local sk = s1 - 1
+      if sk >= k then
+        k, curr, prev = sk, s2, s3
+      elseif sk + 1 == k then
+        prev = s2
+      end
+    end
+    curr = curr + cost
+    if E < curr then
+      return false
+    end
+    -- fixed: until the window ends; sliding: until the next one does
+    local rst = (k + 1) * K - now
+    if alg == 'fixed' then
+      prev = 0
+    else
+      rst = rst + K
+    end
+    if not (0 < rst) then rst = 0 end
+    return true, k + 1, curr, prev, rst
+  elseif alg == 'token_bucket' or alg == 'leaky_bucket' then
+    local c, p = lim[2], lim[3]
+    local used, last = state(j, alg, 2)
+    if now > last then
+      local refill = (now - last) * c
+      if refill >= used then
+        used = 0
+      else
+        used = used - refill
+      end
+    end
+    local lag, at = last - now, last
+    if not (0 < lag) then lag, at = 0, now end
+    used = used + cost * p
+    if E < used then
+      return false
+    end
+    return true, used, at, 0, drain(used, c, lag)
+  elseif alg == 'gcra' then
+    local backlog = state(j, alg, 1) - now
+    if not (0 < backlog) then backlog = 0 end
+    backlog = backlog + cost * K
+    if E < backlog then
+      return false
+    end
+    return true, now + backlog, 0, 0, backlog
+  end
+  return false
+end
+
+-- Charges the costs of one call, line by line (see the header): the charge
+-- call's body.
+local function charge(KEYS, ARGV)
+  start(ARGV[1])
+  if #ARGV ~= #KEYS + 1 then
+    return redis.error_reply('rl: malformed arguments')
+  end
+  read(KEYS)
+  local out = { now }
+  for i = 1, #KEYS do
+    local lim = line(ARGV[i + 1])
+    local done = 0
+    -- (in range, and not sliding_log)
+    if lim and now <= E and lim[6] and lim[1] ~= 'sliding_log' then
+      local alg, cost, j = lim[1], lim[5], slot[KEYS[i]]
+      if cost == 0 then
+        done = 1
+      else
+        local ok, v1, v2, v3, rst = overdraw(lim, j, cost)
+        if ok then
+          put(j, alg, true, v1, v2, v3, sx, rst)
+          done = 1
+        end
+      end
+    end
+    out[i + 1] = done
+  end
+  flush_all()
+  return out
 end
 
 return limit(KEYS, ARGV)

@@ -26,11 +26,22 @@
 //! none for a request that can never pass (cost above the burst). What
 //! remains is at most the burst, and after an admitted request of cost `c`
 //! at most `B − c`.
+//!
+//! A state that may hold an overdraft (`charge=after`, see
+//! [`crate::limit::Limit::overdraw`]) has no such bound for the buckets and
+//! `gcra` but the script's exact range, and `sliding`'s retry-after then
+//! reaches `2W`: its lines are checked with `deepest` = [`OVERDRAWN`].
 
 use core::fmt;
 
 use super::TTL_MARGIN_MS;
 use crate::limit::{Algorithm, Limit, Outcome};
+
+/// As the `deepest` queue of [`check_line`] and the maxima: the line's state
+/// may hold an overdraft (a `charge=after` line charges it): the buckets
+/// and `gcra` then have no bound below the script's exact range, and
+/// `sliding`'s retry-after reaches `2W` for any cost.
+pub const OVERDRAWN: u64 = u64::MAX;
 
 /// How far the Redis clock may have stepped back since a state was written
 /// for a reply to be in range: the TTL margin.
@@ -118,10 +129,11 @@ pub fn max_retry_after_us(limit: &Limit, cost: u64, deepest: u64) -> Option<u64>
     let w = limit.window_us();
     let reach = match limit.algorithm() {
         Algorithm::Fixed | Algorithm::SlidingLog => w,
+        Algorithm::Sliding if deepest == OVERDRAWN => w.saturating_mul(2),
         Algorithm::Sliding => w.saturating_add(sat((u128::from(cost) * u128::from(w)).div_ceil(u128::from(b)))),
         Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
             let q = limit.queue();
-            at_rate(limit, deepest.max(q) - q + cost)
+            at_rate(limit, (deepest.max(q) - q).saturating_add(cost))
         }
     };
     Some(reach.saturating_add(CLOCK_STEP_US))

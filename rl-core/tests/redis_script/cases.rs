@@ -5,10 +5,13 @@
 
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::redis::{
+    charge_args, charge_function_name, charge_script, function_library, function_name, parse_charge_reply, write_spec,
+    ChargeReply, LineArg,
+};
+use rl_core::redis::{
     exact, key_tag, parse_reply, script_args, state_key, tag_of, write_state_key, Call, ScriptReply, LIMIT_SCRIPT,
     MAX_EXACT, TTL_MARGIN_MS, TTL_SLACK_MS,
 };
-use rl_core::redis::{function_library, function_name};
 use rl_core::verdict::Outcome;
 
 use crate::fixtures::{case_limit, keys, limit, T0};
@@ -771,4 +774,111 @@ fn dry_run_lines() {
     assert_eq!(seen[10], (false, false, false));
     // The strict line was charged once: its state is one interval.
     assert_eq!(s[1], [T0 + 1_000_000]);
+}
+
+/// The issue's sequence through the script: `burst=100` token_bucket at 100
+/// per second, each response costs 30. Requests 1-4 pass the
+/// `charge=after` line's check and are each charged 30 after the response
+/// (the 4th takes the state to 120 used); the 5th is rejected with a
+/// retry-after of 210 ms (21 units to repay) that, waited, admits it.
+#[test]
+fn charge_after_issue_sequence() {
+    let l = limit(Algorithm::TokenBucket, 100, 1_000_000, 100);
+    let check = [LineArg { limit: l, cost: 1, dry_run: false, check_only: true }];
+    let mut p = Pair::new(&check);
+    for i in 1..=4 {
+        let (admitted, out) = p.step(&check, T0, true, false);
+        assert!(admitted, "request {i}");
+        assert_eq!(out[0].remaining, 99 - 30 * (i - 1), "request {i}");
+        assert_eq!(p.charge(&[(l, 30)], T0, false), [true]);
+    }
+    assert_eq!(p.redis.value(&p.keys[0]), Some(format!("{} {T0}", 120 * 1_000_000)));
+    // The key lives until the overdraft is repaid (1.2 s) + the margin.
+    let exp = p.redis.expiry(&p.keys[0]).unwrap();
+    assert!(exp >= T0 + 1_200_000 + TTL_MARGIN_MS * 1000, "{exp}");
+    let (admitted, out) = p.step(&check, T0, true, false);
+    assert!(!admitted);
+    assert_eq!((out[0].remaining, out[0].reset_us, out[0].retry_after_us), (0, 1_200_000, Some(210_000)));
+    assert!(!p.step(&check, T0 + 209_999, true, false).0);
+    assert!(p.step(&check, T0 + 210_000, true, false).0);
+    // The checks were never charged: the state holds the charges alone.
+    assert_eq!(p.redis.value(&p.keys[0]), Some(format!("{} {T0}", 120 * 1_000_000)));
+}
+
+/// A `charge=after` line's check takes a cost of 1 whatever its cost, and
+/// is never charged, alone or beside a line that is; flag 2 (not this
+/// script's) fails closed.
+#[test]
+fn charge_after_check_is_never_charged() {
+    let l = case_limit(Algorithm::Gcra);
+    let after = LineArg { limit: l, cost: 7, dry_run: false, check_only: true };
+    let enforced = LineArg { limit: l, cost: 1, dry_run: false, check_only: false };
+    let mut p = Pair::new(&[after, enforced]);
+    for _ in 0..3 {
+        let (admitted, out) = p.step(&[after, enforced], T0, true, false);
+        assert!(admitted);
+        assert_eq!(out[0].remaining, 2);
+    }
+    assert_eq!(p.redis.value(&p.keys[0]), None);
+    let mut s = String::new();
+    write_spec(&mut s, &after);
+    assert_eq!(s, "gcra 2 1000000 3 7 0 4");
+    s.clear();
+    write_spec(&mut s, &LineArg { dry_run: true, ..after });
+    assert_eq!(s, "gcra 2 1000000 3 7 0 5");
+    let r = Redis::new();
+    r.set_now(T0);
+    let reply = r.eval(&keys(1), &["1".into(), String::new(), String::new(), "gcra 2 1000000 3 1 0 2".into()]);
+    assert_eq!(reply, [T0 as i64, 0, 0, -1, 0]);
+}
+
+/// The charge call refuses, writing nothing for it: a malformed line,
+/// `sliding_log`, a limit out of the exact range, a cost of 2^52 or more,
+/// a charge that would take the state beyond 2^52; it charges the lines
+/// beside them; a cost of 0 charges nothing.
+#[test]
+fn charge_refuses_what_it_cannot_hold_exactly() {
+    let r = Redis::new();
+    let k = keys(2);
+    let fixed = limit(Algorithm::Fixed, 10, 1_000_000, 10);
+    let bucket = limit(Algorithm::TokenBucket, 10, 1_000_000, 10);
+    let log = limit(Algorithm::SlidingLog, 10, 1_000_000, 10);
+    let wide = limit(Algorithm::TokenBucket, 1, 1 << 40, 1 << 13);
+    assert!(!exact(&wide));
+    for (line, cost) in [(log, 1), (wide, 1), (fixed, MAX_EXACT), (bucket, MAX_EXACT / 1_000_000 + 1), (fixed, 0)] {
+        assert_eq!(r.charge(&k[..1], &[(line, cost)], T0, false), [cost == 0], "{line:?} {cost}");
+    }
+    assert_eq!(r.writes(), 0);
+    // Up to 2^52 is taken, and the other line charged beside a refusal.
+    let lines = [(fixed, MAX_EXACT - 1), (bucket, MAX_EXACT)];
+    assert_eq!(r.charge(&k, &lines, T0, false), [true, false]);
+    assert_eq!(r.value(&k[0]), Some(format!("{} {}", T0 / 1_000_000 + 1, MAX_EXACT - 1)));
+    assert_eq!(r.value(&k[1]), None);
+    assert_eq!(r.charge(&k[..1], &[(fixed, 1)], T0, false), [true]);
+    assert_eq!(r.charge(&k[..1], &[(fixed, 1)], T0, false), [false]);
+    // Malformed lines: refused; a wrong number of arguments: an error.
+    let reply = r.eval_charge(&k, &[T0.to_string(), "fixed 10 1000000 10 x 0 0".into(), "nope".into()]);
+    assert_eq!(reply, [T0 as i64, 0, 0]);
+    let err = r.call_charge_table(&k, &[T0.to_string()]);
+    assert!(err.raw_get::<mlua::Value>("err").unwrap().is_string());
+}
+
+/// The Rust side of the charge call: its arguments, names and reply.
+#[test]
+fn charge_rust_interface() {
+    let l = limit(Algorithm::TokenBucket, 10, 60_000_000, 20);
+    let g = limit(Algorithm::Gcra, 1, 1_000_000, 1).with_queue(2).unwrap();
+    assert_eq!(
+        charge_args([(l, 30), (g, 0)], None),
+        ["", "token_bucket 10 60000000 20 30 0 0", "gcra 1 1000000 1 0 2 0"]
+    );
+    assert_eq!(charge_args([(l, 1)], Some(7)), ["7", "token_bucket 10 60000000 20 1 0 0"]);
+    assert_eq!(charge_function_name(), format!("{}_charge", function_name()));
+    assert!(charge_script().ends_with("return charge(KEYS, ARGV)\n"));
+    assert!(function_library().contains(&format!("redis.register_function('{}', charge)", charge_function_name())));
+    assert_eq!(parse_charge_reply(&[5, 1, 0], 2), Some(ChargeReply { now_us: 5, charged: vec![true, false] }));
+    assert_eq!(parse_charge_reply(&[5, 1], 2), None);
+    assert_eq!(parse_charge_reply(&[5, 2], 1), None);
+    assert_eq!(parse_charge_reply(&[-5, 1], 1), None);
+    assert_eq!(parse_charge_reply(&[], 0), None);
 }

@@ -5,8 +5,10 @@
 //! replies converted as Redis does, and the store read and written directly.
 
 use mlua::{Function, Lua, Table, Value};
+use rl_core::limit::Limit;
 use rl_core::redis::{
-    function_library, function_name, parse_reply, script_args, Call, LineArg, ScriptReply, LIMIT_SCRIPT,
+    charge_args, charge_function_name, charge_script, function_library, function_name, parse_charge_reply, parse_reply,
+    script_args, Call, ChargeReply, LineArg, ScriptReply, LIMIT_SCRIPT,
 };
 use rl_core::verdict::Outcome;
 
@@ -35,6 +37,8 @@ pub(crate) enum Mode {
 pub(crate) struct Redis {
     lua: Lua,
     script: Function,
+    /// The charge call: the library's function, or its script.
+    charge: Function,
     mode: Mode,
     pub(crate) fake: Table,
 }
@@ -49,17 +53,21 @@ impl Redis {
         let lua = Lua::new();
         lua.globals().set("struct", struct_lib(&lua)).unwrap();
         lua.load(FAKE_REDIS).set_name("fake_redis").exec().unwrap();
-        let script = match mode {
-            Mode::Eval => lua.load(LIMIT_SCRIPT).set_name("limit.lua").into_function().unwrap(),
+        let (script, charge) = match mode {
+            Mode::Eval => (
+                lua.load(LIMIT_SCRIPT).set_name("limit.lua").into_function().unwrap(),
+                lua.load(charge_script()).set_name("charge.lua").into_function().unwrap(),
+            ),
             Mode::Function => {
-                let (name, f): (String, Function) =
+                let (name, f, c): (String, Function, Function) =
                     lua.load(LOAD_LIBRARY).set_name("load_library").call(function_library()).unwrap();
                 assert_eq!(name, function_name());
-                f
+                assert_eq!(format!("{name}_charge"), charge_function_name());
+                (f, c)
             }
         };
         let fake = lua.globals().raw_get("fake").unwrap();
-        Redis { lua, script, mode, fake }
+        Redis { lua, script, charge, mode, fake }
     }
 
     pub(crate) fn set_now(&self, now_us: u64) {
@@ -119,29 +127,46 @@ impl Redis {
     /// EVALSHA: the raw reply, converted as Redis does (numbers must be
     /// integral here; Redis would truncate them).
     pub(crate) fn eval(&self, keys: &[String], args: &[String]) -> Vec<i64> {
-        let reply = self.eval_table(keys, args);
-        assert!(reply.raw_get::<Value>("err").unwrap().is_nil(), "error reply");
-        reply
-            .sequence_values::<Value>()
-            .map(|v| {
-                let x = number(&v.unwrap());
-                assert!(x.fract() == 0.0 && x.abs() < 9.3e18, "non-integral {x}");
-                x as i64
-            })
-            .collect()
+        integers(self.eval_table(keys, args))
     }
 
     /// EVALSHA or FCALL: the reply table as the script returns it.
     pub(crate) fn eval_table(&self, keys: &[String], args: &[String]) -> Table {
+        self.call_table(&self.script, keys, args)
+    }
+
+    /// The charge call's raw reply (see [`Redis::eval`]).
+    pub(crate) fn eval_charge(&self, keys: &[String], args: &[String]) -> Vec<i64> {
+        integers(self.call_charge_table(keys, args))
+    }
+
+    /// The charge call's reply table as the script returns it.
+    pub(crate) fn call_charge_table(&self, keys: &[String], args: &[String]) -> Table {
+        self.call_table(&self.charge, keys, args)
+    }
+
+    /// `f` (the script or the charge) called as FCALL or EVALSHA.
+    fn call_table(&self, f: &Function, keys: &[String], args: &[String]) -> Table {
         let keys = self.lua.create_sequence_from(keys.to_vec()).unwrap();
         let args = self.lua.create_sequence_from(args.to_vec()).unwrap();
         if self.mode == Mode::Function {
-            return self.script.call((keys, args)).unwrap();
+            return f.call((keys, args)).unwrap();
         }
         let g = self.lua.globals();
         g.raw_set("KEYS", keys).unwrap();
         g.raw_set("ARGV", args).unwrap();
-        self.script.call(()).unwrap()
+        f.call(()).unwrap()
+    }
+
+    /// One charge call for `lines` (a limit and a cost each, on `keys`) at
+    /// `now`, parsed: which lines it charged.
+    pub(crate) fn charge(&self, keys: &[String], lines: &[(Limit, u64)], now: u64, use_time: bool) -> Vec<bool> {
+        self.set_now(now);
+        let args = charge_args(lines.iter().copied(), (!use_time).then_some(now));
+        let reply = self.eval_charge(keys, &args);
+        let ChargeReply { now_us, charged } = parse_charge_reply(&reply, lines.len()).expect("well-formed reply");
+        assert_eq!(now_us, now);
+        charged
     }
 
     /// One script call for `lines` at `now`, parsed.
@@ -196,6 +221,20 @@ impl Redis {
             ScriptReply::Late { .. } => None,
         }
     }
+}
+
+/// A reply table as Redis converts it: integers (numbers must be integral
+/// here; Redis would truncate them).
+fn integers(reply: Table) -> Vec<i64> {
+    assert!(reply.raw_get::<Value>("err").unwrap().is_nil(), "error reply");
+    reply
+        .sequence_values::<Value>()
+        .map(|v| {
+            let x = number(&v.unwrap());
+            assert!(x.fract() == 0.0 && x.abs() < 9.3e18, "non-integral {x}");
+            x as i64
+        })
+        .collect()
 }
 
 fn number(v: &Value) -> f64 {

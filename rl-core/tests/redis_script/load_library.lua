@@ -1,10 +1,14 @@
 -- Redis 7's FUNCTION LOAD for the tests (see the doc of LOAD_LIBRARY in
--- harness.rs): called with the library's text, returns its name and function.
+-- harness.rs): called with the library's text, returns its name, its
+-- function of that name and its charge function (NAME_charge).
 local text = ...
 local real = _G
-local loading, registered = true, nil
+local loading, registered = true, {}
 local load_redis = {
-  register_function = function(name, f) registered = { name, f } end,
+  register_function = function(name, f)
+    assert(registered[name] == nil, 'a function registered twice')
+    registered[name] = f
+  end,
 }
 local env = setmetatable({}, {
   __index = function(_, k)
@@ -23,5 +27,6 @@ local chunk = assert(loadstring(string.sub(text, #name + 13), 'library'))
 setfenv(chunk, env)
 chunk()
 loading = false
-assert(registered and registered[1] == name, 'the library registers a function of its own name')
-return registered[1], registered[2]
+assert(registered[name], 'the library registers a function of its own name')
+assert(registered[name .. '_charge'], 'the library registers its charge function')
+return name, registered[name], registered[name .. '_charge']

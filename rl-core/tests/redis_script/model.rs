@@ -3,12 +3,21 @@
 //! state as the script stores it.
 
 use rl_core::limit::{Algorithm, Limit, Outcome};
-use rl_core::redis::LineArg;
+use rl_core::redis::{exact, LineArg, MAX_EXACT};
 use rl_core::verdict::combine;
+
+/// The cost a line is checked with: 1 for a `charge=after` line's check.
+pub(crate) fn checked_cost(a: &LineArg) -> u64 {
+    if a.check_only {
+        1
+    } else {
+        a.cost
+    }
+}
 
 /// The model of one call: check every line; the request is admitted iff
 /// every enforced line admits it, and then the lines that admit it are
-/// committed (`combine`).
+/// committed (`combine`), but for `charge=after` lines' checks.
 pub(crate) fn model<T: Copy + Into<LineArg>>(
     lines: &[T],
     states: &mut [Vec<u64>],
@@ -16,16 +25,50 @@ pub(crate) fn model<T: Copy + Into<LineArg>>(
     commit: bool,
 ) -> (bool, Vec<Outcome>) {
     let lines: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
-    let outs: Vec<Outcome> = lines.iter().zip(states.iter()).map(|(a, s)| a.limit.check(s, now, a.cost)).collect();
+    let outs: Vec<Outcome> =
+        lines.iter().zip(states.iter()).map(|(a, s)| a.limit.check(s, now, checked_cost(a))).collect();
     let d = combine(outs.iter().zip(&lines).map(|(o, a)| (o, a.dry_run)));
     if commit {
         for ((a, s), o) in lines.iter().zip(states.iter_mut()).zip(&outs) {
-            if d.charges(o) {
+            if d.charges(o) && !a.check_only {
                 a.limit.commit(s, now, a.cost);
             }
         }
     }
     (d.admitted, outs)
+}
+
+/// The model of a charge call: `Limit::overdraw` on each line in turn, but
+/// for the lines the script refuses (and leaves alone): `sliding_log`, a
+/// limit out of the exact range, a cost of `MAX_EXACT` or more, a `now`
+/// beyond it, or a charge that would take the state beyond it (the
+/// windows' count, the buckets' amount, `gcra`'s `TAT − now`). Returns
+/// which lines it charged (a cost of 0 charges nothing, and counts).
+pub(crate) fn model_charge(lines: &[(Limit, u64)], states: &mut [Vec<u64>], now: u64) -> Vec<bool> {
+    lines
+        .iter()
+        .zip(states.iter_mut())
+        .map(|(&(l, cost), s)| {
+            if l.algorithm() == Algorithm::SlidingLog || !exact(&l) || cost >= MAX_EXACT || now > MAX_EXACT {
+                return false;
+            }
+            if cost == 0 {
+                return true;
+            }
+            let mut after = s.clone();
+            l.overdraw(&mut after, now, cost);
+            let held = match l.algorithm() {
+                Algorithm::Fixed | Algorithm::Sliding | Algorithm::SlidingLog => after[1],
+                Algorithm::TokenBucket | Algorithm::LeakyBucket => after[0],
+                Algorithm::Gcra => after[0].saturating_sub(now),
+            };
+            if held > MAX_EXACT {
+                return false;
+            }
+            *s = after;
+            true
+        })
+        .collect()
 }
 
 /// The model of a call's deadline: a call that runs after it does nothing

@@ -1,13 +1,13 @@
 //! The differential step: one call run on the script and on the model,
 //! outcomes, writes, stored state and TTLs compared.
 
-use rl_core::limit::Algorithm;
-use rl_core::redis::{check_line, expiry_after_write, LineArg, CLOCK_STEP_US, TTL_MARGIN_MS};
+use rl_core::limit::{Algorithm, Limit};
+use rl_core::redis::{check_line, expiry_after_write, LineArg, CLOCK_STEP_US, OVERDRAWN, TTL_MARGIN_MS};
 use rl_core::verdict::Outcome;
 
 use crate::fixtures::keys;
 use crate::harness::{Mode, Redis};
-use crate::model::{model_until, stored};
+use crate::model::{checked_cost, model_charge, model_until, stored};
 
 /// Runs both sides for one call and checks outcomes, writes and stored state.
 pub(crate) struct Pair {
@@ -18,6 +18,8 @@ pub(crate) struct Pair {
     expiries: Vec<u64>,
     /// The latest `now` of any step so far.
     latest: u64,
+    /// Whether a charge call has run: the states may hold overdrafts.
+    overdrawn: bool,
 }
 
 impl Pair {
@@ -32,6 +34,7 @@ impl Pair {
             states: lines.iter().map(|&l| vec![0; Into::<LineArg>::into(l).limit.state_words()]).collect(),
             expiries: vec![0; lines.len()],
             latest: 0,
+            overdrawn: false,
         }
     }
 
@@ -57,11 +60,7 @@ impl Pair {
         deadline: Option<u64>,
     ) -> Option<(bool, Vec<Outcome>)> {
         self.redis.set_now(now);
-        for (key, x) in self.keys.iter().zip(self.expiries.iter_mut()) {
-            if self.redis.value(key).is_none() {
-                *x = 0; // expired (or never written)
-            }
-        }
+        self.forget_expired();
         let (snap, writes, reads) = (self.redis.snapshot(), self.redis.writes(), self.redis.count("MGET"));
         let got = self.redis.run_until(&self.keys, &[lines], now, commit, use_time, deadline).map(|mut out| {
             assert_eq!(out.len(), 1);
@@ -81,14 +80,69 @@ impl Pair {
         // check allows (some cases step it back by far more on purpose).
         self.latest = self.latest.max(now);
         if self.latest - now <= CLOCK_STEP_US {
-            let deepest = args.iter().map(|a| a.limit.queue()).max().unwrap_or(0);
+            let deepest = match self.overdrawn {
+                true => OVERDRAWN,
+                false => args.iter().map(|a| a.limit.queue()).max().unwrap_or(0),
+            };
             for (a, o) in args.iter().zip(&want.1) {
-                assert_eq!(check_line(&a.limit, a.cost, o, deepest), Ok(()), "now={now} line {a:?}: {o:?}");
+                let cost = checked_cost(a);
+                assert_eq!(check_line(&a.limit, cost, o, deepest), Ok(()), "now={now} line {a:?}: {o:?}");
             }
         }
-        // Which lines wrote: those the request charged.
-        let charged: Vec<bool> =
-            want.1.iter().zip(&args).map(|(o, a)| commit && want.0 && o.admitted && a.cost > 0).collect();
+        // Which lines wrote: those the request charged (a charge=after
+        // line's check never is).
+        let charged: Vec<bool> = want
+            .1
+            .iter()
+            .zip(&args)
+            .map(|(o, a)| commit && want.0 && o.admitted && a.cost > 0 && !a.check_only)
+            .collect();
+        self.check_store(&args, &charged, &want.1, now, &snap, writes);
+        Some(want)
+    }
+
+    /// One charge call for `lines` (a limit and a cost per key of the
+    /// pair) at `now` on both sides: the same lines charged, the same
+    /// states, TTLs that cover the overdraft.
+    pub(crate) fn charge(&mut self, lines: &[(Limit, u64)], now: u64, use_time: bool) -> Vec<bool> {
+        self.redis.set_now(now);
+        self.forget_expired();
+        let (snap, writes) = (self.redis.snapshot(), self.redis.writes());
+        let got = self.redis.charge(&self.keys, lines, now, use_time);
+        let want = model_charge(lines, &mut self.states, now);
+        assert_eq!(got, want, "charge now={now} lines={lines:?}");
+        self.overdrawn = true;
+        self.latest = self.latest.max(now);
+        let args: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
+        // The key must live until the state after the charge resets.
+        let after: Vec<Outcome> = args.iter().zip(&self.states).map(|(a, s)| a.limit.check(s, now, 0)).collect();
+        let charged: Vec<bool> = want.iter().zip(&args).map(|(&c, a)| c && a.cost > 0).collect();
+        self.check_store(&args, &charged, &after, now, &snap, writes);
+        want
+    }
+
+    /// Forgets the expiries of the keys that have expired.
+    fn forget_expired(&mut self) {
+        for (key, x) in self.keys.iter().zip(self.expiries.iter_mut()) {
+            if self.redis.value(key).is_none() {
+                *x = 0; // expired (or never written)
+            }
+        }
+    }
+
+    /// Checks the store after a call at `now` whose lines `charged` say
+    /// which wrote, the states after it resetting as `after` says: nothing
+    /// written if none did; else every state as the model's, and every TTL
+    /// as the policy predicts.
+    fn check_store(
+        &mut self,
+        args: &[LineArg],
+        charged: &[bool],
+        after: &[Outcome],
+        now: u64,
+        snap: &str,
+        writes: u64,
+    ) {
         let wrote = charged.iter().any(|&c| c);
         if !wrote {
             assert_eq!(self.redis.writes(), writes, "no write expected");
@@ -114,18 +168,17 @@ impl Pair {
             let exp = self.redis.expiry(key).expect("key without TTL");
             if l.algorithm() == Algorithm::SlidingLog {
                 if wrote && *c > 0 {
-                    let ttl_ms = want.1[i].reset_us.div_ceil(1000) + TTL_MARGIN_MS;
+                    let ttl_ms = after[i].reset_us.div_ceil(1000) + TTL_MARGIN_MS;
                     assert_eq!(exp, now + ttl_ms * 1000, "TTL of line {i}");
                 }
                 continue;
             }
             if wrote && *c > 0 {
                 let x = &mut self.expiries[i];
-                *x = expiry_after_write(*x, now / 1000, want.1[i].reset_us);
+                *x = expiry_after_write(*x, now / 1000, after[i].reset_us);
             }
             assert_eq!(self.redis.stored_expiry(key), Some(self.expiries[i]), "line {i}");
             assert_eq!(exp / 1000, self.expiries[i], "TTL of line {i}");
         }
-        Some(want)
     }
 }

@@ -37,7 +37,7 @@ fn replay(limits: &[Limit], dry: &[bool], ops: &[(Raw, Vec<u8>)], start: u64, ji
     let mut lines: Vec<LineArg> = limits
         .iter()
         .enumerate()
-        .map(|(i, l)| LineArg { limit: *l, cost: 1, dry_run: dry.get(i).copied().unwrap_or(false) })
+        .map(|(i, l)| LineArg { limit: *l, cost: 1, dry_run: dry.get(i).copied().unwrap_or(false), check_only: false })
         .collect();
     let mut p = Pair::new(&lines);
     let (mut t, mut prev) = (start, Outcome::default());
@@ -82,6 +82,75 @@ fn replay(limits: &[Limit], dry: &[bool], ops: &[(Raw, Vec<u8>)], start: u64, ji
             continue;
         };
         // Drive the clock by the first line that rejected, else the first.
+        prev = out.iter().copied().find(|o| !o.admitted).unwrap_or(out[0]);
+    }
+}
+
+/// A charge's cost by selector: nothing, one unit, up to four bursts,
+/// around the largest the script takes (`MAX_EXACT`), or about what takes
+/// the state to it.
+fn charge_cost(l: &Limit, f: u16, c: u8) -> u64 {
+    let b = l.burst();
+    let rate = l.rate();
+    let unit = match l.algorithm() {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => rate.period_us,
+        Algorithm::Gcra => rate.period_us.div_ceil(rate.count),
+        _ => 1,
+    };
+    match c % 12 {
+        0 => 0,
+        1 | 2 => 1,
+        3 => MAX_EXACT,
+        4 => MAX_EXACT - 1,
+        5 => (MAX_EXACT / unit).saturating_sub(u64::from(f % 3)),
+        _ => u64::from(f) % (4 * b + 1),
+    }
+}
+
+/// Replays `ops` on `limits` (each line enforced, dry-run, or a
+/// `charge=after` line's check, by `kinds`: bit 1 dry-run, bit 2 check),
+/// one step in three a charge call on every line, comparing the script to
+/// the model (`Limit::overdraw` for the charges) at every step: the same
+/// outcomes, lines charged, states and TTLs.
+fn replay_charges(limits: &[Limit], kinds: &[u8], ops: &[(Raw, Vec<u8>)], start: u64) {
+    let w = limits.iter().map(Limit::window_us).max().unwrap();
+    let mut lines: Vec<LineArg> = limits
+        .iter()
+        .zip(kinds)
+        .map(|(l, k)| LineArg { limit: *l, cost: 1, dry_run: k & 1 == 1, check_only: k & 2 == 2 })
+        .collect();
+    let mut p = Pair::new(&lines);
+    let (mut t, mut prev) = (start, Outcome::default());
+    for ((sel, f, flags), costs) in ops {
+        let f = *f;
+        t = t.saturating_add(match sel % 8 {
+            0 | 1 => 0,
+            2 => 1 + u64::from(f % 3),
+            3 => prev.retry_after_us.unwrap_or(0),
+            4 => prev.retry_after_us.unwrap_or(1) - 1,
+            5 => prev.reset_us,
+            _ => frac(w, f % 3000),
+        });
+        if t > MAX_EXACT {
+            break;
+        }
+        let use_time = flags & 4 == 4;
+        if flags % 3 == 0 {
+            let charges: Vec<(Limit, u64)> =
+                limits.iter().zip(costs).map(|(l, c)| (*l, charge_cost(l, f, *c))).collect();
+            p.charge(&charges, t, use_time);
+            continue;
+        }
+        for (line, c) in lines.iter_mut().zip(costs) {
+            let b = line.limit.burst();
+            line.cost = match c % 6 {
+                0 => 0,
+                4 => b,
+                5 => b + 1,
+                _ => 1,
+            };
+        }
+        let (_, out) = p.step(&lines, t, true, use_time);
         prev = out.iter().copied().find(|o| !o.admitted).unwrap_or(out[0]);
     }
 }
@@ -317,6 +386,55 @@ proptest! {
                 prop_assert_eq!(&s.run(&ks[i..=i], one, now, true, false), &got[j], "request {}", j);
             }
             prop_assert_eq!(r.snapshot(), s.snapshot());
+        }
+    }
+
+    /// One line of any algorithm, enforced, dry-run or a `charge=after`
+    /// line's check, its decisions mixed with charges (`sliding_log` and
+    /// costs out of range refused): the script equals the model.
+    #[test]
+    fn prop_charges_single_line(l in small_limit(), kind in 0u8..4, ops in ops(1, 48), t in start()) {
+        replay_charges(&[l], &[kind], &ops, t);
+    }
+
+    /// Large parameters and times, with charges.
+    #[test]
+    fn prop_charges_single_line_big(l in big_limit(), kind in 0u8..4, ops in ops(1, 24), t in start()) {
+        replay_charges(&[l], &[kind], &ops, t);
+    }
+
+    /// Two or three lines of any kind, decisions and charges mixed.
+    #[test]
+    fn prop_charges_multi_line(
+        ls in prop::collection::vec(small_limit(), 2..=3),
+        kinds in prop::collection::vec(0u8..4, 3),
+        ops in ops(3, 40),
+        t in start(),
+    ) {
+        replay_charges(&ls, &kinds, &ops, t);
+    }
+
+    /// The charge as a library function and as a script: the same replies
+    /// and keys, a key charged twice in one call included.
+    #[test]
+    fn prop_charge_function_equals_eval(
+        ls in prop::collection::vec(small_limit(), 3),
+        calls in prop::collection::vec((0u16..1500, prop::collection::vec((0usize..3, any::<u16>(), any::<u8>()), 1..6)), 1..8),
+        t in start(),
+    ) {
+        let w = ls.iter().map(Limit::window_us).max().unwrap();
+        let ks = keys(3);
+        let (f, e) = (Redis::with(Mode::Function), Redis::with(Mode::Eval));
+        let mut now = t;
+        for (step, picks) in &calls {
+            now += frac(w, *step);
+            prop_assume!(now <= MAX_EXACT);
+            let lines: Vec<(Limit, u64)> = picks.iter().map(|&(i, x, c)| (ls[i], charge_cost(&ls[i], x, c))).collect();
+            let bkeys: Vec<String> = picks.iter().map(|&(i, _, _)| ks[i].clone()).collect();
+            prop_assert_eq!(f.charge(&bkeys, &lines, now, false), e.charge(&bkeys, &lines, now, false));
+            prop_assert_eq!(f.snapshot(), e.snapshot());
+            let one: Vec<(Limit, u64)> = ls.iter().map(|&l| (l, 1)).collect();
+            prop_assert_eq!(f.run(&ks, &one, now, true, false), e.run(&ks, &one, now, true, false));
         }
     }
 
