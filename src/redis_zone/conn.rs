@@ -378,6 +378,33 @@ impl ZoneConn {
         }
     }
 
+    /// The charges of one event-loop iteration: one call, or on a cluster
+    /// one per slot. Returns the lines not charged, each group with why.
+    pub async fn run_charge(&self, code: &Code, lines: &[JobLine]) -> Vec<(usize, RedisError)> {
+        // No deadline for Redis; this one only bounds a reconnection's retry.
+        let until = Instant::now() + self.spec.timeout;
+        let groups = match self.spec.target {
+            Target::Cluster(_) => by_key_slot(lines, &self.spec.prefix),
+            _ => vec![lines.to_vec()],
+        };
+        let calls = groups.iter().map(|g| {
+            let via = self.via(code, until);
+            self.retrying(until, move |conn| charge(conn, via, &self.spec.prefix, g))
+        });
+        let mut failed = Vec::new();
+        for (g, r) in groups.iter().zip(futures_util::future::join_all(calls).await) {
+            match r {
+                Ok(0) => {}
+                Ok(refused) => failed.push((
+                    refused,
+                    RedisError::Server("the charge is out of the range the script computes exactly".into()),
+                )),
+                Err(e) => failed.push((g.len(), e)),
+            }
+        }
+        failed
+    }
+
     /// How this zone calls the script, until `until`.
     pub fn via<'a>(&'a self, code: &'a Code, until: Instant) -> Via<'a> {
         Via { code, fcall: &self.fcall, clock: &self.clock, until }
@@ -517,4 +544,21 @@ async fn connect(
             Ok((Conn::new(Link::Cluster(client.get_async_connection().await.map_err(io)?), stall), None))
         }
     }
+}
+
+/// Lines grouped by the slot of their state keys (under `prefix`), for the
+/// calls of a cluster.
+fn by_key_slot(lines: &[JobLine], prefix: &str) -> Vec<Vec<JobLine>> {
+    let mut groups: Vec<(redis::cluster_routing::Slot, Vec<JobLine>)> = Vec::new();
+    let mut key = String::new();
+    for line in lines {
+        key.clear();
+        write_state_key(&mut key, prefix, line.tag, line.line_id);
+        let slot = redis::cluster_routing::Slot::for_key(&key);
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, v)) => v.push(*line),
+            None => groups.push((slot, vec![*line])),
+        }
+    }
+    groups.into_iter().map(|(_, v)| v).collect()
 }

@@ -7,8 +7,9 @@ use std::time::Instant;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Script, Value};
 use rl_core::redis::{
-    check_line, function_library, function_name, parse_reply, write_args, write_state_key, Arg, Call, RequestReply,
-    ScriptReply, LIMIT_SCRIPT, REPLY_PER_LINE,
+    charge_function_name, charge_script, check_line, function_library, function_name, parse_charge_reply,
+    parse_reply, write_args, write_charge_args, write_state_key, Arg, Call, RequestReply, ScriptReply, LIMIT_SCRIPT,
+    REPLY_PER_LINE,
 };
 
 use super::clock::Clock;
@@ -124,9 +125,47 @@ pub async fn call_one(
     replies.pop().ok_or_else(|| RedisError::Malformed("no request in the reply".into()))
 }
 
+/// The charge call (`charge=after`): each of `lines` charged its cost in
+/// full, beyond its burst if need be, with no deadline (a charge is owed
+/// whenever it runs). Returns how many lines the script refused (out of
+/// the range it computes exactly), which it wrote nothing for.
+pub async fn charge(mut conn: Conn, via: Via<'_>, prefix: &str, lines: &[JobLine]) -> Result<usize, RedisError> {
+    let command = |how: How| {
+        let mut cmd = match how {
+            How::Fcall => redis::cmd("FCALL").arg(&via.code.charge_function).to_owned(),
+            How::Evalsha => redis::cmd("EVALSHA").arg(via.code.charge_script.get_hash()).to_owned(),
+            How::Eval => redis::cmd("EVAL").arg(&via.code.charge_text).to_owned(),
+        };
+        cmd.arg(lines.len());
+        let mut key = String::new();
+        for line in lines {
+            key.clear();
+            write_state_key(&mut key, prefix, line.tag, line.line_id);
+            cmd.arg(key.as_str());
+        }
+        write_charge_args(lines.iter().map(|l| (l.limit, l.cost)), None, |a| {
+            match a {
+                Arg::Str(s) => cmd.arg(s),
+                Arg::Int(i) => cmd.arg(i),
+                Arg::Neg(n) => cmd.arg(-(n as i64)),
+            };
+        });
+        cmd
+    };
+    let reply = integers(invoke(&mut conn, via, command).await?)?;
+    let Some(reply) = parse_charge_reply(&reply, lines.len()) else {
+        return Err(RedisError::Malformed(format!("{} integers for a charge of {} lines", reply.len(), lines.len())));
+    };
+    Ok(reply.charged.iter().filter(|c| !**c).count())
+}
+
 /// The limit script: as a Redis function library, and as a script.
 pub struct Code {
     script: Script,
+    /// The charge call's script (`EVALSHA`/`EVAL`), its text and function.
+    charge_script: Script,
+    charge_text: String,
+    charge_function: String,
     /// The library's function (and library) name.
     function: String,
     /// The library's text, for `FUNCTION LOAD`.
@@ -135,7 +174,15 @@ pub struct Code {
 
 impl Code {
     pub fn new() -> Code {
-        Code { script: Script::new(LIMIT_SCRIPT), function: function_name(), library: function_library() }
+        let charge_text = charge_script();
+        Code {
+            script: Script::new(LIMIT_SCRIPT),
+            function: function_name(),
+            library: function_library(),
+            charge_script: Script::new(&charge_text),
+            charge_text,
+            charge_function: charge_function_name(),
+        }
     }
 }
 
