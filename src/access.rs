@@ -260,6 +260,7 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
                 line_id: line.id,
                 limit: *res.limit(line),
                 cost: res.cost,
+                check_only: line.charge_after,
                 dry_run: res.dry_run,
                 deepest_queue: line.deepest_queue,
             });

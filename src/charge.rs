@@ -71,8 +71,9 @@ fn charge(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &Ctx, log: *mut ngx_l
                 line_id: line.id,
                 limit: *res.limit(line),
                 // What Redis keeps exact.
-                cost: cost.min((1 << 52) - 1),
+                cost: cost.min(rl_core::redis::MAX_EXACT - 1),
                 dry_run: res.dry_run,
+                check_only: false,
                 deepest_queue: line.deepest_queue,
             };
             redis_zone::charge(log, z, job);
@@ -111,14 +112,4 @@ fn charge_shm(mcf: &MainConf, z: usize, line: &Line, res: &LineResult, cost: u64
     limit.overdraw(state, now_us, cost);
     let reset_us = limit.check(state, now_us, 0).reset_us;
     locked.charged(slot, now_us, reset_us);
-}
-
-// TODO(merge over): rl-core's Limit::overdraw and redis::MAX_CHARGE.
-trait Overdraw {
-    fn overdraw(&self, state: &mut [u64], now: u64, cost: u64);
-}
-impl Overdraw for rl_core::limit::Limit {
-    fn overdraw(&self, state: &mut [u64], now: u64, cost: u64) {
-        self.commit(state, now, cost);
-    }
 }

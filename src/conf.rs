@@ -233,11 +233,15 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
             Backend::Redis(_) => {}
         }
     }
-    // Lines with one identity share states, queued units included.
+    // Lines with one identity share states, queued units included, and
+    // overdrafts (which only the script's exact range bounds).
     let mut deepest: HashMap<u64, u64> = HashMap::new();
     for line in &mcf.lines {
         let d = deepest.entry(line.id).or_insert(0);
-        *d = (*d).max(line.limit.queue());
+        *d = match line.charge_after {
+            true => rl_core::redis::OVERDRAWN,
+            false => (*d).max(line.limit.queue()),
+        };
     }
     for line in mcf.lines.iter_mut() {
         line.deepest_queue = deepest.get(&line.id).copied().unwrap_or(0);

@@ -160,7 +160,8 @@ pub struct Line {
     /// what it means.
     pub stage: Stage,
     /// The largest `queue=` of the lines with this one's identity (their
-    /// states are shared): how far a state may go beyond the burst.
+    /// states are shared): how far a state may go beyond the burst;
+    /// [`rl_core::redis::OVERDRAWN`] if one of them charges after the response.
     pub deepest_queue: u64,
     /// `rate=` and `burst=` as written (the parsed value for static ones):
     /// what identities and `nginx -t`'s messages compare.

@@ -149,6 +149,7 @@ fn submit(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Option<u
                 limit: *res.limit(line),
                 cost: 0,
                 dry_run: false,
+                check_only: false,
                 deepest_queue: line.deepest_queue,
             });
         }

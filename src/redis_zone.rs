@@ -196,6 +196,9 @@ pub struct JobLine {
     /// Charged only if it admits and the request's enforced lines do; it
     /// never rejects the request.
     pub dry_run: bool,
+    /// A `charge=after` line in the access phase: admits while one unit is
+    /// left, charges nothing.
+    pub check_only: bool,
     /// [`crate::line::Line::deepest_queue`]: the reply's range.
     pub deepest_queue: u64,
 }

@@ -9,6 +9,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::conf_nginx::ConfNginx;
+use common::redis::Redis;
 use common::*;
 
 /// A backend in the same server: `/backend/` answers with the cost of the
@@ -26,26 +27,54 @@ fn plans(zones: &str, body: &str) -> Nginx {
     Nginx::start(&server(&zones, &format!("{body}\n{BACKEND}")))
 }
 
+/// Waits until the line read at `path` (an `rl_quota` location) has at most
+/// `left` remaining: a Redis zone's charges go after the response, in the
+/// I/O thread (shared memory has charged before the response ends).
+fn settle(ngx: &Nginx, path: &str, headers: &[(&str, &str)], left: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = ngx.get(path, headers);
+        let now = r
+            .body
+            .split("\"remaining\":")
+            .nth(1)
+            .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse::<u64>().ok());
+        if now.is_some_and(|n| n <= left) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{path}: {now:?} remaining, waiting for {left}: {r:?}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The issue's sequence: burst=100, each response costs 30: requests 1-4
 /// pass (the 4th takes the state to 120 used), the 5th is rejected with a
 /// Retry-After that, waited, admits.
 fn tokens(zone: &str) {
+    let line = "rl_limit zone=z key=$http_x_api_key rate=50r/s burst=100 algorithm=token_bucket";
     let ngx = plans(
         zone,
-        "location /llm/ { rl_limit zone=z key=$http_x_api_key rate=50r/s burst=100 algorithm=token_bucket \
-             cost=$upstream_http_x_tokens_used charge=after; proxy_pass http://127.0.0.1:{PORT}/backend/; }",
+        &format!(
+            "location /llm/ {{ {line} cost=$upstream_http_x_tokens_used charge=after; \
+                 proxy_pass http://127.0.0.1:{{PORT}}/backend/; }}\n\
+             location /q/ {{ rl_quota; {line}; }}"
+        ),
     );
     let key = [("X-Api-Key", "k1")];
     let first = ngx.get("/llm/", &key);
     assert_eq!(first.status, 200, "{first:?}");
     // Nothing is charged before the response: the whole burst is left.
     assert_eq!(first.header("X-RateLimit-Remaining"), Some("100"), "{first:?}");
+    settle(&ngx, "/q/", &key, 72);
     let second = ngx.get("/llm/", &key);
     let left = second.num("X-RateLimit-Remaining");
     assert!((70..=72).contains(&left), "after one response of 30: {left} left, {second:?}");
+    settle(&ngx, "/q/", &key, 42);
     for i in 3..=4 {
         let r = ngx.get("/llm/", &key);
         assert_eq!(r.status, 200, "request {i}: {r:?}");
+        settle(&ngx, "/q/", &key, if i == 3 { 12 } else { 0 });
     }
     let fifth = ngx.get("/llm/", &key);
     assert_eq!(fifth.status, 429, "120 of 100 used: {fifth:?}");
@@ -64,21 +93,33 @@ fn charge_after_overdraws_and_waits_shm() {
     tokens("rl_zone z size=1m;");
 }
 
+#[test]
+fn charge_after_overdraws_and_waits_redis() {
+    let redis = Redis::start();
+    tokens(&format!("rl_zone z redis={} timeout=1s;", redis.url()));
+}
+
 /// Only the 401s count: 10 good logins pass, then 5 failed ones pass as
 /// 401s, and the 6th failed one, and any login after it, is limited.
 fn failed_logins(zone: &str) {
+    let line = "rl_limit zone=z rate=5r/h algorithm=fixed";
     let ngx = plans(
         zone,
-        "location /login/ { rl_limit zone=z rate=5r/h algorithm=fixed cost=$failed_login charge=after; \
-             proxy_pass http://127.0.0.1:{PORT}/login-backend/; }",
+        &format!(
+            "location /login/ {{ {line} cost=$failed_login charge=after; \
+                 proxy_pass http://127.0.0.1:{{PORT}}/login-backend/; }}\n\
+             location /q/ {{ rl_quota; {line}; }}"
+        ),
     );
     for i in 0..10 {
         let r = ngx.get("/login/", &[("X-Pass", "1")]);
         assert_eq!(r.status, 200, "good login {i}: {r:?}");
     }
+    settle(&ngx, "/q/", &[], 5);
     for i in 0..5 {
         let r = ngx.get("/login/", &[]);
         assert_eq!(r.status, 401, "failed login {i}: {r:?}");
+        settle(&ngx, "/q/", &[], 4 - i);
     }
     assert_eq!(ngx.get("/login/", &[]).status, 429);
     assert_eq!(ngx.get("/login/", &[("X-Pass", "1")]).status, 429);
@@ -87,6 +128,12 @@ fn failed_logins(zone: &str) {
 #[test]
 fn charge_after_failed_logins_only_shm() {
     failed_logins("rl_zone z size=1m;");
+}
+
+#[test]
+fn charge_after_failed_logins_only_redis() {
+    let redis = Redis::start();
+    failed_logins(&format!("rl_zone z redis={} timeout=1s;", redis.url()));
 }
 
 /// A rate from a `map` on the API key: the free plan gets 2, the pro plan
@@ -115,6 +162,12 @@ fn plan_rate_from_map_shm() {
     plan_rates("rl_zone z size=1m;");
 }
 
+#[test]
+fn plan_rate_from_map_redis() {
+    let redis = Redis::start();
+    plan_rates(&format!("rl_zone z redis={} timeout=1s;", redis.url()));
+}
+
 /// A key whose plan changes keeps what it used: 2 of a burst of 2 at
 /// 2r/h, then upgraded to 5r/h (the same key), 3 more pass, for each
 /// algorithm that a plan can take.
@@ -140,6 +193,14 @@ fn upgrade(zone: &str, alg: &str) {
 fn plan_upgrade_keeps_what_was_used_shm() {
     for alg in ["fixed", "sliding", "token_bucket", "leaky_bucket", "gcra"] {
         upgrade("rl_zone z size=1m;", alg);
+    }
+}
+
+#[test]
+fn plan_upgrade_keeps_what_was_used_redis() {
+    let redis = Redis::start();
+    for alg in ["fixed", "sliding", "token_bucket", "leaky_bucket", "gcra"] {
+        upgrade(&format!("rl_zone z redis={} timeout=1s;", redis.url()), alg);
     }
 }
 

@@ -23,12 +23,12 @@ use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates,
     Value,
 };
-use rl_core::redis::RequestReply;
+use rl_core::redis::{write_state_key, RequestReply};
 use rl_core::url::RedisUrl;
 use tokio::sync::Notify;
 
 use super::clock::Clock;
-use super::script::{broken, call, Code, Via};
+use super::script::{broken, call, charge, Code, Via};
 use super::sentinel::sentinel_master;
 use super::{Job, JobLine, RedisError, ZoneSpec};
 use crate::metrics::store::RedisSlot;

@@ -7,8 +7,8 @@ use std::time::Instant;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Script, Value};
 use rl_core::redis::{
-    charge_function_name, charge_script, check_line, function_library, function_name, parse_charge_reply,
-    parse_reply, write_args, write_charge_args, write_state_key, Arg, Call, RequestReply, ScriptReply, LIMIT_SCRIPT,
+    charge_function_name, charge_script, check_line, function_library, function_name, parse_charge_reply, parse_reply,
+    write_args, write_charge_args, write_state_key, Arg, Call, LineArg, RequestReply, ScriptReply, LIMIT_SCRIPT,
     REPLY_PER_LINE,
 };
 
@@ -48,7 +48,9 @@ pub async fn call(
             write_state_key(&mut key, prefix, line.tag, line.line_id);
             cmd.arg(key.as_str());
         }
-        let lines = requests.iter().map(|r| r.iter().map(|l| (l.limit, l.cost, l.dry_run)));
+        let lines = requests.iter().map(|r| {
+            r.iter().map(|l| LineArg { limit: l.limit, cost: l.cost, dry_run: l.dry_run, check_only: l.check_only })
+        });
         write_args(lines, Call { commit, now_us: None, deadline_us }, |a| {
             match a {
                 Arg::Str(s) => cmd.arg(s),

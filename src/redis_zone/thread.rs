@@ -23,6 +23,7 @@ use super::clock::script_deadline;
 use super::conn::{Target, ZoneConn};
 use super::script::Code;
 use super::sentinel::watch_master;
+use super::worker::CHARGE_ID;
 use super::{Job, RedisError, Reply, ZoneSpec};
 use crate::metrics::store::redis_slot;
 
@@ -96,12 +97,19 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
                 tokio::spawn(watch_master(zc.clone()));
             }
         }
+        // `charge=after` charges in flight: finished before the thread returns.
+        let mut owed = tokio::task::JoinSet::new();
         while let Some(jobs) = rx.recv().await {
             // The batch by zone, in order.
             let mut by_zone: Vec<Vec<Job>> = Vec::new();
             for job in jobs {
                 if job.charge {
-                    // TODO(merge over): the charge call.
+                    match conns.get(job.zone) {
+                        Some(zc) => {
+                            owed.spawn(charge(zc.clone(), code.clone(), shared.clone(), job));
+                        }
+                        None => charge_failed(&shared, job.zone, job.lines.len(), RedisError::NoZone),
+                    }
                     continue;
                 }
                 if job.zone >= conns.len() {
@@ -114,7 +122,7 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
                 by_zone[job.zone].push(job);
             }
             for (z, jobs) in by_zone.into_iter().enumerate() {
-                // Charges and reads (`rl_quota`) go in calls of their own.
+                // Decisions and reads (`rl_quota`) go in calls of their own.
                 let (charges, reads): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.commit);
                 for (mut jobs, commit) in [(charges, true), (reads, false)] {
                     while !jobs.is_empty() {
@@ -134,8 +142,31 @@ pub fn run(zones: Vec<ZoneSpec>, mut rx: UnboundedReceiver<Vec<Job>>, shared: Ar
                     }
                 }
             }
+            while owed.try_join_next().is_some() {}
         }
+        // The worker exits (reload, shutdown): its last charges are owed.
+        let longest = conns.iter().map(|zc| zc.spec.timeout).max().unwrap_or_default();
+        let _ =
+            tokio::time::timeout(2 * longest + CHARGE_GRACE, async { while owed.join_next().await.is_some() {} }).await;
     });
+}
+
+/// How long an exiting worker waits for its last charges beyond twice the
+/// longest zone timeout (a reconnection and a call).
+const CHARGE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Charges the `charge=after` costs of one event-loop iteration on a zone
+/// (one call per slot on a cluster); the lines not charged are reported to
+/// the nginx thread, to be logged and counted.
+async fn charge(zc: Arc<ZoneConn>, code: Arc<Code>, shared: Arc<Shared>, job: Job) {
+    for (n, e) in zc.run_charge(&code, &job.lines).await {
+        charge_failed(&shared, job.zone, n, e);
+    }
+}
+
+/// Reports `n` lines of a charge on zone `zone` as failed.
+fn charge_failed(shared: &Shared, zone: usize, n: usize, e: RedisError) {
+    shared.push((0..n).map(|_| Reply { id: CHARGE_ID, zone, result: Err(e.clone()) }));
 }
 
 /// Runs one script call for `jobs` and answers them, by the zone's timeout
