@@ -85,7 +85,7 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     }
     s[0] = sat(used);
     s[1] = v.at;
-    Charge { cost, at: v.at, below: v.used }
+    Charge { cost, at: v.at, below: v.used, tag: 0 }
 }
 
 /// See [`Limit::refund`]. The stored level (at `last`) holds all of the

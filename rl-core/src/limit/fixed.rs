@@ -56,13 +56,13 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     }
     s[0] = v.window.saturating_add(1);
     s[1] = v.used + cost;
-    Charge { cost, at: v.window, below: 0 }
+    Charge { cost, at: v.window, below: 0, tag: 0 }
 }
 
 /// See [`Limit::refund`]: out of the window charged, while it is the one
 /// stored (once a later window is, the charge counts no more).
 pub(super) fn refund(l: &Limit, s: &mut [u64], charge: &Charge) {
     if s[0] == charge.at.saturating_add(1) {
-        s[1] = s[1].min(l.burst).saturating_sub(charge.cost);
+        s[1] = s[1].min(l.held()).saturating_sub(charge.cost);
     }
 }

@@ -52,7 +52,7 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     }
     let at = s[0].max(now);
     s[0] = sat(u128::from(now) + charged);
-    Charge { cost, at, below: 0 }
+    Charge { cost, at, below: 0, tag: 0 }
 }
 
 /// See [`Limit::refund`]. The charge moved `TAT` from `at` to

@@ -113,7 +113,7 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     s[0] = v.window.saturating_add(1);
     s[1] = v.curr + cost;
     s[2] = v.prev;
-    Charge { cost, at: v.window, below: 0 }
+    Charge { cost, at: v.window, below: 0, tag: 0 }
 }
 
 /// See [`Limit::refund`]: out of `curr` while the window charged is the
@@ -126,5 +126,5 @@ pub(super) fn refund(l: &Limit, s: &mut [u64], charge: &Charge) {
         w if w == stored.saturating_add(1) => 2,
         _ => return,
     };
-    s[word] = s[word].min(l.burst).saturating_sub(charge.cost);
+    s[word] = s[word].min(l.held()).saturating_sub(charge.cost);
 }
