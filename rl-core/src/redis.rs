@@ -22,7 +22,8 @@
 //!   = none. A call that runs after it (`now > deadline`) checks nothing and
 //!   writes nothing (see *Deadlines* below).
 //! - then per request its lines, one argument each: `"algorithm count
-//!   period_us burst cost queue dry"` ([`write_spec`]; the requests of a location share
+//!   period_us burst cost queue flags"` (flags: 1 dry-run, 2 varying, 3
+//!   both; [`write_spec`]; the requests of a location share
 //!   it, and the script parses each distinct string once per call); a request
 //!   of other than one line is preceded by its number of lines; `n ≥ 2`
 //!   consecutive requests of one line each with the same string are sent as
@@ -32,7 +33,7 @@
 //! else the retry-after in µs or -1 (never), and the delay in µs (0: at
 //! once)}`, or `{-1, now_us}` for a call past its deadline, see
 //! [`parse_reply`]. A request is admitted iff all its enforced lines admit
-//! it (dry-run lines, `dry` = 1, never reject it); then the enforced lines
+//! it (dry-run lines never reject it); then the enforced lines
 //! are committed, and the dry-run lines that admit it
 //! ([`crate::verdict::combine`]). Each line's outcome is [`Limit::check`]'s
 //! at the script's `now` (after the requests before it in the call); the
@@ -285,7 +286,8 @@ fn flush_run(run: Option<(LineArg, u64)>, spec: &mut Spec, emit: &mut impl FnMut
 }
 
 /// A line as the script takes it: `"algorithm count period_us burst cost
-/// queue dry"`, `dry` being 1 for a dry-run line, else 0.
+/// queue flags"`, `flags` having bit 1 set for a dry-run line and bit 2 for
+/// a [`Limit::varying`] one (whose state carries its scale tag).
 pub fn write_spec(out: &mut String, line: &LineArg) {
     let (limit, rate) = (&line.limit, line.limit.rate());
     // Writing to a String cannot fail.
@@ -298,7 +300,7 @@ pub fn write_spec(out: &mut String, line: &LineArg) {
         limit.burst(),
         line.cost,
         limit.queue(),
-        u8::from(line.dry_run)
+        u8::from(line.dry_run) | u8::from(line.limit.is_varying()) << 1
     );
 }
 

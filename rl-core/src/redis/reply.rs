@@ -26,10 +26,15 @@
 //! none for a request that can never pass (cost above the burst). What
 //! remains is at most the burst, and after an admitted request of cost `c`
 //! at most `B − c`.
+//!
+//! A varying line's ([`Limit::varying`]) bucket or `gcra` state holds what
+//! requests under any rate and burst charged, carried over to its own: its
+//! reset and retry-after are bounded only by the script's exact range,
+//! [`super::MAX_EXACT`] (the script rejects a conversion beyond it).
 
 use core::fmt;
 
-use super::TTL_MARGIN_MS;
+use super::{MAX_EXACT, TTL_MARGIN_MS};
 use crate::limit::{Algorithm, Limit, Outcome};
 
 /// How far the Redis clock may have stepped back since a state was written
@@ -92,10 +97,20 @@ fn at_rate(limit: &Limit, units: u64) -> u64 {
     }
 }
 
+/// The bound on a varying bucket or `gcra` line's times, if `limit` is one:
+/// its state may hold any other rate's and burst's charges.
+fn carried(limit: &Limit) -> Option<u64> {
+    let held = matches!(limit.algorithm(), Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra);
+    (limit.is_varying() && held).then_some(MAX_EXACT.saturating_add(CLOCK_STEP_US))
+}
+
 /// The latest reset (µs from the script's `now`) a line on `limit` can
 /// report, its state shared with lines whose largest queue is `deepest`:
 /// see the module docs.
 pub fn max_reset_us(limit: &Limit, deepest: u64) -> u64 {
+    if let Some(max) = carried(limit) {
+        return max;
+    }
     let w = limit.window_us();
     let held = limit.burst().saturating_add(deepest.max(limit.queue()));
     let reach = match limit.algorithm() {
@@ -114,6 +129,9 @@ pub fn max_retry_after_us(limit: &Limit, cost: u64, deepest: u64) -> Option<u64>
     let b = limit.burst();
     if cost == 0 || cost > b {
         return None;
+    }
+    if let Some(max) = carried(limit) {
+        return Some(max);
     }
     let w = limit.window_us();
     let reach = match limit.algorithm() {

@@ -319,11 +319,11 @@ fn out_of_range_fails_closed() {
         "gcra 1 1000000 9007199254740992 1 0 0",
         "gcra 1 1000000 1 9007199254740992 0 0",
         "token_bucket 1 4503599627370497 1 1 0 0",
-        // queue and dry: an integer >= 0, 0 or 1; a queue only for the
+        // queue and flags: an integer >= 0, 0 to 3; a queue only for the
         // buckets and gcra, and burst + queue in the exact range.
         "gcra 1 1000000 1 1 -1 0",
         "gcra 1 1000000 1 1 1.5 0",
-        "gcra 1 1000000 1 1 0 2",
+        "gcra 1 1000000 1 1 0 4",
         "gcra 1 1000000 1 1 0 x",
         "fixed 1 1000000 1 1 1 0",
         "sliding 1 1000000 1 1 1 1",
@@ -771,4 +771,30 @@ fn dry_run_lines() {
     assert_eq!(seen[10], (false, false, false));
     // The strict line was charged once: its state is one interval.
     assert_eq!(s[1], [T0 + 1_000_000]);
+}
+
+/// A varying line's flags: 2, or 3 when dry-run too; its state ends with
+/// its tag, and a line with another scale converts it as rl-core does.
+#[test]
+fn varying_lines() {
+    let slow = limit(Algorithm::Gcra, 1, 1_000_000, 5).varying();
+    let fast = limit(Algorithm::Gcra, 10, 1_000_000, 5).varying();
+    assert_eq!(spec(&slow, 1), "gcra 1 1000000 5 1 0 2");
+    let mut s = String::new();
+    rl_core::redis::write_spec(&mut s, &(fast, 2, true).into());
+    assert_eq!(s, "gcra 10 1000000 5 2 0 3");
+    let mut p = Pair::new(&[(slow, 1)]);
+    for _ in 0..3 {
+        assert!(p.step(&[(slow, 1)], T0, true, false).1[0].admitted);
+    }
+    assert_eq!(p.redis.value(&p.keys[0]).unwrap(), format!("{} 1000000", T0 + 3_000_000));
+    // 3 requests at 1r/s are 3 at 10r/s: 2 left.
+    let (_, out) = p.step(&[(fast, 1)], T0, true, false);
+    assert_eq!(out[0].remaining, 1);
+    assert_eq!(p.redis.value(&p.keys[0]).unwrap(), format!("{} 100000", T0 + 400_000));
+    assert!(p.step(&[(fast, 1)], T0, true, false).1[0].admitted);
+    assert!(!p.step(&[(fast, 1)], T0, true, false).1[0].admitted);
+    // A dry-run varying line admits the request, charged iff it admits.
+    let (admitted, out) = p.step(&[(fast, 1, true)], T0, true, false);
+    assert!(admitted && !out[0].admitted);
 }

@@ -57,9 +57,16 @@ impl Pair {
         deadline: Option<u64>,
     ) -> Option<(bool, Vec<Outcome>)> {
         self.redis.set_now(now);
-        for (key, x) in self.keys.iter().zip(self.expiries.iter_mut()) {
+        let args: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
+        for (i, (key, x)) in self.keys.iter().zip(self.expiries.iter_mut()).enumerate() {
             if self.redis.value(key).is_none() {
                 *x = 0; // expired (or never written)
+                        // A varying line's key lives by the reset its last writer
+                        // saw; a slower line (buckets) or one of a longer window
+                        // (sliding_log) can outlive it, and then reads it fresh.
+                if args.get(i).is_some_and(|a| a.limit.is_varying()) {
+                    self.states[i].fill(0);
+                }
             }
         }
         let (snap, writes, reads) = (self.redis.snapshot(), self.redis.writes(), self.redis.count("MGET"));
@@ -75,7 +82,6 @@ impl Pair {
             assert_eq!(self.redis.snapshot(), snap, "a late call changed the state");
             return None;
         };
-        let args: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
         // Every reply the script gives passes the range check nginx applies
         // to it, while the clock has not stepped back by more than that
         // check allows (some cases step it back by far more on purpose).
