@@ -151,7 +151,10 @@ pub const MAX_EXACT: u64 = 1 << 52;
 
 /// Whether the script evaluates `limit` exactly like rl-core (for any
 /// `now ≤` [`MAX_EXACT`]); the script rejects the lines for which this is
-/// false.
+/// false. A [`Limit::varying`] bucket or `gcra` line is exact as long as the
+/// state it converts stays within the range too (what another scale's
+/// charges come to in its own); a conversion beyond it rejects that
+/// request.
 pub fn exact(limit: &Limit) -> bool {
     let rate = limit.rate();
     let burst = limit.burst();
@@ -165,6 +168,8 @@ pub fn exact(limit: &Limit) -> bool {
     let held = u128::from(burst) + u128::from(limit.queue());
     match limit.algorithm() {
         _ if !small(limit.queue()) => false,
+        // A varying line's count carries from window to window as it is.
+        Algorithm::Fixed | Algorithm::Sliding if limit.is_varying() && u128::from(burst) > bound => false,
         Algorithm::Fixed | Algorithm::SlidingLog => window <= bound,
         Algorithm::Sliding => window <= bound / 2,
         Algorithm::TokenBucket | Algorithm::LeakyBucket => held * u128::from(rate.period_us) <= bound,

@@ -458,6 +458,14 @@ fn exact_range_boundaries() {
         // A day's quota of 10,000.
         (limit(Sliding, 10_000, 86_400_000_000, 10_000), true),
         (limit(TokenBucket, 10_000, 86_400_000_000, 10_000), true),
+        // A varying window line's count carries into another window: its
+        // burst too must stay within the range.
+        (limit(Sliding, 4, 1, e), true),
+        (limit(Sliding, 4, 1, e).varying(), true),
+        (limit(Sliding, 4, 1, e + 1), true),
+        (limit(Sliding, 4, 1, e + 1).varying(), false),
+        (limit(Fixed, 4, 1, e + 1).varying(), false),
+        (limit(Gcra, 3, 3 * (e / 8), 8).varying(), true),
     ];
     for (l, want) in cases {
         assert_eq!(exact(&l), want, "{l:?}");
