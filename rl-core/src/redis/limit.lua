@@ -729,15 +729,18 @@ local by_name = {
 }
 
 -- The arguments after ARGV[3], by their string, parsed once per call: a
--- line "algorithm count period_us burst cost queue dry" (count, period_us,
--- burst integers in [1, 2^53), cost and queue integers >= 0, dry 0 or 1)
--- as {algorithm, count, period_us, burst, cost, K, BT, QK, dry}, where K is
+-- line "algorithm count period_us burst cost queue flags" (count, period_us,
+-- burst integers in [1, 2^53), cost and queue integers >= 0, flags 0 to 3)
+-- as {algorithm, count, period_us, burst, cost, K, BT, QK, dry, function,
+-- shape, words, tag}, where K is
 -- the algorithm's constant (W = ceil(burst*period/count) for fixed /
 -- sliding / sliding_log, T = ceil(period/count) for gcra, with BT =
 -- burst*T; burst*period for the buckets), or false when out of the exact
 -- range; QK the queue scaled as the state (queue*T for gcra, queue*period
 -- for the buckets); dry true for a dry-run line; then the algorithm's
--- function (nil: unknown); a malformed line as
+-- function (nil: unknown); the state's shape (the algorithm, with '+' for
+-- a varying line's), its number of words, and a varying line's tag (its
+-- scale: W, T or period_us; false for a static line); a malformed line as
 -- false; a number of lines as {0, n}, a run "-n" as {-1, n}; nil for a
 -- malformed number.
 local specs, nspecs = {}, 0
