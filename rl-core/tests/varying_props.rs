@@ -60,6 +60,12 @@ fn frac(w: u64, permille: u16) -> u64 {
 /// The state `ops` reach from `start` on a fresh key, each request under
 /// the limit its op picks; and the time of the last one.
 fn reach(limits: &[Limit], ops: &[Op], start: u64) -> (Vec<u64>, u64) {
+    reach_with(limits, ops, start, false)
+}
+
+/// [`reach`], one request in eight (with `overdraw`) an overdraft of up to
+/// three bursts instead ([`Limit::overdraw`], `charge=after`).
+fn reach_with(limits: &[Limit], ops: &[Op], start: u64, overdraw: bool) -> (Vec<u64>, u64) {
     let mut s = vec![0; limits[0].state_words()];
     let mut t = start;
     for &(pick, sel, f, c) in ops {
@@ -84,7 +90,10 @@ fn reach(limits: &[Limit], ops: &[Op], start: u64) -> (Vec<u64>, u64) {
             7 => b + u64::from(c % 2),
             _ => 1,
         };
-        l.acquire(&mut s, now, cost);
+        match overdraw && c % 8 == 5 {
+            true => l.overdraw(&mut s, now, 1 + u64::from(f) % (3 * b)),
+            false => l.acquire_charged(&mut s, now, cost).1,
+        };
     }
     (s, t)
 }
@@ -222,6 +231,100 @@ proptest! {
             if refund >> (i % 64) & 1 == 1 {
                 v.refund(&mut sv, &cv, now);
                 l.refund(&mut sl, &cl, now);
+            }
+            prop_assert_eq!(&sv[..sl.len()], &sl[..], "state after request {}", i);
+        }
+    }
+
+    /// After overdrafts under any values, at one instant at most the new
+    /// burst passes at once (the burst and queue in all).
+    #[test]
+    fn overdrawn_at_most_the_new_burst(
+        a in algorithm(), log in 1u64..=12, ps in prop::collection::vec(params(), 1..4), ops in ops(),
+        new in params(), sel in any::<u16>(), costs in prop::collection::vec(0u64..=6, 0..30),
+    ) {
+        let limits: Vec<Limit> = ps.iter().map(|&p| limit(a, p, log)).collect();
+        let (s, t) = reach_with(&limits, &ops, 1 << 40, true);
+        let l = limit(a, new, log);
+        let now = instant(t, &l, sel);
+        let (all, at_once) = admitted(&l, &s, now);
+        prop_assert!(at_once <= l.burst(), "{at_once} at once > burst {}", l.burst());
+        prop_assert!(all <= l.burst() + l.queue());
+        let (all, at_once) = admitted_costs(&l, &s, now, &costs);
+        prop_assert!(at_once <= l.burst(), "{at_once} at once > burst {}", l.burst());
+        prop_assert!(all <= l.burst() + l.queue());
+    }
+
+    /// After overdrafts under any values, raising the rate, burst (and
+    /// queue) never admits fewer requests at one instant, lowering them
+    /// never more.
+    #[test]
+    fn overdrawn_monotone(
+        a in algorithm(), log in 1u64..=12, ps in prop::collection::vec(params(), 1..4), ops in ops(),
+        (old, new) in params().prop_flat_map(|p| (Just(p), raised(p))), sel in any::<u16>(), cost in 0u64..=14,
+    ) {
+        let limits: Vec<Limit> = ps.iter().map(|&p| limit(a, p, log)).collect();
+        let (s, t) = reach_with(&limits, &ops, 1 << 40, true);
+        let (lo, hi) = (limit(a, old, log), limit(a, new, log));
+        let now = instant(t, &lo, sel);
+        let (n_lo, n_hi) = (admitted(&lo, &s, now).0, admitted(&hi, &s, now).0);
+        prop_assert!(n_hi >= n_lo, "raised admits {n_hi} < {n_lo}");
+        if lo.check(&s, now, cost).admitted {
+            prop_assert!(hi.check(&s, now, cost).admitted, "cost {cost} admitted before raising, not after");
+        }
+    }
+
+    /// An overdraft under one scale, then checks under another: the
+    /// overdraft leaves the overdrawing line's tag and is seen converted
+    /// (in requests, at least as much as was charged), never more than the
+    /// new burst passes, and a larger overdraft admits no more.
+    #[test]
+    fn overdraft_is_seen_under_other_values(
+        a in algorithm(), log in 1u64..=12, p in params(), q in params(), over in 1u64..=40, sel in any::<u16>(),
+    ) {
+        prop_assume!(a != Algorithm::SlidingLog);
+        let (l, m) = (limit(a, p, log), limit(a, q, log));
+        let mut s = vec![0; l.state_words()];
+        let t = 1u64 << 40;
+        let charge = l.overdraw(&mut s, t, over * l.burst());
+        prop_assert_eq!(charge.cost(), over * l.burst());
+        prop_assert_eq!(s.last().copied(), Some(charge_tag(&l)));
+        // An overdraft of the new burst or more: nothing passes at once.
+        if charge.cost() >= m.burst() {
+            let o = m.check(&s, t, 1);
+            prop_assert!(!o.admitted || o.delay_us > 0, "{o:?}");
+        }
+        let now = instant(t, &m, sel);
+        // Never more than the new burst, monotone in the overdraft: a state
+        // overdrawn by more admits no more.
+        let (all, at_once) = admitted(&m, &s, now);
+        prop_assert!(at_once <= m.burst() && all <= m.burst() + m.queue());
+        let mut more = s.clone();
+        l.overdraw(&mut more, t, l.burst());
+        prop_assert!(admitted(&m, &more, now).0 <= all);
+    }
+
+    /// A varying line whose values never change is the static line under
+    /// overdrafts too: outcomes and states (but the tag) alike.
+    #[test]
+    fn unchanged_values_overdrawn_are_the_static_line(
+        a in algorithm(), p in params(), log in 1u64..=12, ops in ops(),
+    ) {
+        let v = limit(a, p, log);
+        let l = Limit::new(a, v.rate(), v.burst()).unwrap().with_queue(v.queue()).unwrap();
+        let (mut sv, mut sl) = (vec![0; v.state_words()], vec![0; l.state_words()]);
+        let mut t = 1u64 << 40;
+        for (i, &(_, sel, f, c)) in ops.iter().enumerate() {
+            t += match sel % 4 {
+                0 => 0,
+                1 => 1 + u64::from(f % 3),
+                2 => frac(v.window_us(), f % 1500),
+                _ => frac(v.rate().period_us, f % 3000),
+            };
+            let cost = match c % 6 { 0 => 0, 5 => u64::from(f) % (3 * v.burst() + 2), _ => 1 };
+            match c % 2 {
+                0 => prop_assert_eq!(v.overdraw(&mut sv, t, cost).cost(), l.overdraw(&mut sl, t, cost).cost()),
+                _ => prop_assert_eq!(v.acquire(&mut sv, t, cost), l.acquire(&mut sl, t, cost), "request {}", i),
             }
             prop_assert_eq!(&sv[..sl.len()], &sl[..], "state after request {}", i);
         }

@@ -228,6 +228,13 @@ fn varying_limits() -> impl Strategy<Value = Vec<Limit>> {
 /// picks of `limits` (dry-run when `dry`), comparing the script to the
 /// model at every step.
 fn replay_varying(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool) {
+    replay_varying_with(limits, dry, ops, start, jitter, false);
+}
+
+/// [`replay_varying`], with `charges` one step in three a charge call
+/// under the limit picked (`Limit::overdraw` in the model) and some
+/// requests `charge=after` lines' checks.
+fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool, charges: bool) {
     let w = limits.iter().map(Limit::window_us).max().unwrap();
     let mut p = Pair::new(&[LineArg { limit: limits[0], cost: 1, dry_run: dry, check_only: false }]);
     let (mut t, mut prev) = (start, Outcome::default());
@@ -258,8 +265,13 @@ fn replay_varying(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], start: u6
             true => t.saturating_sub(frac(w, f % 2000).min(TTL_MARGIN_MS * 1000 - 1)),
             false => t,
         };
+        if charges && flags % 3 == 0 {
+            p.charge(&[(l, charge_cost(&l, f, pick))], t, flags & 4 == 4);
+            continue;
+        }
         let commit = sel >> 5 != 7;
-        let line = [LineArg { limit: l, cost, dry_run: dry, check_only: false }];
+        let check_only = charges && sel & 8 == 8;
+        let line = [LineArg { limit: l, cost, dry_run: dry, check_only }];
         prev = p.step(&line, now, commit, flags & 1 == 1).1[0];
     }
 }
@@ -509,6 +521,21 @@ proptest! {
         jitter in any::<bool>(),
     ) {
         replay_varying(&ls, dry, &ops, t, jitter);
+    }
+
+    /// One key whose rate and burst change from request to request, its
+    /// decisions (some `charge=after` lines' checks) mixed with charges
+    /// under any of its values: the script converts and overdraws its
+    /// state exactly as the model.
+    #[test]
+    fn prop_varying_charges(
+        ls in varying_limits(),
+        dry in any::<bool>(),
+        ops in ops(1, 48),
+        t in start(),
+        jitter in any::<bool>(),
+    ) {
+        replay_varying_with(&ls, dry, &ops, t, jitter, true);
     }
 
     /// Any parameters: the script is exact iff `exact` says so, else it
