@@ -59,6 +59,7 @@ mod fixed;
 mod gcra;
 mod log;
 mod sliding;
+mod vary;
 
 use std::fmt;
 use std::str::FromStr;
@@ -209,6 +210,9 @@ pub struct Limit {
     interval: u64,
     /// Bucket capacity in scaled units: burst · period (one request = period).
     capacity: u64,
+    /// Rate and burst change from request to request: the state carries the
+    /// scale it was written with (see [`Limit::varying`]).
+    varying: bool,
 }
 
 /// What one [`Limit::commit`] charged, for [`Limit::refund`] to take back:
@@ -223,11 +227,14 @@ pub struct Charge {
     at: u64,
     /// The buckets only: the level (scaled) under the charge.
     below: u64,
+    /// A varying line: the scale the state was charged under (its tag);
+    /// 0 for a static line.
+    tag: u64,
 }
 
 impl Charge {
     /// Nothing charged (the default, usable in constants).
-    pub const NONE: Charge = Charge { cost: 0, at: 0, below: 0 };
+    pub const NONE: Charge = Charge { cost: 0, at: 0, below: 0, tag: 0 };
 
     /// Units charged; 0 when nothing was.
     pub fn cost(&self) -> u64 {
@@ -258,6 +265,7 @@ impl Limit {
             window: capacity.div_ceil(rate.count),
             interval: rate.period_us.div_ceil(rate.count),
             capacity,
+            varying: false,
         })
     }
 
@@ -278,6 +286,29 @@ impl Limit {
             queue,
         })?;
         Ok(Limit { queue, ..self })
+    }
+
+    /// This limit for a line whose rate or burst may differ from one
+    /// request to the next (`sliding_log`: the rate only, its burst lays its
+    /// state out). Its state carries one more word, the scale its used
+    /// amount is counted in as of the last write (`W` for `fixed` and
+    /// `sliding`, `period_us` for the buckets, `T` for `gcra`; none for
+    /// `sliding_log`, whose timestamps are absolute), so that a request
+    /// with other values first converts the state to its own scale,
+    /// rounding what is used up. Then at one instant no more than the new
+    /// burst passes, and on the same state at the same instant raising the
+    /// rate or burst never admits fewer requests than keeping the old values
+    /// would, lowering them never more. Values that do not change behave
+    /// exactly as the static line. [`Limit::state_words`] does not depend on
+    /// the rate or burst (but for `sliding_log`'s burst): build a `Limit` per
+    /// request from its values, all with `.varying()`.
+    pub fn varying(self) -> Limit {
+        Limit { varying: true, ..self }
+    }
+
+    /// Whether this is a [`Limit::varying`] line.
+    pub fn is_varying(&self) -> bool {
+        self.varying
     }
 
     /// The algorithm.
@@ -305,8 +336,20 @@ impl Limit {
         self.window
     }
 
-    /// `u64` words of state one key needs: 1–3, or 2 + burst for `sliding_log`.
+    /// `u64` words of state one key needs: 1–3, or 2 + burst for
+    /// `sliding_log`; one more for a [`Limit::varying`] line but
+    /// `sliding_log`.
     pub fn state_words(&self) -> usize {
+        self.static_words() + usize::from(self.tagged())
+    }
+
+    /// Whether the state carries a scale tag (after its static words).
+    fn tagged(&self) -> bool {
+        self.varying && self.algorithm != Algorithm::SlidingLog
+    }
+
+    /// The state words the algorithm itself reads and writes.
+    fn static_words(&self) -> usize {
         match self.algorithm {
             Algorithm::Fixed | Algorithm::TokenBucket | Algorithm::LeakyBucket => 2,
             Algorithm::Sliding => 3,
@@ -334,18 +377,27 @@ impl Limit {
             return Outcome::default();
         }
         let now = now.min(MAX_NOW);
-        let outcome = match self.algorithm {
-            Algorithm::Fixed => fixed::check(self, state, now, cost),
-            Algorithm::Sliding => sliding::check(self, state, now, cost),
-            Algorithm::SlidingLog => log::check(self, state, now, cost),
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::check(self, state, now, cost),
-            Algorithm::Gcra => gcra::check(self, state, now, cost),
+        let outcome = match self.tagged() {
+            true => vary::check(self, state, now, cost),
+            false => self.check_static(state, now, cost),
         };
         // Cost 0 charges nothing, so it passes even when a lagging clock
         // sees the key over its limit.
         match cost {
             0 => Outcome::admit(outcome.remaining, outcome.reset_us, 0),
             _ => outcome,
+        }
+    }
+
+    /// The algorithm's check on its static words.
+    #[inline(always)]
+    fn check_static(&self, state: &[u64], now: u64, cost: u64) -> Outcome {
+        match self.algorithm {
+            Algorithm::Fixed => fixed::check(self, state, now, cost),
+            Algorithm::Sliding => sliding::check(self, state, now, cost),
+            Algorithm::SlidingLog => log::check(self, state, now, cost),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::check(self, state, now, cost),
+            Algorithm::Gcra => gcra::check(self, state, now, cost),
         }
     }
 
@@ -364,6 +416,15 @@ impl Limit {
             return Charge::default();
         }
         let now = now.min(MAX_NOW);
+        match self.tagged() {
+            true => vary::commit(self, state, now, cost),
+            false => self.commit_static(state, now, cost),
+        }
+    }
+
+    /// The algorithm's commit on its static words.
+    #[inline(always)]
+    fn commit_static(&self, state: &mut [u64], now: u64, cost: u64) -> Charge {
         match self.algorithm {
             Algorithm::Fixed => fixed::commit(self, state, now, cost),
             Algorithm::Sliding => sliding::commit(self, state, now, cost),
@@ -384,6 +445,8 @@ impl Limit {
     /// after it ends (where it weighs in as the previous window's count).
     /// `sliding_log`, which keeps one timestamp per unit, cannot hold more
     /// than the burst: it charges what fits, as [`Limit::commit`] would.
+    /// A [`Limit::varying`] line first converts the state to its own scale,
+    /// as [`Limit::commit`] does, and leaves its tag.
     ///
     /// Returns what it charged, which [`Limit::refund`] can take back like a
     /// commit's charge. Arithmetic saturates: a charge that would take the
@@ -395,6 +458,15 @@ impl Limit {
             return Charge::default();
         }
         let now = now.min(MAX_NOW);
+        match self.tagged() {
+            true => vary::overdraw(self, state, now, cost),
+            false => self.overdraw_static(state, now, cost),
+        }
+    }
+
+    /// The algorithm's overdraft on its static words.
+    #[inline(always)]
+    fn overdraw_static(&self, state: &mut [u64], now: u64, cost: u64) -> Charge {
         match self.algorithm {
             Algorithm::Fixed => fixed::overdraw(self, state, now, cost),
             Algorithm::Sliding => sliding::overdraw(self, state, now, cost),
@@ -416,11 +488,25 @@ impl Limit {
     /// since is kept, since a state cannot tell which charge it took from.
     /// Should the state have been dropped and created afresh in between,
     /// the refund may take back up to `cost` of what was charged since.
+    ///
+    /// A [`Limit::varying`] line takes nothing back once the state has been
+    /// converted to another scale since the charge (or if `self` is not the
+    /// limit that charged), nor, for the buckets, once another request has
+    /// charged the state since (it may have drained it at another rate).
     pub fn refund(&self, state: &mut [u64], charge: &Charge, now: u64) {
         if state.len() < self.state_words() || charge.cost == 0 {
             return;
         }
         let now = now.min(MAX_NOW);
+        if self.tagged() {
+            vary::refund(self, state, charge, now);
+            return;
+        }
+        self.refund_static(state, charge, now);
+    }
+
+    /// The algorithm's refund on its static words.
+    fn refund_static(&self, state: &mut [u64], charge: &Charge, now: u64) {
         match self.algorithm {
             Algorithm::Fixed => fixed::refund(state, charge),
             Algorithm::Sliding => sliding::refund(state, charge),

@@ -22,7 +22,9 @@
 //!   = none. A call that runs after it (`now > deadline`) checks nothing and
 //!   writes nothing (see *Deadlines* below).
 //! - then per request its lines, one argument each: `"algorithm count
-//!   period_us burst cost queue flags"` ([`write_spec`]; the requests of a location share
+//!   period_us burst cost queue flags"` (flags: the sum of 1 for a dry-run
+//!   line, 2 for a varying one, 4 for a `charge=after` line's check;
+//!   [`write_spec`]; the requests of a location share
 //!   it, and the script parses each distinct string once per call); a request
 //!   of other than one line is preceded by its number of lines; `n ≥ 2`
 //!   consecutive requests of one line each with the same string are sent as
@@ -195,7 +197,10 @@ pub const MAX_EXACT: u64 = 1 << 52;
 
 /// Whether the script evaluates `limit` exactly like rl-core (for any
 /// `now ≤` [`MAX_EXACT`]); the script rejects the lines for which this is
-/// false.
+/// false. A [`Limit::varying`] bucket or `gcra` line is exact as long as the
+/// state it converts stays within the range too (what another scale's
+/// charges come to in its own); a conversion beyond it rejects that
+/// request.
 pub fn exact(limit: &Limit) -> bool {
     let rate = limit.rate();
     let burst = limit.burst();
@@ -209,6 +214,8 @@ pub fn exact(limit: &Limit) -> bool {
     let held = u128::from(burst) + u128::from(limit.queue());
     match limit.algorithm() {
         _ if !small(limit.queue()) => false,
+        // A varying line's count carries from window to window as it is.
+        Algorithm::Fixed | Algorithm::Sliding if limit.is_varying() && u128::from(burst) > bound => false,
         Algorithm::Fixed | Algorithm::SlidingLog => window <= bound,
         Algorithm::Sliding => window <= bound / 2,
         Algorithm::TokenBucket | Algorithm::LeakyBucket => held * u128::from(rate.period_us) <= bound,
@@ -336,7 +343,8 @@ fn flush_run(run: Option<(LineArg, u64)>, spec: &mut Spec, emit: &mut impl FnMut
 }
 
 /// A line as the script takes it: `"algorithm count period_us burst cost
-/// queue flags"`, `flags` being the sum of 1 for a dry-run line and 4 for a
+/// queue flags"`, `flags` being the sum of 1 for a dry-run line, 2 for a
+/// [`Limit::varying`] one (whose state carries its scale tag) and 4 for a
 /// `charge=after` line's check.
 pub fn write_spec(out: &mut String, line: &LineArg) {
     let (limit, rate) = (&line.limit, line.limit.rate());
@@ -350,7 +358,7 @@ pub fn write_spec(out: &mut String, line: &LineArg) {
         limit.burst(),
         line.cost,
         limit.queue(),
-        u8::from(line.dry_run) | (u8::from(line.check_only) << 2)
+        u8::from(line.dry_run) | u8::from(line.limit.is_varying()) << 1 | u8::from(line.check_only) << 2
     );
 }
 

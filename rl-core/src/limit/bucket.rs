@@ -86,14 +86,14 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     }
     s[0] = sat(used);
     s[1] = v.at;
-    Charge { cost, at: v.at, below: v.used }
+    Charge { cost, at: v.at, below: v.used, tag: 0 }
 }
 
 /// See [`Limit::overdraw`]: the amount grows by the cost, beyond the
 /// capacity if need be.
 pub(super) fn overdraw(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     let v = load(l, s, now);
-    let charge = Charge { cost, at: v.at, below: v.used };
+    let charge = Charge { cost, at: v.at, below: v.used, tag: 0 };
     let (used, charge) = overdrawn(u128::from(v.used) + mul(cost, l.rate.period_us), charge);
     s[0] = used;
     s[1] = v.at;

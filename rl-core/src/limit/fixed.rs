@@ -58,14 +58,15 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     }
     s[0] = v.window.saturating_add(1);
     s[1] = v.used + cost;
-    Charge { cost, at: v.window, below: 0 }
+    Charge { cost, at: v.window, below: 0, tag: 0 }
 }
 
 /// See [`Limit::overdraw`]: into the window counted in, beyond the burst
 /// if need be.
 pub(super) fn overdraw(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     let v = load(l, s, now);
-    let (used, charge) = overdrawn(u128::from(v.used) + u128::from(cost), Charge { cost, at: v.window, below: 0 });
+    let (used, charge) =
+        overdrawn(u128::from(v.used) + u128::from(cost), Charge { cost, at: v.window, below: 0, tag: 0 });
     s[0] = v.window.saturating_add(1);
     s[1] = used;
     charge

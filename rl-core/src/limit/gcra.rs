@@ -52,7 +52,7 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     }
     let at = s[0].max(now);
     s[0] = sat(u128::from(now) + charged);
-    Charge { cost, at, below: 0 }
+    Charge { cost, at, below: 0, tag: 0 }
 }
 
 /// See [`Limit::overdraw`]: `TAT = max(TAT, now) + cost·T`, however far
@@ -60,7 +60,7 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
 pub(super) fn overdraw(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     let at = s[0].max(now);
     let charge;
-    (s[0], charge) = overdrawn(u128::from(at) + mul(cost, l.interval), Charge { cost, at, below: 0 });
+    (s[0], charge) = overdrawn(u128::from(at) + mul(cost, l.interval), Charge { cost, at, below: 0, tag: 0 });
     charge
 }
 

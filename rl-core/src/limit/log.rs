@@ -110,7 +110,7 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     }
     s[0] = head as u64;
     s[1] = (live + cost as usize) as u64;
-    Charge { cost, at: t, below: 0 }
+    Charge { cost, at: t, below: 0, tag: 0 }
 }
 
 /// See [`Limit::overdraw`]: a log holds at most `B` live entries, so it

@@ -115,13 +115,14 @@ pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     s[0] = v.window.saturating_add(1);
     s[1] = v.curr + cost;
     s[2] = v.prev;
-    Charge { cost, at: v.window, below: 0 }
+    Charge { cost, at: v.window, below: 0, tag: 0 }
 }
 
 /// See [`Limit::overdraw`]: into `curr`, beyond the burst if need be.
 pub(super) fn overdraw(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
     let v = load(l, s, now);
-    let (curr, charge) = overdrawn(u128::from(v.curr) + u128::from(cost), Charge { cost, at: v.window, below: 0 });
+    let (curr, charge) =
+        overdrawn(u128::from(v.curr) + u128::from(cost), Charge { cost, at: v.window, below: 0, tag: 0 });
     s[0] = v.window.saturating_add(1);
     s[1] = curr;
     s[2] = v.prev;

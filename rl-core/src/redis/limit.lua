@@ -14,8 +14,9 @@
 --          writes nothing, and returns {-1, now}: by then its caller no
 --          longer waits for it (it answers its requests as failed).
 -- Then per request, in order: its lines, each one argument
--- "algorithm count period_us burst cost queue flags" (flags: 1 for a
--- dry-run line, + 4 for a charge=after line's check, else 0; queue 0 but
+-- "algorithm count period_us burst cost queue flags" (flags: the sum of 1
+-- for a dry-run line, 2 for a varying one, 4 for a charge=after line's
+-- check, i.e. 0 to 7; queue 0 but
 -- for the buckets and gcra; the same string for every
 -- request with the same limit and cost, so parsed once per call); a
 -- request of other than one line is preceded by its number of lines; n
@@ -54,6 +55,14 @@
 -- which the script would no longer be exact}. The key's TTL covers the
 -- overdraft's repayment, as a decision's write does.
 --
+-- A varying line (rl-core's Limit::varying: its rate and burst change from
+-- request to request) keeps one more state word, its tag: the scale its
+-- used amount is counted in as of the last write (W for fixed and sliding,
+-- period_us for the buckets, T for gcra; none for sliding_log). A line
+-- whose own scale differs from a non-zero tag first converts the state to
+-- its own, rounding the used amount up, exactly as rl-core's limit/vary.rs;
+-- a write stores its own tag. Its keys are not any static line's.
+--
 -- State: for fixed / sliding / token_bucket / leaky_bucket / gcra a string
 -- of a 0 byte, then rl-core's u64 state words and the key's expiry (ms of
 -- the Redis clock) as little-endian doubles (missing key = zeroes; a text
@@ -77,6 +86,10 @@
 --   gcra                       (burst+queue)*ceil(period_us/count) <= E
 -- (then every intermediate value stays <= 2^53; the few products that can
 -- exceed it, e.g. sliding's prev*(W-e), are computed exactly by muldiv).
+-- A varying line's conversion is exact too when, besides, burst <= E for
+-- fixed and sliding, and the converted amount (used*period/tag for the
+-- buckets, (TAT-now)*T/tag for gcra) is <= E; a line whose conversion
+-- exceeds E is rejected (fail closed).
 -- A line outside these ranges, or with malformed arguments, is rejected
 -- (fail closed: admitted 0, retry -1), so the script never over-admits;
 -- rl_core::redis::exact() tells which limits are in range.
@@ -126,8 +139,9 @@ local slot, names, cur, nslots
 -- A key that only one line of the call uses is written at once. The others'
 -- states are kept as numbers and SET once at the end (with the last write's
 -- value and expiry, as if each request had written it): slot j's record is
--- R[6j-5 .. 6j] = algorithm, w1, w2, w3, expiry, and the expiry the key had
--- before the call (-1 once the algorithm changed); R[6j] = true marks such a
+-- R[7j-6 .. 7j] = the state's shape (its algorithm, with a '+' for a
+-- varying line's), w1, w2, w3, w4, expiry, and the expiry the key had
+-- before the call (-1 once the shape changed); R[7j] = true marks such a
 -- slot before its first write. (One flat table: in Redis' Lua a table per
 -- key, or a C function call such as type(), costs about as much as the
 -- rest of a line's work.)
@@ -137,15 +151,26 @@ local R
 -- the Redis clock) as little-endian doubles, exact below 2^53 (struct's C
 -- code packs and unpacks them several times faster than Lua formats or
 -- parses digits).
-local function encode(j)
-  local o = 6 * j
-  local a = R[o - 5]
-  if a == 'gcra' then
-    return pack('<Bdd', 0, R[o - 4], R[o - 1])
-  elseif a == 'sliding' then
-    return pack('<Bdddd', 0, R[o - 4], R[o - 3], R[o - 2], R[o - 1])
+-- The number of words of each shape of state: the algorithm's, and one
+-- more (the scale tag) for a varying line's.
+local NW = {
+  gcra = 1, fixed = 2, sliding = 3, token_bucket = 2, leaky_bucket = 2,
+  ['gcra+'] = 2, ['fixed+'] = 3, ['sliding+'] = 4, ['token_bucket+'] = 3, ['leaky_bucket+'] = 3,
+}
+-- A state of n words w1.. and expiry x, stored.
+local function packed(n, w1, w2, w3, w4, x)
+  if n == 1 then
+    return pack('<Bdd', 0, w1, x)
+  elseif n == 2 then
+    return pack('<Bddd', 0, w1, w2, x)
+  elseif n == 3 then
+    return pack('<Bdddd', 0, w1, w2, w3, x)
   end
-  return pack('<Bddd', 0, R[o - 4], R[o - 3], R[o - 1])
+  return pack('<Bddddd', 0, w1, w2, w3, w4, x)
+end
+local function encode(j)
+  local o = 7 * j
+  return packed(NW[R[o - 6]], R[o - 5], R[o - 4], R[o - 3], R[o - 2], R[o - 1])
 end
 
 -- A word of a state written by someone else: >= 0, floored, at most 2^53;
@@ -158,16 +183,17 @@ local function clamp(x)
   return 0
 end
 
--- The state words of slot j for a line of algorithm `alg`, whose state has
--- `n` words (a missing key, or missing words, read as 0). Sets `sx` to the
--- key's expiry as stored with the state (0: unknown).
+-- The state words of slot j for a line whose state has shape `alg` and `n`
+-- words (a missing key, or missing words, read as 0; so does a static
+-- line's tag, the word after its own). Sets `sx` to the key's expiry as
+-- stored with the state (0: unknown).
 local sx = 0
 local function state(j, alg, n)
-  local o = 6 * j
-  local a = R[o - 5]
+  local o = 7 * j
+  local a = R[o - 6]
   if a == alg then
     sx = R[o - 1]
-    return R[o - 4], R[o - 3], R[o - 2]
+    return R[o - 5], R[o - 4], R[o - 3], R[o - 2]
   end
   local v
   if a then
@@ -183,42 +209,48 @@ local function state(j, alg, n)
   end
   sx = 0
   if not v then
-    return 0, 0, 0
+    return 0, 0, 0, 0
   end
   if #v == 9 + 8 * n then
-    local m, w1, w2, w3, x
+    local m, w1, w2, w3, w4, x
     if n == 2 then
       m, w1, w2, x = unpack_('<Bddd', v)
-      w3 = 0
+      w3, w4 = 0, 0
     elseif n == 1 then
       m, w1, x = unpack_('<Bdd', v)
-      w2, w3 = 0, 0
-    else
+      w2, w3, w4 = 0, 0, 0
+    elseif n == 3 then
       m, w1, w2, w3, x = unpack_('<Bdddd', v)
+      w4 = 0
+    else
+      m, w1, w2, w3, w4, x = unpack_('<Bddddd', v)
     end
     if m == 0 then
       if 0 < x then sx = x end
-      if 0 <= w1 and 0 <= w2 and 0 <= w3 and w1 <= TWO53 and w2 <= TWO53 and w3 <= TWO53
-          and w1 % 1 == 0 and w2 % 1 == 0 and w3 % 1 == 0 then
-        return w1, w2, w3
+      if 0 <= w1 and 0 <= w2 and 0 <= w3 and 0 <= w4 and w1 <= TWO53 and w2 <= TWO53 and w3 <= TWO53
+          and w4 <= TWO53 and w1 % 1 == 0 and w2 % 1 == 0 and w3 % 1 == 0 and w4 % 1 == 0 then
+        return w1, w2, w3, w4
       end
-      return clamp(w1), clamp(w2), clamp(w3)
+      return clamp(w1), clamp(w2), clamp(w3), clamp(w4)
     end
   end
   if string.byte(v, 1) == 0 then
-    -- another algorithm's binary state reads as fresh
-    return 0, 0, 0
+    -- another shape's binary state reads as fresh
+    return 0, 0, 0, 0
   end
   -- Text: words as digits (as an older version of this script wrote them),
-  -- or anything else, token by token.
+  -- or anything else, token by token (the words of the state's shape only).
   local w1, w2, w3 = string.match(v, '^%s*(%S*)%s*(%S*)%s*(%S*)')
-  return clamp(tonumber(w1)), clamp(tonumber(w2)), clamp(tonumber(w3))
+  w1, w2, w3 = clamp(tonumber(w1)), clamp(tonumber(w2)), clamp(tonumber(w3))
+  if n < 3 then w3 = 0 end
+  if n < 2 then w2 = 0 end
+  return w1, w2, w3, 0
 end
 
--- Commits a line of slot j whose state is back to full in rst us, so that
--- the key must live ceil(rst / 1000) + 1000 ms more. sliding_log: `val`
--- pushes the entries, and the TTL is set. Else the new state {alg, v1, v2,
--- v3} of a state read with expiry x0: the expiry is kept while it
+-- Commits a line `lim` of slot j whose state is back to full in rst us, so
+-- that the key must live ceil(rst / 1000) + 1000 ms more. sliding_log: `val`
+-- pushes the entries, and the TTL is set. Else the new state v1, v2, v3
+-- (then a varying line's tag) of a state read with expiry x0: the expiry is kept while it
 -- suffices, else set TTL_SLACK ms beyond the need, so that a busy key's TTL
 -- is set about once per TTL_SLACK, and its other writes overwrite the value
 -- in place (SETRANGE costs Redis much less than SET ... PX).
@@ -230,7 +262,8 @@ local function ttl(x)
   end
   return string.format('%.0f', x)
 end
-local function put(j, alg, val, v1, v2, v3, x0, rst)
+local function put(j, lim, val, v1, v2, v3, x0, rst)
+  local alg = lim[1]
   local t = rst / 1000
   local tc = t - t % 1
   if tc < t then tc = tc + 1 end
@@ -246,18 +279,23 @@ local function put(j, alg, val, v1, v2, v3, x0, rst)
   else
     x = x0
   end
-  local o = 6 * j
-  local a = R[o - 5]
+  -- A varying line's tag: the scale it counts its state in, after the
+  -- algorithm's words.
+  local shape, n, v4 = lim[11], lim[12], 0
+  if lim[13] then
+    if n == 2 then
+      v2 = lim[13]
+    elseif n == 3 then
+      v3 = lim[13]
+    else
+      v4 = lim[13]
+    end
+  end
+  local o = 7 * j
+  local a = R[o - 6]
   if a == nil and not R[o] then
     -- The call's only line on this key: written at once.
-    local v
-    if alg == 'gcra' then
-      v = pack('<Bdd', 0, v1, x)
-    elseif alg == 'sliding' then
-      v = pack('<Bdddd', 0, v1, v2, v3, x)
-    else
-      v = pack('<Bddd', 0, v1, v2, x)
-    end
+    local v = packed(n, v1, v2, v3, v4, x)
     if x == x0 then
       redis.call('SETRANGE', names[j], '0', v)
     else
@@ -267,24 +305,24 @@ local function put(j, alg, val, v1, v2, v3, x0, rst)
   end
   if a == nil then
     R[o] = x0
-  elseif a ~= alg then
+  elseif a ~= shape then
     R[o] = -1
   end
-  R[o - 5], R[o - 4], R[o - 3], R[o - 2], R[o - 1] = alg, v1, v2, v3, x
+  R[o - 6], R[o - 5], R[o - 4], R[o - 3], R[o - 2], R[o - 1] = shape, v1, v2, v3, v4, x
 end
 
 -- Writes slot j's record (there must be one) and forgets it: in place when
 -- the key keeps its expiry (then it holds this algorithm's state, of the same
 -- length), else SET ... PX.
 local function flush(j)
-  local o = 6 * j
+  local o = 7 * j
   local x = R[o - 1]
   if x == R[o] then
     redis.call('SETRANGE', names[j], '0', encode(j))
   else
     redis.call('SET', names[j], encode(j), 'PX', ttl(x - ms))
   end
-  R[o - 5] = nil
+  R[o - 6] = nil
 end
 
 -- The buckets' time to drain `amount` at `c` per us after `lag` us: 0 if
@@ -356,7 +394,17 @@ local function gcra(lim, j, key, cost)
   local T, BT = K, lim[7]
   if T then
     ok = true
-    local s = state(j, alg, 1)
+    local s, tg = state(j, lim[11], lim[12])
+    if tg ~= 0 and tg ~= T and now < s then
+      -- a varying line's backlog counted in another T: in this one,
+      -- rounded up
+      local q, r = muldiv(s - now, T, tg)
+      if r > 0 then q = q + 1 end
+      if E < q then
+        return false, false, 0, 0, -1, 0
+      end
+      s = now + q
+    end
     local backlog = s - now
     if not (0 < backlog) then backlog = 0 end
     if cost <= b and backlog <= (b - cost) * T then
@@ -394,9 +442,18 @@ local function fixed(lim, j, key, cost)
   -- state {k + 1, used}; windows [k*W, (k+1)*W).
   if W then
     ok = true
-    local s1, s2 = state(j, alg, 2)
+    local s1, s2, tg = state(j, lim[11], lim[12])
     local k = now / W
     k = k - k % 1
+    if tg ~= 0 and tg ~= W then
+      -- a varying line's window of another W: its count carries into the
+      -- window of this W containing now, if it has not ended
+      if s1 >= 1 and s1 * tg > now then
+        s1 = k + 1
+      else
+        s1, s2 = 0, 0
+      end
+    end
     local used = 0
     if s1 >= 1 and s1 - 1 >= k then
       -- (read as it is above the burst: an overdraft, counted until the
@@ -433,9 +490,30 @@ local function sliding(lim, j, key, cost)
   -- curr + cost + ceil(prev*(W-e)/W) <= B.
   if W then
     ok = true
-    local s1, s2, s3 = state(j, alg, 3)
+    local s1, s2, s3, tg = state(j, lim[11], lim[12])
     local k = now / W
     k = k - k % 1
+    if tg ~= 0 and tg ~= W then
+      -- a varying line's windows of another W: the estimate at now,
+      -- rounded up, carries into the window of this W containing now
+      local kt = now / tg
+      kt = kt - kt % 1
+      local win, curr, prev = kt, 0, 0
+      if s1 >= 1 then
+        local sk = s1 - 1
+        if sk >= kt then
+          win, curr, prev = sk, s2, s3
+        elseif sk + 1 == kt then
+          prev = s2
+        end
+      end
+      -- (read as they are above the burst: an overdraft carries over)
+      local span = tg
+      if win == kt then span = tg - (now - kt * tg) end
+      local pw, r = muldiv(prev, span, tg)
+      if r > 0 then pw = pw + 1 end
+      s1, s2, s3 = k + 1, curr + pw, 0
+    end
     local curr, prev = 0, 0
     if s1 >= 1 then
       local sk = s1 - 1
@@ -519,7 +597,7 @@ local function sliding_log(lim, j, key, cost)
     local B, fmt = b, string.format
     -- (a string state pending here only if a key changed algorithm:
     -- keys name theirs) written first, and read again after
-    if R[6 * j - 5] then
+    if R[7 * j - 6] then
       flush(j)
     end
     cur[j] = nil
@@ -613,7 +691,17 @@ local function bucket(lim, j, key, cost)
   local cap, c, p = K, lim[2], lim[3]
   if cap then
     ok = true
-    local s1, s2 = state(j, alg, 2)
+    local s1, s2, tg = state(j, lim[11], lim[12])
+    if tg ~= 0 and tg ~= p then
+      -- a varying line's amount scaled by another period: by this one,
+      -- rounded up
+      local q, r = muldiv(s1, p, tg)
+      if r > 0 then q = q + 1 end
+      if E < q then
+        return false, false, 0, 0, -1, 0
+      end
+      s1 = q
+    end
     -- (read as it is above the capacity: units a line with a
     -- larger queue queued)
     local used, last = s1, s2
@@ -664,15 +752,18 @@ local by_name = {
 -- The arguments after ARGV[3], by their string, parsed once per call: a
 -- line "algorithm count period_us burst cost queue flags" (count,
 -- period_us, burst integers in [1, 2^53), cost and queue integers >= 0,
--- flags 0, 1, 4 or 5) as {algorithm, count, period_us, burst, cost, K, BT,
--- QK, dry, function, after}, where K is
+-- flags 0 to 7) as {algorithm, count, period_us, burst, cost, K, BT, QK,
+-- dry, function, shape, words, tag, after}, where K is
 -- the algorithm's constant (W = ceil(burst*period/count) for fixed /
 -- sliding / sliding_log, T = ceil(period/count) for gcra, with BT =
 -- burst*T; burst*period for the buckets), or false when out of the exact
 -- range; QK the queue scaled as the state (queue*T for gcra, queue*period
 -- for the buckets); dry true for a dry-run line (flag 1); then the
--- algorithm's function (nil: unknown); after true for a charge=after
--- line's check (flag 4); a malformed line as
+-- algorithm's function (nil: unknown); the state's shape (the algorithm,
+-- with '+' for a varying line's, flag 2), its number of words, and a
+-- varying line's tag (its scale: W, T or period_us; false for a static
+-- line); after true for a charge=after line's check (flag 4); a malformed
+-- line as
 -- false; a number of lines as {0, n}, a run "-n" as {-1, n}; nil for a
 -- malformed number.
 local specs, nspecs = {}, 0
@@ -688,9 +779,9 @@ local function parse(s)
   end
   local a, w1, w2, w3, w4, w5, w6 = string.match(s, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%d)$')
   local c, p, b, x, q, f = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4), tonumber(w5), tonumber(w6)
-  -- flags: 1 dry-run, 4 charge-after check (checks a cost of 1, never
-  -- charges); no other bit is known
-  if not (f == 0 or f == 1 or f == 4 or f == 5) then
+  -- flags: the sum of 1 dry-run, 2 varying, 4 charge-after check (checks a
+  -- cost of 1, never charges); no other bit is known
+  if not (f and f <= 7) then
     return false
   end
   if not (c and p and b and x and q
@@ -723,7 +814,21 @@ local function parse(s)
   if (a == 'token_bucket' or a == 'leaky_bucket') and (b + q) * p <= E then
     K, QK = b * p, q * p
   end
-  return { a, c, p, b, x, K, BT, QK, f % 2 == 1, by_name[a], 4 <= f }
+  -- A varying line's state shape ends with its tag, the scale it counts
+  -- in (sliding_log's timestamps need none).
+  local shape, tag = a, false
+  if f % 4 >= 2 and a ~= 'sliding_log' then
+    shape = a .. '+'
+    if a == 'gcra' then
+      tag = K
+    elseif a == 'token_bucket' or a == 'leaky_bucket' then
+      tag = p
+    elseif b <= E then
+      tag = K
+    end
+    if not tag then K = false end
+  end
+  return { a, c, p, b, x, K, BT, QK, f % 2 == 1, by_name[a], shape, NW[shape] or 0, tag, 4 <= f }
 end
 
 -- parse(s), kept in `specs` (nil, a malformed number, is not kept).
@@ -801,7 +906,7 @@ local function read(KEYS)
         slot[key], names[nslots] = nslots, key
         n = n + 1
       else
-        R[6 * j] = true
+        R[7 * j] = true
       end
     end
     if n == 256 or (i > nkeys and n > 0) then
@@ -822,7 +927,7 @@ end
 -- Writes the records of the keys several lines of the call shared.
 local function flush_all()
   for j = 1, nslots do
-    if R[6 * j - 5] then
+    if R[7 * j - 6] then
       flush(j)
     end
   end
@@ -901,7 +1006,7 @@ local function limit(KEYS, ARGV)
       local alg, b, cost, K, QK
       if lim then
         alg, b, cost, K, QK = lim[1], lim[4], lim[5], lim[6], lim[8]
-        if lim[11] then
+        if lim[14] then
           -- a charge=after line's check: one unit left admits
           cost = 1
         end
@@ -918,7 +1023,7 @@ local function limit(KEYS, ARGV)
 
       if key and lim and lim[10] and now <= E then
         ok, adm, rem, rst, rty, dly, val, v1, v2, v3 = lim[10](lim, j, key, cost)
-        if lim[11] then
+        if lim[14] then
           -- a charge=after line: its cost is charged later, by `charge`
           val = nil
         end
@@ -934,7 +1039,7 @@ local function limit(KEYS, ARGV)
         -- The usual case: committed at once (a lone dry-run line admits the
         -- request, and is committed iff it admits it too).
         if adm and val then
-          put(j, alg, val, v1, v2, v3, sx, rst)
+          put(j, lim, val, v1, v2, v3, sx, rst)
         end
         if adm then
           reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = rem, rst, -2, dly
@@ -946,7 +1051,7 @@ local function limit(KEYS, ARGV)
         if val then
           pending = pending or {}
           local q = npending
-          pending[q + 1], pending[q + 2], pending[q + 3], pending[q + 4] = j, val, rst, alg
+          pending[q + 1], pending[q + 2], pending[q + 3], pending[q + 4] = j, val, rst, lim
           pending[q + 5], pending[q + 6], pending[q + 7], pending[q + 8] = v1, v2, v3, sx
           npending = q + 8
         end
@@ -970,6 +1075,71 @@ local function limit(KEYS, ARGV)
   return reply
 end
 
+-- The state words s1, s2, s3 of slot j as the line `lim` counts them at
+-- now: a varying line's state written under another tag converted to the
+-- line's own scale, the used amount rounded up (rl-core's limit/vary.rs,
+-- as the algorithms above convert it); nil when the conversion leaves the
+-- exact range.
+local function scaled(lim, j)
+  local alg, tag, n = lim[1], lim[13], lim[12]
+  local s1, s2, s3, s4 = state(j, lim[11], n)
+  if not tag then
+    return s1, s2, s3
+  end
+  local tg = s4
+  if n == 2 then
+    tg, s2 = s2, 0
+  elseif n == 3 then
+    tg, s3 = s3, 0
+  end
+  if tg == 0 or tg == tag then
+    return s1, s2, s3
+  end
+  local k = now / tag
+  k = k - k % 1
+  if alg == 'gcra' then
+    if now < s1 then
+      local q, r = muldiv(s1 - now, tag, tg)
+      if r > 0 then q = q + 1 end
+      if E < q then
+        return nil
+      end
+      s1 = now + q
+    end
+  elseif alg == 'fixed' then
+    if s1 >= 1 and s1 * tg > now then
+      s1 = k + 1
+    else
+      s1, s2 = 0, 0
+    end
+  elseif alg == 'sliding' then
+    local kt = now / tg
+    kt = kt - kt % 1
+    local win, curr, prev = kt, 0, 0
+    if s1 >= 1 then
+      local sk = s1 - 1
+      if sk >= kt then
+        win, curr, prev = sk, s2, s3
+      elseif sk + 1 == kt then
+        prev = s2
+      end
+    end
+    local span = tg
+    if win == kt then span = tg - (now - kt * tg) end
+    local pw, r = muldiv(prev, span, tg)
+    if r > 0 then pw = pw + 1 end
+    s1, s2, s3 = k + 1, curr + pw, 0
+  else
+    local q, r = muldiv(s1, tag, tg)
+    if r > 0 then q = q + 1 end
+    if E < q then
+      return nil
+    end
+    s1 = q
+  end
+  return s1, s2, s3
+end
+
 -- The state of slot j after a charge of `cost` on the line `lim`, in full
 -- whatever the state (rl-core's Limit::overdraw): ok (charged: false for
 -- sliding_log, a line out of the exact range, or a state that would pass
@@ -979,8 +1149,11 @@ local function overdraw(lim, j, cost)
   if not K or E <= cost then
     return false
   end
+  local s1, s2, s3 = scaled(lim, j)
+  if not s1 then
+    return false
+  end
   if alg == 'fixed' or alg == 'sliding' then
-    local s1, s2, s3 = state(j, alg, alg == 'fixed' and 2 or 3)
     local k = now / K
     k = k - k % 1
     local curr, prev = 0, 0
@@ -1007,7 +1180,7 @@ local function overdraw(lim, j, cost)
     return true, k + 1, curr, prev, rst
   elseif alg == 'token_bucket' or alg == 'leaky_bucket' then
     local c, p = lim[2], lim[3]
-    local used, last = state(j, alg, 2)
+    local used, last = s1, s2
     if now > last then
       local refill = (now - last) * c
       if refill >= used then
@@ -1024,7 +1197,7 @@ local function overdraw(lim, j, cost)
     end
     return true, used, at, 0, drain(used, c, lag)
   elseif alg == 'gcra' then
-    local backlog = state(j, alg, 1) - now
+    local backlog = s1 - now
     if not (0 < backlog) then backlog = 0 end
     backlog = backlog + cost * K
     if E < backlog then
@@ -1049,13 +1222,13 @@ local function charge(KEYS, ARGV)
     local done = 0
     -- (in range, and not sliding_log)
     if lim and now <= E and lim[6] and lim[1] ~= 'sliding_log' then
-      local alg, cost, j = lim[1], lim[5], slot[KEYS[i]]
+      local cost, j = lim[5], slot[KEYS[i]]
       if cost == 0 then
         done = 1
       else
         local ok, v1, v2, v3, rst = overdraw(lim, j, cost)
         if ok then
-          put(j, alg, true, v1, v2, v3, sx, rst)
+          put(j, lim, true, v1, v2, v3, sx, rst)
           done = 1
         end
       end

@@ -31,10 +31,17 @@
 //! [`crate::limit::Limit::overdraw`]) has no such bound for the buckets and
 //! `gcra` but the script's exact range, and `sliding`'s retry-after then
 //! reaches `2W`: its lines are checked with `deepest` = [`OVERDRAWN`].
+//!
+//! A varying line's ([`Limit::varying`]) bucket or `gcra` state holds what
+//! requests under any rate and burst charged, carried over to its own: its
+//! reset and retry-after are bounded only by the script's exact range,
+//! [`super::MAX_EXACT`] (the script rejects a conversion beyond it); a
+//! varying `sliding` line's count may exceed its burst (written under a
+//! larger one), and its retry-after then reaches `2W`, as an overdraft's.
 
 use core::fmt;
 
-use super::TTL_MARGIN_MS;
+use super::{MAX_EXACT, TTL_MARGIN_MS};
 use crate::limit::{Algorithm, Limit, Outcome};
 
 /// As the `deepest` queue of [`check_line`] and the maxima: the line's state
@@ -103,10 +110,20 @@ fn at_rate(limit: &Limit, units: u64) -> u64 {
     }
 }
 
+/// The bound on a varying bucket or `gcra` line's times, if `limit` is one:
+/// its state may hold any other rate's and burst's charges.
+fn carried(limit: &Limit) -> Option<u64> {
+    let held = matches!(limit.algorithm(), Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra);
+    (limit.is_varying() && held).then_some(MAX_EXACT.saturating_add(CLOCK_STEP_US))
+}
+
 /// The latest reset (µs from the script's `now`) a line on `limit` can
 /// report, its state shared with lines whose largest queue is `deepest`:
 /// see the module docs.
 pub fn max_reset_us(limit: &Limit, deepest: u64) -> u64 {
+    if let Some(max) = carried(limit) {
+        return max;
+    }
     let w = limit.window_us();
     let held = limit.burst().saturating_add(deepest.max(limit.queue()));
     let reach = match limit.algorithm() {
@@ -126,10 +143,13 @@ pub fn max_retry_after_us(limit: &Limit, cost: u64, deepest: u64) -> Option<u64>
     if cost == 0 || cost > b {
         return None;
     }
+    if let Some(max) = carried(limit) {
+        return Some(max);
+    }
     let w = limit.window_us();
     let reach = match limit.algorithm() {
         Algorithm::Fixed | Algorithm::SlidingLog => w,
-        Algorithm::Sliding if deepest == OVERDRAWN => w.saturating_mul(2),
+        Algorithm::Sliding if deepest == OVERDRAWN || limit.is_varying() => w.saturating_mul(2),
         Algorithm::Sliding => w.saturating_add(sat((u128::from(cost) * u128::from(w)).div_ceil(u128::from(b)))),
         Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
             let q = limit.queue();

@@ -322,11 +322,12 @@ fn out_of_range_fails_closed() {
         "gcra 1 1000000 9007199254740992 1 0 0",
         "gcra 1 1000000 1 9007199254740992 0 0",
         "token_bucket 1 4503599627370497 1 1 0 0",
-        // queue and dry: an integer >= 0, 0 or 1; a queue only for the
+        // queue and flags: an integer >= 0, 0 to 7; a queue only for the
         // buckets and gcra, and burst + queue in the exact range.
         "gcra 1 1000000 1 1 -1 0",
         "gcra 1 1000000 1 1 1.5 0",
-        "gcra 1 1000000 1 1 0 2",
+        "gcra 1 1000000 1 1 0 8",
+        "gcra 1 1000000 1 1 0 07",
         "gcra 1 1000000 1 1 0 x",
         "fixed 1 1000000 1 1 1 0",
         "sliding 1 1000000 1 1 1 1",
@@ -461,6 +462,14 @@ fn exact_range_boundaries() {
         // A day's quota of 10,000.
         (limit(Sliding, 10_000, 86_400_000_000, 10_000), true),
         (limit(TokenBucket, 10_000, 86_400_000_000, 10_000), true),
+        // A varying window line's count carries into another window: its
+        // burst too must stay within the range.
+        (limit(Sliding, 4, 1, e), true),
+        (limit(Sliding, 4, 1, e).varying(), true),
+        (limit(Sliding, 4, 1, e + 1), true),
+        (limit(Sliding, 4, 1, e + 1).varying(), false),
+        (limit(Fixed, 4, 1, e + 1).varying(), false),
+        (limit(Gcra, 3, 3 * (e / 8), 8).varying(), true),
     ];
     for (l, want) in cases {
         assert_eq!(exact(&l), want, "{l:?}");
@@ -806,7 +815,7 @@ fn charge_after_issue_sequence() {
 }
 
 /// A `charge=after` line's check takes a cost of 1 whatever its cost, and
-/// is never charged, alone or beside a line that is; flag 2 (not this
+/// is never charged, alone or beside a line that is; flag 8 (not this
 /// script's) fails closed.
 #[test]
 fn charge_after_check_is_never_charged() {
@@ -828,7 +837,7 @@ fn charge_after_check_is_never_charged() {
     assert_eq!(s, "gcra 2 1000000 3 7 0 5");
     let r = Redis::new();
     r.set_now(T0);
-    let reply = r.eval(&keys(1), &["1".into(), String::new(), String::new(), "gcra 2 1000000 3 1 0 2".into()]);
+    let reply = r.eval(&keys(1), &["1".into(), String::new(), String::new(), "gcra 2 1000000 3 1 0 8".into()]);
     assert_eq!(reply, [T0 as i64, 0, 0, -1, 0]);
 }
 
@@ -881,4 +890,30 @@ fn charge_rust_interface() {
     assert_eq!(parse_charge_reply(&[5, 2], 1), None);
     assert_eq!(parse_charge_reply(&[-5, 1], 1), None);
     assert_eq!(parse_charge_reply(&[], 0), None);
+}
+
+/// A varying line's flags: 2, or 3 when dry-run too; its state ends with
+/// its tag, and a line with another scale converts it as rl-core does.
+#[test]
+fn varying_lines() {
+    let slow = limit(Algorithm::Gcra, 1, 1_000_000, 5).varying();
+    let fast = limit(Algorithm::Gcra, 10, 1_000_000, 5).varying();
+    assert_eq!(spec(&slow, 1), "gcra 1 1000000 5 1 0 2");
+    let mut s = String::new();
+    rl_core::redis::write_spec(&mut s, &(fast, 2, true).into());
+    assert_eq!(s, "gcra 10 1000000 5 2 0 3");
+    let mut p = Pair::new(&[(slow, 1)]);
+    for _ in 0..3 {
+        assert!(p.step(&[(slow, 1)], T0, true, false).1[0].admitted);
+    }
+    assert_eq!(p.redis.value(&p.keys[0]).unwrap(), format!("{} 1000000", T0 + 3_000_000));
+    // 3 requests at 1r/s are 3 at 10r/s: 2 left.
+    let (_, out) = p.step(&[(fast, 1)], T0, true, false);
+    assert_eq!(out[0].remaining, 1);
+    assert_eq!(p.redis.value(&p.keys[0]).unwrap(), format!("{} 100000", T0 + 400_000));
+    assert!(p.step(&[(fast, 1)], T0, true, false).1[0].admitted);
+    assert!(!p.step(&[(fast, 1)], T0, true, false).1[0].admitted);
+    // A dry-run varying line admits the request, charged iff it admits.
+    let (admitted, out) = p.step(&[(fast, 1, true)], T0, true, false);
+    assert!(admitted && !out[0].admitted);
 }

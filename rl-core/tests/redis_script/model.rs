@@ -25,8 +25,14 @@ pub(crate) fn model<T: Copy + Into<LineArg>>(
     commit: bool,
 ) -> (bool, Vec<Outcome>) {
     let lines: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
-    let outs: Vec<Outcome> =
-        lines.iter().zip(states.iter()).map(|(a, s)| a.limit.check(s, now, checked_cost(a))).collect();
+    let outs: Vec<Outcome> = lines
+        .iter()
+        .zip(states.iter())
+        .map(|(a, s)| match converts_beyond_exact(&a.limit, s, now) {
+            true => Outcome::default(),
+            false => a.limit.check(s, now, checked_cost(a)),
+        })
+        .collect();
     let d = combine(outs.iter().zip(&lines).map(|(o, a)| (o, a.dry_run)));
     if commit {
         for ((a, s), o) in lines.iter().zip(states.iter_mut()).zip(&outs) {
@@ -38,11 +44,30 @@ pub(crate) fn model<T: Copy + Into<LineArg>>(
     (d.admitted, outs)
 }
 
+/// Whether the script fails closed on a varying line's state (rejects,
+/// never, writes nothing): its bucket amount or `gcra` backlog, converted
+/// to the line's scale, would leave the exact range, as an overdraft
+/// charged under a slower scale can take it.
+fn converts_beyond_exact(l: &Limit, s: &[u64], now: u64) -> bool {
+    let rate = l.rate();
+    let (amount, scale) = match l.algorithm() {
+        _ if !l.is_varying() => return false,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => (s[0], rate.period_us),
+        Algorithm::Gcra => (s[0].saturating_sub(now), rate.period_us.div_ceil(rate.count)),
+        _ => return false,
+    };
+    let tag = s.last().copied().unwrap_or(0);
+    tag != 0
+        && tag != scale
+        && (u128::from(amount) * u128::from(scale)).div_ceil(u128::from(tag)) > u128::from(MAX_EXACT)
+}
+
 /// The model of a charge call: `Limit::overdraw` on each line in turn, but
 /// for the lines the script refuses (and leaves alone): `sliding_log`, a
 /// limit out of the exact range, a cost of `MAX_EXACT` or more, a `now`
 /// beyond it, or a charge that would take the state beyond it (the
-/// windows' count, the buckets' amount, `gcra`'s `TAT − now`). Returns
+/// windows' count, the buckets' amount, `gcra`'s `TAT − now`, or a
+/// varying line's state converted to its scale first). Returns
 /// which lines it charged (a cost of 0 charges nothing, and counts).
 pub(crate) fn model_charge(lines: &[(Limit, u64)], states: &mut [Vec<u64>], now: u64) -> Vec<bool> {
     lines
@@ -50,6 +75,9 @@ pub(crate) fn model_charge(lines: &[(Limit, u64)], states: &mut [Vec<u64>], now:
         .zip(states.iter_mut())
         .map(|(&(l, cost), s)| {
             if l.algorithm() == Algorithm::SlidingLog || !exact(&l) || cost >= MAX_EXACT || now > MAX_EXACT {
+                return false;
+            }
+            if cost > 0 && converts_beyond_exact(&l, s, now) {
                 return false;
             }
             if cost == 0 {

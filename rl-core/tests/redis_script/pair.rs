@@ -60,7 +60,8 @@ impl Pair {
         deadline: Option<u64>,
     ) -> Option<(bool, Vec<Outcome>)> {
         self.redis.set_now(now);
-        self.forget_expired();
+        let args: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
+        self.forget_expired(&args);
         let (snap, writes, reads) = (self.redis.snapshot(), self.redis.writes(), self.redis.count("MGET"));
         let got = self.redis.run_until(&self.keys, &[lines], now, commit, use_time, deadline).map(|mut out| {
             assert_eq!(out.len(), 1);
@@ -74,7 +75,6 @@ impl Pair {
             assert_eq!(self.redis.snapshot(), snap, "a late call changed the state");
             return None;
         };
-        let args: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
         // Every reply the script gives passes the range check nginx applies
         // to it, while the clock has not stepped back by more than that
         // check allows (some cases step it back by far more on purpose).
@@ -106,14 +106,14 @@ impl Pair {
     /// states, TTLs that cover the overdraft.
     pub(crate) fn charge(&mut self, lines: &[(Limit, u64)], now: u64, use_time: bool) -> Vec<bool> {
         self.redis.set_now(now);
-        self.forget_expired();
+        let args: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
+        self.forget_expired(&args);
         let (snap, writes) = (self.redis.snapshot(), self.redis.writes());
         let got = self.redis.charge(&self.keys, lines, now, use_time);
         let want = model_charge(lines, &mut self.states, now);
         assert_eq!(got, want, "charge now={now} lines={lines:?}");
         self.overdrawn = true;
         self.latest = self.latest.max(now);
-        let args: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
         // The key must live until the state after the charge resets.
         let after: Vec<Outcome> = args.iter().zip(&self.states).map(|(a, s)| a.limit.check(s, now, 0)).collect();
         let charged: Vec<bool> = want.iter().zip(&args).map(|(&c, a)| c && a.cost > 0).collect();
@@ -121,11 +121,18 @@ impl Pair {
         want
     }
 
-    /// Forgets the expiries of the keys that have expired.
-    fn forget_expired(&mut self) {
-        for (key, x) in self.keys.iter().zip(self.expiries.iter_mut()) {
+    /// Forgets the expiries of the keys that have expired, and the model's
+    /// states of those of the varying lines among `args` (one per key).
+    fn forget_expired(&mut self, args: &[LineArg]) {
+        for (i, (key, x)) in self.keys.iter().zip(self.expiries.iter_mut()).enumerate() {
             if self.redis.value(key).is_none() {
                 *x = 0; // expired (or never written)
+                        // A varying line's key lives by the reset its last writer
+                        // saw; a slower line (buckets) or one of a longer window
+                        // (sliding_log) can outlive it, and then reads it fresh.
+                if args.get(i).is_some_and(|a| a.limit.is_varying()) {
+                    self.states[i].fill(0);
+                }
             }
         }
     }

@@ -204,6 +204,78 @@ fn big_limit() -> impl Strategy<Value = Limit> {
     )
 }
 
+/// Varying limits of one algorithm, small (`sliding_log`'s of one burst,
+/// its state being laid out by it).
+fn varying_limits() -> impl Strategy<Value = Vec<Limit>> {
+    let params = (
+        1u64..=20,
+        prop_oneof![select(vec![1, 1_000, 1_000_000, 60_000_000, 3_600_000_000]), 1u64..=10_000_000],
+        1u64..=12,
+        prop_oneof![Just(0u64), 1u64..=12],
+    );
+    (algorithm(), 1u64..=12, prop::collection::vec(params, 1..=4)).prop_map(|(a, log, ps)| {
+        ps.into_iter()
+            .map(|(c, p, b, q)| {
+                let b = if a == Algorithm::SlidingLog { log } else { b };
+                let l = limit(a, c, p, b);
+                l.with_queue(q).unwrap_or(l).varying()
+            })
+            .collect()
+    })
+}
+
+/// Replays `ops` on one key, each request under the limit its selector
+/// picks of `limits` (dry-run when `dry`), comparing the script to the
+/// model at every step.
+fn replay_varying(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool) {
+    replay_varying_with(limits, dry, ops, start, jitter, false);
+}
+
+/// [`replay_varying`], with `charges` one step in three a charge call
+/// under the limit picked (`Limit::overdraw` in the model) and some
+/// requests `charge=after` lines' checks.
+fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool, charges: bool) {
+    let w = limits.iter().map(Limit::window_us).max().unwrap();
+    let mut p = Pair::new(&[LineArg { limit: limits[0], cost: 1, dry_run: dry, check_only: false }]);
+    let (mut t, mut prev) = (start, Outcome::default());
+    for ((sel, f, flags), picks) in ops {
+        let (sel, f) = (*sel, *f);
+        let pick = picks.first().copied().unwrap_or(0);
+        let l = limits[usize::from(pick) % limits.len()];
+        t = t.saturating_add(match sel % 8 {
+            0 | 1 => 0,
+            2 => 1 + u64::from(f % 3),
+            3 => prev.retry_after_us.unwrap_or(0),
+            4 => prev.reset_us,
+            5 => frac(l.window_us(), f % 1500),
+            _ => frac(w, f % 2500),
+        });
+        if t > MAX_EXACT {
+            break;
+        }
+        let b = l.burst();
+        let cost = match (pick >> 3) % 10 {
+            0 => 0,
+            7 => 1 + u64::from(f) % b,
+            8 => b,
+            9 => b + 1,
+            _ => 1,
+        };
+        let now = match jitter && flags & 6 == 0 {
+            true => t.saturating_sub(frac(w, f % 2000).min(TTL_MARGIN_MS * 1000 - 1)),
+            false => t,
+        };
+        if charges && flags % 3 == 0 {
+            p.charge(&[(l, charge_cost(&l, f, pick))], t, flags & 4 == 4);
+            continue;
+        }
+        let commit = sel >> 5 != 7;
+        let check_only = charges && sel & 8 == 8;
+        let line = [LineArg { limit: l, cost, dry_run: dry, check_only }];
+        prev = p.step(&line, now, commit, flags & 1 == 1).1[0];
+    }
+}
+
 fn ops(lines: usize, n: usize) -> impl Strategy<Value = Vec<(Raw, Vec<u8>)>> {
     prop::collection::vec((any::<Raw>(), prop::collection::vec(any::<u8>(), lines)), 1..n)
 }
@@ -436,6 +508,34 @@ proptest! {
             let one: Vec<(Limit, u64)> = ls.iter().map(|&l| (l, 1)).collect();
             prop_assert_eq!(f.run(&ks, &one, now, true, false), e.run(&ks, &one, now, true, false));
         }
+    }
+
+    /// One key whose rate and burst change from request to request: the
+    /// script converts its state exactly as the model, step by step.
+    #[test]
+    fn prop_varying_line(
+        ls in varying_limits(),
+        dry in any::<bool>(),
+        ops in ops(1, 48),
+        t in start(),
+        jitter in any::<bool>(),
+    ) {
+        replay_varying(&ls, dry, &ops, t, jitter);
+    }
+
+    /// One key whose rate and burst change from request to request, its
+    /// decisions (some `charge=after` lines' checks) mixed with charges
+    /// under any of its values: the script converts and overdraws its
+    /// state exactly as the model.
+    #[test]
+    fn prop_varying_charges(
+        ls in varying_limits(),
+        dry in any::<bool>(),
+        ops in ops(1, 48),
+        t in start(),
+        jitter in any::<bool>(),
+    ) {
+        replay_varying_with(&ls, dry, &ops, t, jitter, true);
     }
 
     /// Any parameters: the script is exact iff `exact` says so, else it
