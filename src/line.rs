@@ -431,16 +431,6 @@ impl Line {
     }
 }
 
-// TODO(merge vary): rl-core's Limit::varying.
-pub trait Vary {
-    fn varying(self) -> Self;
-}
-impl Vary for Limit {
-    fn varying(self) -> Self {
-        self
-    }
-}
-
 /// A parameter's value as text: `None` when empty (the line does not apply).
 /// Bytes that are not UTF-8 cannot parse: they read as text that fails to.
 fn eval_text<'r>(p: &VarParam, r: *mut ngx_http_request_t) -> Result<Option<&'r str>, ()> {

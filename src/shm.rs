@@ -22,6 +22,8 @@ use rl_core::table::{Dropped, Region, Slot, Table};
 
 /// `state[2]` of an entry whose log lives out of line (`state[0]` = offset + 1).
 const RING_TAG: u64 = u64::MAX;
+/// State words a table entry holds; a longer state lives in the pool.
+const INLINE_WORDS: usize = 3;
 /// Distinct zones one location may use (their locks are held together).
 pub const MAX_ZONES_PER_LOCATION: usize = 16;
 /// Idle states dropped from the LRU tail on each request, as limit_req does.
@@ -188,7 +190,9 @@ impl<'a> Locked<'a> {
         if ins.dropped != Dropped::Nothing {
             self.dropped(&ins.dropped, now_s, log);
         }
-        if !ins.new || limit.algorithm() != Algorithm::SlidingLog {
+        // A state the table's entry cannot hold (sliding_log's, a varying
+        // sliding line's) lives in the zone's pool; the entry points to it.
+        if !ins.new || limit.state_words() <= INLINE_WORDS {
             return Some(ins.slot);
         }
         let bytes = limit.state_words() * 8;
@@ -257,10 +261,10 @@ impl<'a> Locked<'a> {
         let state = self.table.state_at(slot, hash)?;
         if state[2] == RING_TAG && state[0] != 0 {
             let off = (state[0] - 1) as usize;
-            if limit.algorithm() != Algorithm::SlidingLog || off + words * 8 > self.zone.size {
+            if words <= INLINE_WORDS || off + words * 8 > self.zone.size {
                 return None;
             }
-            // SAFETY: the log was allocated in `ensure` with state_words() words for this line
+            // SAFETY: the state was allocated in `ensure` with state_words() words for this line
             // (the line id is part of the hash, so the same limit owns it); the mutex is held.
             return Some(unsafe { core::slice::from_raw_parts_mut(self.shpool.cast::<u8>().add(off).cast(), words) });
         }

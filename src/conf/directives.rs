@@ -19,7 +19,7 @@ use rl_core::parse::{parse_number, parse_rate, parse_size, parse_u64, ParseError
 use rl_core::url::redact;
 
 use super::{LocConf, MainConf, Quote, MAX_REDIS_ZONES};
-use crate::line::{Backend, HeadersMode, Line, LineId, Stage, VarParam, VarValue, Vary, Varying};
+use crate::line::{Backend, HeadersMode, Line, LineId, Stage, VarParam, VarValue, Varying};
 use crate::shm::{Zone, MAX_ZONES_PER_LOCATION};
 use crate::Module;
 
