@@ -7,10 +7,13 @@
 pub mod directives;
 pub mod redis;
 
+use core::ffi::c_void;
+use core::sync::atomic::AtomicU64;
+use core::{mem, ptr};
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 
-use ngx::ffi::{ngx_conf_t, ngx_log_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO};
+use ngx::ffi::{ngx_conf_t, ngx_log_t, ngx_pool_cleanup_add, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO};
 use ngx::ngx_log_error;
 
 use crate::line::{Backend, HeadersMode, Line, LineId, Stage};
@@ -187,6 +190,61 @@ fn check_names(log: *mut ngx_log_t, lines: &[Line]) -> Result<(), ()> {
     Ok(())
 }
 
+/// Gives the lines with variables a word in memory every worker shares,
+/// for the time each last logged a bad value (at most once a second per
+/// line, whatever the workers): anonymous shared memory mapped before the
+/// workers fork, unmapped with the cycle's pool. Without it (mmap failed),
+/// each worker keeps its own.
+fn share_log_times(cf: *mut ngx_conf_t, mcf: &mut MainConf) {
+    let n = mcf.lines.iter().filter(|l| l.vars.is_some()).count();
+    if n == 0 {
+        return;
+    }
+    let bytes = n * mem::size_of::<AtomicU64>();
+    // SAFETY: a new anonymous mapping, shared with the processes forked after it.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return;
+    }
+    // SAFETY: cf->pool is the cycle's pool, destroyed with the cycle.
+    let Some(cln) = (unsafe { ngx_pool_cleanup_add((*cf).pool, mem::size_of::<Mapping>()).as_mut() }) else {
+        // SAFETY: mapped above, used by nothing yet.
+        unsafe { libc::munmap(p, bytes) };
+        return;
+    };
+    // SAFETY: ngx_pool_cleanup_add allocated size_of::<Mapping>() bytes for the data.
+    unsafe { cln.data.cast::<Mapping>().write(Mapping { addr: p, bytes }) };
+    cln.handler = Some(unmap);
+    let words = p.cast::<AtomicU64>();
+    for (i, vars) in mcf.lines.iter_mut().filter_map(|l| l.vars.as_deref_mut()).enumerate() {
+        // SAFETY: i < n words of the zero-filled mapping (zero is a valid AtomicU64), which lives
+        // as long as the cycle's pool, as the lines do.
+        unsafe { vars.share(words.add(i)) };
+    }
+}
+
+/// A mapping to undo when the cycle's pool is destroyed.
+struct Mapping {
+    addr: *mut c_void,
+    bytes: usize,
+}
+
+extern "C" fn unmap(data: *mut c_void) {
+    // SAFETY: the Mapping written by share_log_times, in the cleanup's data.
+    let m = unsafe { &*data.cast::<Mapping>() };
+    // SAFETY: mapped by share_log_times; the lines that used it go with the same pool.
+    unsafe { libc::munmap(m.addr, m.bytes) };
+}
+
 /// Resolves zone names, gives each line its identity and sorts every
 /// location's lines by zone (the order in which zone locks are taken).
 /// Errors are logged here, naming the directive and its `file:line` as
@@ -233,6 +291,7 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
             Backend::Redis(_) => {}
         }
     }
+    share_log_times(cf, mcf);
     // Lines with one identity share states, queued units included, and
     // overdrafts (which only the script's exact range bounds).
     let mut deepest: HashMap<u64, u64> = HashMap::new();

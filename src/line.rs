@@ -197,14 +197,33 @@ pub struct Varying {
     pub rate: Option<VarParam>,
     pub burst: Option<VarParam>,
     pub cost: Option<VarParam>,
-    /// When a bad value was last logged (seconds): at most once a second per line.
+    /// When a bad value was last logged (seconds): at most once a second
+    /// per line. In memory every worker shares ([`Varying::share`]), else
+    /// (that memory could not be had) in the worker's own.
     logged_s: AtomicU64,
+    shared_s: *const AtomicU64,
 }
 
 impl Varying {
     pub fn new(rate: Option<VarParam>, burst: Option<VarParam>, cost: Option<VarParam>) -> Option<Box<Varying>> {
         (rate.is_some() || burst.is_some() || cost.is_some())
-            .then(|| Box::new(Varying { rate, burst, cost, logged_s: AtomicU64::new(0) }))
+            .then(|| Box::new(Varying { rate, burst, cost, logged_s: AtomicU64::new(0), shared_s: ptr::null() }))
+    }
+
+    /// Keeps the time of the last bad value logged in `word`, which every
+    /// worker of the configuration's cycle shares.
+    ///
+    /// # Safety
+    /// `word` must stay valid, and be used only atomically, as long as the
+    /// line exists.
+    pub unsafe fn share(&mut self, word: *const AtomicU64) {
+        self.shared_s = word;
+    }
+
+    /// When a bad value was last logged.
+    fn logged(&self) -> &AtomicU64 {
+        // SAFETY: set by `share`, whose caller keeps the word valid while the line exists.
+        unsafe { self.shared_s.as_ref() }.unwrap_or(&self.logged_s)
     }
 
     /// Whether the rate or burst varies (the state then keeps its scale).
@@ -354,7 +373,7 @@ impl Line {
     /// Says why a value was not applied, at most once a second per line.
     fn log_bad(&self, vars: &Varying, log: *mut ngx_log_t, bad: BadValue) {
         let now = ngx_time() as u64;
-        if vars.logged_s.swap(now, Ordering::Relaxed) == now {
+        if vars.logged().swap(now, Ordering::Relaxed) == now {
             return;
         }
         let why = match bad {
