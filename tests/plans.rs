@@ -99,6 +99,37 @@ fn charge_after_overdraws_and_waits_redis() {
     tokens(&format!("rl_zone z redis={} timeout=1s;", redis.url()));
 }
 
+/// A charge a Redis zone cannot take (a cost beyond what its script keeps
+/// exact) is logged and counted in `nginx_rl_charge_failures_total`, not
+/// retried; the request was answered all the same.
+#[test]
+fn charge_failure_is_logged_and_counted() {
+    let redis = Redis::start();
+    let ngx = plans(
+        &format!("rl_zone z redis={} timeout=1s;", redis.url()),
+        "location /llm/ { rl_limit zone=z rate=50r/s burst=100 algorithm=token_bucket \
+             cost=$http_x_cost charge=after; }\n\
+         location = /metrics { rl_metrics; }",
+    );
+    assert_eq!(ngx.get("/llm/index.html", &[("X-Cost", "5")]).status, 404);
+    let huge = [("X-Cost", "1000000000000")];
+    let r = ngx.get("/llm/index.html", &huge);
+    assert_eq!(r.status, 404, "answered whatever its charge: {r:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let series = "nginx_rl_charge_failures_total{zone=\"z\"} ";
+    loop {
+        let text = ngx.get("/metrics", &[]).body;
+        let n = text.lines().find_map(|l| l.strip_prefix(series)).unwrap_or("?").to_string();
+        if n == "1" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{series}{n}:\n{text}");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let log = ngx.error_log();
+    assert!(log.contains("the cost of a request is not charged"), "{log}");
+}
+
 /// Only the 401s count: 10 good logins pass, then 5 failed ones pass as
 /// 401s, and the 6th failed one, and any login after it, is limited.
 fn failed_logins(zone: &str) {

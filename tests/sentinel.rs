@@ -36,7 +36,7 @@ fn sentinel_exact_counts() {
             format!("location /{a}/ {{ alias {{ROOT}}/; rl_limit zone=s_{a} rate=50r/h burst=50 algorithm={a}; }}\n")
         })
         .collect();
-    let ngx = Nginx::start(&server(&zones, &locations));
+    let ngx = Nginx::start(&server(&zones, &(locations + "location = /metrics { rl_metrics; }\n")));
     for alg in algs {
         let rs = ngx.concurrent(300, &format!("/{alg}/index.html"), &[]);
         let log = ngx.error_log();
@@ -56,6 +56,12 @@ fn sentinel_exact_counts() {
     }
     let log = ngx.error_log();
     assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+    // The master the sentinel named, as rl_metrics shows it.
+    let text = ngx.get("/metrics", &[]).body;
+    for alg in algs {
+        let series = format!("nginx_rl_redis_master{{zone=\"s_{alg}\",addr=\"127.0.0.1:{}\"}} ", master.port);
+        assert!(text.lines().any(|l| l.starts_with(&series) && l != format!("{series}0")), "no {series}in:\n{text}");
+    }
 
     // Each zone of each worker checks the master every 500 ms, on the
     // sentinel connection it keeps (opened at its first check, within 1 s of
