@@ -177,12 +177,18 @@ pub struct Line {
 /// A parameter of `rl_limit` that holds variables: compiled, and as written.
 pub struct VarParam {
     pub cv: *mut ngx_http_complex_value_t,
+    /// The variable's index when the value is one variable and nothing else
+    /// (`$plan_rate`): read as is, as a key of one variable is.
+    pub var: Option<ngx_uint_t>,
     pub src: String,
 }
 
 impl VarParam {
     /// The value for the request, or `Err` if it cannot be evaluated (no memory).
     fn eval(&self, r: *mut ngx_http_request_t) -> Result<ngx_str_t, ()> {
+        if let Some(index) = self.var {
+            return Ok(flushed(r, index));
+        }
         let mut value = ngx_str_t::empty();
         // SAFETY: compiled at configuration time; the value is allocated in r->pool.
         if unsafe { ngx_http_complex_value(r, self.cv, &mut value) } != 0 {
@@ -253,16 +259,7 @@ impl Line {
     /// it), or `Err` if it cannot be evaluated (no memory).
     pub fn eval_key(&self, r: *mut ngx_http_request_t) -> Result<ngx_str_t, ()> {
         if let Some(index) = self.key_var {
-            // SAFETY: the index was registered for this configuration; r is the request being
-            // handled; key_var is only set where VarValue reads the value's layout right. As the
-            // complex value "$name" does: a flushed value, empty when not found.
-            let value = unsafe { ngx_http_get_flushed_variable(r, index).cast::<VarValue>().as_ref() };
-            return Ok(match value {
-                Some(v) if v.bits & VarValue::NOT_FOUND == 0 => {
-                    ngx_str_t { len: (v.bits & VarValue::LEN) as usize, data: v.data }
-                }
-                _ => ngx_str_t::empty(),
-            });
+            return Ok(flushed(r, index));
         }
         let mut key = ngx_str_t::empty();
         // SAFETY: the key was compiled at configuration time; the value is allocated in r->pool.
@@ -447,6 +444,20 @@ impl Line {
             self.limit.burst()
         );
         sip.hash(canon.as_bytes())
+    }
+}
+
+/// The value of the variable registered at `index`, as the complex value
+/// `"$name"` evaluates it: flushed, empty when not found.
+fn flushed(r: *mut ngx_http_request_t, index: ngx_uint_t) -> ngx_str_t {
+    // SAFETY: the index was registered for this configuration; r is the request being handled;
+    // an index is only kept where VarValue reads the value's layout right (VarValue::matches).
+    let value = unsafe { ngx_http_get_flushed_variable(r, index).cast::<VarValue>().as_ref() };
+    match value {
+        Some(v) if v.bits & VarValue::NOT_FOUND == 0 => {
+            ngx_str_t { len: (v.bits & VarValue::LEN) as usize, data: v.data }
+        }
+        _ => ngx_str_t::empty(),
     }
 }
 

@@ -86,13 +86,18 @@ impl FromStr for Rate {
 /// Parses `Nr/s`, `Nr/m`, `Nr/h` or `Nr/d`; N is a positive decimal integer
 /// (digits only: no sign, no spaces).
 pub fn parse_rate(s: &str) -> Result<Rate, ParseError> {
+    // Parsed per request where the rate comes from variables: no
+    // allocation unless it fails, and a byte search rather than a
+    // substring one (the digits before "r/" hold no 'r').
     let err = |kind| ParseError::new(kind, "rate", s);
-    let (digits, unit) = s.split_once("r/").ok_or(err(ParseErrorKind::Invalid))?;
-    let period_us = PERIODS
-        .iter()
-        .find(|(u, _)| unit.len() == 1 && unit.starts_with(*u))
+    let (digits, unit) = match s.bytes().position(|b| b == b'r') {
+        Some(i) => (&s[..i], s[i + 1..].strip_prefix('/')),
+        None => (s, None),
+    };
+    let period_us = unit
+        .and_then(|unit| PERIODS.iter().find(|(u, _)| unit.len() == 1 && unit.starts_with(*u)))
         .map(|(_, p)| *p)
-        .ok_or(err(ParseErrorKind::Invalid))?;
+        .ok_or_else(|| err(ParseErrorKind::Invalid))?;
     let count = positive(digits, u64::MAX).map_err(err)?;
     Ok(Rate { count, period_us })
 }

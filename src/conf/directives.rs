@@ -526,7 +526,16 @@ fn var_param(cf: *mut ngx_conf_t, value: Option<&str>) -> Result<Option<VarParam
     // The value is part of the argument, which lives in the configuration pool as long as the cycle.
     let mut src = ngx_str_t { len: v.len(), data: v.as_ptr().cast_mut() };
     let cv = compile_complex_value(cf, &mut src).ok_or(())?;
-    Ok(Some(VarParam { cv, src: v.to_string() }))
+    let var = match one_variable(v) {
+        Some(mut name) if VarValue::matches() => {
+            // SAFETY: cf is the configuration being parsed; nginx copies the name. The complex
+            // value compiled above registered the same name: this finds its index.
+            let index = unsafe { ngx_http_get_variable_index(cf, &mut name) };
+            Some(ngx_uint_t::try_from(index).map_err(|_| ())?)
+        }
+        _ => None,
+    };
+    Ok(Some(VarParam { cv, var, src: v.to_string() }))
 }
 
 fn compile_complex_value(cf: *mut ngx_conf_t, value: &mut ngx_str_t) -> Option<*mut ngx_http_complex_value_t> {
