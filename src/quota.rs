@@ -191,11 +191,7 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
         }
         Err(e) => failed(req.log(), mcf, ctx, reply.zone, zone, &e),
     }
-    ctx.phase = match ctx.phase {
-        Phase::Waiting(n) if n > 1 => Phase::Waiting(n - 1),
-        _ => Phase::Replied,
-    };
-    if ctx.phase == Phase::Replied {
+    if ctx.reply_in() {
         redis_zone::resume(r);
     }
 }

@@ -272,6 +272,16 @@ impl Ctx {
         self.staged_mut(lines).filter(move |(l, r)| r.active && l.backend.redis() == Some(zone))
     }
 
+    /// One of the Redis replies the request waits for is in: whether it
+    /// was the last (the request is then to be resumed).
+    pub fn reply_in(&mut self) -> bool {
+        self.phase = match self.phase {
+            Phase::Waiting(n) if n > 1 => Phase::Waiting(n - 1),
+            _ => Phase::Replied,
+        };
+        self.phase == Phase::Replied
+    }
+
     /// The active lines of both stages on Redis zone `zone` (an `rl_quota`
     /// read), with their outcomes.
     pub fn on_redis_all<'a>(
