@@ -3,6 +3,7 @@
 //! stored under. Lines are owned by [`crate::conf::MainConf::lines`] and
 //! named elsewhere by their [`LineId`].
 
+use core::cell::Cell;
 use core::sync::atomic::{AtomicU64, Ordering};
 use core::{mem, ptr};
 
@@ -208,12 +209,58 @@ pub struct Varying {
     /// (that memory could not be had) in the worker's own.
     logged_s: AtomicU64,
     shared_s: *const AtomicU64,
+    /// The last rate and burst texts the worker parsed, and the limit they
+    /// gave: a plan's values repeat from request to request, and comparing
+    /// a few bytes costs far less than parsing them and building a limit.
+    /// Each worker has its own (the configuration is copied into each on
+    /// fork), and only its event loop reads lines.
+    memo: Cell<Option<Memo>>,
+}
+
+/// A parameter's text as [`Memo`] keeps it: up to [`Memo::TEXT`] bytes.
+type MemoText = (u8, [u8; Memo::TEXT]);
+
+/// See [`Varying::memo`]: `rate` and `burst` are `None` for a fixed one.
+#[derive(Clone, Copy)]
+struct Memo {
+    rate: Option<MemoText>,
+    burst: Option<MemoText>,
+    limit: Limit,
+}
+
+impl Memo {
+    /// Longer values are parsed every time.
+    const TEXT: usize = 30;
+
+    fn text(v: Option<ngx_str_t>) -> Option<Option<MemoText>> {
+        let Some(v) = v else { return Some(None) };
+        let bytes = v.as_bytes();
+        let mut text = [0; Memo::TEXT];
+        text.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(Some((bytes.len() as u8, text)))
+    }
+
+    fn same(kept: &Option<MemoText>, v: Option<ngx_str_t>) -> bool {
+        match (kept, v) {
+            (None, None) => true,
+            (Some((len, text)), Some(v)) => text.get(..usize::from(*len)) == Some(v.as_bytes()),
+            _ => false,
+        }
+    }
 }
 
 impl Varying {
     pub fn new(rate: Option<VarParam>, burst: Option<VarParam>, cost: Option<VarParam>) -> Option<Box<Varying>> {
-        (rate.is_some() || burst.is_some() || cost.is_some())
-            .then(|| Box::new(Varying { rate, burst, cost, logged_s: AtomicU64::new(0), shared_s: ptr::null() }))
+        (rate.is_some() || burst.is_some() || cost.is_some()).then(|| {
+            Box::new(Varying {
+                rate,
+                burst,
+                cost,
+                logged_s: AtomicU64::new(0),
+                shared_s: ptr::null(),
+                memo: Cell::new(None),
+            })
+        })
     }
 
     /// Keeps the time of the last bad value logged in `word`, which every
@@ -319,35 +366,53 @@ impl Line {
         r: *mut ngx_http_request_t,
         redis: bool,
     ) -> Result<Option<Result<Limit, BadValue>>, ()> {
-        let rate = match &vars.rate {
-            Some(p) => match eval_text(p, r)? {
-                None => return Ok(None),
-                Some(t) => match parse_rate(t) {
-                    Ok(rate) => rate,
-                    Err(e) => return Ok(Some(Err(BadValue::Parse("rate", e)))),
-                },
-            },
+        let (mut rate_v, mut burst_v) = (None, None);
+        for (p, v) in [(&vars.rate, &mut rate_v), (&vars.burst, &mut burst_v)] {
+            if let Some(p) = p {
+                match p.eval(r)? {
+                    e if e.len == 0 => return Ok(None),
+                    e => *v = Some(e),
+                }
+            }
+        }
+        // SAFETY: only the worker's event loop reads lines, and no reference to the memo
+        // outlives this statement (`set` below replaces it whole).
+        if let Some(m) = unsafe { &*vars.memo.as_ptr() } {
+            if Memo::same(&m.rate, rate_v) && Memo::same(&m.burst, burst_v) {
+                return Ok(Some(Ok(m.limit)));
+            }
+        }
+        let limit = self.parse_limit(rate_v, burst_v, redis);
+        if let (Ok(limit), Some(rate), Some(burst)) = (&limit, Memo::text(rate_v), Memo::text(burst_v)) {
+            vars.memo.set(Some(Memo { rate, burst, limit: *limit }));
+        }
+        Ok(Some(limit))
+    }
+
+    /// The limit of a request's rate and burst texts (`None`: the line's own).
+    fn parse_limit(
+        &self,
+        rate_v: Option<ngx_str_t>,
+        burst_v: Option<ngx_str_t>,
+        redis: bool,
+    ) -> Result<Limit, BadValue> {
+        let rate = match rate_v {
+            Some(v) => parse_rate(text(v)).map_err(|e| BadValue::Parse("rate", e))?,
             None => self.limit.rate(),
         };
-        let burst = match &vars.burst {
-            Some(p) => match eval_text(p, r)? {
-                None => return Ok(None),
-                Some(t) => match parse_u64(t) {
-                    Ok(burst) => burst,
-                    Err(e) => return Ok(Some(Err(BadValue::Parse("burst", e)))),
-                },
-            },
+        let burst = match burst_v {
+            Some(v) => parse_u64(text(v)).map_err(|e| BadValue::Parse("burst", e))?,
             // Left out: the rate's count, as for a static line.
             None if self.burst_src.is_empty() => rate.count,
             None => self.limit.burst(),
         };
-        Ok(Some(match Limit::new(self.limit.algorithm(), rate, burst).and_then(|l| l.with_queue(self.queue)) {
+        match Limit::new(self.limit.algorithm(), rate, burst).and_then(|l| l.with_queue(self.queue)) {
             Ok(l) if redis && !rl_core::redis::exact(&l) => Err(BadValue::Limit(format!(
                 "rate {rate} with burst {burst} is out of the range a Redis zone computes exactly"
             ))),
             Ok(l) => Ok(l.varying()),
             Err(e) => Err(BadValue::Limit(e.to_string())),
-        }))
+        }
     }
 
     /// The cost of a `charge=after` line, evaluated when the request is
@@ -465,10 +530,16 @@ fn flushed(r: *mut ngx_http_request_t, index: ngx_uint_t) -> ngx_str_t {
 /// Bytes that are not UTF-8 cannot parse: they read as text that fails to.
 fn eval_text<'r>(p: &VarParam, r: *mut ngx_http_request_t) -> Result<Option<&'r str>, ()> {
     let v = p.eval(r)?;
+    Ok((v.len > 0).then(|| text(v)))
+}
+
+/// A value as text. Bytes that are not UTF-8 cannot parse: they read as
+/// text that fails to.
+fn text<'r>(v: ngx_str_t) -> &'r str {
     if v.len == 0 {
-        return Ok(None);
+        return "";
     }
     // SAFETY: the value was allocated in r->pool, which outlives the phase handler.
     let bytes = unsafe { core::slice::from_raw_parts(v.data, v.len) };
-    Ok(Some(core::str::from_utf8(bytes).unwrap_or("\u{fffd}")))
+    core::str::from_utf8(bytes).unwrap_or("\u{fffd}")
 }
