@@ -136,6 +136,7 @@ fn precontent(r: &mut Request) -> Status {
 /// their keys and, when some are on Redis, decides the shared-memory ones
 /// and sends the Redis ones. Returns the handler's status when the request
 /// is to wait for Redis (or failed), `None` to [`finish`] now.
+#[inline]
 fn start(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Option<Status> {
     if eval_keys(raw, mcf, ctx, lcf.dry_run()).is_err() {
         return Some(Status(500));
@@ -165,13 +166,15 @@ fn start(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut 
 /// Decides the request's current stage, its shared-memory lines decided
 /// (unless [`start`] did) and its Redis replies in: admits (at once, or
 /// after a delay) or rejects it.
+#[inline]
 fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Status {
     let raw: *mut ngx_http_request_t = (&mut *r).into();
     ctx.phase = Phase::Decided;
     let redis_ok = !ctx.denied_by_error
-        && ctx
-            .staged(&mcf.lines)
-            .all(|(l, res)| !res.active || res.admitted || res.dry_run || l.backend.redis().is_none());
+        && (!lcf.has_redis
+            || ctx
+                .staged(&mcf.lines)
+                .all(|(l, res)| !res.active || res.admitted || res.dry_run || l.backend.redis().is_none()));
     let admitted = match ctx.reserved {
         Some(charged) => charged && redis_ok,
         None => redis_ok && decide(&mcf.zones, &mcf.lines, ctx, r.log()),
@@ -191,8 +194,12 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
         // A delay, or a dry-run line that would have limited.
         log_limited(r.log(), lcf, mcf, ctx);
         // The longest wait of the stage's enforced lines (dry-run lines never delay).
-        let delay_us =
-            ctx.staged(&mcf.lines).filter(|(_, res)| res.active && !res.dry_run).map(|(_, res)| res.delay_us).max();
+        let delay_us = match lcf.may_delay {
+            true => {
+                ctx.staged(&mcf.lines).filter(|(_, res)| res.active && !res.dry_run).map(|(_, res)| res.delay_us).max()
+            }
+            false => None,
+        };
         let delay_us = delay_us.unwrap_or(0);
         if delay_us > 0 {
             ctx.phase = Phase::Delayed;
@@ -215,6 +222,7 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
 /// variables; an empty key or value leaves its line inactive, as does a
 /// value that does not parse (logged). `dry_run`: the location's
 /// `rl_dry_run`.
+#[inline]
 pub fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_run: bool) -> Result<(), ()> {
     let mut ctx_after = false;
     for (line, res) in ctx.staged_mut(&mcf.lines) {

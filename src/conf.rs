@@ -78,6 +78,8 @@ pub struct LocConf {
     pub has_redis: bool,
     /// Some line is `after_auth` (set at postconfiguration).
     pub after_auth: bool,
+    /// Some line has a queue: a request may be delayed (set at postconfiguration).
+    pub may_delay: bool,
     pub status: ngx_uint_t,
     pub headers: Option<HeadersMode>,
     /// `rl_dry_run`: every line of the location is dry-run.
@@ -95,6 +97,7 @@ impl Default for LocConf {
             lines: Vec::new(),
             has_redis: false,
             after_auth: false,
+            may_delay: false,
             status: ngx_uint_t::MAX,
             headers: None,
             dry_run: None,
@@ -315,6 +318,7 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
         loc.has_redis = loc.lines.iter().any(|id| matches!(backend(id), Some(Backend::Redis(_))));
         loc.after_auth =
             loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.stage == Stage::AfterAuth));
+        loc.may_delay = loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.limit.queue() > 0));
     }
     for zone in mcf.zones.iter_mut() {
         if let Err(msg) = zone.check_fits() {

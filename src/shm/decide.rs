@@ -12,7 +12,7 @@ use rl_core::limit::Charge;
 
 use super::{Locked, Zone, MAX_ZONES_PER_LOCATION};
 use crate::line::Line;
-use crate::request::Ctx;
+use crate::request::{Ctx, LineResult};
 
 /// Decides the active shared-memory lines of the request's current stage
 /// ([`Ctx::staged`]) and, if every enforced one admits, charges them and
@@ -23,6 +23,15 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
     // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
     let now_us = unsafe { ngx_current_msec } as u64 * 1000;
     let now_s = (now_us / 1_000_000) as u32;
+
+    {
+        let mut active = ctx.staged_mut(lines).filter(|(_, res)| res.active);
+        if let (Some((line, res)), None) = (active.next(), active.next()) {
+            if let Some(z) = line.backend.shm() {
+                return decide_one(zones.get(z).map(|z| &**z), line, res, now_us, log);
+            }
+        }
+    }
 
     // Locks and entries.
     let mut locks = Locks::new();
@@ -57,10 +66,7 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         }
     }
 
-    // Check every line, charging nothing; a line alone is checked and
-    // charged in one step (a dry-run line alone, too: it is charged if and
-    // only if it admits, and never rejects).
-    let single = ctx.staged(lines).filter(|(_, r)| r.active).count() == 1;
+    // Check every line, charging nothing.
     let mut admitted = true;
     for (line, res) in ctx.staged_mut(lines).filter(|(l, res)| res.active && l.backend.shm().is_some()) {
         let Some(locked) = locks.get_mut(res.lock) else {
@@ -71,23 +77,12 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
             res.active = false;
             continue;
         };
-        let limit = res.limit(line);
-        // A charge=after line asks for one unit and is charged when the request is logged.
-        let (o, charge) = if single && !line.charge_after {
-            limit.acquire_charged(state, now_us, res.cost)
-        } else {
-            (limit.check(state, now_us, res.cost), Charge::default())
-        };
-        let charged = single && o.admitted && !line.charge_after;
-        if charged {
-            res.charge = charge;
-            locked.charged(res.slot, now_us, o.reset_us);
-        }
-        res.set(&o, charged);
+        let o = res.limit(line).check(state, now_us, res.cost);
+        res.set(&o, false);
         admitted &= o.admitted || res.dry_run;
     }
-    if !admitted || single {
-        return admitted;
+    if !admitted {
+        return false;
     }
 
     // Every enforced line admits: charge them all, and each dry-run line
@@ -111,6 +106,48 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         locked.charged(res.slot, now_us, o.reset_us);
     }
     true
+}
+
+/// [`decide`] for the common case, the stage's one active line on shared
+/// memory: checked and charged in one step, under its zone's lock alone (a
+/// dry-run line alone, too: it is charged if and only if it admits, and
+/// never rejects).
+fn decide_one(zone: Option<&Zone>, line: &Line, res: &mut LineResult, now_us: u64, log: *mut ngx_log_t) -> bool {
+    let now_s = (now_us / 1_000_000) as u32;
+    let Some(zone) = zone else {
+        res.active = false;
+        return true;
+    };
+    let Some(mut locked) = zone.lock() else {
+        ngx_log_error!(NGX_LOG_ERR, log, "rl_zone \"{}\" is not initialised", zone.name);
+        res.active = false;
+        return true;
+    };
+    locked.expire(now_s);
+    res.hash = locked.table.hash_key(line.id, res.key.as_bytes());
+    res.lock = 0;
+    let Some(slot) = locked.ensure(res.hash, &line.limit, now_s, log) else {
+        res.active = false;
+        return true;
+    };
+    res.slot = slot;
+    let Some(state) = locked.state(slot, res.hash, &line.limit) else {
+        res.active = false;
+        return true;
+    };
+    let limit = res.limit(line);
+    // A charge=after line asks for one unit and is charged when the request is logged.
+    let (o, charge) = match line.charge_after {
+        false => limit.acquire_charged(state, now_us, res.cost),
+        true => (limit.check(state, now_us, res.cost), Charge::default()),
+    };
+    let charged = o.admitted && !line.charge_after;
+    if charged {
+        res.charge = charge;
+        locked.charged(slot, now_us, o.reset_us);
+    }
+    res.set(&o, charged);
+    o.admitted || res.dry_run
 }
 
 /// Gives back what [`decide`] charged the shared-memory lines of the
