@@ -2,6 +2,7 @@
 //! IETF `RateLimit-Policy` / `RateLimit` fields (draft), on every response of
 //! a limited request, rejected or not.
 
+use core::cell::Cell;
 use core::ptr;
 
 use ngx::ffi::{
@@ -73,10 +74,33 @@ impl Out {
     }
 }
 
+/// The last `X-RateLimit-Reset` value a worker wrote, in decimal: keys
+/// charged alike (every fresh key, one key under a steady load) reset at the
+/// same second, so consecutive responses repeat it.
+struct LastReset(Cell<(u64, Digits)>);
+
+// SAFETY: header filters run on the worker's event-loop thread alone (the
+// Redis I/O thread never touches responses).
+unsafe impl Sync for LastReset {}
+
+static LAST_RESET: LastReset = LastReset(Cell::new((0, Digits { buf: [b'0'; NUM], skip: NUM - 1 })));
+
+/// `t` in decimal, from [`LAST_RESET`] when it is the same.
+fn reset_digits(t: u64) -> Digits {
+    let (last, digits) = LAST_RESET.0.get();
+    if last == t {
+        return digits;
+    }
+    let digits = Digits::of(t);
+    LAST_RESET.0.set((t, digits));
+    digits
+}
+
 /// Most bytes a number takes.
 const NUM: usize = 20;
 
 /// A number in decimal, right-aligned in NUM bytes.
+#[derive(Clone, Copy)]
 struct Digits {
     buf: [u8; NUM],
     skip: usize,
@@ -164,7 +188,9 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
         };
         push(r, "X-RateLimit-Limit", limit)?;
         push(r, "X-RateLimit-Remaining", out.value(res.remaining))?;
-        push(r, "X-RateLimit-Reset", out.value(ctx.now_unix as u64 + ceil_s(res.reset_us)))?;
+        let at = out.len;
+        out.bytes(reset_digits(ctx.now_unix as u64 + ceil_s(res.reset_us)).as_bytes());
+        push(r, "X-RateLimit-Reset", out.since(at))?;
     }
     if ctx.rejected {
         // Honest: a lone request sent after this long passes every line.
