@@ -7,10 +7,10 @@
 //! and any process mapping it can use it. The table does no locking: the
 //! caller holds the zone's mutex around every use of a [`Table`].
 //!
-//! Keys are identified by a 128-bit keyed SipHash-1-3 of (line id, key
-//! bytes), see [`Table::hash_key`]; the key bytes are not stored. Two keys
-//! with equal 128-bit hashes are treated as the same key (with a secret seed
-//! this happens with probability ~2^-128 per pair).
+//! Keys are identified by a 128-bit keyed hash of (line id, key bytes),
+//! AES-CMAC ([`KeyHash`], see [`Table::hash_key`]); the key bytes are not
+//! stored. Two keys with equal 128-bit hashes are treated as the same key
+//! (with a secret seed this happens with probability ~2^-128 per pair).
 //!
 //! The table never refuses a key: when full it drops an idle entry
 //! (an *expiration*) or, failing that, the least-limiting one near the LRU
@@ -19,8 +19,10 @@
 //! but cannot cause out-of-bounds access, a panic or an endless loop.
 
 mod check;
+mod hash;
 mod layout;
 
+pub use hash::KeyHash;
 pub use layout::TableError;
 use layout::{Entry, Geometry, Header, FREE, HEADER_SIZE, MAGIC, NIL, VERSION};
 
@@ -35,18 +37,23 @@ pub struct Table<'a> {
     len: usize,
     /// The region, for [`Table::region`] (the fields above are views of it).
     base: *mut u8,
+    /// The hash keyed with the table's seed, when the table was reopened
+    /// from a [`Region`] (which keeps it); else made on each use.
+    keyed: Option<&'a KeyHash>,
 }
 
 /// Where a laid-out table lives and how it is split, as worked out when it
 /// was attached or opened: what a process keeps to open the table again on
 /// every use with [`Table::reopen`], without recomputing the split or
 /// re-reading the header. Only a [`Table`] makes one ([`Table::region`]), so
-/// its split always fits its length.
-#[derive(Debug, Clone, Copy)]
+/// its split always fits its length. It keeps the hash keyed with the
+/// table's seed, too: a key schedule costs more than a hash.
+#[derive(Clone)]
 pub struct Region {
     base: *mut u8,
     len: usize,
     geo: Geometry,
+    keyed: KeyHash,
 }
 
 impl Region {
@@ -193,10 +200,11 @@ impl<'a> Table<'a> {
     /// The region's memory must still be valid for reads and writes for
     /// `'a`, and nothing else may access it during `'a` (hold the zone's
     /// mutex for as long as the `Table` lives).
-    pub unsafe fn reopen(region: &Region) -> Table<'a> {
+    pub unsafe fn reopen(region: &'a Region) -> Table<'a> {
         // SAFETY: forwarded to our caller; `region` came from a `Table`, so its base is 8-aligned
         // and not null and its geometry is `Geometry::for_len(len)`.
-        unsafe { Self::split(region.base, region.len, region.geo) }
+        let table = unsafe { Self::split(region.base, region.len, region.geo) };
+        Table { keyed: Some(&region.keyed), ..table }
     }
 
     /// This table's region, to [`Table::reopen`] it later.
@@ -207,7 +215,7 @@ impl<'a> Table<'a> {
             capacity: self.entries.len() as u32,
             entries_off: HEADER_SIZE as usize + self.buckets.len() * 4,
         };
-        Region { base: self.base, len: self.len, geo }
+        Region { base: self.base, len: self.len, geo, keyed: KeyHash::new(self.hdr.key_seed) }
     }
 
     /// Splits the region into header, buckets and entries.
@@ -246,6 +254,7 @@ impl<'a> Table<'a> {
                 entries: core::slice::from_raw_parts_mut(entries, capacity),
                 len,
                 base: region,
+                keyed: None,
             }
         }
     }
@@ -280,7 +289,7 @@ impl<'a> Table<'a> {
             expirations: 0,
             evicted_idle: 0,
             inserts: 0,
-            sip_key: seed,
+            key_seed: seed,
             spare: 0,
         };
         self.buckets.fill(NIL);
@@ -299,11 +308,14 @@ impl<'a> Table<'a> {
         Geometry::for_len(len).map_or(0, |g| g.capacity as usize)
     }
 
-    /// The identity of `key` under limit `line_id`: a 128-bit SipHash-1-3
-    /// keyed with the table's key, so that equal keys of different limits
+    /// The identity of `key` under limit `line_id`: a 128-bit [`KeyHash`]
+    /// keyed with the table's seed, so that equal keys of different limits
     /// get different entries.
     pub fn hash_key(&self, line_id: u64, key: &[u8]) -> [u64; 2] {
-        sip13_128(self.hdr.sip_key, line_id, key)
+        match self.keyed {
+            Some(keyed) => keyed.hash(line_id, key),
+            None => KeyHash::new(self.hdr.key_seed).hash(line_id, key),
+        }
     }
 
     /// Finds the entry for `hash` and makes it the most recently used.
@@ -476,7 +488,7 @@ impl<'a> Table<'a> {
         match self.victim(now_s) {
             Some(i) => (i, self.drop_victim(i, now_s)),
             None => {
-                let seed = self.hdr.sip_key;
+                let seed = self.hdr.key_seed;
                 self.lay_out(seed);
                 (self.pop_unused().unwrap_or(0), Dropped::Reset)
             }
@@ -636,58 +648,6 @@ impl<'a> Table<'a> {
             None => self.hdr.lru_tail = i,
         }
         self.hdr.lru_head = i;
-    }
-}
-
-/// SipHash-1-3 with a 128-bit result, keyed with `k`, of `line_id` (8 bytes,
-/// little-endian) followed by `key`: what siphasher's `SipHasher13` gives
-/// for both written in turn, in straight-line code (the generic hasher
-/// buffers every write). States in a zone are found by this value, so it
-/// must never change.
-fn sip13_128(k: [u64; 2], line_id: u64, key: &[u8]) -> [u64; 2] {
-    let mut v = [
-        k[0] ^ 0x736f_6d65_7073_6575,
-        k[1] ^ 0x646f_7261_6e64_6f6d ^ 0xee,
-        k[0] ^ 0x6c79_6765_6e65_7261,
-        k[1] ^ 0x7465_6462_7974_6573,
-    ];
-    sip_block(&mut v, line_id);
-    let (blocks, tail) = key.as_chunks::<8>();
-    for b in blocks {
-        sip_block(&mut v, u64::from_le_bytes(*b));
-    }
-    let mut last = (key.len().wrapping_add(8) as u64) << 56;
-    for (i, &b) in tail.iter().enumerate() {
-        last |= u64::from(b) << (8 * i);
-    }
-    sip_block(&mut v, last);
-    v[2] ^= 0xee;
-    sip_rounds::<3>(&mut v);
-    let h1 = v[0] ^ v[1] ^ v[2] ^ v[3];
-    v[1] ^= 0xdd;
-    sip_rounds::<3>(&mut v);
-    [h1, v[0] ^ v[1] ^ v[2] ^ v[3]]
-}
-
-/// Absorbs one 8-byte block (one compression round: SipHash-1-3).
-fn sip_block(v: &mut [u64; 4], m: u64) {
-    v[3] ^= m;
-    sip_rounds::<1>(v);
-    v[0] ^= m;
-}
-
-fn sip_rounds<const N: usize>(v: &mut [u64; 4]) {
-    for _ in 0..N {
-        v[0] = v[0].wrapping_add(v[1]);
-        v[1] = v[1].rotate_left(13) ^ v[0];
-        v[0] = v[0].rotate_left(32);
-        v[2] = v[2].wrapping_add(v[3]);
-        v[3] = v[3].rotate_left(16) ^ v[2];
-        v[0] = v[0].wrapping_add(v[3]);
-        v[3] = v[3].rotate_left(21) ^ v[0];
-        v[2] = v[2].wrapping_add(v[1]);
-        v[1] = v[1].rotate_left(17) ^ v[2];
-        v[2] = v[2].rotate_left(32);
     }
 }
 

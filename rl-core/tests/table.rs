@@ -258,21 +258,76 @@ fn keys_per_mib() {
     assert!(cap >= 16_000, "{cap}");
 }
 
+/// AES-CMAC (RFC 4493) of `msg` under `key`, written as the RFC gives it.
+fn cmac(key: [u8; 16], msg: &[u8]) -> [u8; 16] {
+    use aes::cipher::{generic_array::GenericArray, BlockEncrypt, KeyInit};
+    let aes = aes::Aes128::new(&GenericArray::from(key));
+    let enc = |b: [u8; 16]| {
+        let mut g = GenericArray::from(b);
+        aes.encrypt_block(&mut g);
+        <[u8; 16]>::from(g)
+    };
+    let dbl = |v: u128| (v << 1) ^ if v >> 127 == 1 { 0x87 } else { 0 };
+    let k1 = dbl(u128::from_be_bytes(enc([0; 16])));
+    let k2 = dbl(k1);
+    let n = msg.len().div_ceil(16).max(1);
+    let complete = !msg.is_empty() && msg.len().is_multiple_of(16);
+    let mut x = [0u8; 16];
+    for i in 0..n {
+        let chunk = &msg[16 * i..msg.len().min(16 * i + 16)];
+        let mut block = [0u8; 16];
+        block[..chunk.len()].copy_from_slice(chunk);
+        if i == n - 1 {
+            let k = match complete {
+                true => k1,
+                false => {
+                    block[chunk.len()] = 0x80;
+                    k2
+                }
+            };
+            block = (u128::from_be_bytes(block) ^ k).to_be_bytes();
+        }
+        x = enc((u128::from_be_bytes(x) ^ u128::from_be_bytes(block)).to_be_bytes());
+    }
+    x
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    let s: String = s.split_whitespace().collect();
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+}
+
 #[test]
-fn hash_key_is_siphash13_128_of_line_id_then_key() {
-    use siphasher::sip128::{Hasher128, SipHasher13};
-    use std::hash::Hasher;
+fn cmac_reference_gives_the_rfc_4493_examples() {
+    let key: [u8; 16] = hex("2b7e1516 28aed2a6 abf71588 09cf4f3c").try_into().unwrap();
+    let msg = hex("6bc1bee2 2e409f96 e93d7e11 7393172a ae2d8a57 1e03ac9c 9eb76fac 45af8e51 \
+         30c81c46 a35ce411 e5fbc119 1a0a52ef f69f2445 df4f9b17 ad2b417b e66c3710");
+    for (len, mac) in [
+        (0, "bb1d6929 e9593728 7fa37d12 9b756746"),
+        (16, "070a16b4 6b4d4144 f79bdd9d d04a287c"),
+        (40, "dfa66747 de9ae630 30ca3261 1497c827"),
+        (64, "51f0bebf 7e3b9d92 fc497417 79363cfe"),
+    ] {
+        assert_eq!(cmac(key, &msg[..len]).to_vec(), hex(mac), "{len} bytes");
+    }
+}
+
+#[test]
+fn hash_key_is_aes_cmac_of_line_id_then_key() {
     let mut r = region(4096);
     let (t, _) = attach(&mut r);
-    let bytes: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+    // The table's seed [7, 11] is the AES key, both words little-endian.
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&7u64.to_le_bytes());
+    key[8..].copy_from_slice(&11u64.to_le_bytes());
+    let bytes: Vec<u8> = (0..80u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
     for line_id in [0, 1, 0x0123_4567_89ab_cdef, u64::MAX] {
         for len in 0..=bytes.len() {
-            let key = &bytes[..len];
-            let mut h = SipHasher13::new_with_keys(7, 11);
-            h.write(&line_id.to_le_bytes());
-            h.write(key);
-            let want = h.finish128();
-            assert_eq!(t.hash_key(line_id, key), [want.h1, want.h2], "line {line_id:#x}, {len} bytes");
+            let msg = [&line_id.to_le_bytes()[..], &bytes[..len]].concat();
+            let mac = cmac(key, &msg);
+            let want =
+                [u64::from_le_bytes(mac[..8].try_into().unwrap()), u64::from_le_bytes(mac[8..].try_into().unwrap())];
+            assert_eq!(t.hash_key(line_id, &bytes[..len]), want, "line {line_id:#x}, {len} bytes");
         }
     }
 }
@@ -296,6 +351,9 @@ fn reopen_sees_the_table_as_attached() {
         // SAFETY: as above.
         let mut t = unsafe { Table::reopen(&place) };
         assert_eq!(t.stats(), stats);
+        // The hash the region keeps keyed is the table's.
+        assert_eq!(t.hash_key(1, b"k"), h);
+        assert_ne!(t.hash_key(2, b"k"), h);
         assert_eq!(t.find(h), Some(s));
         assert_eq!(t.state_at(s, h), Some(&mut [1, 2, 3]));
         t.insert([2, 2], 0);

@@ -7,8 +7,9 @@ use core::mem::size_of;
 
 /// "nginx-rl table", marks a region laid out by this module.
 pub(super) const MAGIC: u64 = 0x6e67_782d_726c_7462;
-/// Bumped on any change to [`Header`] or [`Entry`].
-pub(super) const VERSION: u32 = 2;
+/// Bumped on any change to [`Header`], [`Entry`] or the hash (a table laid
+/// out under another is laid out anew, not misread).
+pub(super) const VERSION: u32 = 3;
 /// The "no entry" index.
 pub(super) const NIL: u32 = u32::MAX;
 /// `lru_prev` of an entry on the free list (never a valid index).
@@ -50,8 +51,9 @@ pub(super) struct Header {
     /// Idle states dropped to make room.
     pub evicted_idle: u64,
     pub inserts: u64,
-    /// SipHash key, from the caller's seed at first layout.
-    pub sip_key: [u64; 2],
+    /// The key of the table's hash ([`super::KeyHash`]), from the caller's
+    /// seed at first layout.
+    pub key_seed: [u64; 2],
     /// Free for the caller (e.g. the time of the last "zone full" log).
     pub spare: u64,
 }
