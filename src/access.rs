@@ -233,12 +233,9 @@ pub fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_
         if res.active && line.vars.is_some() {
             // SAFETY: the request is valid during the phase handler.
             let log = unsafe { (*(*r).connection).log };
-            match line.eval_params(r, log, line.backend.redis().is_some())? {
+            match line.eval_params(r, log, line.backend.redis().is_some(), &mut res.var_limit)? {
                 Params::Static => {}
-                Params::Per(limit, cost) => {
-                    res.var_limit = line.limit_varies().then_some(limit);
-                    res.cost = cost;
-                }
+                Params::Per(cost) => res.cost = cost,
                 Params::Off => res.active = false,
             }
         }

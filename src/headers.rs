@@ -182,7 +182,7 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
         if ctx.headers.draft() { ctx.enforced(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum() } else { 0 };
     let mut out = Out::new(r, 4 * NUM + draft_len).ok_or(())?;
     if ctx.headers.legacy() {
-        let limit = match line.limit_varies() {
+        let limit = match line.burst_varies() {
             true => out.value(res.limit(line).burst()),
             false => line.burst_text(),
         };

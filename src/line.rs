@@ -289,8 +289,9 @@ impl Varying {
 pub enum Params {
     /// As configured.
     Static,
-    /// From the request's variables.
-    Per(Limit, u64),
+    /// From the request's variables: the cost (and the limit, written
+    /// where [`Line::eval_params`] was told).
+    Per(u64),
     /// An empty or bad value: the line does not apply to the request.
     Off,
 }
@@ -321,21 +322,33 @@ impl Line {
         self.vars.as_deref().is_some_and(Varying::limit_varies)
     }
 
+    /// Whether the burst may differ from request to request: it holds
+    /// variables, or is left out (the rate's count) of a rate that does.
+    pub fn burst_varies(&self) -> bool {
+        self.vars.as_deref().is_some_and(|v| v.burst.is_some() || (v.rate.is_some() && self.burst_src.is_empty()))
+    }
+
     /// The line's limit and cost for the request: evaluated when they hold
-    /// variables. `cost`: whether to evaluate `cost=` too (not for
-    /// `charge=after`, whose cost is known when the request is logged).
-    /// A bad value is logged, at most once a second per line; `Err`: no
-    /// memory.
-    pub fn eval_params(&self, r: *mut ngx_http_request_t, log: *mut ngx_log_t, redis: bool) -> Result<Params, ()> {
+    /// variables, the limit written to `limit` when the rate or burst
+    /// does (straight into the request's result: a limit is a few words).
+    /// `cost=` is not evaluated for `charge=after`, whose cost is known when
+    /// the request is logged. A bad value is logged, at most once a second
+    /// per line; `Err`: no memory.
+    pub fn eval_params(
+        &self,
+        r: *mut ngx_http_request_t,
+        log: *mut ngx_log_t,
+        redis: bool,
+        limit: &mut Option<Limit>,
+    ) -> Result<Params, ()> {
         let Some(vars) = self.vars.as_deref() else {
             return Ok(Params::Static);
         };
-        let mut limit = self.limit;
         let mut cost = self.cost;
         let mut bad = None;
         if vars.limit_varies() {
-            match self.eval_limit(vars, r, redis)? {
-                Some(Ok(l)) => limit = l,
+            match self.eval_limit(vars, r, redis, limit)? {
+                Some(Ok(())) => {}
                 Some(Err(e)) => bad = Some(e),
                 None => return Ok(Params::Off),
             }
@@ -350,7 +363,7 @@ impl Line {
             }
         }
         match bad {
-            None => Ok(Params::Per(limit, cost)),
+            None => Ok(Params::Per(cost)),
             Some(bad) => {
                 self.log_bad(vars, log, bad);
                 Ok(Params::Off)
@@ -358,14 +371,15 @@ impl Line {
         }
     }
 
-    /// The request's limit from its variable rate or burst: `None` when a
-    /// value is empty.
+    /// The request's limit from its variable rate or burst, into `out`:
+    /// `None` when a value is empty.
     fn eval_limit(
         &self,
         vars: &Varying,
         r: *mut ngx_http_request_t,
         redis: bool,
-    ) -> Result<Option<Result<Limit, BadValue>>, ()> {
+        out: &mut Option<Limit>,
+    ) -> Result<Option<Result<(), BadValue>>, ()> {
         let (mut rate_v, mut burst_v) = (None, None);
         for (p, v) in [(&vars.rate, &mut rate_v), (&vars.burst, &mut burst_v)] {
             if let Some(p) = p {
@@ -379,14 +393,19 @@ impl Line {
         // outlives this statement (`set` below replaces it whole).
         if let Some(m) = unsafe { &*vars.memo.as_ptr() } {
             if Memo::same(&m.rate, rate_v) && Memo::same(&m.burst, burst_v) {
-                return Ok(Some(Ok(m.limit)));
+                *out = Some(m.limit);
+                return Ok(Some(Ok(())));
             }
         }
-        let limit = self.parse_limit(rate_v, burst_v, redis);
-        if let (Ok(limit), Some(rate), Some(burst)) = (&limit, Memo::text(rate_v), Memo::text(burst_v)) {
-            vars.memo.set(Some(Memo { rate, burst, limit: *limit }));
+        let limit = match self.parse_limit(rate_v, burst_v, redis) {
+            Ok(limit) => limit,
+            Err(e) => return Ok(Some(Err(e))),
+        };
+        if let (Some(rate), Some(burst)) = (Memo::text(rate_v), Memo::text(burst_v)) {
+            vars.memo.set(Some(Memo { rate, burst, limit }));
         }
-        Ok(Some(limit))
+        *out = Some(limit);
+        Ok(Some(Ok(())))
     }
 
     /// The limit of a request's rate and burst texts (`None`: the line's own).

@@ -208,11 +208,7 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
                 .as_ref()
                 .is_none_or(|v| v.rate.is_none())
                 .then(|| rate.count as f64 * 1e6 / rate.period_us.max(1) as f64),
-            burst: line
-                .vars
-                .as_ref()
-                .is_none_or(|v| v.burst.is_none() && !line.burst_src.is_empty())
-                .then(|| line.limit.burst()),
+            burst: (!line.burst_varies()).then(|| line.limit.burst()),
         });
     }
     for zone in &mcf.zones {
