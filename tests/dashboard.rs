@@ -320,6 +320,8 @@ const BODY: &str = "location /open/ { rl_limit zone=z rate=6000r/m burst=6000 na
      location /redis/ { rl_limit zone=rr rate=6000r/m burst=6000 name=redis; }\n\
      location /sentinel/ { rl_limit zone=rs rate=6000r/m burst=6000 name=sentinel; }\n\
      location /dead/ { rl_limit zone=rdead rate=6000r/m burst=6000 name=dead; }\n\
+     location /charged/ { rl_limit zone=rr rate=6000r/m burst=6000 name=charged algorithm=token_bucket \
+         cost=$arg_cost charge=after; }\n\
      location = /metrics { rl_metrics; }";
 
 /// Every request of one round: (path, how many at once, the status each gets
@@ -331,7 +333,17 @@ const ROUND: &[(&str, usize, u16)] = &[
     ("/redis/", 4, 200),
     ("/sentinel/", 2, 200),
     ("/dead/", 2, 429),
+    (CHARGED, 2, 200),
 ];
+
+/// A `charge=after` request whose cost Redis refuses to charge: admitted,
+/// and counted in `nginx_rl_charge_failures_total` once its charge is
+/// refused, for its token bucket would leave the range the script computes
+/// exactly (`sliding`, the default, would take it). The unreachable zone
+/// cannot fail a charge: its line fails in the access phase already, and a
+/// line that failed there is not charged (`on_error=deny` rejects the
+/// request, `allow` leaves the line out of it).
+const CHARGED: &str = "/charged/?cost=10000000000000";
 
 #[test]
 fn every_query_of_the_dashboard_returns_series() {
@@ -351,7 +363,7 @@ fn every_query_of_the_dashboard_returns_series() {
         redis.url(),
         sentinel.url()
     );
-    let setup = ["open", "tight", "shadow", "redis", "sentinel", "dead"]
+    let setup = ["open", "tight", "shadow", "redis", "sentinel", "dead", "charged"]
         .iter()
         .fold(Nginx::setup(&server(&zones, BODY)), |s, d| s.file(&format!("html/{d}/index.html"), "x\n"));
     let ngx = setup.start();
@@ -392,6 +404,13 @@ fn every_query_of_the_dashboard_returns_series() {
         s.first().is_some_and(|(_, v)| *v == sent as f64)
     });
     prom.wait_for("nginx_rl_redis_master", "the Sentinel zone's master scraped", |s| !s.is_empty());
+    // The charges are refused after the responses, by the I/O thread.
+    let charged = sent_to[CHARGED];
+    prom.wait_for(
+        &format!("sum(nginx_rl_charge_failures_total{{job=\"{JOB}\"}})"),
+        "every refused charge scraped",
+        |s| s.first().is_some_and(|(_, v)| *v == charged as f64),
+    );
 
     let text = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/grafana-nginx-rl.json"))
         .expect("contrib/grafana-nginx-rl.json");
@@ -427,7 +446,7 @@ fn every_query_of_the_dashboard_returns_series() {
     if failures.is_empty() {
         assert_eq!(list("instance"), [instance.as_str()]);
         assert_eq!(list("zone"), ["rdead", "rr", "rs", "z"]);
-        assert_eq!(list("line"), ["dead", "open", "redis", "sentinel", "shadow", "tight"]);
+        assert_eq!(list("line"), ["charged", "dead", "open", "redis", "sentinel", "shadow", "tight"]);
     }
 
     // Every panel's query, with All selected and with this instance.
@@ -471,8 +490,10 @@ fn every_query_of_the_dashboard_returns_series() {
     let tight = value(share, &[("line", "tight")], "share");
     assert!(tight > 0.5 && tight < 1.0, "tight: {tight}");
     assert_eq!(value(share, &[("line", "dead")], "share"), 1.0);
-    let admitted = value(r("Admitted rate against the configured rate / A"), &[("line", "open")], "admitted");
-    assert!(admitted > 0.0 && admitted < 1.0, "open: {admitted} of its rate");
+    // The admitted rate over one key's rate (6000r/m): the one client's
+    // requests, in keys' worth of the rate.
+    let keys = value(r("Admitted rate in keys' worth of the configured rate / A"), &[("line", "open")], "admitted");
+    per_second(keys * 100.0, sent_to["/open/"] as f64, "open admitted");
     let shadow = r("Dry run: what shadow lines would reject / A");
     assert!(value(shadow, &[("line", "shadow"), ("result", "dry_run_rejected")], "dry run") > 0.0);
     let fill = value(r("Zone fill (keys / capacity) / A"), &[("zone", "z")], "fill");
@@ -495,6 +516,8 @@ fn every_query_of_the_dashboard_returns_series() {
     let connects = prom.query("nginx_rl_redis_connects_total{zone=\"rr\"}").unwrap_or_default();
     let connects = value(&connects, &[("zone", "rr")], "connects_total");
     per_second(value(r("Errors and on_error / C"), &[("zone", "rr")], "connects"), connects, "connects");
+    let failed = value(r("Errors and on_error / D"), &[("zone", "rr")], "charge failures");
+    per_second(failed, charged as f64, "charge failures");
     let addr = format!("127.0.0.1:{}", redis.port);
     assert_eq!(value(r("Sentinel master / A"), &[("zone", "rs"), ("addr", &addr)], "master"), 1.0);
 
