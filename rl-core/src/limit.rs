@@ -292,16 +292,20 @@ impl Limit {
     /// request to the next (`sliding_log`: the rate only, its burst lays its
     /// state out). Its state carries one more word, the scale its used
     /// amount is counted in as of the last write (`W` for `fixed` and
-    /// `sliding`, `period_us` for the buckets, `T` for `gcra`; none for
+    /// `sliding`, the rate for the buckets, `T` for `gcra`; none for
     /// `sliding_log`, whose timestamps are absolute), so that a request
     /// with other values first converts the state to its own scale,
-    /// rounding what is used up. Then at one instant no more than the new
-    /// burst passes, and on the same state at the same instant raising the
-    /// rate or burst never admits fewer requests than keeping the old values
-    /// would, lowering them never more. Values that do not change behave
-    /// exactly as the static line. [`Limit::state_words`] does not depend on
-    /// the rate or burst (but for `sliding_log`'s burst): build a `Limit` per
-    /// request from its values, all with `.varying()`.
+    /// rounding what is used up (the buckets' drained at the rate that
+    /// wrote it). Then at one instant no more than the new burst passes,
+    /// and on the same state at the same instant raising the rate or burst
+    /// never admits fewer requests than keeping the old values would,
+    /// lowering them never more; and from the reset its last write reported
+    /// (when the table may drop the key), a state reads as fresh under any
+    /// values, but `sliding_log`'s under a longer window. Values that do
+    /// not change behave exactly as the static line. [`Limit::state_words`]
+    /// does not depend on the rate or burst (but for `sliding_log`'s
+    /// burst): build a `Limit` per request from its values, all with
+    /// `.varying()`.
     pub fn varying(self) -> Limit {
         Limit { varying: true, ..self }
     }
@@ -341,6 +345,16 @@ impl Limit {
     /// `sliding_log`.
     pub fn state_words(&self) -> usize {
         self.static_words() + usize::from(self.tagged())
+    }
+
+    /// The tag a [`Limit::varying`] line's writes leave after its static
+    /// words (0 for a line without one), which Redis' script keeps as a
+    /// double.
+    pub(crate) fn tag(&self) -> u64 {
+        match self.tagged() {
+            true => vary::scale(self),
+            false => 0,
+        }
     }
 
     /// Whether the state carries a scale tag (after its static words).
@@ -493,6 +507,9 @@ impl Limit {
     /// converted to another scale since the charge (or if `self` is not the
     /// limit that charged), nor, for the buckets, once another request has
     /// charged the state since (it may have drained it at another rate).
+    /// It takes back the charge, not the conversion the charge made: the
+    /// state goes on in the line's scale (the buckets' draining at its
+    /// rate), as after a request of the line that charged nothing.
     pub fn refund(&self, state: &mut [u64], charge: &Charge, now: u64) {
         if state.len() < self.state_words() || charge.cost == 0 {
             return;

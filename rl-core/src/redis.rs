@@ -216,6 +216,9 @@ pub fn exact(limit: &Limit) -> bool {
         _ if !small(limit.queue()) => false,
         // A varying line's count carries from window to window as it is.
         Algorithm::Fixed | Algorithm::Sliding if limit.is_varying() && u128::from(burst) > bound => false,
+        // A varying bucket's tag packs its rate: a double holds it up to
+        // this bound.
+        Algorithm::TokenBucket | Algorithm::LeakyBucket if u128::from(limit.tag()) > bound => false,
         Algorithm::Fixed | Algorithm::SlidingLog => window <= bound,
         Algorithm::Sliding => window <= bound / 2,
         Algorithm::TokenBucket | Algorithm::LeakyBucket => held * u128::from(rate.period_us) <= bound,

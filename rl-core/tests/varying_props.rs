@@ -3,8 +3,9 @@
 //! sequences of requests, each under its own parameters; then, at any
 //! instant, no more than the new burst passes, raising the rate or burst
 //! never admits fewer requests than the old values would and lowering them
-//! never more, and values that do not change behave exactly as the static
-//! line. Then hand-computed conversions.
+//! never more, values that do not change behave exactly as the static
+//! line, and from the reset its last write reported on, a state reads as
+//! fresh (but `sliding_log`'s). Then hand-computed conversions.
 
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -29,6 +30,11 @@ fn limit(a: Algorithm, p: Params, log: u64) -> Limit {
 
 fn algorithm() -> impl Strategy<Value = Algorithm> {
     select(Algorithm::ALL.to_vec())
+}
+
+/// The algorithms whose state carries a tag (all but `sliding_log`).
+fn tagged() -> impl Strategy<Value = Algorithm> {
+    select(Algorithm::ALL.into_iter().filter(|&a| a != Algorithm::SlidingLog).collect::<Vec<_>>())
 }
 
 fn params() -> impl Strategy<Value = Params> {
@@ -66,8 +72,17 @@ fn reach(limits: &[Limit], ops: &[Op], start: u64) -> (Vec<u64>, u64) {
 /// [`reach`], one request in eight (with `overdraw`) an overdraft of up to
 /// three bursts instead ([`Limit::overdraw`], `charge=after`).
 fn reach_with(limits: &[Limit], ops: &[Op], start: u64, overdraw: bool) -> (Vec<u64>, u64) {
+    let (s, t, _) = reach_quiet(limits, ops, start, overdraw);
+    (s, t)
+}
+
+/// [`reach_with`], and the time the last write's state resets (as its
+/// writer reports it, from the write's `now`: when the table may drop the
+/// entry and Redis the key): 0 if nothing was written.
+fn reach_quiet(limits: &[Limit], ops: &[Op], start: u64, overdraw: bool) -> (Vec<u64>, u64, u64) {
     let mut s = vec![0; limits[0].state_words()];
     let mut t = start;
+    let mut quiet = 0;
     for &(pick, sel, f, c) in ops {
         let l = &limits[usize::from(pick) % limits.len()];
         let w = l.window_us();
@@ -90,12 +105,19 @@ fn reach_with(limits: &[Limit], ops: &[Op], start: u64, overdraw: bool) -> (Vec<
             7 => b + u64::from(c % 2),
             _ => 1,
         };
-        match overdraw && c % 8 == 5 {
-            true => l.overdraw(&mut s, now, 1 + u64::from(f) % (3 * b)),
-            false => l.acquire_charged(&mut s, now, cost).1,
+        // (an overdraft writes the state, even one that saturates)
+        let wrote = match overdraw && c % 8 == 5 {
+            true => {
+                l.overdraw(&mut s, now, 1 + u64::from(f) % (3 * b));
+                true
+            }
+            false => l.acquire_charged(&mut s, now, cost).1.cost() > 0,
         };
+        if wrote {
+            quiet = now.saturating_add(l.check(&s, now, 0).reset_us);
+        }
     }
-    (s, t)
+    (s, t, quiet)
 }
 
 /// The instant the properties look at, from the last request's time.
@@ -350,6 +372,52 @@ proptest! {
             prop_assert_eq!(s, converted);
         }
     }
+
+    /// A charge refunded at once by the line that made it, nothing written
+    /// in between, leaves the state admitting at that instant what it
+    /// admitted before the request, under any values. (Its conversion stays:
+    /// from then on the state drains as the line's, as after a request of
+    /// the line charged nothing.)
+    #[test]
+    fn refund_at_once_admits_as_before(
+        a in tagged(), ps in prop::collection::vec(params(), 1..4), ops in ops(),
+        p in params(), q in params(), cost in 1u64..=4, sel in any::<u16>(),
+    ) {
+        let limits: Vec<Limit> = ps.iter().map(|&p| limit(a, p, 1)).collect();
+        let (s, t) = reach(&limits, &ops, 1 << 40);
+        let (l, m) = (limit(a, p, 1), limit(a, q, 1));
+        let now = instant(t, &l, sel);
+        let mut r = s.clone();
+        let charge = l.commit(&mut r, now, cost);
+        l.refund(&mut r, &charge, now);
+        for k in 0..=m.burst() + 1 {
+            prop_assert_eq!(m.check(&r, now, k).admitted, m.check(&s, now, k).admitted, "cost {}", k);
+        }
+        prop_assert_eq!(admitted(&m, &r, now), admitted(&m, &s, now));
+    }
+
+    /// A state read at or after the time its last write resets (as its
+    /// writer reported it: when the table may drop the entry, Redis the
+    /// key) reads as a fresh one under any values, overdrafts or not: a
+    /// request is decided alike whether its key is still there or not.
+    /// Not `sliding_log`, whose longer window still counts the timestamps a
+    /// shorter one has let go.
+    #[test]
+    fn past_the_writers_reset_reads_fresh(
+        a in tagged(), ps in prop::collection::vec(params(), 1..4), ops in ops(), overdraw in any::<bool>(),
+        new in params(), later in prop_oneof![Just(0u64), 1u64..=3, 0u64..=10_000_000_000],
+    ) {
+        let limits: Vec<Limit> = ps.iter().map(|&p| limit(a, p, 1)).collect();
+        let (s, _, quiet) = reach_quiet(&limits, &ops, 1 << 40, overdraw);
+        prop_assume!(quiet < 1 << 60);
+        let m = limit(a, new, 1);
+        let now = quiet + later;
+        let fresh = vec![0; m.state_words()];
+        for cost in 0..=m.burst() + 1 {
+            prop_assert_eq!(m.check(&s, now, cost), m.check(&fresh, now, cost), "cost {}", cost);
+        }
+        prop_assert_eq!(admitted(&m, &s, now), admitted(&m, &fresh, now));
+    }
 }
 
 /// The tag a line's writes leave (the last state word after a charge).
@@ -408,31 +476,98 @@ fn gcra_rounds_the_backlog_up() {
 
 #[test]
 fn token_bucket_per_minute_to_per_second() {
-    // 5r/m burst 5, 3 requests: 3 of 5 used. A second later at 1r/s: the
-    // same 3 used, less the second's refill of 1: 3 left (at 5r/m, 2).
+    // 5r/m burst 5, 3 requests: 3 of 5 used. A second later the bucket has
+    // refilled a twelfth of a request at 5r/m, the rate that charged it:
+    // 2 11/12 used, 2 left at 1r/s as at 5r/m; from then on it refills at
+    // 1r/s.
     let (m, s1) = (rated(Algorithm::TokenBucket, 5, MIN, 5), rated(Algorithm::TokenBucket, 1, S, 5));
     let t0 = 1000 * S;
     let mut s = vec![0; m.state_words()];
     take(&m, &mut s, t0, 3);
-    assert_eq!(s, [3 * MIN, t0, MIN]);
+    assert_eq!(s[..2], [3 * MIN, t0]);
     assert_eq!(admitted(&m, &s, t0 + S), (2, 2));
-    assert_eq!(admitted(&s1, &s, t0 + S), (3, 3));
+    assert_eq!(admitted(&s1, &s, t0 + S), (2, 2));
     assert_eq!(s1.commit(&mut s, t0 + S, 1).cost(), 1);
-    assert_eq!(s, [3 * S, t0 + S, S]);
+    // 2 11/12 requests at 1r/s, rounded up, and 1.
+    assert_eq!(s, [2_916_667 + S, t0 + S, charge_tag(&s1)]);
+    assert_eq!(admitted(&s1, &s, t0 + 2 * S), (2, 2));
 }
 
 #[test]
 fn leaky_bucket_per_second_to_per_hour() {
-    // 2r/s burst 4, 4 requests: full. 0.5 s later at 1r/h burst 4 the level
-    // drains at the new rate, not by the old rate's 1 request: nothing
-    // passes.
+    // 2r/s burst 4, 4 requests: full. 0.5 s later the level has drained
+    // 1 request at 2r/s, the rate that filled it: at 1r/h burst 4, 1
+    // passes; burst 5, 2.
     let (f, h) = (rated(Algorithm::LeakyBucket, 2, S, 4), rated(Algorithm::LeakyBucket, 1, HOUR, 4));
     let mut s = vec![0; f.state_words()];
     take(&f, &mut s, S, 4);
-    assert_eq!(admitted(&h, &s, S + S / 2), (0, 0));
-    // burst 5 at 1r/h: 1 more.
+    assert_eq!(admitted(&h, &s, S + S / 2), (1, 1));
     let h5 = rated(Algorithm::LeakyBucket, 1, HOUR, 5);
-    assert_eq!(admitted(&h5, &s, S + S / 2), (1, 1));
+    assert_eq!(admitted(&h5, &s, S + S / 2), (2, 2));
+}
+
+#[test]
+fn bucket_slow_reader_after_a_fast_writer() {
+    // 1r/s burst 5, 5 requests at t0: full until t0 + 5 s (the writer's
+    // reset, which the table's entry and the Redis key live by). 3 s
+    // later, at 1r/m burst 5, the bucket holds what it holds at 1r/s,
+    // 2 requests: 3 pass, as they do at 1r/s.
+    for a in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+        let (fast, slow) = (rated(a, 1, S, 5), rated(a, 1, MIN, 5));
+        let t0 = 1000 * S;
+        let mut s = vec![0; fast.state_words()];
+        take(&fast, &mut s, t0, 5);
+        let reset = fast.check(&s, t0, 0).reset_us;
+        assert_eq!(reset, 5 * S, "{a}");
+        let o = slow.check(&s, t0 + 3 * S, 1);
+        assert!(o.admitted, "{a}: {o:?}");
+        assert_eq!((o.remaining, o.reset_us), (2, 3 * MIN), "{a}");
+        assert_eq!(admitted(&slow, &s, t0 + 3 * S), (3, 3), "{a}");
+        assert_eq!(admitted(&fast, &s, t0 + 3 * S), (3, 3), "{a}");
+        // From the writer's reset on, as a fresh key (the key the table or
+        // Redis may have dropped by then).
+        let fresh = vec![0; slow.state_words()];
+        for now in [t0 + reset, t0 + reset + 1, t0 + reset + MIN, t0 + HOUR] {
+            for cost in 0..=6 {
+                assert_eq!(slow.check(&s, now, cost), slow.check(&fresh, now, cost), "{a} at {now} cost {cost}");
+            }
+            assert_eq!(admitted(&slow, &s, now), (5, 5), "{a} at {now}");
+        }
+        // Charged at t0 + 3 s: 2 requests at 1r/m and 1, refilling at 1r/m
+        // from then on.
+        assert_eq!(slow.commit(&mut s, t0 + 3 * S, 1).cost(), 1);
+        assert_eq!(s, [3 * MIN, t0 + 3 * S, charge_tag(&slow)], "{a}");
+        assert_eq!(admitted(&slow, &s, t0 + 3 * S + MIN), (3, 3), "{a}");
+    }
+}
+
+#[test]
+fn bucket_tags_pack_the_rate() {
+    // Every rate of a unit: the unit in bits 2-3, the count - 1 above; other
+    // periods below 2^32: the period in bits 2-33, the count - 1 above;
+    // else the period alone (bits 0-1 say which).
+    let tag = |c, p| charge_tag(&rated(Algorithm::TokenBucket, c, p, 1));
+    assert_eq!([tag(1, S), tag(1, MIN), tag(1, HOUR), tag(1, 24 * HOUR)], [1, 5, 9, 13]);
+    assert_eq!(tag(2, S), 17);
+    assert_eq!(tag(5, MIN), 4 * 16 + 5);
+    assert_eq!(tag(1 << 60, 24 * HOUR), (((1 << 60) - 1) << 4) + 13);
+    assert_eq!(tag(3, 1000), (2 << 34) + (1000 << 2) + 2);
+    assert_eq!(tag(1 << 30, (1 << 32) - 1), (((1 << 30) - 1) << 34) + (((1 << 32) - 1) << 2) + 2);
+    // Beyond those: the period alone.
+    assert_eq!(tag((1 << 60) + 1, S), 4 * S);
+    assert_eq!(tag((1 << 30) + 1, 1000), 4000);
+    assert_eq!(tag(1, 1 << 32), 1 << 34);
+    // The same period, other counts: other tags, unlike the rates' scale.
+    let leaky = |c, p| charge_tag(&rated(Algorithm::LeakyBucket, c, p, 1));
+    assert_eq!(leaky(7, HOUR), tag(7, HOUR));
+    let mut seen = std::collections::BTreeSet::new();
+    for p in [1, 7, 1000, S, MIN, HOUR, 24 * HOUR, (1 << 32) - 1] {
+        for c in [1, 2, 3, 60, 1000, 1 << 20, (1 << 30) + 1, u64::MAX] {
+            let t = tag(c, p);
+            assert_ne!(t, 0);
+            assert!(seen.insert(t) || c > 1 << 30, "{c}r/{p}us: {t} again");
+        }
+    }
 }
 
 #[test]
@@ -520,13 +655,26 @@ fn refund_after_a_conversion_takes_nothing_back() {
 
 #[test]
 fn bucket_refund_after_another_charge_takes_nothing_back() {
-    // Two rates of one period share a tag; a charge at 10r/s after ours may
-    // have drained the state faster than ours would: our refund keeps it.
+    // Two rates of one period: other tags. A charge at 10r/s after ours
+    // leaves its tag: our refund keeps the state.
     let (l, m) = (rated(Algorithm::TokenBucket, 1, S, 5), rated(Algorithm::TokenBucket, 10, S, 5));
     let mut s = vec![0; l.state_words()];
+    take(&l, &mut s, S, 3);
     let (_, charge) = l.acquire_charged(&mut s, S, 1);
     take(&m, &mut s, S + S / 2, 1);
     let before = s.clone();
     l.refund(&mut s, &charge, S + S / 2);
+    assert_eq!(s, before);
+    // Then one of ours: our tag again, but the state drained at 10r/s from
+    // 1.5 s (where ours would have drained at 1r/s): 1 request used, which
+    // the refund keeps.
+    take(&l, &mut s, 2 * S, 1);
+    assert_eq!(s[..2], [S, 2 * S]);
+    let before = s.clone();
+    l.refund(&mut s, &charge, 2 * S);
+    assert_eq!(s, before);
+    // With nothing charged in between, it takes the charge back.
+    let (_, charge) = l.acquire_charged(&mut s, 2 * S, 1);
+    l.refund(&mut s, &charge, 2 * S);
     assert_eq!(s, before);
 }

@@ -58,10 +58,14 @@
 -- A varying line (rl-core's Limit::varying: its rate and burst change from
 -- request to request) keeps one more state word, its tag: the scale its
 -- used amount is counted in as of the last write (W for fixed and sliding,
--- period_us for the buckets, T for gcra; none for sliding_log). A line
--- whose own scale differs from a non-zero tag first converts the state to
--- its own, rounding the used amount up, exactly as rl-core's limit/vary.rs;
--- a write stores its own tag. Its keys are not any static line's.
+-- the rate, packed, for the buckets, T for gcra; none for sliding_log). A
+-- line whose own tag differs from a non-zero tag first converts the state
+-- to its own scale, rounding the used amount up, exactly as rl-core's
+-- limit/vary.rs (the buckets' drained at the writer's rate up to now); a
+-- write stores its own tag. Its keys are not any static line's. From the
+-- reset its last write saw on, before the key expires, a state then reads
+-- as fresh under any values, but sliding_log's under a longer window
+-- (which still counts older timestamps).
 --
 -- State: for fixed / sliding / token_bucket / leaky_bucket / gcra a string
 -- of a 0 byte, then rl-core's u64 state words and the key's expiry (ms of
@@ -87,9 +91,10 @@
 -- (then every intermediate value stays <= 2^53; the few products that can
 -- exceed it, e.g. sliding's prev*(W-e), are computed exactly by muldiv).
 -- A varying line's conversion is exact too when, besides, burst <= E for
--- fixed and sliding, and the converted amount (used*period/tag for the
--- buckets, (TAT-now)*T/tag for gcra) is <= E; a line whose conversion
--- exceeds E is rejected (fail closed).
+-- fixed and sliding, the tag <= E for the buckets, and the converted
+-- amount (what the writer's rate leaves of used, times period / the
+-- writer's period, for the buckets; (TAT-now)*T/tag for gcra) is <= E; a
+-- line whose conversion exceeds E is rejected (fail closed).
 -- A line outside these ranges, or with malformed arguments, is rejected
 -- (fail closed: admitted 0, retry -1), so the script never over-admits;
 -- rl_core::redis::exact() tells which limits are in range.
@@ -374,6 +379,60 @@ local function muldiv(a, b, d)
     end
   end
   return aq * b + qq, r
+end
+
+-- A varying bucket line's tag: its rate (count c, period p) packed as
+-- rl-core's limit/vary.rs rate_tag packs it. The low two bits say which
+-- form: 1, a period of a unit (s, m, h, d): 4 * its index, then 16 *
+-- (c - 1); 2, another period below 2^32: 4 * p, then 2^34 * (c - 1) (c - 1
+-- below 2^30); 0, any other rate: 4 * p alone. Exact while at most 2^53;
+-- a line whose tag is above E fails closed.
+local UNITS = { 1000000, 60000000, 3600000000, 86400000000 }
+local function rate_tag(c, p)
+  for i = 1, 4 do
+    if p == UNITS[i] then
+      return 16 * (c - 1) + 4 * (i - 1) + 1
+    end
+  end
+  if p < 4294967296 and c - 1 < 1073741824 then
+    return 17179869184 * (c - 1) + 4 * p + 2
+  end
+  return 4 * p
+end
+
+-- A varying bucket's used amount s1 at last = s2, written under the rate
+-- that tag tg packs, as a line of period p counts it at now (rl-core's
+-- limit/vary.rs): drained up to now at the writer's rate, as the writer
+-- reads it, then scaled by p / the writer's period, rounded up, with last
+-- = max(now, last); a tag of the period alone scales it only, last kept.
+-- nil when the amount leaves the exact range.
+local function rebucket(s1, s2, tg, p)
+  local f = tg % 4
+  local x = (tg - f) / 4
+  local tp, tc = x, false
+  if f == 1 then
+    local i = x % 4
+    tp, tc = UNITS[i + 1], (x - i) / 4 + 1
+  elseif f == 2 then
+    tp = x % 4294967296
+    tc = (x - tp) / 4294967296 + 1
+  end
+  if tp < 1 then tp = 1 end
+  if tc and now > s2 then
+    local drained = (now - s2) * tc -- inexact only when > 2^53 >= s1
+    if drained >= s1 then
+      s1 = 0
+    else
+      s1 = s1 - drained
+    end
+    s2 = now
+  end
+  local q, r = muldiv(s1, p, tp)
+  if r > 0 then q = q + 1 end
+  if E < q then
+    return nil
+  end
+  return q, s2
 end
 
 -- The algorithms, one function each: the outcome of a request of `cost`
@@ -692,15 +751,13 @@ local function bucket(lim, j, key, cost)
   if cap then
     ok = true
     local s1, s2, tg = state(j, lim[11], lim[12])
-    if tg ~= 0 and tg ~= p then
-      -- a varying line's amount scaled by another period: by this one,
-      -- rounded up
-      local q, r = muldiv(s1, p, tg)
-      if r > 0 then q = q + 1 end
-      if E < q then
+    if tg ~= 0 and tg ~= lim[13] then
+      -- a varying line's amount written at another rate: drained at that
+      -- rate, then scaled by this period, rounded up
+      s1, s2 = rebucket(s1, s2, tg, p)
+      if not s1 then
         return false, false, 0, 0, -1, 0
       end
-      s1 = q
     end
     -- (read as it is above the capacity: units a line with a
     -- larger queue queued)
@@ -761,7 +818,7 @@ local by_name = {
 -- for the buckets); dry true for a dry-run line (flag 1); then the
 -- algorithm's function (nil: unknown); the state's shape (the algorithm,
 -- with '+' for a varying line's, flag 2), its number of words, and a
--- varying line's tag (its scale: W, T or period_us; false for a static
+-- varying line's tag (its scale: W, T or the packed rate; false for a static
 -- line); after true for a charge=after line's check (flag 4); a malformed
 -- line as
 -- false; a number of lines as {0, n}, a run "-n" as {-1, n}; nil for a
@@ -815,14 +872,16 @@ local function parse(s)
     K, QK = b * p, q * p
   end
   -- A varying line's state shape ends with its tag, the scale it counts
-  -- in (sliding_log's timestamps need none).
+  -- in (sliding_log's timestamps need none); the buckets' packs their rate
+  -- (rate_tag), exact up to E.
   local shape, tag = a, false
   if f % 4 >= 2 and a ~= 'sliding_log' then
     shape = a .. '+'
     if a == 'gcra' then
       tag = K
     elseif a == 'token_bucket' or a == 'leaky_bucket' then
-      tag = p
+      tag = rate_tag(c, p)
+      if E < tag then tag = false end
     elseif b <= E then
       tag = K
     end
@@ -1130,12 +1189,10 @@ local function scaled(lim, j)
     if r > 0 then pw = pw + 1 end
     s1, s2, s3 = k + 1, curr + pw, 0
   else
-    local q, r = muldiv(s1, tag, tg)
-    if r > 0 then q = q + 1 end
-    if E < q then
+    s1, s2 = rebucket(s1, s2, tg, lim[3])
+    if not s1 then
       return nil
     end
-    s1 = q
   end
   return s1, s2, s3
 end

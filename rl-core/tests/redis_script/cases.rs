@@ -470,6 +470,16 @@ fn exact_range_boundaries() {
         (limit(Sliding, 4, 1, e + 1).varying(), false),
         (limit(Fixed, 4, 1, e + 1).varying(), false),
         (limit(Gcra, 3, 3 * (e / 8), 8).varying(), true),
+        // A varying bucket's tag packs its rate: a unit's index and the
+        // count, up to 2^48 a unit; another period and the count, up to
+        // 2^18 at 1000 µs.
+        (limit(TokenBucket, 1 << 48, 1_000_000, 1), true),
+        (limit(TokenBucket, 1 << 48, 1_000_000, 1).varying(), true),
+        (limit(TokenBucket, (1 << 48) + 1, 1_000_000, 1), true),
+        (limit(TokenBucket, (1 << 48) + 1, 1_000_000, 1).varying(), false),
+        (limit(LeakyBucket, (1 << 48) + 1, 86_400_000_000, 1).varying(), false),
+        (limit(LeakyBucket, 1 << 18, 1000, 1).varying(), true),
+        (limit(LeakyBucket, (1 << 18) + 1, 1000, 1).varying(), false),
     ];
     for (l, want) in cases {
         assert_eq!(exact(&l), want, "{l:?}");
@@ -916,4 +926,40 @@ fn varying_lines() {
     // A dry-run varying line admits the request, charged iff it admits.
     let (admitted, out) = p.step(&[(fast, 1, true)], T0, true, false);
     assert!(admitted && !out[0].admitted);
+}
+
+/// A varying bucket drains at the rate that charged it: a slower line reads
+/// what that rate has left, and from the writer's reset on reads it as
+/// fresh, before its key expires as after. Its tag packs the rate.
+#[test]
+fn varying_bucket_drains_at_its_writers_rate() {
+    let fast = limit(Algorithm::TokenBucket, 1, 1_000_000, 5).varying();
+    let slow = limit(Algorithm::TokenBucket, 1, 60_000_000, 5).varying();
+    let mut p = Pair::new(&[(fast, 1)]);
+    for _ in 0..5 {
+        assert!(p.step(&[(fast, 1)], T0, true, false).1[0].admitted);
+    }
+    // [used, last, tag]: 1r/s packs as 1. The key lives until the reset,
+    // 5 s, and the margin and slack, 2 s.
+    assert_eq!(p.redis.value(&p.keys[0]).unwrap(), format!("5000000 {T0} 1"));
+    assert_eq!(p.redis.expiry(&p.keys[0]), Some(T0 + 7_000_000));
+    // 3 s later at 1r/m: 2 used, as at 1r/s; 3 pass.
+    let (_, out) = p.step(&[(slow, 1)], T0 + 3_000_000, false, false);
+    assert_eq!((out[0].admitted, out[0].remaining, out[0].reset_us), (true, 2, 180_000_000));
+    // At and after the reset: a fresh key's 4 left, before the key expires
+    // as after.
+    for now in [T0 + 5_000_000, T0 + 6_999_999, T0 + 7_000_000, T0 + 60_000_000] {
+        let (_, out) = p.step(&[(slow, 1)], now, false, false);
+        assert_eq!((out[0].admitted, out[0].remaining), (true, 4), "at T0 + {}", now - T0);
+    }
+    assert_eq!(p.redis.value(&p.keys[0]), None);
+    // Charged, it converts: the 2 left of 5 at 1r/s and 1, at 1r/m; now;
+    // 1r/m's tag (5).
+    let now = T0 + 3_000_000;
+    let mut p = Pair::new(&[(fast, 1)]);
+    for _ in 0..5 {
+        p.step(&[(fast, 1)], T0, true, false);
+    }
+    assert!(p.step(&[(slow, 1)], now, true, false).1[0].admitted);
+    assert_eq!(p.redis.value(&p.keys[0]).unwrap(), format!("180000000 {now} 5"));
 }

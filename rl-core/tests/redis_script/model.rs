@@ -50,16 +50,54 @@ pub(crate) fn model<T: Copy + Into<LineArg>>(
 /// charged under a slower scale can take it.
 fn converts_beyond_exact(l: &Limit, s: &[u64], now: u64) -> bool {
     let rate = l.rate();
-    let (amount, scale) = match l.algorithm() {
-        _ if !l.is_varying() => return false,
-        Algorithm::TokenBucket | Algorithm::LeakyBucket => (s[0], rate.period_us),
-        Algorithm::Gcra => (s[0].saturating_sub(now), rate.period_us.div_ceil(rate.count)),
+    let tag = s.last().copied().unwrap_or(0);
+    let (amount, scale, from) = match l.algorithm() {
+        _ if !l.is_varying() || tag == 0 => return false,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            if tag == bucket_tag(rate.count, rate.period_us) {
+                return false;
+            }
+            let (period, count) = tagged_rate(tag);
+            let drained = match count {
+                Some(c) => u128::from(now.saturating_sub(s[1])) * u128::from(c),
+                None => 0,
+            };
+            (u128::from(s[0]).saturating_sub(drained), rate.period_us, period.max(1))
+        }
+        Algorithm::Gcra => {
+            let t = rate.period_us.div_ceil(rate.count);
+            if tag == t {
+                return false;
+            }
+            (u128::from(s[0].saturating_sub(now)), t, tag)
+        }
         _ => return false,
     };
-    let tag = s.last().copied().unwrap_or(0);
-    tag != 0
-        && tag != scale
-        && (u128::from(amount) * u128::from(scale)).div_ceil(u128::from(tag)) > u128::from(MAX_EXACT)
+    (amount * u128::from(scale)).div_ceil(u128::from(from)) > u128::from(MAX_EXACT)
+}
+
+/// The periods of a unit (`r/s`, `r/m`, `r/h`, `r/d`).
+const UNITS: [u64; 4] = [1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000];
+
+/// A varying bucket line's tag, its rate packed as the script and rl-core
+/// pack it: a unit's index and the count (low bits 1), another period
+/// below 2^32 and the count (2), else the period alone (0).
+pub(crate) fn bucket_tag(count: u64, period: u64) -> u64 {
+    match UNITS.iter().position(|&p| p == period) {
+        Some(i) if count - 1 < 1 << 60 => (count - 1) << 4 | (i as u64) << 2 | 1,
+        None if period < 1 << 32 && count - 1 < 1 << 30 => (count - 1) << 34 | period << 2 | 2,
+        _ => period.min(u64::MAX >> 2) << 2,
+    }
+}
+
+/// The period and (unless the tag kept the period alone) the count of the
+/// rate a bucket tag packs.
+fn tagged_rate(tag: u64) -> (u64, Option<u64>) {
+    match tag & 3 {
+        1 => (UNITS[(tag >> 2 & 3) as usize], Some((tag >> 4) + 1)),
+        2 => (tag >> 2 & 0xffff_ffff, Some((tag >> 34) + 1)),
+        _ => (tag >> 2, None),
+    }
 }
 
 /// The model of a charge call: `Limit::overdraw` on each line in turn, but

@@ -122,15 +122,18 @@ impl Pair {
     }
 
     /// Forgets the expiries of the keys that have expired, and the model's
-    /// states of those of the varying lines among `args` (one per key).
+    /// states of those of the varying `sliding_log` lines among `args` (one
+    /// per key).
     fn forget_expired(&mut self, args: &[LineArg]) {
         for (i, (key, x)) in self.keys.iter().zip(self.expiries.iter_mut()).enumerate() {
             if self.redis.value(key).is_none() {
                 *x = 0; // expired (or never written)
-                        // A varying line's key lives by the reset its last writer
-                        // saw; a slower line (buckets) or one of a longer window
-                        // (sliding_log) can outlive it, and then reads it fresh.
-                if args.get(i).is_some_and(|a| a.limit.is_varying()) {
+                        // A varying sliding_log key lives by the window of its last
+                        // writer: a line of a longer window would still count its
+                        // timestamps, and reads it fresh. (Every other state reads as
+                        // fresh from its writer's reset on, before its key expires.)
+                let log = |a: &LineArg| a.limit.is_varying() && a.limit.algorithm() == Algorithm::SlidingLog;
+                if args.get(i).is_some_and(log) {
                     self.states[i].fill(0);
                 }
             }

@@ -538,21 +538,24 @@ proptest! {
         replay_varying_with(&ls, dry, &ops, t, jitter, true);
     }
 
-    /// Any parameters: the script is exact iff `exact` says so, else it
-    /// rejects (fail closed).
+    /// Any parameters, of a static line or a varying one (whose tag, for
+    /// the buckets, packs its rate): the script is exact iff `exact` says
+    /// so, else it rejects (fail closed).
     #[test]
     fn prop_exact_iff_in_range(
         a in algorithm(),
         c in magnitude(60),
-        p in magnitude(60),
+        p in prop_oneof![magnitude(60), select(vec![1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000])],
         b in magnitude(60),
         q in prop_oneof![Just(0u64), magnitude(60)],
+        varying in any::<bool>(),
     ) {
         let b = if a == Algorithm::SlidingLog { b % 65_536 + 1 } else { b };
         let Ok(l) = Limit::new(a, Rate { count: c, period_us: p }, b) else {
             return Ok(());
         };
         let l = l.with_queue(q).unwrap_or(l);
+        let l = if varying { l.varying() } else { l };
         let r = Redis::new();
         let lines = [(l, 1)];
         let (_, out) = r.run(&keys(1), &lines, T0, true, false);
