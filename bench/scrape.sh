@@ -115,7 +115,7 @@ END {
         c = cs[i]; n = nr[c]
         if (!n) continue
         for (k = 1; k <= n; k++) { a[k] = rps[c, k]; b[k] = lat[c, k]; d[k] = cpu[c, k]; e[k] = busy[c, k] }
-        M[c] = med(a, n); lo = a[1]; hi = a[n]; MC[c] = med(d, n)
+        M[c] = med(a, n); lo = a[1]; hi = a[n]; MC[c] = med(d, n); MB[c] = med(e, n)
         printf "| %s | %s | %s - %s | %.2f ms | %.2f | %.0f%% | %s |\n", (c == "none" ? "without scrapes" : "scraped " rate " times a second"),
             commas(M[c]), commas(lo), commas(hi), med(b, n), MC[c], med(e, n), (c == "none" ? "-" : commas(nscr[c]) sprintf(" (%.1f/s)", nscr[c] / secs[c]))
     }
@@ -134,6 +134,9 @@ END {
             printf "A scrape under that load took %.2f ms (median; p99 %.2f ms; %d scrapes).\n", med(a, nl), p99(a, nl), nl
         }
         print ""
+        # As report.awk: req/s says little of nginx when its worker was not saturated.
+        if (MB["none"] < 90 || MB["scrape"] < 90)
+            printf "**The req/s ratio is inconclusive**: the worker was %.0f%% / %.0f%% busy, the machine\047s other load, not nginx,\nset the pace; the CPU figures are the ones to trust.\n\n", MB["none"], MB["scrape"]
     }
     print "Load average " meta["load0"] " at the start, " meta["load"] " at the end (" meta["elapsed"] " s)."
     print ""
