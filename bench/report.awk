@@ -1,13 +1,14 @@
 # Writes bench/RESULTS.md from the files bench/run.sh collected (POSIX awk:
 # Debian's default mawk is enough).
 #
-#   awk -f report.awk -v failed=0|1 META SCENARIOS RAW MEM
+#   awk -f report.awk -v failed=0|1 [-v prof=PROFILE.md] [-v scrape=SECTION.md] META SCENARIOS RAW MEM
 #
 # META: key<TAB>value lines. SCENARIOS: bench/scenarios.tsv. RAW: one line
 # per wrk run: phase id secs requests duration_us p50_us p99_us n200 n429
 # n5xx nother err_connect err_read err_write err_timeout cpu_ns redis_ns
 # status reason load. MEM: zone zone_bytes nfill fill_codes held
-# first_eviction nlong long_ok long_refused long_other.
+# first_eviction nlong long_ok long_refused long_other. SECTION.md: the section
+# bench/scrape.sh wrote (raw-scrape.md after a full run).
 
 BEGIN { FS = "\t"; file = 0 }
 FNR == 1 { file++ }
@@ -244,6 +245,13 @@ END {
         print "`rl_loaded_no_limit`: a location without `rl_limit` in the nginx that loads the module, against `baseline`."
         print "`rl_*_no_headers`: with `rl_headers off`; the other nginx-rl rows send the legacy headers."
         print ""
+    }
+
+    # ---------------------------------------------------------------- scrape
+    # bench/scrape.sh writes its section whole (tables and text): it goes in as it is.
+    if (scrape != "") {
+        while ((getline line < scrape) > 0) print line
+        close(scrape)
     }
 
     # ---------------------------------------------------------------- goals

@@ -11,7 +11,9 @@
 # build/debian/ngx_http_rl_module.so), NGINX (/usr/sbin/nginx), BENCH_ROUNDS,
 # BENCH_SECS, BENCH_WARM, BENCH_CONNS, BENCH_THREADS, BENCH_MEMZ (zone size
 # of the memory test), BENCH_ONLY (regex on scenario ids), BENCH_NO_MEM=1,
-# BENCH_OUT (report path), BENCH_KEEP=1 (keep the temp dir with the logs).
+# BENCH_OUT (report path), BENCH_KEEP=1 (keep the temp dir with the logs),
+# BENCH_NO_SCRAPE=1 (skip bench/scrape.sh; BENCH_ONLY skips it too unless
+# BENCH_SCRAPE=1).
 #
 # See bench/README.md for the method.
 
@@ -425,6 +427,15 @@ main() {
         memory_test
     fi
 
+    # One rl_metrics scrape of 100 zones and 1,000 lines, and what scraping
+    # does to the requests served meanwhile (issue #17): a section of the report.
+    : >"$TMP/scrape.md"
+    if [[ -z ${BENCH_NO_SCRAPE:-} && (-z $ONLY || -n ${BENCH_SCRAPE:-}) ]]; then
+        log "a metrics scrape: bench/scrape.sh"
+        RL_MODULE=$MODULE NGINX=$NGINX QUICK=$QUICK SCRAPE_OUT=$TMP/scrape.md "$BENCH/scrape.sh" ||
+            { FAILED=1; log "FAIL bench/scrape.sh"; }
+    fi
+
     # Instructions per request under callgrind: deterministic where the
     # numbers above are at the mercy of the machine's other load.
     if [[ (-z $QUICK && -z ${BENCH_NO_PROFILE:-}) || -n ${BENCH_PROFILE:-} ]]; then
@@ -455,7 +466,7 @@ main() {
         echo "skip_redis	$SKIP_REDIS"
         echo "wakeup	${wake:--}"
     } >"$reportmeta"
-    awk -f "$BENCH/report.awk" -v failed="$FAILED" -v prof="$TMP/PROFILE.md" "$reportmeta" "$BENCH/scenarios.tsv" "$TMP/raw.tsv" "$TMP/mem.tsv" >"$OUT.tmp" ||
+    awk -f "$BENCH/report.awk" -v failed="$FAILED" -v prof="$TMP/PROFILE.md" -v scrape="$TMP/scrape.md" "$reportmeta" "$BENCH/scenarios.tsv" "$TMP/raw.tsv" "$TMP/mem.tsv" >"$OUT.tmp" ||
         die "report failed"
     mv "$OUT.tmp" "$OUT"
     if [[ -z $QUICK ]]; then
@@ -463,6 +474,7 @@ main() {
         cp "$reportmeta" "$BENCH/raw-meta.tsv"
         if [[ -s $TMP/mem.tsv ]]; then cp "$TMP/mem.tsv" "$BENCH/raw-memory.tsv"; fi
         if [[ -s $TMP/PROFILE.md ]]; then cp "$TMP/PROFILE.md" "$BENCH/PROFILE.md"; fi
+        if [[ -s $TMP/scrape.md ]]; then cp "$TMP/scrape.md" "$BENCH/raw-scrape.md"; fi
     fi
     cat "$OUT"
     log "wrote $OUT (${elapsed}s)"
