@@ -24,6 +24,9 @@ export LC_ALL=C
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$BENCH")
 NGINX=${NGINX:-/usr/sbin/nginx}
+# nginx reads an environment variable NGINX as listening sockets inherited
+# in a binary upgrade: the knob must not reach the nginx it starts.
+export -n NGINX
 MODULE_SRC=${RL_MODULE:-$ROOT/build/debian/ngx_http_rl_module.so}
 N=${1:-3000}
 OUT=${PROFILE_OUT:-$BENCH/PROFILE.md}

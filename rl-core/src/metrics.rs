@@ -129,6 +129,11 @@ pub struct Snapshot {
 
 /// A label value as the text format writes it: `\`, `"` and newline escaped.
 pub fn escape_label(v: &str, out: &mut String) {
+    // Zone and line names are tokens: nearly always nothing to escape, and one copy.
+    if !v.bytes().any(|b| matches!(b, b'\\' | b'"' | b'\n')) {
+        out.push_str(v);
+        return;
+    }
     for c in v.chars() {
         match c {
             '\\' => out.push_str("\\\\"),

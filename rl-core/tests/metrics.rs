@@ -113,3 +113,16 @@ fn json_has_the_same_numbers() {
         r#""on_error":{"allowed":5,"denied":6},"charge_failures":3,"connects":2,"masters":["127.0.0.1:6380"]"#
     ));
 }
+
+#[test]
+fn label_values_are_escaped_only_where_needed() {
+    let esc = |v: &str| {
+        let mut out = String::new();
+        escape_label(v, &mut out);
+        out
+    };
+    assert_eq!(esc("api-v2_zone"), "api-v2_zone");
+    assert_eq!(esc(""), "");
+    assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    assert_eq!(esc("é\""), "é\\\"");
+}
