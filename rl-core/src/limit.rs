@@ -6,7 +6,9 @@
 //! as monotonic microseconds. Clocks may step backwards a little (e.g. two
 //! nginx workers): every algorithm then stays at least as strict as at the
 //! latest time it has seen, and nothing ever panics — arithmetic is
-//! saturating, products are taken in `u128`, there is no floating point.
+//! saturating or within bounds the parameters were checked against,
+//! products that may not fit in `u64` are taken in `u128`, there is no
+//! floating point.
 //! Times above [`MAX_NOW`] are clamped to it.
 //!
 //! With rate = `count` per `period_us` and burst `B`:
@@ -213,6 +215,22 @@ pub struct Limit {
     /// Rate and burst change from request to request: the state carries the
     /// scale it was written with (see [`Limit::varying`]).
     varying: bool,
+    /// The code a request runs, so that it is chosen in one step.
+    path: Path,
+    /// [`Limit::state_words`], which callers ask for on every request.
+    words: u32,
+}
+
+/// The code a [`Limit`]'s requests run: its algorithm's (the buckets share
+/// theirs), or vary.rs's for a varying line that carries a tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Path {
+    Fixed,
+    Sliding,
+    Log,
+    Bucket,
+    Gcra,
+    Varying,
 }
 
 /// What one [`Limit::commit`] charged, for [`Limit::refund`] to take back:
@@ -257,6 +275,13 @@ impl Limit {
             return Err(LimitError::LogTooLarge { burst });
         }
         let capacity = burst.checked_mul(rate.period_us).ok_or(LimitError::Overflow { rate, burst })?;
+        let words = match algorithm {
+            Algorithm::Fixed | Algorithm::TokenBucket | Algorithm::LeakyBucket => 2,
+            Algorithm::Sliding => 3,
+            Algorithm::Gcra => 1,
+            // burst <= MAX_LOG_BURST, so this fits.
+            Algorithm::SlidingLog => u32::try_from(burst).map_or(u32::MAX, |b| b + 2),
+        };
         Ok(Limit {
             algorithm,
             rate,
@@ -266,6 +291,14 @@ impl Limit {
             interval: rate.period_us.div_ceil(rate.count),
             capacity,
             varying: false,
+            path: match algorithm {
+                Algorithm::Fixed => Path::Fixed,
+                Algorithm::Sliding => Path::Sliding,
+                Algorithm::SlidingLog => Path::Log,
+                Algorithm::TokenBucket | Algorithm::LeakyBucket => Path::Bucket,
+                Algorithm::Gcra => Path::Gcra,
+            },
+            words,
         })
     }
 
@@ -307,7 +340,14 @@ impl Limit {
     /// burst): build a `Limit` per request from its values, all with
     /// `.varying()`.
     pub fn varying(self) -> Limit {
-        Limit { varying: true, ..self }
+        if self.varying {
+            return self;
+        }
+        match self.algorithm {
+            // Its timestamps are absolute: no tag, the static code.
+            Algorithm::SlidingLog => Limit { varying: true, ..self },
+            _ => Limit { varying: true, path: Path::Varying, words: self.words + 1, ..self },
+        }
     }
 
     /// Whether this is a [`Limit::varying`] line.
@@ -344,7 +384,7 @@ impl Limit {
     /// `sliding_log`; one more for a [`Limit::varying`] line but
     /// `sliding_log`.
     pub fn state_words(&self) -> usize {
-        self.static_words() + usize::from(self.tagged())
+        self.words as usize
     }
 
     /// The tag a [`Limit::varying`] line's writes leave after its static
@@ -357,20 +397,15 @@ impl Limit {
         }
     }
 
-    /// Whether the state carries a scale tag (after its static words).
-    fn tagged(&self) -> bool {
-        self.varying && self.algorithm != Algorithm::SlidingLog
-    }
-
     /// The state words the algorithm itself reads and writes.
     fn static_words(&self) -> usize {
-        match self.algorithm {
-            Algorithm::Fixed | Algorithm::TokenBucket | Algorithm::LeakyBucket => 2,
-            Algorithm::Sliding => 3,
-            Algorithm::Gcra => 1,
-            // burst <= MAX_LOG_BURST, so this always fits.
-            Algorithm::SlidingLog => usize::try_from(self.burst).map_or(usize::MAX, |b| b + 2),
-        }
+        self.state_words() - usize::from(self.tagged())
+    }
+
+    /// Whether the state carries a scale tag after its static words (a
+    /// varying line but `sliding_log`).
+    fn tagged(&self) -> bool {
+        self.path == Path::Varying
     }
 
     /// Would a request of `cost` be admitted at `now`, at once or delayed?
@@ -379,39 +414,36 @@ impl Limit {
     /// is (retry `None`). A `state` shorter than [`Limit::state_words`]
     /// rejects (retry `None`).
     pub fn check(&self, state: &[u64], now: u64, cost: u64) -> Outcome {
-        self.check_inline(state, now, cost)
+        if self.tagged() {
+            return self.check_varying(state, now, cost);
+        }
+        self.check_static(state, now.min(MAX_NOW), cost)
     }
 
-    /// [`Limit::check`], inlined into [`Limit::acquire`]: one function, in
-    /// which the second dispatch on the algorithm and what the commit
-    /// recomputes fold into the check's.
-    #[inline(always)]
-    fn check_inline(&self, state: &[u64], now: u64, cost: u64) -> Outcome {
+    /// [`Limit::check`] of a varying line, which first converts the state
+    /// to its scale (vary.rs).
+    #[inline(never)]
+    fn check_varying(&self, state: &[u64], now: u64, cost: u64) -> Outcome {
         if state.len() < self.state_words() {
             return Outcome::default();
         }
-        let now = now.min(MAX_NOW);
-        let outcome = match self.tagged() {
-            true => vary::check(self, state, now, cost),
-            false => self.check_static(state, now, cost),
-        };
-        // Cost 0 charges nothing, so it passes even when a lagging clock
-        // sees the key over its limit.
-        match cost {
-            0 => Outcome::admit(outcome.remaining, outcome.reset_us, 0),
-            _ => outcome,
-        }
+        let outcome = vary::check(self, state, now.min(MAX_NOW), cost);
+        zero_cost(outcome, cost)
     }
 
-    /// The algorithm's check on its static words.
+    /// The algorithm's check on its static words, at a `now` no later than
+    /// [`MAX_NOW`]; too few words reject.
     #[inline(always)]
-    fn check_static(&self, state: &[u64], now: u64, cost: u64) -> Outcome {
+    fn check_static(&self, s: &[u64], now: u64, cost: u64) -> Outcome {
         match self.algorithm {
-            Algorithm::Fixed => fixed::check(self, state, now, cost),
-            Algorithm::Sliding => sliding::check(self, state, now, cost),
-            Algorithm::SlidingLog => log::check(self, state, now, cost),
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::check(self, state, now, cost),
-            Algorithm::Gcra => gcra::check(self, state, now, cost),
+            Algorithm::Fixed => s.first_chunk().map_or(Outcome::default(), |s| fixed::check(self, s, now, cost)),
+            Algorithm::Sliding => s.first_chunk().map_or(Outcome::default(), |s| sliding::check(self, s, now, cost)),
+            Algorithm::SlidingLog => log::check(self, s, now, cost),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => match s.len() >= 2 {
+                true => zero_cost(bucket::check(self, s, now, cost), cost),
+                false => Outcome::default(),
+            },
+            Algorithm::Gcra => s.first_chunk().map_or(Outcome::default(), |s| gcra::check(self, s, now, cost)),
         }
     }
 
@@ -420,31 +452,86 @@ impl Limit {
     /// `state` is too short, this does nothing — so it can never over-admit
     /// — and charges nothing.
     pub fn commit(&self, state: &mut [u64], now: u64, cost: u64) -> Charge {
-        self.commit_inline(state, now, cost)
+        if self.tagged() {
+            return self.commit_varying(state, now, cost);
+        }
+        self.commit_static(state, now.min(MAX_NOW), cost)
     }
 
-    /// [`Limit::commit`], inlined into [`Limit::acquire`].
-    #[inline(always)]
-    fn commit_inline(&self, state: &mut [u64], now: u64, cost: u64) -> Charge {
+    /// [`Limit::commit`] of a varying line (vary.rs).
+    #[inline(never)]
+    fn commit_varying(&self, state: &mut [u64], now: u64, cost: u64) -> Charge {
         if state.len() < self.state_words() || cost == 0 {
             return Charge::default();
         }
-        let now = now.min(MAX_NOW);
-        match self.tagged() {
-            true => vary::commit(self, state, now, cost),
-            false => self.commit_static(state, now, cost),
+        vary::commit(self, state, now.min(MAX_NOW), cost)
+    }
+
+    /// The algorithm's commit on its static words, at a `now` no later than
+    /// [`MAX_NOW`]; too few words, or cost 0, charge nothing.
+    #[inline(always)]
+    fn commit_static(&self, s: &mut [u64], now: u64, cost: u64) -> Charge {
+        match self.algorithm {
+            Algorithm::Fixed => s.first_chunk_mut().map_or(Charge::NONE, |s| fixed::acquire(self, s, now, cost).1),
+            Algorithm::Sliding => s.first_chunk_mut().map_or(Charge::NONE, |s| sliding::acquire(self, s, now, cost).1),
+            Algorithm::SlidingLog => log::acquire(self, s, now, cost).1,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => match s.len() >= 2 && cost != 0 {
+                true => bucket::commit(self, s, now, cost),
+                false => Charge::NONE,
+            },
+            Algorithm::Gcra => s.first_chunk_mut().map_or(Charge::NONE, |s| gcra::acquire(self, s, now, cost).1),
         }
     }
 
-    /// The algorithm's commit on its static words.
-    #[inline(always)]
-    fn commit_static(&self, state: &mut [u64], now: u64, cost: u64) -> Charge {
-        match self.algorithm {
-            Algorithm::Fixed => fixed::commit(self, state, now, cost),
-            Algorithm::Sliding => sliding::commit(self, state, now, cost),
-            Algorithm::SlidingLog => log::commit(self, state, now, cost),
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::commit(self, state, now, cost),
-            Algorithm::Gcra => gcra::commit(self, state, now, cost),
+    // The algorithms' check and, if it admits, commit, for
+    // `acquire_charged`, in one step from the same values, at a `now` no
+    // later than `MAX_NOW`. Each is out of line: a request runs one, and
+    // does not save the registers the others would need.
+
+    /// `fixed`'s check and commit; too few words reject.
+    #[inline(never)]
+    fn acquire_fixed(&self, s: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+        match s.first_chunk_mut() {
+            Some(s) => fixed::acquire(self, s, now, cost),
+            None => (Outcome::default(), Charge::NONE),
+        }
+    }
+
+    /// `sliding`'s check and commit; too few words reject.
+    #[inline(never)]
+    fn acquire_sliding(&self, s: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+        match s.first_chunk_mut() {
+            Some(s) => sliding::acquire(self, s, now, cost),
+            None => (Outcome::default(), Charge::NONE),
+        }
+    }
+
+    /// `sliding_log`'s check and commit; too few words reject.
+    #[inline(never)]
+    fn acquire_log(&self, s: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+        log::acquire(self, s, now, cost)
+    }
+
+    /// The buckets' check, then their commit (bucket.rs has no step that
+    /// does both); too few words reject.
+    #[inline(never)]
+    fn acquire_bucket(&self, s: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+        if s.len() < 2 {
+            return (Outcome::default(), Charge::NONE);
+        }
+        let outcome = zero_cost(bucket::check(self, s, now, cost), cost);
+        match outcome.admitted && cost != 0 {
+            true => (outcome, bucket::commit(self, s, now, cost)),
+            false => (outcome, Charge::NONE),
+        }
+    }
+
+    /// `gcra`'s check and commit; too few words reject.
+    #[inline(never)]
+    fn acquire_gcra(&self, s: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+        match s.first_chunk_mut() {
+            Some(s) => gcra::acquire(self, s, now, cost),
+            None => (Outcome::default(), Charge::NONE),
         }
     }
 
@@ -535,23 +622,71 @@ impl Limit {
 
     /// [`Limit::check`], then [`Limit::commit`] if admitted.
     pub fn acquire(&self, state: &mut [u64], now: u64, cost: u64) -> Outcome {
-        let outcome = self.check_inline(state, now, cost);
-        if outcome.admitted {
-            self.commit_inline(state, now, cost);
-        }
-        outcome
+        self.acquire_charged(state, now, cost).0
     }
 
     /// [`Limit::acquire`], returning also what it charged (for a refund).
+    /// A static line checks and charges in one step, from the same values.
+    #[inline]
     pub fn acquire_charged(&self, state: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
-        let outcome = self.check_inline(state, now, cost);
-        let charge = if outcome.admitted { self.commit_inline(state, now, cost) } else { Charge::default() };
+        if now > MAX_NOW {
+            return self.acquire_late(state, cost);
+        }
+        match self.path {
+            Path::Fixed => self.acquire_fixed(state, now, cost),
+            Path::Sliding => self.acquire_sliding(state, now, cost),
+            Path::Log => self.acquire_log(state, now, cost),
+            Path::Bucket => self.acquire_bucket(state, now, cost),
+            Path::Gcra => self.acquire_gcra(state, now, cost),
+            Path::Varying => self.acquire_varying(state, now, cost),
+        }
+    }
+
+    /// [`Limit::acquire_charged`] at a time past [`MAX_NOW`], which is
+    /// treated as [`MAX_NOW`] (out of the way: it does not happen).
+    #[cold]
+    #[inline(never)]
+    fn acquire_late(&self, state: &mut [u64], cost: u64) -> (Outcome, Charge) {
+        self.acquire_charged(state, MAX_NOW, cost)
+    }
+
+    /// [`Limit::acquire_charged`] of a varying line: its check, then its
+    /// commit, each converting the state (vary.rs).
+    #[inline(never)]
+    fn acquire_varying(&self, state: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+        let outcome = self.check_varying(state, now, cost);
+        let charge = if outcome.admitted { self.commit_varying(state, now, cost) } else { Charge::default() };
         (outcome, charge)
     }
 
     /// `retry` when a request of `cost` can ever pass, else `None`.
     fn retry(&self, cost: u64, retry: impl FnOnce() -> u64) -> Option<u64> {
         (cost <= self.burst).then(retry)
+    }
+}
+
+/// What a request does to a state of `N` words: its outcome and, when it
+/// charges (admitted, cost 1 or more), the words it leaves and the charge.
+type Step<const N: usize> = (Outcome, Option<([u64; N], Charge)>);
+
+/// Stores what `step` charges; returns its outcome and charge.
+#[inline(always)]
+fn write<const N: usize>(s: &mut [u64; N], (outcome, charged): Step<N>) -> (Outcome, Charge) {
+    match charged {
+        Some((words, charge)) => {
+            *s = words;
+            (outcome, charge)
+        }
+        None => (outcome, Charge::NONE),
+    }
+}
+
+/// The outcome of a check of cost 0, which charges nothing and so passes
+/// even when a lagging clock sees the key over its limit.
+fn zero_cost(outcome: Outcome, cost: u64) -> Outcome {
+    match cost {
+        0 => Outcome::admit(outcome.remaining, outcome.reset_us, 0),
+        _ => outcome,
     }
 }
 
@@ -575,6 +710,20 @@ fn sat(x: u128) -> u64 {
 }
 
 /// ⌈a / b⌉, with a zero divisor treated as 1 (never happens for a [`Limit`]).
+/// In `u64` when `a` fits, which spares the `u128` division's call.
+#[inline(always)]
 fn div_ceil(a: u128, b: u64) -> u128 {
-    a.div_ceil(u128::from(b.max(1)))
+    let b = b.max(1);
+    match u64::try_from(a) {
+        Ok(a) => a.div_ceil(b).into(),
+        Err(_) => div_ceil_wide(a, b),
+    }
+}
+
+/// [`div_ceil`] of an `a` beyond `u64`, out of line: the usual request
+/// does not need its registers.
+#[cold]
+#[inline(never)]
+fn div_ceil_wide(a: u128, b: u64) -> u128 {
+    a.div_ceil(u128::from(b))
 }

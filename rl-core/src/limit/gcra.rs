@@ -7,52 +7,82 @@
 //! the same. A `now` that stepped back only makes `TAT − now` larger:
 //! stricter.
 
-use super::{mul, overdrawn, sat, Charge, Limit, Outcome};
+use super::{mul, overdrawn, sat, write, Charge, Limit, Outcome, Step};
 
-/// `TAT − now` after charging `cost` on top of `backlog`, and by how much
-/// that exceeds `τ + T = B·T` (0 if it fits: admitted at once).
-fn after(l: &Limit, backlog: u64, cost: u64) -> (u128, u128) {
-    let t = l.interval;
-    let charged = u128::from(backlog) + mul(cost, t);
-    (charged, charged.saturating_sub(mul(l.burst, t)))
+// The check and the commit, from the same values, all in `u64` and exact:
+// `B·T` and `(B + Q)·T` fit, being at most `(B + Q)·period`, which
+// `Limit::new` and `Limit::with_queue` checked, and the backlog is compared
+// with the room a cost of at most `B` leaves below them, so that
+// `backlog + cost·T` is only computed where it fits.
+
+/// A request admitted at once, or `None` ([`over`]).
+#[inline(always)]
+fn at_once(l: &Limit, tat: u64, now: u64, cost: u64) -> Option<Step<1>> {
+    // (never 0; saying so spares the divisions their check)
+    let t = l.interval.max(1);
+    // `max(TAT, now)`, where a charge goes; the backlog is its distance.
+    let at = tat.max(now);
+    let backlog = at - now;
+    if cost > l.burst {
+        return None;
+    }
+    // The most backlog admitted at once: `backlog + cost·T ≤ B·T`.
+    let room = (l.burst - cost) * t;
+    if backlog > room {
+        return None;
+    }
+    let outcome = Outcome::admit((room - backlog) / t, backlog + cost * t, 0);
+    let charge = Charge { cost, at, below: 0, tag: 0 };
+    Some((outcome, (cost != 0).then_some(([at.saturating_add(cost * t)], charge))))
 }
 
-/// Whether an excess `over` fits in the queue (for a cost that can ever
-/// pass).
-fn queues(l: &Limit, over: u128, cost: u64) -> bool {
-    cost <= l.burst && over <= mul(l.queue, l.interval)
-}
-
-/// Cost-1 requests that fit at once: ⌊(B·T − backlog) / T⌋.
-fn remaining(l: &Limit, backlog: u128) -> u64 {
-    sat(mul(l.burst, l.interval).saturating_sub(backlog) / u128::from(l.interval))
+/// A request not admitted at once: delayed, or rejected (cost 0 passes,
+/// charging nothing).
+#[inline(always)]
+fn over(l: &Limit, tat: u64, now: u64, cost: u64) -> Step<1> {
+    let t = l.interval.max(1);
+    let at = tat.max(now);
+    let backlog = at - now;
+    let bt = l.burst * t;
+    if cost == 0 {
+        // Charges nothing, so it passes even over the limit.
+        return (Outcome::admit(0, backlog, 0), None);
+    }
+    if cost > l.burst {
+        // Never conforms.
+        return (Outcome::reject(bt.saturating_sub(backlog) / t, backlog, None), None);
+    }
+    // The most backlog admitted delayed: `backlog + cost·T ≤ (B + Q)·T`.
+    let room = (l.burst - cost) * t;
+    let delayed = room + l.queue * t;
+    if backlog > delayed {
+        return (Outcome::reject(bt.saturating_sub(backlog) / t, backlog, Some(backlog - delayed)), None);
+    }
+    let outcome = Outcome::admit(0, backlog + cost * t, backlog - room);
+    (outcome, Some(([at.saturating_add(cost * t)], Charge { cost, at, below: 0, tag: 0 })))
 }
 
 /// See [`Limit::check`].
 #[inline(always)]
-pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
-    let backlog = s[0].saturating_sub(now);
-    let (charged, over) = after(l, backlog, cost);
-    if over == 0 {
-        return Outcome::admit(remaining(l, charged), sat(charged), 0);
-    }
-    if queues(l, over, cost) {
-        return Outcome::admit(0, sat(charged), sat(over));
-    }
-    let retry = l.retry(cost, || sat(over - mul(l.queue, l.interval)));
-    Outcome::reject(remaining(l, backlog.into()), backlog, retry)
+pub(super) fn check(l: &Limit, s: &[u64; 1], now: u64, cost: u64) -> Outcome {
+    at_once(l, s[0], now, cost).unwrap_or_else(|| over(l, s[0], now, cost)).0
 }
 
-/// See [`Limit::commit`]: `TAT = max(TAT, now) + cost·T`.
+/// See [`Limit::acquire`]: `TAT = max(TAT, now) + cost·T` if admitted. What
+/// is not admitted at once is out of line: the usual request does not
+/// need its registers.
 #[inline(always)]
-pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
-    let (charged, over) = after(l, s[0].saturating_sub(now), cost);
-    if over != 0 && !queues(l, over, cost) {
-        return Charge::default();
+pub(super) fn acquire(l: &Limit, s: &mut [u64; 1], now: u64, cost: u64) -> (Outcome, Charge) {
+    match at_once(l, s[0], now, cost) {
+        Some(step) => write(s, step),
+        None => acquire_over(l, s, now, cost),
     }
-    let at = s[0].max(now);
-    s[0] = sat(u128::from(now) + charged);
-    Charge { cost, at, below: 0, tag: 0 }
+}
+
+/// [`acquire`] of a request not admitted at once.
+#[inline(never)]
+fn acquire_over(l: &Limit, s: &mut [u64; 1], now: u64, cost: u64) -> (Outcome, Charge) {
+    write(s, over(l, s[0], now, cost))
 }
 
 /// See [`Limit::overdraw`]: `TAT = max(TAT, now) + cost·T`, however far

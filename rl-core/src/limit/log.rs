@@ -23,9 +23,10 @@ struct View<'a> {
 }
 
 impl View<'_> {
-    /// The `i`-th oldest stored timestamp.
+    /// The `i`-th oldest stored timestamp, for an `i` below `len`.
     fn at(&self, i: usize) -> u64 {
-        self.ring[(self.head + i) % self.ring.len()]
+        // (always there: `head` and `i` are below the ring's length)
+        self.ring.get(wrap(self.head + i, self.ring.len())).copied().unwrap_or(0)
     }
 
     /// Entries still counting.
@@ -54,12 +55,26 @@ impl View<'_> {
     }
 }
 
+/// `i % n` for an `i` below `2n`: the sum of two indices into the ring,
+/// wrapped by a subtraction rather than a division.
+fn wrap(i: usize, n: usize) -> usize {
+    if i >= n {
+        i - n
+    } else {
+        i
+    }
+}
+
 /// Reads the state at `now`: finds the expired prefix by binary search.
 fn load<'a>(l: &Limit, s: &'a [u64], now: u64) -> View<'a> {
     let n = l.state_words() - 2;
     let ring = &s[2..2 + n];
     let mut v = View { ring, head: (s[0] % n as u64) as usize, len: s[1].min(n as u64) as usize, expired: 0 };
-    v.expired = v.count(|t| t.saturating_add(l.window) <= now);
+    // Expired: `t + W ≤ now`, that is `t ≤ now − W`, never when `now < W`.
+    v.expired = match now.checked_sub(l.window) {
+        Some(last) => v.count(|t| t <= last),
+        None => 0,
+    };
     v
 }
 
@@ -84,33 +99,66 @@ fn retry(l: &Limit, v: &View, now: u64, cost: u64) -> u64 {
     v.at(last).saturating_add(l.window).saturating_sub(now).max(1)
 }
 
-/// See [`Limit::check`].
-pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
+/// What an admitted request of cost 1 or more writes: `cost` entries
+/// stamped `stamp` after the `live` ones from `head` (the expired ones
+/// dropped).
+struct Write {
+    head: usize,
+    live: usize,
+    stamp: u64,
+}
+
+/// The outcome of a request of `cost` at `now` on a state of
+/// [`Limit::state_words`] words, and, when it charges (admitted, cost 1 or
+/// more), what it writes: the check and the commit from one search of the
+/// log.
+#[inline(always)]
+fn decide(l: &Limit, s: &[u64], now: u64, cost: u64) -> (Outcome, Option<Write>) {
     let v = load(l, s, now);
     let free = l.burst - v.live();
     if cost <= free {
         let newest = if cost > 0 { Some(stamp(&v, now)) } else { v.newest() };
         let reset = reset(l, newest, v.live() + cost, now);
-        return Outcome::admit(free - cost, reset, 0);
+        let head = wrap(v.head + v.expired, v.ring.len());
+        let write = Write { head, live: v.live() as usize, stamp: stamp(&v, now) };
+        return (Outcome::admit(free - cost, reset, 0), (cost != 0).then_some(write));
     }
     let retry = l.retry(cost, || retry(l, &v, now, cost));
-    Outcome::reject(free, reset(l, v.newest(), v.live(), now), retry)
+    (Outcome::reject(free, reset(l, v.newest(), v.live(), now), retry), None)
 }
 
-/// See [`Limit::commit`]: drops expired entries, appends `cost` stamps.
-pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
-    let v = load(l, s, now);
-    if cost > l.burst - v.live() {
-        return Charge::default();
+/// See [`Limit::check`].
+#[inline(always)]
+pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
+    match s.get(..l.state_words()) {
+        Some(s) => decide(l, s, now, cost).0,
+        None => Outcome::default(),
     }
-    let (n, t) = (v.ring.len(), stamp(&v, now));
-    let (head, live) = ((v.head + v.expired) % n, v.live() as usize);
+}
+
+/// See [`Limit::acquire`]: drops expired entries, appends `cost` stamps.
+#[inline(always)]
+pub(super) fn acquire(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+    let Some(s) = s.get_mut(..l.state_words()) else {
+        return (Outcome::default(), Charge::NONE);
+    };
+    let (outcome, write) = decide(l, s, now, cost);
+    let Some(w) = write else {
+        return (outcome, Charge::NONE);
+    };
+    let n = s.len() - 2;
+    // The live entries and the new ones are at most `n`: the ring wraps once.
     for i in 0..cost as usize {
-        s[2 + (head + live + i) % n] = t;
+        s[2 + wrap(w.head + w.live + i, n)] = w.stamp;
     }
-    s[0] = head as u64;
-    s[1] = (live + cost as usize) as u64;
-    Charge { cost, at: t, below: 0, tag: 0 }
+    s[0] = w.head as u64;
+    s[1] = (w.live + cost as usize) as u64;
+    (outcome, Charge { cost, at: w.stamp, below: 0, tag: 0 })
+}
+
+/// See [`Limit::commit`].
+fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
+    acquire(l, s, now, cost).1
 }
 
 /// See [`Limit::overdraw`]: a log holds at most `B` live entries, so it

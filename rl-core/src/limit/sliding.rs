@@ -1,7 +1,8 @@
 //! Sliding window counter: windows aligned to multiples of `W`; a request of
 //! `cost` is admitted iff `prev·(W−e)/W + curr + cost ≤ B`, `e` being the time
-//! elapsed in the current window — evaluated exactly as
-//! `prev·(W−e) + (curr+cost)·W ≤ B·W` in `u128`.
+//! elapsed in the current window — that is iff
+//! `prev·(W−e) + (curr+cost)·W ≤ B·W`, evaluated exactly as
+//! `curr + cost + ⌈prev·(W−e)/W⌉ ≤ B`.
 //!
 //! It is not an exact rolling limit. At most `B` units are charged per aligned
 //! window, but the estimate assumes the previous window's units were spread
@@ -17,7 +18,7 @@
 //! weighted as usual, and is forgotten when that one ends. A `now` in an earlier window than the stored one (clock
 //! stepped back) counts in the stored window with `e = 0` (the strictest).
 
-use super::{mul, overdrawn, sat, Charge, Limit, Outcome};
+use super::{div_ceil, mul, overdrawn, sat, write, Charge, Limit, Outcome, Step};
 
 /// The state as seen at `now`.
 #[derive(Clone, Copy)]
@@ -46,19 +47,13 @@ fn load(l: &Limit, s: &[u64], now: u64) -> View {
     View { start, elapsed: now.saturating_sub(start), prev, curr, window }
 }
 
-/// The estimate scaled by `W`: `prev·(W−e) + curr·W`.
-fn weight(l: &Limit, v: &View) -> u128 {
-    mul(v.prev, l.window.saturating_sub(v.elapsed)).saturating_add(mul(v.curr, l.window))
-}
-
-/// Whether `cost` more units keep the estimate within the burst.
-fn fits(l: &Limit, v: &View, cost: u64) -> bool {
-    weight(l, v).saturating_add(mul(cost, l.window)) <= mul(l.burst, l.window)
-}
-
-/// Cost-1 requests that fit: ⌊B − estimate⌋.
+/// Cost-1 requests that fit: ⌊B − estimate⌋, or 0. A cost `n` fits iff
+/// `prev·(W−e) + (curr + n)·W ≤ B·W`, that is iff
+/// `curr + n + ⌈prev·(W−e) / W⌉ ≤ B`: the most is
+/// `B − curr − ⌈prev·(W−e) / W⌉`, in `u64` (the ceiling is at most `prev`).
 fn remaining(l: &Limit, v: &View) -> u64 {
-    sat(mul(l.burst, l.window).saturating_sub(weight(l, v)) / u128::from(l.window))
+    let weighted = sat(div_ceil(mul(v.prev, l.window.saturating_sub(v.elapsed)), l.window));
+    l.burst.saturating_sub(v.curr).saturating_sub(weighted)
 }
 
 /// Microseconds from `now` until `start + offset`.
@@ -81,41 +76,103 @@ fn reset(l: &Limit, v: &View, now: u64) -> u64 {
 /// such that `prev·(W−e) ≤ room`; `None` if no `e < W` works.
 fn first_fit(l: &Limit, prev: u64, room: u128) -> Option<u128> {
     let w = u128::from(l.window);
-    let slack = if prev == 0 { w } else { (room / u128::from(prev)).min(w) };
+    let slack = if prev == 0 { w } else { div(room, prev).min(w) };
     Some(w - slack).filter(|e| *e < w)
 }
 
+/// ⌊a / b⌋ for `b ≥ 1`, in `u64` when `a` fits, which spares the `u128`
+/// division's call.
+fn div(a: u128, b: u64) -> u128 {
+    match u64::try_from(a) {
+        Ok(a) => (a / b.max(1)).into(),
+        Err(_) => a / u128::from(b.max(1)),
+    }
+}
+
 /// Exact wait for a rejected `cost ≤ B`: later in this window, else in the
-/// next (where `curr` becomes `prev`), else two windows on (all zero).
+/// next (where `curr` becomes `prev`), else two windows on (all zero). Out
+/// of line: an admitted request does not need its registers.
+#[inline(never)]
 fn retry(l: &Limit, v: &View, now: u64, cost: u64) -> u64 {
     let (w, bw) = (u128::from(l.window), mul(l.burst, l.window));
     let here = bw.checked_sub(mul(v.curr.saturating_add(cost), l.window)).and_then(|room| first_fit(l, v.prev, room));
-    let next = first_fit(l, v.curr, bw - mul(cost, l.window)).map(|e| w + e);
-    let offset = here.or(next).unwrap_or(2 * w);
+    let next = || first_fit(l, v.curr, bw - mul(cost, l.window)).map(|e| w + e);
+    let offset = here.or_else(next).unwrap_or(2 * w);
     until(v, offset, now).max(1)
 }
 
-/// See [`Limit::check`].
-pub(super) fn check(l: &Limit, s: &[u64], now: u64, cost: u64) -> Outcome {
-    let v = load(l, s, now);
-    if fits(l, &v, cost) {
-        let after = View { curr: v.curr + cost, ..v };
-        return Outcome::admit(remaining(l, &after), reset(l, &after, now), 0);
+/// The outcome of a request of `cost` at `now` in the window `now` is in,
+/// and what it charges; `None` when the clock is behind the stored window
+/// ([`decide`] does it). The window is the stored one, the one after it
+/// (`curr` becoming `prev`) or a new one; its start is `now` less the
+/// remainder of the division that finds it, which is the time elapsed.
+#[inline(always)]
+fn in_window(l: &Limit, s: &[u64; 3], now: u64, cost: u64) -> Option<Step<3>> {
+    // (never 0; saying so spares the division its check)
+    let w = l.window.max(1);
+    let (current, elapsed) = (now / w, now % w);
+    let (curr, prev) = match s[0] {
+        0 => (0, 0),
+        k if k == current + 1 => (s[1], s[2]),
+        k if k == current => (0, s[1]),
+        k if k < current => (0, 0),
+        _ => return None,
+    };
+    let left = w - elapsed;
+    let weighted = sat(div_ceil(mul(prev, left), w));
+    let free = l.burst.saturating_sub(curr).saturating_sub(weighted);
+    // Until the estimate is 0, as `reset` has it: the end of the window
+    // for `prev`, of the next one for `curr`.
+    let reset = |curr: u64| match (curr, prev) {
+        (0, 0) => 0,
+        (0, _) => left,
+        _ => left.saturating_add(w),
+    };
+    if cost <= free {
+        let charge = Charge { cost, at: current, below: 0, tag: 0 };
+        let outcome = Outcome::admit(free - cost, reset(curr + cost), 0);
+        return Some((outcome, (cost != 0).then_some(([current + 1, curr + cost, prev], charge))));
     }
+    let v = View { start: now - elapsed, elapsed, prev, curr, window: current };
     let retry = l.retry(cost, || retry(l, &v, now, cost));
-    Outcome::reject(remaining(l, &v), reset(l, &v, now), retry)
+    Some((Outcome::reject(free, reset(curr), retry), None))
 }
 
-/// See [`Limit::commit`].
-pub(super) fn commit(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge {
+/// The outcome of a request of `cost` at `now`, and what it charges.
+#[inline(always)]
+fn decide(l: &Limit, s: &[u64; 3], now: u64, cost: u64) -> Step<3> {
     let v = load(l, s, now);
-    if !fits(l, &v, cost) {
-        return Charge::default();
+    let free = remaining(l, &v);
+    if cost <= free {
+        let after = View { curr: v.curr + cost, ..v };
+        let outcome = Outcome::admit(free - cost, reset(l, &after, now), 0);
+        let charge = Charge { cost, at: v.window, below: 0, tag: 0 };
+        return (outcome, (cost != 0).then_some(([v.window.saturating_add(1), after.curr, v.prev], charge)));
     }
-    s[0] = v.window.saturating_add(1);
-    s[1] = v.curr + cost;
-    s[2] = v.prev;
-    Charge { cost, at: v.window, below: 0, tag: 0 }
+    let retry = l.retry(cost, || retry(l, &v, now, cost));
+    (Outcome::reject(free, reset(l, &v, now), retry), None)
+}
+
+/// See [`Limit::check`].
+#[inline(always)]
+pub(super) fn check(l: &Limit, s: &[u64; 3], now: u64, cost: u64) -> Outcome {
+    in_window(l, s, now, cost).unwrap_or_else(|| decide(l, s, now, cost)).0
+}
+
+/// See [`Limit::acquire`]. A clock behind the stored window is out of
+/// line: the usual request does not need its registers.
+#[inline(always)]
+pub(super) fn acquire(l: &Limit, s: &mut [u64; 3], now: u64, cost: u64) -> (Outcome, Charge) {
+    match in_window(l, s, now, cost) {
+        Some(step) => write(s, step),
+        None => acquire_decided(l, s, now, cost),
+    }
+}
+
+/// [`acquire`] with the clock behind the stored window.
+#[inline(never)]
+fn acquire_decided(l: &Limit, s: &mut [u64; 3], now: u64, cost: u64) -> (Outcome, Charge) {
+    write(s, decide(l, s, now, cost))
 }
 
 /// See [`Limit::overdraw`]: into `curr`, beyond the burst if need be.
