@@ -650,10 +650,32 @@ impl Limit {
         self.acquire_charged(state, MAX_NOW, cost)
     }
 
-    /// [`Limit::acquire_charged`] of a varying line: its check, then its
-    /// commit, each converting the state (vary.rs).
+    /// [`Limit::acquire_charged`] of a varying line: a state fresh or in the
+    /// line's own scale (its values have not changed: the usual request) is
+    /// the static line's, decided in one step and then tagged, as a commit
+    /// tags it; else its check, then its commit, each converting the state
+    /// (vary.rs).
     #[inline(never)]
     fn acquire_varying(&self, state: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+        let n = self.static_words();
+        let own = vary::scale(self);
+        if state.len() >= self.state_words() && state.get(n).is_some_and(|&tag| tag == 0 || tag == own) {
+            let (outcome, charge) = match self.algorithm {
+                Algorithm::Fixed => self.acquire_fixed(state, now, cost),
+                Algorithm::Sliding => self.acquire_sliding(state, now, cost),
+                Algorithm::TokenBucket | Algorithm::LeakyBucket => self.acquire_bucket(state, now, cost),
+                Algorithm::Gcra => self.acquire_gcra(state, now, cost),
+                // (never tagged)
+                Algorithm::SlidingLog => self.acquire_log(state, now, cost),
+            };
+            if charge.cost == 0 {
+                return (outcome, charge);
+            }
+            if let Some(tag) = state.get_mut(n) {
+                *tag = own;
+            }
+            return (outcome, Charge { tag: own, ..charge });
+        }
         let outcome = self.check_varying(state, now, cost);
         let charge = if outcome.admitted { self.commit_varying(state, now, cost) } else { Charge::default() };
         (outcome, charge)
