@@ -111,8 +111,7 @@ pub(super) fn refund(l: &Limit, s: &mut [u64], charge: &Charge) {
         // Older than the charge: a state created afresh since.
         return;
     };
-    // As bucket.rs refunds since b287368 (the level under the charge is not
-    // trusted: charges under it may have been refunded since).
-    let back = mul(charge.cost, l.rate.period_us).saturating_sub(mul(since, l.rate.count));
+    let lost = mul(since, l.rate.count).saturating_sub(charge.below.into());
+    let back = mul(charge.cost, l.rate.period_us).saturating_sub(lost);
     s[0] = sat(u128::from(s[0]).saturating_sub(back));
 }
