@@ -584,12 +584,9 @@ impl Limit {
     ///
     /// The window algorithms and `sliding_log` take the units back exactly
     /// (nothing once their window or timestamps have expired). The buckets
-    /// give back what is left of the charge as if it had been charged into
-    /// an empty bucket (its cost less what drained between it and the latest
-    /// charge): charges under it may have been refunded since, and the state
-    /// cannot tell. `gcra` gives them back unless, in between, the backlog
-    /// would have drained to empty without them: then what drained from
-    /// under them since is kept.
+    /// and `gcra` give them back unless, in between, the level would have
+    /// drained to empty without them: then what drained from under them
+    /// since is kept, since a state cannot tell which charge it took from.
     /// Should the state have been dropped and created afresh in between,
     /// the refund may take back up to `cost` of what was charged since.
     ///
