@@ -101,17 +101,16 @@ pub(super) fn overdraw(l: &Limit, s: &mut [u64], now: u64, cost: u64) -> Charge 
 }
 
 /// See [`Limit::refund`]. The stored level (at `last`) holds all of the
-/// charge unless, between the charge and `last`, the level without it
-/// drained to empty; the charge then drains at most at the rate. So at
-/// least `cost·period − drained` of it is still there. The level under the
-/// charge (`below`) cannot shorten that: charges under it may have been
-/// refunded since, the level without them draining to empty sooner, and
-/// the state cannot tell.
+/// charge unless, between the charge and `last`, the level without it would
+/// have drained to empty; that takes at least `below` of draining, after
+/// which the charge drains at most at the rate. So at least
+/// `cost·period − max(0, drained − below)` of it is still there.
 pub(super) fn refund(l: &Limit, s: &mut [u64], charge: &Charge) {
     let Some(since) = s[1].checked_sub(charge.at) else {
         // Older than the charge: a state created afresh since.
         return;
     };
-    let back = mul(charge.cost, l.rate.period_us).saturating_sub(mul(since, l.rate.count));
+    let lost = mul(since, l.rate.count).saturating_sub(charge.below.into());
+    let back = mul(charge.cost, l.rate.period_us).saturating_sub(lost);
     s[0] = sat(u128::from(s[0]).saturating_sub(back));
 }
