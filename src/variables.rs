@@ -110,7 +110,7 @@ fn value(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[crate::line::Line], var
     match var {
         Var::Status => None,
         Var::Line => Some(text(&line.item)),
-        Var::Limit if line.limit_varies() => num(r, res.limit(line).burst()),
+        Var::Limit if line.burst_varies() => num(r, res.limit(line).burst()),
         Var::Limit => Some(line.burst_text()),
         Var::Remaining => num(r, res.remaining),
         Var::Reset => num(r, res.reset_us.div_ceil(1_000_000)),
