@@ -589,6 +589,12 @@ impl Limit {
     /// since is kept, since a state cannot tell which charge it took from.
     /// Should the state have been dropped and created afresh in between,
     /// the refund may take back up to `cost` of what was charged since.
+    /// One exception to "never more permissive", for the buckets and `gcra`:
+    /// once a charge made before this one has been refunded, the level under
+    /// this charge may be lower than the charge recorded, and the refund may
+    /// give back up to what the rate refills between the charge and `now`
+    /// more than the request took (bounded so by the time a refund waits,
+    /// a Redis call's).
     ///
     /// A [`Limit::varying`] line takes nothing back once the state has been
     /// converted to another scale since the charge (or if `self` is not the
