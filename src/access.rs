@@ -28,10 +28,10 @@ use ngx::ngx_log_debug;
 
 use crate::conf::{LocConf, MainConf};
 use crate::delay;
-use crate::line::{Params, Stage};
+use crate::line::{Line, Params, Stage};
 use crate::metrics;
 use crate::redis_zone::{self, Job, JobLine, RedisError, Reply};
-use crate::request::{get_ctx, new_ctx, Ctx, Phase, Verdict};
+use crate::request::{get_ctx, new_ctx, Ctx, LineResult, Phase, Verdict};
 use crate::shm::decide::{decide, refund};
 use crate::Module;
 
@@ -136,7 +136,7 @@ fn precontent(r: &mut Request) -> Status {
 /// their keys and, when some are on Redis, decides the shared-memory ones
 /// and sends the Redis ones. Returns the handler's status when the request
 /// is to wait for Redis (or failed), `None` to [`finish`] now.
-#[inline]
+#[inline(always)]
 fn start(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Option<Status> {
     if eval_keys(raw, mcf, ctx, lcf.dry_run()).is_err() {
         return Some(Status(500));
@@ -166,7 +166,7 @@ fn start(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut 
 /// Decides the request's current stage, its shared-memory lines decided
 /// (unless [`start`] did) and its Redis replies in: admits (at once, or
 /// after a delay) or rejects it.
-#[inline]
+#[inline(always)]
 fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Status {
     let raw: *mut ngx_http_request_t = (&mut *r).into();
     ctx.phase = Phase::Decided;
@@ -192,7 +192,9 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
     if admitted {
         debug_verdicts(r.log(), mcf, ctx);
         // A delay, or a dry-run line that would have limited.
-        log_limited(r.log(), lcf, mcf, ctx);
+        if lcf.may_delay || lcf.may_dry_run {
+            log_limited(r.log(), lcf, mcf, ctx);
+        }
         // The longest wait of the stage's enforced lines (dry-run lines never delay).
         let delay_us = match lcf.may_delay {
             true => {
@@ -222,7 +224,7 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
 /// variables; an empty key or value leaves its line inactive, as does a
 /// value that does not parse (logged). `dry_run`: the location's
 /// `rl_dry_run`.
-#[inline]
+#[inline(always)]
 pub fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_run: bool) -> Result<(), ()> {
     let mut ctx_after = false;
     for (line, res) in ctx.staged_mut(&mcf.lines) {
@@ -230,23 +232,34 @@ pub fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_
         res.active = res.key.len > 0;
         res.dry_run = dry_run || line.dry_run;
         res.cost = line.cost;
-        if res.active && line.vars.is_some() {
-            // SAFETY: the request is valid during the phase handler.
-            let log = unsafe { (*(*r).connection).log };
-            match line.eval_params(r, log, line.backend.redis().is_some(), &mut res.var_limit)? {
-                Params::Static => {}
-                Params::Per(cost) => res.cost = cost,
-                Params::Off => res.active = false,
-            }
-        }
-        if line.charge_after && res.active {
-            // Admitted while one unit is left; the cost is charged when the request is logged.
-            res.cost = 1;
-            ctx_after = true;
+        if res.active && (line.vars.is_some() || line.charge_after) {
+            ctx_after |= eval_params(r, line, res)?;
         }
     }
     ctx.charge_after |= ctx_after;
     Ok(())
+}
+
+/// The part of [`eval_keys`] for a line whose rate, burst or cost holds
+/// variables, or that is `charge=after`: whether the line is then charged
+/// after the response.
+#[inline(never)]
+fn eval_params(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult) -> Result<bool, ()> {
+    if line.vars.is_some() {
+        // SAFETY: the request is valid during the phase handler.
+        let log = unsafe { (*(*r).connection).log };
+        match line.eval_params(r, log, line.backend.redis().is_some(), &mut res.var_limit)? {
+            Params::Static => {}
+            Params::Per(cost) => res.cost = cost,
+            Params::Off => res.active = false,
+        }
+    }
+    if line.charge_after && res.active {
+        // Admitted while one unit is left; the cost is charged when the request is logged.
+        res.cost = 1;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// Sends one job per Redis zone of the location. Returns how many replies

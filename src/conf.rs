@@ -80,6 +80,9 @@ pub struct LocConf {
     pub after_auth: bool,
     /// Some line has a queue: a request may be delayed (set at postconfiguration).
     pub may_delay: bool,
+    /// Some line is dry-run, or the location is (set at postconfiguration):
+    /// an admitted request may have a line that would have limited it.
+    pub may_dry_run: bool,
     pub status: ngx_uint_t,
     pub headers: Option<HeadersMode>,
     /// `rl_dry_run`: every line of the location is dry-run.
@@ -98,6 +101,7 @@ impl Default for LocConf {
             has_redis: false,
             after_auth: false,
             may_delay: false,
+            may_dry_run: false,
             status: ngx_uint_t::MAX,
             headers: None,
             dry_run: None,
@@ -319,6 +323,8 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
         loc.after_auth =
             loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.stage == Stage::AfterAuth));
         loc.may_delay = loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.limit.queue() > 0));
+        loc.may_dry_run =
+            loc.dry_run() || loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.dry_run));
     }
     for zone in mcf.zones.iter_mut() {
         if let Err(msg) = zone.check_fits() {

@@ -103,7 +103,7 @@ pub fn init_worker(mcf: &MainConf) {
 
 /// Counts the verdict of each active line of the stage just decided: once
 /// per request and stage, where the stage's decision is final.
-#[inline]
+#[inline(always)]
 pub fn count(mcf: &MainConf, ctx: &mut Ctx) {
     let rows = &mcf.metrics.layout.lines;
     if rows.is_empty() {

@@ -235,7 +235,25 @@ impl Ctx {
     /// response fields describe (dry-run lines add nothing to them). The same
     /// line as [`Ctx::behind`] whenever that one is enforced.
     pub fn enforced_behind<'a>(&'a self, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
+        if self.n == 1 {
+            // The location's one line (no ranking to do).
+            return self.enforced(lines).next();
+        }
         behind(self.enforced(lines))
+    }
+
+    /// The location's one line with its outcome, when the location has a
+    /// single line and it is of the stage being decided (the common case,
+    /// taken without walking the lines).
+    #[inline(always)]
+    pub fn single<'a>(&'a mut self, lines: &'a [Line]) -> Option<(&'a Line, &'a mut LineResult)> {
+        if self.n != 1 {
+            return None;
+        }
+        // SAFETY: n = 1: one id and one result (see `ids` and `results`).
+        let (id, res) = unsafe { (*self.ids, &mut *self.results) };
+        let line = id.of(lines)?;
+        (line.stage == self.stage).then_some((line, res))
     }
 
     /// The lines of the stage being decided, with their outcomes.

@@ -176,6 +176,7 @@ impl Drop for Locked<'_> {
 
 impl<'a> Locked<'a> {
     /// Drops a few idle states from the LRU tail (and their logs).
+    #[inline(always)]
     pub fn expire(&mut self, now_s: u32) {
         let shpool = self.shpool;
         let before = now_s.saturating_sub(EXPIRE_AFTER_IDLE_S);
@@ -185,6 +186,7 @@ impl<'a> Locked<'a> {
     /// Makes sure `hash` has an entry (and, for sliding_log, its log), and
     /// returns where it is. `None` only when the zone cannot hold the state
     /// at all.
+    #[inline(always)]
     pub fn ensure(&mut self, hash: [u64; 2], limit: &Limit, now_s: u32, log: *mut ngx::ffi::ngx_log_t) -> Option<Slot> {
         let ins = self.table.find_or_insert(hash, now_s);
         if ins.dropped != Dropped::Nothing {
@@ -195,6 +197,19 @@ impl<'a> Locked<'a> {
         if !ins.new || limit.state_words() <= INLINE_WORDS {
             return Some(ins.slot);
         }
+        self.ensure_out_of_line(hash, ins.slot, limit, now_s, log)
+    }
+
+    /// [`Locked::ensure`] of a new entry whose state lives in the pool.
+    #[inline(never)]
+    fn ensure_out_of_line(
+        &mut self,
+        hash: [u64; 2],
+        slot: Slot,
+        limit: &Limit,
+        now_s: u32,
+        log: *mut ngx::ffi::ngx_log_t,
+    ) -> Option<Slot> {
         let bytes = limit.state_words() * 8;
         loop {
             // SAFETY: the pool mutex is held.
@@ -203,16 +218,16 @@ impl<'a> Locked<'a> {
                 // SAFETY: p is a fresh allocation of `bytes` bytes; a zeroed log is a fresh state.
                 unsafe { ptr::write_bytes(p.cast::<u8>(), 0, bytes) };
                 let off = p as usize - self.shpool as usize;
-                if let Some(s) = self.table.state_at(ins.slot, hash) {
+                if let Some(s) = self.table.state_at(slot, hash) {
                     *s = [off as u64 + 1, 0, RING_TAG];
-                    return Some(ins.slot);
+                    return Some(slot);
                 }
                 // SAFETY: allocated above, not referenced by anything.
                 unsafe { ngx_slab_free_locked(self.shpool, p) };
                 return None;
             }
             // Out of memory: give up the least recently used states until the log fits.
-            let dropped = self.table.evict_lru(now_s, ins.slot)?;
+            let dropped = self.table.evict_lru(now_s, slot)?;
             self.dropped(&dropped, now_s, log);
         }
     }
@@ -220,6 +235,8 @@ impl<'a> Locked<'a> {
     /// Frees what a dropped state owned and reports a full zone, once in a
     /// while: states dropped to make room, and how many of them were still
     /// limiting their keys (those keys come back with a full budget).
+    #[cold]
+    #[inline(never)]
     fn dropped(&mut self, dropped: &Dropped, now_s: u32, log: *mut ngx::ffi::ngx_log_t) {
         if let Some(state) = dropped.state() {
             free_ring(self.shpool, state);

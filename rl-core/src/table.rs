@@ -311,6 +311,7 @@ impl<'a> Table<'a> {
     /// The identity of `key` under limit `line_id`: a 128-bit [`KeyHash`]
     /// keyed with the table's seed, so that equal keys of different limits
     /// get different entries.
+    #[inline]
     pub fn hash_key(&self, line_id: u64, key: &[u8]) -> [u64; 2] {
         match self.keyed {
             Some(keyed) => keyed.hash(line_id, key),
@@ -341,6 +342,7 @@ impl<'a> Table<'a> {
     }
 
     /// [`Table::find`], or [`Table::insert`] if the key is absent.
+    #[inline]
     pub fn find_or_insert(&mut self, hash: [u64; 2], now_s: u32) -> Inserted {
         match self.find(hash) {
             Some(slot) => Inserted { slot, new: false, dropped: Dropped::Nothing },
@@ -392,7 +394,18 @@ impl<'a> Table<'a> {
     /// Drops up to `max` idle entries from the LRU tail, stopping at the
     /// first non-idle one; `on_drop` sees each dropped state. Returns how
     /// many were dropped.
-    pub fn expire(&mut self, now_s: u32, max: usize, mut on_drop: impl FnMut(&[u64; 3])) -> usize {
+    #[inline]
+    pub fn expire(&mut self, now_s: u32, max: usize, on_drop: impl FnMut(&[u64; 3])) -> usize {
+        // The common case, checked where the caller is: nothing idle at the tail.
+        if self.live(self.hdr.lru_tail).is_none_or(|e| e.idle_at > now_s) {
+            return 0;
+        }
+        self.expire_idle(now_s, max, on_drop)
+    }
+
+    /// [`Table::expire`] once the tail is idle.
+    #[inline(never)]
+    fn expire_idle(&mut self, now_s: u32, max: usize, mut on_drop: impl FnMut(&[u64; 3])) -> usize {
         let mut n = 0;
         while n < max {
             let i = self.hdr.lru_tail;

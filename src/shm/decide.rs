@@ -19,11 +19,23 @@ use crate::request::{Ctx, LineResult};
 /// the dry-run lines that admit; returns whether every enforced line
 /// admits. A line whose zone cannot be used is
 /// left inactive, and said so in the log.
+#[inline(always)]
 pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) -> bool {
     // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
     let now_us = unsafe { ngx_current_msec } as u64 * 1000;
-    let now_s = (now_us / 1_000_000) as u32;
+    match ctx.single(lines) {
+        Some((line, res)) => match line.backend.shm() {
+            Some(z) if res.active => decide_one(zones.get(z).map(|z| &**z), line, res, now_us, log),
+            _ => true,
+        },
+        None => decide_lines(zones, lines, ctx, now_us, log),
+    }
+}
 
+/// [`decide`] for a location of several lines.
+#[inline(never)]
+fn decide_lines(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, now_us: u64, log: *mut ngx_log_t) -> bool {
+    let now_s = (now_us / 1_000_000) as u32;
     {
         let mut active = ctx.staged_mut(lines).filter(|(_, res)| res.active);
         if let (Some((line, res)), None) = (active.next(), active.next()) {
@@ -112,6 +124,7 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
 /// memory: checked and charged in one step, under its zone's lock alone (a
 /// dry-run line alone, too: it is charged if and only if it admits, and
 /// never rejects).
+#[inline(always)]
 fn decide_one(zone: Option<&Zone>, line: &Line, res: &mut LineResult, now_us: u64, log: *mut ngx_log_t) -> bool {
     let now_s = (now_us / 1_000_000) as u32;
     let Some(zone) = zone else {
