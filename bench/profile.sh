@@ -57,7 +57,7 @@ while IFS=$'\t' read -r id inst path _; do
     [[ -z $id || $id == \#* ]] && continue
     echo "hello from the nginx-rl bench" >"$TMP/html/${path#/}"
 done <"$BENCH/scenarios.tsv"
-for f in gcra_admit_noheaders sliding_admit_noheaders; do echo "hello from the nginx-rl bench" >"$TMP/html/$f"; done
+for f in gcra_admit_noheaders sliding_admit_noheaders gcra_reject_noheaders; do echo "hello from the nginx-rl bench" >"$TMP/html/$f"; done
 
 declare -A PORT VPID
 # A loopback port no socket uses, below the kernel's ephemeral range (a port
@@ -177,10 +177,32 @@ done
 # A plan's rate from a map, beside the same static line (rl_gcra).
 profile rl rl_gcra_map /gcra_map_admit 0 >>"$TMP/ir.tsv"
 profile rl rl_gcra_reject /gcra_reject 0 >>"$TMP/ir.tsv"
+profile rl rl_gcra_reject_no_headers /gcra_reject_noheaders 0 >>"$TMP/ir.tsv"
 profile rl rl_sliding_reject /sliding_reject 0 >>"$TMP/ir.tsv"
 profile rl rl_gcra_k1m /gcra_k1m 1000000 >>"$TMP/ir.tsv"
 profile rl rl_sliding_k1m /sliding_k1m 1000000 >>"$TMP/ir.tsv"
 profile rl rl_token_bucket_k1m /token_bucket_k1m 1000000 >>"$TMP/ir.tsv"
+
+selfcost() { # dump: "instructions/request<TAB>function" per function (self cost)
+    callgrind_annotate --auto=no --threshold=100 "$1" 2>/dev/null | awk -v n="$N" -v root="$ROOT/" '
+        /^ *[0-9,]+ / && / [^ ]*:[^ ]/ { x = $1; gsub(/,/, "", x); $1 = ""; sub(/^ *(\([ 0-9.]+%\))? */, "")
+            gsub(/\[\/tmp[^]]*\]/, "[ngx_http_rl_module.so]"); sub(/^\/rustc\/[0-9a-f]+\/library\//, "std:")
+            if (index($0, root) == 1) $0 = substr($0, length(root) + 1)
+            sub(/^\/[^ :]*\/rl-core\/src\//, "rl-core/src/"); sub(/^\/[^ :]*\/registry\/src\/[^\/]+\//, "")
+            print x / n "\t" $0 }'
+}
+added() { # id: "instructions/request<TAB>function": what the limit adds, per function
+    { selfcost "$TMP/$1.cg" | sed 's/^/+\t/'; selfcost "$TMP/$1.twin.cg" | sed 's/^/-\t/'; } |
+        awk -F'\t' '{ v[$3] += ($1 == "+") ? $2 : -$2 } END { for (k in v) printf "%.1f\t%s\n", v[k], k }'
+}
+modsum() { # id: what the limit adds in the module's own code (nginx-rl's functions and what they inline)
+    { selfcost "$TMP/$1.cg" | sed 's/^/+\t/'; selfcost "$TMP/$1.twin.cg" | sed 's/^/-\t/'; } |
+        awk -F'\t' '$3 ~ /ngx_http_rl_module|rl_core|aes::/ { s += ($1 == "+") ? $2 : -$2 } END { printf "%d\n", s }'
+}
+: >"$TMP/mod.tsv"
+while IFS=$'\t' read -r id _; do
+    [[ $id == rl_* && $id != rl_loaded_no_limit ]] && printf '%s\t%s\n' "$id" "$(modsum "$id")" >>"$TMP/mod.tsv"
+done <"$TMP/ir.tsv"
 
 {
     echo "# nginx-rl: instructions per request (callgrind)"
@@ -196,15 +218,18 @@ profile rl rl_token_bucket_k1m /token_bucket_k1m 1000000 >>"$TMP/ir.tsv"
     echo "method's noise; \`rl_loaded_no_limit\` is a location without \`rl_limit\` in the nginx that loads the"
     echo "module, against \`baseline\` (stock nginx): what the module costs every request, its hooks and"
     echo "whatever malloc's path costs in its heap. \`*_no_headers\`: \`rl_headers off\`; the other rows send"
-    echo "the default legacy headers."
+    echo "the default legacy headers. \"Of them in nginx-rl's code\": the self cost of the module's own functions"
+    echo "(and of what they inline) over the twin's: the part of the addition that heap layout does not move."
     echo
-    echo "| scenario | instructions/request | the same request without a limit | added by the limit | x limit_req's addition | statuses |"
-    echo "|---|--:|--:|--:|--:|---|"
-    awk -F'\t' '{ id[NR] = $1; ir[NR] = $2; pl[NR] = $3; st[NR] = $4; add[$1] = $2 - $3 }
-        END { for (i = 1; i <= NR; i++) {
+    echo "| scenario | instructions/request | the same request without a limit | added by the limit | of them in nginx-rl's code | x limit_req's addition | statuses |"
+    echo "|---|--:|--:|--:|--:|--:|---|"
+    awk -F'\t' 'FNR == NR { mod[$1] = $2; next }
+        { id[++n] = $1; ir[n] = $2; pl[n] = $3; st[n] = $4; add[$1] = $2 - $3 }
+        END { for (i = 1; i <= n; i++) {
             ref = (id[i] ~ /_k1m$/) ? "limit_req_k1m" : "limit_req"; r = "-"
-            if (id[i] ~ /^rl_/ && id[i] !~ /_reject$|^rl_loaded/ && add[ref] > 0) r = sprintf("%.2f", add[id[i]] / add[ref])
-            printf "| `%s` | %d | %d | %+d | %s | %s |\n", id[i], ir[i], pl[i], ir[i] - pl[i], r, st[i] } }' "$TMP/ir.tsv"
+            if (id[i] ~ /^rl_/ && id[i] !~ /_reject|^rl_loaded/ && add[ref] > 0) r = sprintf("%.2f", add[id[i]] / add[ref])
+            m = (id[i] in mod) ? sprintf("%+d", mod[id[i]]) : "-"
+            printf "| `%s` | %d | %d | %+d | %s | %s | %s |\n", id[i], ir[i], pl[i], ir[i] - pl[i], m, r, st[i] } }' "$TMP/mod.tsv" "$TMP/ir.tsv"
     echo
     echo "Goals (the structure issue): with \`rl_headers off\` nginx-rl adds no more instructions than"
     echo "limit_req; with the legacy headers, no more than twice as many."
@@ -218,19 +243,7 @@ profile rl rl_token_bucket_k1m /token_bucket_k1m 1000000 >>"$TMP/ir.tsv"
                 add[id], add["limit_req"], add[id] / add["limit_req"], add[id] <= x * add["limit_req"] ? "met" : "**NOT met**" }
         END { goal("rl_gcra_no_headers", 1, "headers off"); goal("rl_sliding_no_headers", 1, "headers off")
               goal("rl_gcra", 2, "legacy headers"); goal("rl_sliding", 2, "legacy headers") }' "$TMP/ir.tsv"
-    selfcost() { # dump: "instructions/request<TAB>function" per function (self cost)
-        callgrind_annotate --auto=no --threshold=100 "$1" 2>/dev/null | awk -v n="$N" -v root="$ROOT/" '
-            /^ *[0-9,]+ / && / [^ ]*:[^ ]/ { x = $1; gsub(/,/, "", x); $1 = ""; sub(/^ *(\([ 0-9.]+%\))? */, "")
-                gsub(/\[\/tmp[^]]*\]/, "[ngx_http_rl_module.so]"); sub(/^\/rustc\/[0-9a-f]+\/library\//, "std:")
-                if (index($0, root) == 1) $0 = substr($0, length(root) + 1)
-                sub(/^\/[^ :]*\/rl-core\/src\//, "rl-core/src/"); sub(/^\/[^ :]*\/registry\/src\/[^\/]+\//, "")
-                print x / n "\t" $0 }'
-    }
-    added() { # id: "instructions/request<TAB>function": what the limit adds, per function
-        { selfcost "$TMP/$1.cg" | sed 's/^/+\t/'; selfcost "$TMP/$1.twin.cg" | sed 's/^/-\t/'; } |
-            awk -F'\t' '{ v[$3] += ($1 == "+") ? $2 : -$2 } END { for (k in v) printf "%.1f\t%s\n", v[k], k }'
-    }
-    for pair in "rl_gcra_no_headers limit_req" "rl_gcra limit_req" "rl_gcra_reject limit_req_reject" "rl_gcra_k1m limit_req_k1m" \
+    for pair in "rl_gcra_no_headers limit_req" "rl_gcra limit_req" "rl_gcra_reject limit_req_reject" "rl_gcra_reject_no_headers limit_req_reject" "rl_gcra_k1m limit_req_k1m" \
         "rl_loaded_no_limit baseline"; do
         read -r a b <<<"$pair"
         echo

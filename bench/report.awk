@@ -217,6 +217,7 @@ END {
             pid = f[2]; gsub(/[ `]/, "", pid); v = f[3]; gsub(/ /, "", v); pst = f[nf - 1]; gsub(/^ +| +$/, "", pst)
             nin++; iid[nin] = pid; INS[pid] = v + 0; IST[pid] = pst
             if (nf >= 8) { v = f[4]; gsub(/ /, "", v); TWIN[pid] = v + 0 }
+            if (nf >= 9) { v = f[6]; gsub(/ /, "", v); MOD[pid] = v }
         }
         close(prof)
         # An older PROFILE.md: what each scenario adds over the baseline request.
@@ -231,19 +232,21 @@ END {
         print "Instruction counts do not depend on the machine's other load (they vary by about +-1% from run to run),"
         print "but they do not see cache misses."
         print ""
-        print "| scenario | instructions/request | added by the limit | x limit_req's addition | statuses |"
-        print "|---|--:|--:|--:|---|"
+        print "| scenario | instructions/request | added by the limit | of them in nginx-rl's code | x limit_req's addition | statuses |"
+        print "|---|--:|--:|--:|--:|---|"
         for (i = 1; i <= nin; i++) {
             pid = iid[i]
             add = (pid == "baseline" && !(pid in TWIN)) ? "-" : sprintf("%+d", ADD[pid])
             r = "-"
             lref = (pid ~ /_k1m$/) ? "limit_req_k1m" : "limit_req"
-            if (pid ~ /^rl_/ && pid !~ /_reject$|^rl_loaded/ && (lref in ADD) && ADD[lref] > 0) r = sprintf("%.2f", ADD[pid] / ADD[lref])
-            printf "| `%s` | %s | %s | %s | %s |\n", pid, commas(INS[pid]), add, r, IST[pid]
+            if (pid ~ /^rl_/ && pid !~ /_reject|^rl_loaded/ && (lref in ADD) && ADD[lref] > 0) r = sprintf("%.2f", ADD[pid] / ADD[lref])
+            printf "| `%s` | %s | %s | %s | %s | %s |\n", pid, commas(INS[pid]), add, (pid in MOD) ? MOD[pid] : "-", r, IST[pid]
         }
         print ""
         print "`rl_loaded_no_limit`: a location without `rl_limit` in the nginx that loads the module, against `baseline`."
         print "`rl_*_no_headers`: with `rl_headers off`; the other nginx-rl rows send the legacy headers."
+        print "Of them in nginx-rl's code: the self cost of the module's own functions (and of what they inline),"
+        print "the part of the addition that the heap's layout does not move."
         print ""
     }
 
