@@ -12,7 +12,7 @@
 //! holding the request (see [`crate::redis_zone::charge`]).
 
 use ngx::core::Status;
-use ngx::ffi::{ngx_current_msec, ngx_cycle, ngx_http_request_t, ngx_log_t, NGX_LOG_ERR};
+use ngx::ffi::{ngx_cycle, ngx_http_request_t, ngx_log_t, NGX_LOG_ERR};
 use ngx::http::{HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 
@@ -54,8 +54,7 @@ fn log_phase(r: &mut Request) -> Status {
 /// Charges each admitted `charge=after` line its cost, evaluated on the
 /// final request (after any internal redirect).
 fn charge(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &Ctx, log: *mut ngx_log_t) {
-    // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
-    let now_us = unsafe { ngx_current_msec } as u64 * 1000;
+    let now_us = crate::shm::now_us();
     for (line, res) in ctx.iter(&mcf.lines) {
         if !(line.charge_after && res.active && res.admitted) {
             continue;

@@ -230,6 +230,7 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     let Some(mcf) = (unsafe { cycle.as_ref() }).and_then(Module::main_conf) else {
         return Status::NGX_OK.into();
     };
+    shm::init_clock();
     metrics::init_worker(mcf);
     match redis_zone::init_worker(cycle, &mcf.redis, on_reply, on_lost, charge::on_failed) {
         Ok(()) => Status::NGX_OK.into(),

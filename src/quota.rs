@@ -18,8 +18,8 @@ use core::fmt::Write as _;
 
 use ngx::core::{Status, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
-    ngx_command_t, ngx_conf_t, ngx_current_msec, ngx_http_discard_request_body, ngx_http_request_t, ngx_log_t,
-    NGX_HTTP_GET, NGX_HTTP_HEAD, NGX_HTTP_NOT_ALLOWED, NGX_LOG_EMERG, NGX_LOG_ERR,
+    ngx_command_t, ngx_conf_t, ngx_http_discard_request_body, ngx_http_request_t, ngx_log_t, NGX_HTTP_GET,
+    NGX_HTTP_HEAD, NGX_HTTP_NOT_ALLOWED, NGX_LOG_EMERG, NGX_LOG_ERR,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule, Request};
 use ngx::{ngx_conf_log_error, ngx_log_error};
@@ -110,8 +110,7 @@ fn serve(r: &mut Request) -> Status {
 /// Reads the request's shared-memory lines at cost 0, each under its
 /// zone's lock, writing nothing: a key without a state has its full budget.
 fn read_shm(mcf: &MainConf, ctx: &mut Ctx, log: *mut ngx_log_t) {
-    // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
-    let now_us = unsafe { ngx_current_msec } as u64 * 1000;
+    let now_us = crate::shm::now_us();
     for (line, res) in ctx.iter_mut(&mcf.lines).filter(|(_, res)| res.active) {
         let Some(zone) = line.backend.shm().and_then(|z| mcf.zones.get(z)) else { continue };
         let Some(mut locked) = zone.lock() else {

@@ -10,11 +10,12 @@ pub mod decide;
 mod init;
 
 use core::ptr;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use ngx::ffi::{
-    ngx_conf_t, ngx_pagesize, ngx_shared_memory_add, ngx_shm_zone_t, ngx_shmtx_lock, ngx_shmtx_unlock,
-    ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t, ngx_str_t, NGX_LOG_ALERT, NGX_LOG_EMERG,
-    NGX_LOG_WARN,
+    ngx_conf_t, ngx_current_msec, ngx_pagesize, ngx_shared_memory_add, ngx_shm_zone_t, ngx_shmtx_lock,
+    ngx_shmtx_unlock, ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t, ngx_str_t, ngx_timeofday,
+    NGX_LOG_ALERT, NGX_LOG_EMERG, NGX_LOG_WARN,
 };
 use ngx::{ngx_conf_log_error, ngx_log_error};
 use rl_core::limit::{Algorithm, Limit};
@@ -35,6 +36,32 @@ const EXPIRE_PER_REQUEST: usize = 2;
 const EXPIRE_AFTER_IDLE_S: u32 = 60;
 /// Seconds between two "zone is full" messages.
 const FULL_LOG_INTERVAL_S: u64 = 10;
+
+/// Unix time less nginx's monotonic clock, in milliseconds, as each worker
+/// found it when it started ([`init_clock`]).
+static EPOCH_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Shared-memory decisions run on nginx's monotonic clock (as `limit_req`'s
+/// do), moved to the Unix epoch once per worker: windows (a day, an hour)
+/// then start where the wall clock's do, as on a Redis zone (Redis `TIME`),
+/// so that a daily `fixed` line resets at midnight UTC on either; and the
+/// clock never steps back within a worker, whatever the wall clock does.
+pub fn init_clock() {
+    let t = ngx_timeofday();
+    // SAFETY: ngx_current_msec is the worker's cached monotonic clock, updated with the cached
+    // wall clock `t`.
+    let mono = unsafe { ngx_current_msec } as u64;
+    let unix = (t.sec.max(0) as u64).saturating_mul(1000).saturating_add(t.msec as u64);
+    EPOCH_MS.store(unix.saturating_sub(mono), Ordering::Relaxed);
+}
+
+/// Now, in µs, for shared-memory decisions (see [`init_clock`]).
+#[inline(always)]
+pub fn now_us() -> u64 {
+    // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
+    let mono = unsafe { ngx_current_msec } as u64;
+    mono.saturating_add(EPOCH_MS.load(Ordering::Relaxed)).saturating_mul(1000)
+}
 
 pub struct Zone {
     pub name: String,

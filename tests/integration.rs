@@ -769,3 +769,31 @@ fn config_test_messages() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n----\n"));
 }
+
+// ---------------------------------------------------------------------------
+// 12. Windows on the wall clock's.
+// ---------------------------------------------------------------------------
+
+/// A daily `fixed` line's window ends at midnight UTC: windows are aligned to
+/// the Unix epoch, on shared memory (nginx's monotonic clock, moved to the
+/// epoch) as on Redis (its `TIME`). The reset the headers give is a
+/// multiple of a day, within the rounding to whole seconds.
+fn daily_window_ends_at_midnight_utc(zone: &str) {
+    let ngx = Nginx::start(&server(zone, "location / { rl_limit zone=z rate=1000r/d algorithm=fixed; }"));
+    let r = ngx.get("/index.html", &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    let reset = r.num("X-RateLimit-Reset");
+    let past = reset % 86_400;
+    assert!(past <= 1 || past >= 86_399, "the window ends {past} s past midnight UTC: {r:?}");
+}
+
+#[test]
+fn daily_window_ends_at_midnight_utc_shm() {
+    daily_window_ends_at_midnight_utc("rl_zone z size=1m;");
+}
+
+#[test]
+fn daily_window_ends_at_midnight_utc_redis() {
+    let redis = common::redis::Redis::start();
+    daily_window_ends_at_midnight_utc(&format!("rl_zone z redis={} timeout=1s;", redis.url()));
+}

@@ -6,7 +6,7 @@
 
 use core::mem;
 
-use ngx::ffi::{ngx_current_msec, ngx_log_t, NGX_LOG_ERR};
+use ngx::ffi::{ngx_log_t, NGX_LOG_ERR};
 use ngx::ngx_log_error;
 use rl_core::limit::Charge;
 
@@ -21,8 +21,7 @@ use crate::request::{Ctx, LineResult};
 /// left inactive, and said so in the log.
 #[inline(always)]
 pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) -> bool {
-    // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
-    let now_us = unsafe { ngx_current_msec } as u64 * 1000;
+    let now_us = crate::shm::now_us();
     match ctx.single(lines) {
         Some((line, res)) => match line.backend.shm() {
             Some(z) if res.active => decide_one(zones.get(z).map(|z| &**z), line, res, now_us, log),
@@ -169,8 +168,7 @@ fn decide_one(zone: Option<&Zone>, line: &Line, res: &mut LineResult, now_us: u6
 /// stage rejected the request, and charged nothing. A state dropped meanwhile
 /// (the zone was full) has nothing to give back.
 pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
-    // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
-    let now_us = unsafe { ngx_current_msec } as u64 * 1000;
+    let now_us = crate::shm::now_us();
     let mut locks = Locks::new();
     for (line, res) in ctx.staged_mut(lines).filter(|(_, res)| res.active && res.charged) {
         let Some(z) = line.backend.shm() else { continue };
