@@ -11,7 +11,7 @@
 # build/debian/ngx_http_rl_module.so), NGINX (/usr/sbin/nginx), BENCH_ROUNDS,
 # BENCH_SECS, BENCH_WARM, BENCH_CONNS, BENCH_THREADS, BENCH_MEMZ (zone size
 # of the memory test), BENCH_ONLY (regex on scenario ids), BENCH_NO_MEM=1,
-# BENCH_OUT (report path), BENCH_KEEP=1 (keep the temp dir with the logs),
+# BENCH_OUT (report path; the raw files go beside it), BENCH_KEEP=1 (keep the temp dir with the logs),
 # BENCH_NO_SCRAPE=1 (skip bench/scrape.sh; BENCH_ONLY skips it too unless
 # BENCH_SCRAPE=1).
 #
@@ -473,11 +473,15 @@ main() {
         die "report failed"
     mv "$OUT.tmp" "$OUT"
     if [[ -z $QUICK ]]; then
-        cp "$TMP/raw.tsv" "$BENCH/raw-runs.tsv"
-        cp "$reportmeta" "$BENCH/raw-meta.tsv"
-        if [[ -s $TMP/mem.tsv ]]; then cp "$TMP/mem.tsv" "$BENCH/raw-memory.tsv"; fi
-        if [[ -s $TMP/PROFILE.md ]]; then cp "$TMP/PROFILE.md" "$BENCH/PROFILE.md"; fi
-        if [[ -s $TMP/scrape.md ]]; then cp "$TMP/scrape.md" "$BENCH/raw-scrape.md"; fi
+        # Beside the report: bench/raw-* for bench/RESULTS.md, REPORT-raw-* for
+        # another BENCH_OUT (a run of a few rows keeps the full run's files).
+        local raw=$BENCH/raw- prof=$BENCH/PROFILE.md
+        if ! [[ $OUT -ef $BENCH/RESULTS.md ]]; then raw=${OUT%.md}-raw- prof=${OUT%.md}-PROFILE.md; fi
+        cp "$TMP/raw.tsv" "${raw}runs.tsv"
+        cp "$reportmeta" "${raw}meta.tsv"
+        if [[ -s $TMP/mem.tsv ]]; then cp "$TMP/mem.tsv" "${raw}memory.tsv"; fi
+        if [[ -s $TMP/PROFILE.md ]]; then cp "$TMP/PROFILE.md" "$prof"; fi
+        if [[ -s $TMP/scrape.md ]]; then cp "$TMP/scrape.md" "${raw}scrape.md"; fi
     fi
     cat "$OUT"
     log "wrote $OUT (${elapsed}s)"
