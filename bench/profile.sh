@@ -22,6 +22,8 @@
 set -Eeuo pipefail
 export LC_ALL=C
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=bench/lib.sh
+. "$BENCH/lib.sh"
 ROOT=$(dirname "$BENCH")
 NGINX=${NGINX:-/usr/sbin/nginx}
 # nginx reads an environment variable NGINX as listening sockets inherited
@@ -60,31 +62,12 @@ done <"$BENCH/scenarios.tsv"
 for f in gcra_admit_noheaders sliding_admit_noheaders gcra_reject_noheaders; do echo "hello from the nginx-rl bench" >"$TMP/html/$f"; done
 
 declare -A PORT VPID
-# A loopback port no socket uses, below the kernel's ephemeral range (a port
-# in that range may be taken at any time as the local end of a connection),
-# as run.sh picks them.
-free_port() {
-    local p lo used
-    read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
-    ((lo > 12000)) || lo=32768
-    used=" $(awk 'FNR > 1 { split($2, a, ":"); printf "%d ", strtonum_hex(a[2]) }
-        function strtonum_hex(h,    i, n) { n = 0; for (i = 1; i <= length(h); i++) n = n * 16 + index("0123456789ABCDEF", substr(h, i, 1)) - 1; return n }' \
-        /proc/net/tcp /proc/net/tcp6 2>/dev/null) ${PORT[*]:-} "
-    for _ in $(seq 200); do
-        p=$((10000 + RANDOM % (lo - 10000)))
-        [[ $used == *" $p "* ]] && continue
-        echo "$p"
-        return 0
-    done
-    return 1
-}
-
 # The twin server's name: as long as "127.0.0.1", so that both Host headers
 # (with the port) have the same length.
 TWIN=twin.test
 start() { # name conf
     local name=$1 dir=$TMP/$1 port
-    port=$(free_port)
+    port=$(free_port ${PORT[*]:-})
     PORT[$name]=$port
     mkdir -p "$dir/tmp"
     for f in common.inc http.inc "$2"; do

@@ -21,6 +21,8 @@ set -Eeuo pipefail
 export LC_ALL=C
 
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=bench/lib.sh
+. "$BENCH/lib.sh"
 ROOT=$(dirname "$BENCH")
 NGINX=${NGINX:-/usr/sbin/nginx}
 # nginx reads an environment variable NGINX as listening sockets inherited
@@ -121,24 +123,6 @@ cleanup() {
     exit "$rc"
 }
 
-# A loopback port no socket uses, below the kernel's ephemeral range (a port
-# in that range may be taken at any time as the local end of a connection).
-free_port() {
-    local p lo used
-    read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
-    ((lo > 12000)) || lo=32768
-    used=" $(awk 'FNR > 1 { split($2, a, ":"); printf "%d ", strtonum_hex(a[2]) }
-        function strtonum_hex(h,    i, n) { n = 0; for (i = 1; i <= length(h); i++) n = n * 16 + index("0123456789ABCDEF", substr(h, i, 1)) - 1; return n }' \
-        /proc/net/tcp /proc/net/tcp6 2>/dev/null) ${PORT[*]:-} $REDIS_PORT "
-    for _ in $(seq 200); do
-        p=$((10000 + RANDOM % (lo - 10000)))
-        [[ $used == *" $p "* ]] && continue
-        echo "$p"
-        return 0
-    done
-    return 1
-}
-
 render() { # template dir port > file
     sed -e "s|@DIR@|$2|g" -e "s|@HTML@|$TMP/html|g" -e "s|@PORT@|$3|g" \
         -e "s|@MODULE@|$MODULE|g" -e "s|@REDIS_PORT@|$REDIS_PORT|g" \
@@ -148,7 +132,7 @@ render() { # template dir port > file
 # prepare_nginx NAME CONF: renders the configuration and runs nginx -t.
 prepare_nginx() {
     local name=$1 conf=$2 dir=$TMP/$1 port
-    port=$(free_port) && [[ -n $port ]] || die "no free port"
+    port=$(free_port ${PORT[*]:-} "$REDIS_PORT") && [[ -n $port ]] || die "no free port"
     PORT[$name]=$port
     mkdir -p "$dir/tmp"
     render "$BENCH/conf/common.inc" "$dir" "$port" >"$dir/common.inc"
@@ -194,7 +178,7 @@ start_redis() {
         wait "$REDIS_PID" 2>/dev/null || true
         REDIS_PID=
         log "redis-server did not start on port $REDIS_PORT (attempt $attempt)"
-        REDIS_PORT=$(free_port) || break
+        REDIS_PORT=$(free_port ${PORT[*]:-} "$REDIS_PORT") || break
     done
     cat "$TMP/redis/redis.log" >&2
     die "redis-server does not start"
@@ -213,15 +197,6 @@ wakeups() {
     [[ -r /sys/module/haltpoll/parameters/guest_halt_poll_ns ]] &&
         idle="$idle, guest_halt_poll_ns=$(cat /sys/module/haltpoll/parameters/guest_halt_poll_ns)"
     echo "a thread wakes another and is woken back (bench/wakeup.c) in ${cross} us between CPU $NGX_CPU and CPU $CLIENT_CPU, ${same} us within CPU $NGX_CPU$idle"
-}
-
-# CPU time (ns) a process has used, all its threads.
-cpu_ns() {
-    local s=0 a f
-    for f in /proc/"$1"/task/*/schedstat; do
-        read -r a _ <"$f" && s=$((s + a))
-    done
-    echo "$s"
 }
 
 # ---------------------------------------------------------------- one run
@@ -379,7 +354,7 @@ main() {
     done
 
     REDIS_PORT=0
-    REDIS_PORT=$(free_port) && [[ -n $REDIS_PORT ]] || die "no free port"
+    REDIS_PORT=$(free_port ${PORT[*]:-} "$REDIS_PORT") && [[ -n $REDIS_PORT ]] || die "no free port"
     local load0 start_s wake
     load0=$(cut -d' ' -f1-3 /proc/loadavg)
     wake=$(wakeups)

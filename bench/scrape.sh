@@ -34,6 +34,8 @@ set -Eeuo pipefail
 export LC_ALL=C
 
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=bench/lib.sh
+. "$BENCH/lib.sh"
 ROOT=$(dirname "$BENCH")
 NGINX=${NGINX:-/usr/sbin/nginx}
 # nginx reads an environment variable NGINX as sockets inherited from an
@@ -179,33 +181,6 @@ trap 'log "failed at line $LINENO: $BASH_COMMAND"' ERR
 # nginx maps the module: a private copy, as run.sh loads.
 cp "$MODULE_SRC" "$TMP/ngx_http_rl_module.so"
 MODULE=$TMP/ngx_http_rl_module.so
-
-# A loopback port no socket uses, below the kernel's ephemeral range, as
-# run.sh picks them.
-free_port() {
-    local p lo used
-    read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
-    ((lo > 12000)) || lo=32768
-    used=" $(awk 'FNR > 1 { split($2, a, ":"); printf "%d ", strtonum_hex(a[2]) }
-        function strtonum_hex(h,    i, n) { n = 0; for (i = 1; i <= length(h); i++) n = n * 16 + index("0123456789ABCDEF", substr(h, i, 1)) - 1; return n }' \
-        /proc/net/tcp /proc/net/tcp6 2>/dev/null) "
-    for _ in $(seq 200); do
-        p=$((10000 + RANDOM % (lo - 10000)))
-        [[ $used == *" $p "* ]] && continue
-        echo "$p"
-        return 0
-    done
-    return 1
-}
-
-# CPU time (ns) a process has used, all its threads (as run.sh).
-cpu_ns() {
-    local s=0 a f
-    for f in /proc/"$1"/task/*/schedstat; do
-        read -r a _ <"$f" && s=$((s + a))
-    done
-    echo "$s"
-}
 
 # ---------------------------------------------------------------- configuration
 # Zone zN's line j: every algorithm across the lines, a rate of its own

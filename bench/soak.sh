@@ -51,6 +51,8 @@ SOAK_TESTS=(
 )
 
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=bench/lib.sh
+. "$BENCH/lib.sh"
 ROOT=$(dirname "$BENCH")
 NGINX=${NGINX:-/usr/sbin/nginx}
 MODULE=${RL_MODULE:-$ROOT/build/debian/ngx_http_rl_module.so}
@@ -158,23 +160,6 @@ stop_nginx() {
     for _ in $(seq 100); do kill -0 "$MASTER" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$MASTER" 2>/dev/null
     MASTER=
-}
-
-# A loopback port no socket uses, below the kernel's ephemeral range (as bench/run.sh).
-free_port() {
-    local p lo used
-    read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
-    ((lo > 12000)) || lo=32768
-    used=" $(awk 'FNR > 1 { split($2, a, ":"); printf "%d ", strtonum_hex(a[2]) }
-        function strtonum_hex(h,    i, n) { n = 0; for (i = 1; i <= length(h); i++) n = n * 16 + index("0123456789ABCDEF", substr(h, i, 1)) - 1; return n }' \
-        /proc/net/tcp /proc/net/tcp6 2>/dev/null) "
-    for _ in $(seq 200); do
-        p=$((10000 + RANDOM % (lo - 10000)))
-        [[ $used == *" $p "* ]] && continue
-        echo "$p"
-        return 0
-    done
-    return 1
 }
 
 now_ms() { echo $(($(date +%s%N) / 1000000)); }

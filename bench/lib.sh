@@ -1,0 +1,30 @@
+# Helpers the bench scripts share (sourced by run.sh, scrape.sh, soak.sh and
+# profile.sh after they set BENCH).
+
+# A loopback port no socket uses, below the kernel's ephemeral range (a port
+# in that range may be taken at any time as the local end of a connection),
+# and none of the ports given (picked already, not listened on yet).
+free_port() {
+    local p lo used
+    read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
+    ((lo > 12000)) || lo=32768
+    used=" $(awk 'FNR > 1 { split($2, a, ":"); printf "%d ", strtonum_hex(a[2]) }
+        function strtonum_hex(h,    i, n) { n = 0; for (i = 1; i <= length(h); i++) n = n * 16 + index("0123456789ABCDEF", substr(h, i, 1)) - 1; return n }' \
+        /proc/net/tcp /proc/net/tcp6 2>/dev/null) $* "
+    for _ in $(seq 200); do
+        p=$((10000 + RANDOM % (lo - 10000)))
+        [[ $used == *" $p "* ]] && continue
+        echo "$p"
+        return 0
+    done
+    return 1
+}
+
+# CPU time (ns) a process has used, all its threads.
+cpu_ns() {
+    local s=0 a f
+    for f in /proc/"$1"/task/*/schedstat; do
+        read -r a _ <"$f" && s=$((s + a))
+    done
+    echo "$s"
+}
