@@ -227,17 +227,29 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
 #[inline(always)]
 pub fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_run: bool) -> Result<(), ()> {
     let mut ctx_after = false;
-    for (line, res) in ctx.staged_mut(&mcf.lines) {
-        res.key = line.eval_key(r)?;
-        res.active = res.key.len > 0;
-        res.dry_run = dry_run || line.dry_run;
-        res.cost = line.cost;
-        if res.active && (line.vars.is_some() || line.charge_after) {
-            ctx_after |= eval_params(r, line, res)?;
+    // A location of one line (the common case) without walking its lines.
+    if let Some((line, res)) = ctx.single(&mcf.lines) {
+        ctx_after = eval_line(r, line, res, dry_run)?;
+    } else {
+        for (line, res) in ctx.staged_mut(&mcf.lines) {
+            ctx_after |= eval_line(r, line, res, dry_run)?;
         }
     }
     ctx.charge_after |= ctx_after;
     Ok(())
+}
+
+/// [`eval_keys`] for one line: whether it is charged after the response.
+#[inline(always)]
+fn eval_line(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult, dry_run: bool) -> Result<bool, ()> {
+    res.key = line.eval_key(r)?;
+    res.active = res.key.len > 0;
+    res.dry_run = dry_run || line.dry_run;
+    res.cost = line.cost;
+    if res.active && (line.vars.is_some() || line.charge_after) {
+        return eval_params(r, line, res);
+    }
+    Ok(false)
 }
 
 /// The part of [`eval_keys`] for a line whose rate, burst or cost holds

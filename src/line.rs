@@ -305,6 +305,7 @@ enum BadValue {
 impl Line {
     /// The line's key for the request (empty: the line does not apply to
     /// it), or `Err` if it cannot be evaluated (no memory).
+    #[inline(always)]
     pub fn eval_key(&self, r: *mut ngx_http_request_t) -> Result<ngx_str_t, ()> {
         if let Some(index) = self.key_var {
             return Ok(flushed(r, index));

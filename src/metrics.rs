@@ -28,11 +28,11 @@ use rl_core::metrics::{
     ERR_REFUSED, ERR_SCRIPT, ERR_TIMEOUT, LATENCY_BUCKETS, RESULTS,
 };
 
-use self::store::{Kind, Layout, Want};
+use self::store::{Kind, Layout, LineSlot, Row, Want};
 use crate::conf::MainConf;
-use crate::line::Line;
+use crate::line::{Line, LineId, Stage};
 use crate::redis_zone::RedisError;
-use crate::request::Ctx;
+use crate::request::{Ctx, LineResult};
 use crate::Module;
 
 /// The counters' shared memory zone: a name no `rl_zone` can have (those
@@ -111,13 +111,21 @@ pub fn count(mcf: &MainConf, ctx: &mut Ctx) {
     }
     let stage = ctx.stage;
     let ids = ctx.ids();
-    for (id, res) in ids.iter().zip(ctx.results().iter()) {
-        if !res.active || id.of(&mcf.lines).is_none_or(|l| l.stage != stage) {
-            continue;
-        }
-        if let Some(Some(row)) = rows.get(id.0 as usize) {
-            row.add(verdict(res.admitted, res.dry_run, res.delay_us));
-        }
+    match (ids, &*ctx.results()) {
+        // A location of one line (the common case), without an iterator.
+        ([id], [res]) => count_line(mcf, rows, stage, *id, res),
+        (ids, results) => ids.iter().zip(results).for_each(|(id, res)| count_line(mcf, rows, stage, *id, res)),
+    }
+}
+
+/// [`count`] for one line of the request.
+#[inline(always)]
+fn count_line(mcf: &MainConf, rows: &[Option<Row<LineSlot>>], stage: Stage, id: LineId, res: &LineResult) {
+    if !res.active || id.of(&mcf.lines).is_none_or(|l| l.stage != stage) {
+        return;
+    }
+    if let Some(Some(row)) = rows.get(id.0 as usize) {
+        row.add(verdict(res.admitted, res.dry_run, res.delay_us));
     }
 }
 

@@ -174,6 +174,7 @@ impl Zone {
     }
 
     /// Locks the zone. `None` until the zone is initialised.
+    #[inline(always)]
     pub fn lock(&self) -> Option<Locked<'_>> {
         let region = self.table.as_ref()?;
         let shpool = self.shpool();
@@ -300,6 +301,7 @@ impl<'a> Locked<'a> {
     /// The state words for `limit` of the entry `ensure` found at `slot` for
     /// `hash`: `None` if that entry no longer holds `hash` (another line's
     /// insert dropped it to make room).
+    #[inline(always)]
     pub fn state(&mut self, slot: Slot, hash: [u64; 2], limit: &Limit) -> Option<&mut [u64]> {
         let words = limit.state_words();
         let state = self.table.state_at(slot, hash)?;

@@ -311,12 +311,20 @@ impl<'a> Table<'a> {
     /// The identity of `key` under limit `line_id`: a 128-bit [`KeyHash`]
     /// keyed with the table's seed, so that equal keys of different limits
     /// get different entries.
-    #[inline]
+    #[inline(always)]
     pub fn hash_key(&self, line_id: u64, key: &[u8]) -> [u64; 2] {
         match self.keyed {
             Some(keyed) => keyed.hash(line_id, key),
-            None => KeyHash::new(self.hdr.key_seed).hash(line_id, key),
+            None => self.hash_unkeyed(line_id, key),
         }
+    }
+
+    /// [`Table::hash_key`] of a table not reopened from its region (one
+    /// just attached): the key schedule is worked out for the call.
+    #[cold]
+    #[inline(never)]
+    fn hash_unkeyed(&self, line_id: u64, key: &[u8]) -> [u64; 2] {
+        KeyHash::new(self.hdr.key_seed).hash(line_id, key)
     }
 
     /// Finds the entry for `hash` and makes it the most recently used.

@@ -411,3 +411,18 @@ fn evict_lru_spares_the_slot_kept() {
     assert_eq!(t.peek([0, 0]), Some(keep));
     t.check_invariants().unwrap();
 }
+
+#[test]
+fn hash_is_the_same_with_or_without_aes_instructions() {
+    use rl_core::table::KeyHash;
+    let bytes: Vec<u8> = (0..80u8).map(|i| i.wrapping_mul(91) ^ 0xa5).collect();
+    for seed in [[0, 0], [7, 11], [u64::MAX, 0x0123_4567_89ab_cdef]] {
+        let (fast, portable) = (KeyHash::new(seed), KeyHash::portable(seed));
+        for line_id in [0, 3, u64::MAX] {
+            for len in 0..=bytes.len() {
+                let key = &bytes[..len];
+                assert_eq!(fast.hash(line_id, key), portable.hash(line_id, key), "seed {seed:?}, {len} bytes");
+            }
+        }
+    }
+}
