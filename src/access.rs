@@ -19,12 +19,16 @@
 //! units are taken.
 
 use core::ffi::CStr;
+use core::mem;
 
 use ngx::core::Status;
-use ngx::ffi::{ngx_http_handler_pt, ngx_http_request_t, ngx_log_error_core, ngx_log_t, ngx_str_t, ngx_uint_t};
+use ngx::ffi::{
+    ngx_http_handler_pt, ngx_http_request_t, ngx_log_error_core, ngx_log_t, ngx_palloc, ngx_str_t, ngx_uint_t,
+};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::log::DebugMask;
 use ngx::ngx_log_debug;
+use rl_core::limit::Limit;
 
 use crate::conf::{LocConf, MainConf};
 use crate::delay;
@@ -260,10 +264,14 @@ fn eval_params(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult) ->
     if line.vars.is_some() {
         // SAFETY: the request is valid during the phase handler.
         let log = unsafe { (*(*r).connection).log };
-        match line.eval_params(r, log, line.backend.redis().is_some(), &mut res.var_limit)? {
+        let mut limit = None;
+        match line.eval_params(r, log, line.backend.redis().is_some(), &mut limit)? {
             Params::Static => {}
             Params::Per(cost) => res.cost = cost,
             Params::Off => res.active = false,
+        }
+        if let Some(limit) = limit {
+            res.var_limit = Some(in_pool(r, limit)?);
         }
     }
     if line.charge_after && res.active {
@@ -273,6 +281,25 @@ fn eval_params(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult) ->
     }
     Ok(false)
 }
+
+/// A request's limit, copied into its pool: it lives as long as the
+/// request's results do (a line's memo of its last limit may change while
+/// the request waits for Redis). `Err`: no memory.
+fn in_pool(r: *mut ngx_http_request_t, limit: Limit) -> Result<&'static Limit, ()> {
+    // SAFETY: the request pool is valid for the request's lifetime; ngx_palloc aligns to
+    // NGX_ALIGNMENT, the pointer size, which is enough for a Limit (asserted below).
+    let p = unsafe { ngx_palloc((*r).pool, mem::size_of::<Limit>()) }.cast::<Limit>();
+    if p.is_null() {
+        return Err(());
+    }
+    // SAFETY: p is a fresh allocation of a Limit's size and alignment; a Limit needs no drop.
+    unsafe {
+        p.write(limit);
+        Ok(&*p)
+    }
+}
+
+const _: () = assert!(mem::align_of::<Limit>() <= mem::size_of::<usize>());
 
 /// Sends one job per Redis zone of the location. Returns how many replies
 /// to wait for, or `None` if nothing was sent (zones that could not take the

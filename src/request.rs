@@ -33,8 +33,10 @@ pub struct LineResult {
     /// What was charged to a shared-memory line, for a refund.
     pub charge: Charge,
     pub key: ngx_str_t,
-    /// The limit from the request's variables (`None`: the line's own).
-    pub var_limit: Option<Limit>,
+    /// The limit from the request's variables, in the request pool (`None`:
+    /// the line's own). A reference: the result of every line is
+    /// initialised on every request, the limit of few.
+    pub var_limit: Option<&'static Limit>,
     /// The request's cost for the line.
     pub cost: u64,
     /// Where the state is in a shared-memory zone: its hash, its entry (found
@@ -67,7 +69,7 @@ impl LineResult {
 
     /// The limit the line applies to this request.
     pub fn limit<'a>(&'a self, line: &'a Line) -> &'a Limit {
-        self.var_limit.as_ref().unwrap_or(&line.limit)
+        self.var_limit.unwrap_or(&line.limit)
     }
 
     /// Records a verdict (from shared memory or a Redis reply).
@@ -370,9 +372,10 @@ pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode) -> Option<&'st
     let ctx = unsafe { cln.add(1).cast::<Ctx>() };
     // SAFETY: within the size bytes allocated.
     let results = unsafe { ctx.add(1).cast::<LineResult>() };
-    for i in 0..ids.len() {
-        // SAFETY: as above, one LineResult each.
-        unsafe { results.add(i).write(LineResult::INACTIVE) };
+    // SAFETY: as above, one LineResult each (a location of one line without a loop).
+    match ids.len() {
+        1 => unsafe { results.write(LineResult::INACTIVE) },
+        n => (0..n).for_each(|i| unsafe { results.add(i).write(LineResult::INACTIVE) }),
     }
     let value = Ctx {
         ids: ids.as_ptr(),

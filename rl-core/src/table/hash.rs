@@ -138,11 +138,12 @@ impl KeyHash {
     /// complete at 8 key bytes, else padded.
     #[inline(always)]
     fn one_block(&self, aes: &impl Encrypt, line_id: u64, key: &[u8]) -> u128 {
-        let block = u128::from(load_le(key)) << 64 | u128::from(line_id);
-        match key.len() {
-            8 => aes.encrypt(block ^ self.k1),
-            n => aes.encrypt(block ^ 0x80u128 << (8 * (8 + n)) ^ self.k2),
-        }
+        let (high, k) = match key.len() {
+            8 => (load_le(key), self.k1),
+            // The padding's 0x80 right after the key, in the block's high word.
+            n => (load_le(key) | 0x80 << (8 * (n & 7)), self.k2),
+        };
+        aes.encrypt((u128::from(high) << 64 | u128::from(line_id)) ^ k)
     }
 }
 
