@@ -197,6 +197,10 @@ fn kill_9_workers_under_load() {
     let log = ngx.error_log();
     let signals = log.lines().filter(|l| l.contains("exited on signal 9")).count();
     assert!(signals as u32 >= killed, "{log}");
-    let bad: Vec<&str> = log.lines().filter(|l| l.contains("[alert]") && !l.contains("exited on signal 9")).collect();
+    // A worker killed while it held the zone's lock: nginx's master unlocks it and says so
+    // (ngx_unlock_mutexes), as it would for limit_req's zone. Any other alert is ours.
+    let unlocked = |l: &str| l.contains("shared memory zone \"z\" was locked by ");
+    let bad: Vec<&str> =
+        log.lines().filter(|l| l.contains("[alert]") && !l.contains("exited on signal 9") && !unlocked(l)).collect();
     assert!(bad.is_empty(), "{bad:?}");
 }
