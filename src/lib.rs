@@ -48,6 +48,7 @@ mod variables;
 
 use conf::directives::{cmd_rl_dry_run, cmd_rl_headers, cmd_rl_limit, cmd_rl_log_level, cmd_rl_status, cmd_rl_zone};
 use conf::{LocConf, MainConf};
+use line::Stage;
 
 pub struct Module;
 
@@ -81,12 +82,15 @@ impl HttpModule for Module {
         // limit_req decides, and after the handlers registered before ours there: realip's (set
         // in a location, it finds the client's address in this phase), limit_conn's, limit_req's.
         // The `after_auth` lines where every request access control allowed passes, `satisfy any`
-        // or not, before try_files or mirror act on it.
+        // or not, before try_files or mirror act on it. A handler (and the header filter) is
+        // registered only where some line needs it: nginx calls a phase's handlers on every
+        // request, of every location.
+        let after_auth = mcf.lines.iter().any(|l| l.stage == Stage::AfterAuth);
         let phases = [
-            (ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, access::preaccess_handler_pt(), true),
-            (ngx_http_phases_NGX_HTTP_PRECONTENT_PHASE, access::precontent_handler_pt(), false),
+            (ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, access::preaccess_handler_pt(), true, !mcf.lines.is_empty()),
+            (ngx_http_phases_NGX_HTTP_PRECONTENT_PHASE, access::precontent_handler_pt(), false, after_auth),
         ];
-        for (phase, handler, last) in phases {
+        for (phase, handler, last, _) in phases.into_iter().filter(|p| p.3) {
             let handlers = &mut cmcf.phases[phase as usize].handlers;
             // SAFETY: phases[].handlers are ngx_array_t of ngx_http_handler_pt, created by the core module.
             let h = unsafe { ngx_array_push(handlers) }.cast::<ngx_http_handler_pt>();
@@ -112,6 +116,9 @@ impl HttpModule for Module {
             }
             // SAFETY: a new element of the array.
             unsafe { *log = charge::log_handler_pt() };
+        }
+        if mcf.lines.is_empty() {
+            return Status::NGX_OK.into();
         }
         // SAFETY: the top header filter is a process global that every filter module rewires in
         // postconfiguration.
