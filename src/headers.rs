@@ -3,7 +3,7 @@
 //! a limited request, rejected or not.
 
 use core::cell::Cell;
-use core::ptr;
+use core::{mem, ptr};
 
 use ngx::ffi::{
     ngx_http_output_header_filter_pt, ngx_http_request_t, ngx_int_t, ngx_list_push, ngx_pnalloc, ngx_str_t,
@@ -27,6 +27,16 @@ struct Out {
 }
 
 impl Out {
+    /// The room set aside with the context (`Ctx::legacy_values`, where
+    /// the location sends the legacy fields), or a new allocation of `cap`
+    /// bytes from the request pool.
+    fn with_room(r: *mut ngx_http_request_t, ctx: &Ctx, cap: usize) -> Option<Out> {
+        match cap <= HeadersMode::LEGACY_BYTES && !ctx.legacy_values.is_null() {
+            true => Some(Out { buf: ctx.legacy_values, cap, len: 0 }),
+            false => Out::new(r, cap),
+        }
+    }
+
     fn new(r: *mut ngx_http_request_t, cap: usize) -> Option<Out> {
         // SAFETY: the request pool is valid for the request's lifetime.
         let buf = unsafe { ngx_pnalloc((*r).pool, cap) }.cast::<u8>();
@@ -53,6 +63,19 @@ impl Out {
         };
         let skip = Digits::write(n, room);
         // SAFETY: start + NUM <= cap and skip < NUM.
+        ngx_str_t { len: NUM - skip, data: unsafe { self.buf.add(start + skip) } }
+    }
+
+    /// Digits as a value of their own: copied whole (a fixed size, no call
+    /// to `memcpy`), the value starting at the first digit.
+    fn digits(&mut self, d: &Digits) -> ngx_str_t {
+        let start = self.len;
+        let Some(room) = self.reserve() else {
+            return ngx_str_t::empty();
+        };
+        *room = d.buf;
+        let skip = d.skip.min(NUM);
+        // SAFETY: start + NUM <= cap and skip <= NUM.
         ngx_str_t { len: NUM - skip, data: unsafe { self.buf.add(start + skip) } }
     }
 
@@ -98,6 +121,7 @@ fn reset_digits(t: u64) -> Digits {
 
 /// Most bytes a number takes.
 const NUM: usize = 20;
+const _: () = assert!(4 * NUM == HeadersMode::LEGACY_BYTES);
 
 /// A number in decimal, right-aligned in NUM bytes.
 #[derive(Clone, Copy)]
@@ -117,7 +141,7 @@ impl Digits {
         self.buf.get(self.skip..).unwrap_or_default()
     }
 
-    /// Writes `n` right-aligned in `buf`, four digits at a time; returns how
+    /// Writes `n` right-aligned in `buf`, two digits at a time; returns how
     /// many bytes lead it.
     fn write(mut n: u64, buf: &mut [u8; NUM]) -> usize {
         // A static, not a const: a const array indexed at run time may be copied to the stack
@@ -131,20 +155,17 @@ impl Digits {
             }
             t
         };
-        let mut skip = NUM;
-        let (quads, _) = buf.as_chunks_mut::<4>();
-        for [a, b, c, d] in quads.iter_mut().rev() {
-            let q = (n % 10_000) as usize;
-            n /= 10_000;
-            [*a, *b] = PAIRS[q / 100];
-            [*c, *d] = PAIRS[q % 100];
-            skip -= 4;
+        let (pairs, _) = buf.as_chunks_mut::<2>();
+        // The pairs from the right; u64::MAX has 20 digits, 10 pairs: the loop ends on n.
+        for (k, pair) in pairs.iter_mut().enumerate().rev() {
+            *pair = PAIRS[(n % 100) as usize];
+            n /= 100;
             if n == 0 {
-                // The leading group's zeros.
-                return skip + usize::from(q < 1000) + usize::from(q < 100) + usize::from(q < 10);
+                // The leading pair's zero.
+                return 2 * k + usize::from(pair[0] == b'0');
             }
         }
-        skip
+        0
     }
 }
 
@@ -180,17 +201,18 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
     };
     let draft_len: usize =
         if ctx.headers.draft() { ctx.enforced(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum() } else { 0 };
-    let mut out = Out::new(r, 4 * NUM + draft_len).ok_or(())?;
+    let mut out = Out::with_room(r, ctx, 4 * NUM + draft_len).ok_or(())?;
     if ctx.headers.legacy() {
         let limit = match line.burst_varies() {
             true => out.value(res.limit(line).burst()),
             false => line.burst_text(),
         };
-        push(r, "X-RateLimit-Limit", limit)?;
-        push(r, "X-RateLimit-Remaining", out.value(res.remaining))?;
-        let at = out.len;
-        out.bytes(reset_digits(ctx.now_unix as u64 + ceil_s(res.reset_us)).as_bytes());
-        push(r, "X-RateLimit-Reset", out.since(at))?;
+        let remaining = out.value(res.remaining);
+        let reset = out.digits(&reset_digits(ctx.now_unix as u64 + ceil_s(res.reset_us)));
+        push_all(
+            r,
+            [("X-RateLimit-Limit", limit), ("X-RateLimit-Remaining", remaining), ("X-RateLimit-Reset", reset)],
+        )?;
     }
     if ctx.rejected {
         // Honest: a lone request sent after this long passes every line.
@@ -228,17 +250,57 @@ fn item(out: &mut Out, i: usize, name: &str, a: &[u8], x: u64, b: &[u8], y: u64)
 /// Appends `name: value` to the response headers (the value lives in the request pool).
 fn push(r: *mut ngx_http_request_t, name: &'static str, value: ngx_str_t) -> Result<(), ()> {
     // SAFETY: the request is valid; headers_out.headers is an initialised ngx_list_t of
-    // ngx_table_elt_t allocated from r->pool; a zeroed element has no `next` and no lowcase key,
-    // as nginx's own add_header leaves them.
-    unsafe {
-        let h = ngx_list_push(&mut (*r).headers_out.headers).cast::<ngx_table_elt_t>();
-        if h.is_null() {
-            return Err(());
+    // ngx_table_elt_t allocated from r->pool.
+    let h = unsafe { ngx_list_push(&mut (*r).headers_out.headers) }.cast::<ngx_table_elt_t>();
+    if h.is_null() {
+        return Err(());
+    }
+    // SAFETY: h is a new element of the list.
+    unsafe { fill(h, name, value) };
+    Ok(())
+}
+
+/// Appends the fields to the response headers in one step where the list's
+/// last part has room for them all (what `ngx_list_push` does for one
+/// element, done once), else one by one.
+fn push_all<const N: usize>(r: *mut ngx_http_request_t, fields: [(&'static str, ngx_str_t); N]) -> Result<(), ()> {
+    // SAFETY: the request is valid; headers_out.headers is an initialised ngx_list_t (nginx
+    // makes it with the request) whose `last` part exists and holds nelts of nalloc elements of
+    // `size` bytes.
+    let elts = unsafe {
+        let list = &mut (*r).headers_out.headers;
+        let last = &mut *list.last;
+        match list.size == mem::size_of::<ngx_table_elt_t>() && last.nelts + N <= list.nalloc {
+            true => {
+                let elts = last.elts.cast::<ngx_table_elt_t>().add(last.nelts);
+                last.nelts += N;
+                elts
+            }
+            false => ptr::null_mut(),
         }
+    };
+    if elts.is_null() {
+        return fields.into_iter().try_for_each(|(name, value)| push(r, name, value));
+    }
+    for (i, (name, value)) in fields.into_iter().enumerate() {
+        // SAFETY: the N elements from elts were reserved above.
+        unsafe { fill(elts.add(i), name, value) };
+    }
+    Ok(())
+}
+
+/// Writes a response field into a new element of the headers list: a
+/// zeroed element has no `next` and no lowercase key, as nginx's own
+/// `add_header` leaves them.
+///
+/// # Safety
+/// `h` is a new, writable element of `r->headers_out.headers`.
+unsafe fn fill(h: *mut ngx_table_elt_t, name: &'static str, value: ngx_str_t) {
+    // SAFETY: forwarded to our caller.
+    unsafe {
         ptr::write_bytes(h, 0, 1);
         (*h).hash = 1;
         (*h).key = ngx_str_t { len: name.len(), data: name.as_ptr() as *mut u8 };
         (*h).value = value;
     }
-    Ok(())
 }

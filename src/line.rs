@@ -76,6 +76,10 @@ pub enum HeadersMode {
 }
 
 impl HeadersMode {
+    /// The most bytes the legacy fields' values take (four numbers of up to
+    /// 20 digits): set aside with the request's context.
+    pub const LEGACY_BYTES: usize = 80;
+
     pub fn legacy(self) -> bool {
         matches!(self, HeadersMode::Legacy | HeadersMode::Both)
     }

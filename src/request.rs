@@ -195,6 +195,9 @@ pub struct Ctx {
     /// A `charge=after` line applies: its cost is charged when the request
     /// is logged (then this is cleared: once).
     pub charge_after: bool,
+    /// Room for the legacy fields' values ([`HeadersMode::LEGACY_BYTES`]),
+    /// allocated with the context where they are sent (else null).
+    pub legacy_values: *mut u8,
 }
 
 impl Ctx {
@@ -359,9 +362,14 @@ pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode) -> Option<&'st
     let raw: *const ngx_http_request_t = r.into();
     // SAFETY: the request pool is valid for the request's lifetime.
     let pool = unsafe { (*raw).pool };
-    // One allocation: the cleanup that marks the context, the context, its results. (What
-    // ngx_pool_cleanup_add does, with its two allocations made one.)
-    let size = mem::size_of::<ngx_pool_cleanup_t>() + mem::size_of::<Ctx>() + ids.len() * mem::size_of::<LineResult>();
+    // One allocation: the cleanup that marks the context, the context, its results, the room for
+    // the legacy fields' values. (What ngx_pool_cleanup_add does, with its two allocations made
+    // one; and what the header filter would allocate on every response.)
+    let values = if headers.legacy() { HeadersMode::LEGACY_BYTES } else { 0 };
+    let size = mem::size_of::<ngx_pool_cleanup_t>()
+        + mem::size_of::<Ctx>()
+        + ids.len() * mem::size_of::<LineResult>()
+        + values;
     // SAFETY: pool is valid; ngx_palloc aligns to NGX_ALIGNMENT (pointer size), and every part
     // needs 8 and has a size that is a multiple of 8.
     let cln = unsafe { ngx_palloc(pool, size) }.cast::<ngx_pool_cleanup_t>();
@@ -391,6 +399,8 @@ pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode) -> Option<&'st
         headers,
         now_unix: ngx_time() as i64,
         charge_after: false,
+        // SAFETY: within the size bytes allocated (the last `values` of them).
+        legacy_values: if values > 0 { unsafe { results.add(ids.len()).cast::<u8>() } } else { ptr::null_mut() },
     };
     // SAFETY: ctx and cln point into the allocation; the pool runs its cleanups from the list
     // head when it is destroyed (ctx_marker does nothing).

@@ -182,6 +182,40 @@ fn headers_legacy_by_default() {
     assert!((now..=now + 2 * 60 + 2).contains(&reset), "sliding X-RateLimit-Reset {reset} not in [{now}, {now}+122]");
 }
 
+/// The legacy fields are added however full the response's field list is:
+/// nginx keeps it in parts of 20, and the three fields are written in one
+/// step where the last part has room for them, else one by one. The
+/// upstream's fields (1 to 24 of them) fill the list to every boundary.
+#[test]
+fn headers_legacy_after_many_upstream_fields() {
+    let backend: String = (1..=24)
+        .map(|i| {
+            let fields: String = (1..=i).map(|j| format!("add_header X-F{j} v{j};")).collect();
+            format!("location = /backend/{i} {{ {fields} return 200 ok; }}\n")
+        })
+        .collect();
+    let ngx = Nginx::start(&server(
+        "rl_zone z size=1m;",
+        &format!(
+            "location /p/ {{ rl_limit zone=z key=$uri rate=10r/m burst=10; \
+             proxy_pass http://127.0.0.1:{{PORT}}/backend/; }}\n{backend}"
+        ),
+    ));
+    for i in 1..=24 {
+        let r = ngx.get(&format!("/p/{i}"), &[]);
+        assert_eq!(r.status, 200, "{r:?}");
+        let last = format!("X-F{i}");
+        assert_eq!(r.header(&last), Some(format!("v{i}").as_str()), "{i} upstream fields: {r:?}");
+        assert_eq!(
+            (r.header("X-RateLimit-Limit"), r.header("X-RateLimit-Remaining")),
+            (Some("10"), Some("9")),
+            "{i} upstream fields: {r:?}"
+        );
+        let reset = r.num("X-RateLimit-Reset");
+        assert!(reset >= unix_now(), "{i} upstream fields: X-RateLimit-Reset {reset}: {r:?}");
+    }
+}
+
 /// The legacy fields' numbers in decimal, whatever their digits: from one to
 /// ten, with zeros inside and at the end.
 #[test]
