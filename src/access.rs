@@ -251,7 +251,7 @@ fn eval_line(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult, dry_
     res.dry_run = dry_run || line.dry_run;
     res.cost = line.cost;
     if res.active && (line.vars.is_some() || line.charge_after) {
-        return eval_params(r, line, res);
+        return eval_varying(r, line, res);
     }
     Ok(false)
 }
@@ -260,7 +260,7 @@ fn eval_line(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult, dry_
 /// variables, or that is `charge=after`: whether the line is then charged
 /// after the response.
 #[inline(never)]
-fn eval_params(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult) -> Result<bool, ()> {
+fn eval_varying(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult) -> Result<bool, ()> {
     if line.vars.is_some() {
         // SAFETY: the request is valid during the phase handler.
         let log = unsafe { (*(*r).connection).log };
