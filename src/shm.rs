@@ -320,8 +320,11 @@ impl<'a> Locked<'a> {
     /// Records that the state at `slot`, charged at `now_us`, is back to
     /// full `reset_us` later (whole seconds, rounded up): until then it is
     /// not idle.
+    #[inline(always)]
     pub fn charged(&mut self, slot: Slot, now_us: u64, reset_us: u64) {
-        let idle_at = now_us.saturating_add(reset_us).div_ceil(1_000_000).min(u64::from(u32::MAX)) as u32;
+        // (rounded up; a sum that saturates is past u32::MAX seconds either way)
+        let idle_at =
+            (now_us.saturating_add(reset_us).saturating_add(999_999) / 1_000_000).min(u64::from(u32::MAX)) as u32;
         self.table.set_idle_at(slot, idle_at);
     }
 }

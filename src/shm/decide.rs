@@ -8,7 +8,6 @@ use core::mem;
 
 use ngx::ffi::{ngx_log_t, NGX_LOG_ERR};
 use ngx::ngx_log_error;
-use rl_core::limit::Charge;
 
 use super::{Locked, Zone, MAX_ZONES_PER_LOCATION};
 use crate::line::Line;
@@ -149,16 +148,16 @@ fn decide_one(zone: Option<&Zone>, line: &Line, res: &mut LineResult, now_us: u6
     };
     let limit = res.limit(line);
     // A charge=after line asks for one unit and is charged when the request is logged.
-    let (o, charge) = match line.charge_after {
-        false => limit.acquire_charged(state, now_us, res.cost),
-        true => (limit.check(state, now_us, res.cost), Charge::default()),
-    };
-    let charged = o.admitted && !line.charge_after;
-    if charged {
+    if line.charge_after {
+        res.set(&limit.check(state, now_us, res.cost), false);
+        return res.admitted || res.dry_run;
+    }
+    let (o, charge) = limit.acquire_charged(state, now_us, res.cost);
+    if o.admitted {
         res.charge = charge;
         locked.charged(slot, now_us, o.reset_us);
     }
-    res.set(&o, charged);
+    res.set(&o, o.admitted);
     o.admitted || res.dry_run
 }
 
