@@ -241,8 +241,10 @@ impl Ctx {
     /// line as [`Ctx::behind`] whenever that one is enforced.
     pub fn enforced_behind<'a>(&'a self, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
         if self.n == 1 {
-            // The location's one line (no ranking to do).
-            return self.enforced(lines).next();
+            // The location's one line (no ranking to do, nor an iterator).
+            // SAFETY: n = 1: one id and one result (see `ids` and `results`).
+            let (id, res) = unsafe { (*self.ids, &*self.results) };
+            return id.of(lines).filter(|_| res.active && !res.dry_run).map(|line| (line, res));
         }
         behind(self.enforced(lines))
     }
