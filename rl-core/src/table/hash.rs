@@ -114,24 +114,23 @@ impl KeyHash {
             return self.one_block(aes, line_id, head);
         }
         let first = u128::from(load_le(head)) << 64 | u128::from(line_id);
-        {
-            let mut x = aes.encrypt(first);
-            let (blocks, tail) = rest.as_chunks::<16>();
-            // The last block is the tail, or (no tail) the last whole block.
-            let (whole, last, k) = match (tail.len(), blocks.split_last()) {
-                (0, Some((last, whole))) => (whole, u128::from_le_bytes(*last), self.k1),
-                _ => {
-                    let mut last = [0u8; 16];
-                    last[..tail.len()].copy_from_slice(tail);
-                    last[tail.len()] = 0x80;
-                    (blocks, u128::from_le_bytes(last), self.k2)
-                }
-            };
-            for b in whole {
-                x = aes.encrypt(x ^ u128::from_le_bytes(*b));
+        let mut x = aes.encrypt(first);
+        let (blocks, tail) = rest.as_chunks::<16>();
+        // The last block is the tail, or (no tail) the last whole block.
+        let (whole, last, k) = match (tail.len(), blocks.split_last()) {
+            (0, Some((last, whole))) => (whole, u128::from_le_bytes(*last), self.k1),
+            _ => {
+                // (a tail is shorter than a block: its padding fits)
+                let mut last = [0u8; 16];
+                last[..tail.len()].copy_from_slice(tail);
+                last[tail.len()] = 0x80;
+                (blocks, u128::from_le_bytes(last), self.k2)
             }
-            aes.encrypt(x ^ last ^ k)
+        };
+        for b in whole {
+            x = aes.encrypt(x ^ u128::from_le_bytes(*b));
         }
+        aes.encrypt(x ^ last ^ k)
     }
 
     /// CMAC of line_id ‖ key for a key of at most 8 bytes: one block,
