@@ -174,9 +174,12 @@ pub unsafe extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t 
     let req = unsafe { Request::from_ngx_http_request(r) };
     // SAFETY: as above.
     if unsafe { (*r).main } == r {
-        if let (Some(ctx), Some(mcf)) = (get_ctx(req), Module::main_conf(req)) {
-            if add_headers(r, ctx, &mcf.lines).is_err() {
-                return -1;
+        // (the mode first: a location with `rl_headers off` adds nothing, and needs nothing more)
+        if let Some(ctx) = get_ctx(req).filter(|ctx| ctx.headers != HeadersMode::Off) {
+            if let Some(mcf) = Module::main_conf(req) {
+                if add_headers(r, ctx, &mcf.lines).is_err() {
+                    return -1;
+                }
             }
         }
     }
@@ -192,9 +195,6 @@ fn ceil_s(us: u64) -> u64 {
 }
 
 fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<(), ()> {
-    if ctx.headers == HeadersMode::Off {
-        return Ok(());
-    }
     // The line `$rl_*` describe (when it is enforced).
     let Some((line, res)) = ctx.enforced_behind(lines) else {
         return Ok(());

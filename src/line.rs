@@ -4,7 +4,7 @@
 //! named elsewhere by their [`LineId`].
 
 use core::cell::Cell;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use core::{mem, ptr};
 
 use ngx::ffi::{
@@ -14,6 +14,8 @@ use ngx::ffi::{
 use ngx::ngx_log_error;
 use rl_core::limit::Limit;
 use rl_core::parse::{parse_number, parse_rate, parse_u64, ParseError};
+
+use crate::metrics::store::LineSlot;
 
 /// A line's index in [`crate::conf::MainConf::lines`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,6 +179,10 @@ pub struct Line {
     /// `charge=after`: the access phase asks for one unit and charges
     /// nothing; the cost is charged when the request is logged.
     pub charge_after: bool,
+    /// This worker's counters of the line in `rl_metrics`' zone (null
+    /// without it): set when the worker starts, so that counting a verdict
+    /// looks nothing up.
+    pub counters: AtomicPtr<LineSlot>,
 }
 
 /// A parameter of `rl_limit` that holds variables: compiled, and as written.
@@ -307,6 +313,19 @@ enum BadValue {
 }
 
 impl Line {
+    /// This worker's counters of the line (`None` without `rl_metrics`).
+    #[inline(always)]
+    pub fn counters(&self) -> Option<&LineSlot> {
+        // SAFETY: null, or set by `set_counters` to a slot in the counters' zone, which is mapped
+        // for the cycle the configuration is of.
+        unsafe { self.counters.load(Ordering::Relaxed).as_ref() }
+    }
+
+    /// Sets this worker's counters of the line, when the worker starts.
+    pub fn set_counters(&self, slot: &LineSlot) {
+        self.counters.store(ptr::from_ref(slot).cast_mut(), Ordering::Relaxed);
+    }
+
     /// The line's key for the request (empty: the line does not apply to
     /// it), or `Err` if it cannot be evaluated (no memory).
     #[inline(always)]

@@ -28,9 +28,9 @@ use rl_core::metrics::{
     ERR_REFUSED, ERR_SCRIPT, ERR_TIMEOUT, LATENCY_BUCKETS, RESULTS,
 };
 
-use self::store::{Kind, Layout, LineSlot, Row, Want};
+use self::store::{Kind, Layout, Want};
 use crate::conf::MainConf;
-use crate::line::{Line, LineId, Stage};
+use crate::line::{Line, Stage};
 use crate::redis_zone::RedisError;
 use crate::request::{Ctx, LineResult};
 use crate::Module;
@@ -97,35 +97,37 @@ pub fn setup(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
 pub fn init_worker(mcf: &MainConf) {
     if mcf.metrics.enabled {
         // SAFETY: set by nginx before init_process.
-        store::init_worker(unsafe { ngx_worker }, &mcf.metrics.layout.redis);
+        let worker = unsafe { ngx_worker };
+        store::init_worker(worker, &mcf.metrics.layout.redis);
+        for (line, row) in mcf.lines.iter().zip(&mcf.metrics.layout.lines) {
+            if let Some(row) = row {
+                line.set_counters(row.slot(worker));
+            }
+        }
     }
 }
 
 /// Counts the verdict of each active line of the stage just decided: once
 /// per request and stage, where the stage's decision is final.
 #[inline(always)]
-pub fn count(mcf: &MainConf, ctx: &mut Ctx) {
-    let rows = &mcf.metrics.layout.lines;
-    if rows.is_empty() {
+pub fn count(mcf: &MainConf, ctx: &Ctx) {
+    if !mcf.metrics.enabled {
         return;
     }
     let stage = ctx.stage;
-    let ids = ctx.ids();
-    match (ids, &*ctx.results()) {
-        // A location of one line (the common case), without an iterator.
-        ([id], [res]) => count_line(mcf, rows, stage, *id, res),
-        (ids, results) => ids.iter().zip(results).for_each(|(id, res)| count_line(mcf, rows, stage, *id, res)),
+    match ctx.only(&mcf.lines) {
+        Some((line, res)) => count_line(stage, line, res),
+        None => ctx.iter(&mcf.lines).for_each(|(line, res)| count_line(stage, line, res)),
     }
 }
 
 /// [`count`] for one line of the request.
 #[inline(always)]
-fn count_line(mcf: &MainConf, rows: &[Option<Row<LineSlot>>], stage: Stage, id: LineId, res: &LineResult) {
-    if !res.active || id.of(&mcf.lines).is_none_or(|l| l.stage != stage) {
-        return;
-    }
-    if let Some(Some(row)) = rows.get(id.0 as usize) {
-        row.add(verdict(res.admitted, res.dry_run, res.delay_us));
+fn count_line(stage: Stage, line: &Line, res: &LineResult) {
+    if res.active && line.stage == stage {
+        if let Some(slot) = line.counters() {
+            slot.add(verdict(res.admitted, res.dry_run, res.delay_us));
+        }
     }
 }
 
@@ -133,23 +135,21 @@ fn count_line(mcf: &MainConf, rows: &[Option<Row<LineSlot>>], stage: Stage, id: 
 /// does: counts the error, what `on_error` did, and each of the zone's
 /// active lines of the stage being decided as `error_allowed` or
 /// `error_denied` (they are left out of [`count`] afterwards: inactive).
-pub fn redis_failed(mcf: &MainConf, ctx: &mut Ctx, zone: usize, allow: bool, e: &RedisError) {
+pub fn redis_failed(mcf: &MainConf, ctx: &Ctx, zone: usize, allow: bool, e: &RedisError) {
     let m = &mcf.metrics;
-    if m.layout.lines.is_empty() {
+    if !m.enabled {
         return;
     }
     let mut denied = false;
     let stage = ctx.stage;
-    let ids = ctx.ids();
-    for (id, res) in ids.iter().zip(ctx.results().iter()) {
-        let on_zone = id.of(&mcf.lines).is_some_and(|l: &Line| l.backend.redis() == Some(zone) && l.stage == stage);
-        if !res.active || !on_zone {
+    for (line, res) in ctx.iter(&mcf.lines) {
+        if !res.active || line.backend.redis() != Some(zone) || line.stage != stage {
             continue;
         }
         let v = error_verdict(allow, res.dry_run);
         denied |= v == rl_core::metrics::ERROR_DENIED;
-        if let Some(Some(row)) = m.layout.lines.get(id.0 as usize) {
-            row.add(v);
+        if let Some(slot) = line.counters() {
+            slot.add(v);
         }
     }
     if let Some(Some(row)) = m.layout.redis.get(zone) {

@@ -240,27 +240,40 @@ impl Ctx {
     /// response fields describe (dry-run lines add nothing to them). The same
     /// line as [`Ctx::behind`] whenever that one is enforced.
     pub fn enforced_behind<'a>(&'a self, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
-        if self.n == 1 {
-            // The location's one line (no ranking to do, nor an iterator).
-            // SAFETY: n = 1: one id and one result (see `ids` and `results`).
-            let (id, res) = unsafe { (*self.ids, &*self.results) };
-            return id.of(lines).filter(|_| res.active && !res.dry_run).map(|line| (line, res));
+        match self.only(lines) {
+            Some((line, res)) => Some((line, res)).filter(|_| res.active && !res.dry_run),
+            None => behind(self.enforced(lines)),
         }
-        behind(self.enforced(lines))
     }
 
-    /// The location's one line with its outcome, when the location has a
-    /// single line and it is of the stage being decided (the common case,
-    /// taken without walking the lines).
+    /// The location's one line with its outcome, when it has a single line
+    /// (the common case, taken without walking the lines).
     #[inline(always)]
-    pub fn single<'a>(&'a mut self, lines: &'a [Line]) -> Option<(&'a Line, &'a mut LineResult)> {
+    pub fn only<'a>(&'a self, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
         if self.n != 1 {
             return None;
         }
         // SAFETY: n = 1: one id and one result (see `ids` and `results`).
+        let (id, res) = unsafe { (*self.ids, &*self.results) };
+        Some((id.of(lines)?, res))
+    }
+
+    /// [`Ctx::only`], its outcome to be written.
+    #[inline(always)]
+    pub fn only_mut<'a>(&'a mut self, lines: &'a [Line]) -> Option<(&'a Line, &'a mut LineResult)> {
+        if self.n != 1 {
+            return None;
+        }
+        // SAFETY: as in `only`.
         let (id, res) = unsafe { (*self.ids, &mut *self.results) };
-        let line = id.of(lines)?;
-        (line.stage == self.stage).then_some((line, res))
+        Some((id.of(lines)?, res))
+    }
+
+    /// The location's one line, when it is of the stage being decided.
+    #[inline(always)]
+    pub fn single<'a>(&'a mut self, lines: &'a [Line]) -> Option<(&'a Line, &'a mut LineResult)> {
+        let stage = self.stage;
+        self.only_mut(lines).filter(|(line, _)| line.stage == stage)
     }
 
     /// The lines of the stage being decided, with their outcomes.

@@ -8,14 +8,14 @@
 
 pub mod decide;
 mod init;
+mod mutex;
 
-use core::ptr;
 use core::sync::atomic::{AtomicU64, Ordering};
+use core::{mem, ptr};
 
 use ngx::ffi::{
-    ngx_conf_t, ngx_current_msec, ngx_pagesize, ngx_shared_memory_add, ngx_shm_zone_t, ngx_shmtx_lock,
-    ngx_shmtx_unlock, ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t, ngx_str_t, ngx_timeofday,
-    NGX_LOG_ALERT, NGX_LOG_EMERG, NGX_LOG_WARN,
+    ngx_conf_t, ngx_current_msec, ngx_pagesize, ngx_shared_memory_add, ngx_shm_zone_t, ngx_slab_alloc_locked,
+    ngx_slab_free_locked, ngx_slab_pool_t, ngx_str_t, ngx_timeofday, NGX_LOG_ALERT, NGX_LOG_EMERG, NGX_LOG_WARN,
 };
 use ngx::{ngx_conf_log_error, ngx_log_error};
 use rl_core::limit::{Algorithm, Limit};
@@ -178,8 +178,9 @@ impl Zone {
     pub fn lock(&self) -> Option<Locked<'_>> {
         let region = self.table.as_ref()?;
         let shpool = self.shpool();
-        // SAFETY: the pool's mutex is initialised by nginx with the pool.
-        unsafe { ngx_shmtx_lock(&mut (*shpool).mutex) };
+        // SAFETY: the pool's mutex is initialised by nginx with the pool; a worker never locks a
+        // zone it holds (a request's decision locks each of its zones once, in zone order).
+        unsafe { mutex::lock(&mut (*shpool).mutex) };
         // SAFETY: the region was laid out by zone_init in the zone's memory, mapped for the
         // cycle; the mutex is held for as long as the Table lives (Locked unlocks in Drop, after
         // dropping the table).
@@ -198,7 +199,19 @@ pub struct Locked<'a> {
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
         // SAFETY: locked in Zone::lock.
-        unsafe { ngx_shmtx_unlock(&mut (*self.shpool).mutex) };
+        unsafe { mutex::unlock(&mut (*self.shpool).mutex) };
+    }
+}
+
+impl Locked<'_> {
+    /// Unlocks the zone where the caller says, written inline there (the
+    /// compiler keeps a drop out of line).
+    #[inline(always)]
+    pub fn unlock(self) {
+        let shpool = self.shpool;
+        mem::forget(self);
+        // SAFETY: locked in Zone::lock; `self` is gone, so nothing unlocks it again.
+        unsafe { mutex::unlock(&mut (*shpool).mutex) };
     }
 }
 

@@ -4,7 +4,8 @@
 //! wrong and where) before it returns `NGX_CONF_ERROR`.
 
 use core::ffi::{c_char, c_void};
-use core::mem;
+use core::sync::atomic::AtomicPtr;
+use core::{mem, ptr};
 
 use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
@@ -384,6 +385,7 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         vars,
         charge_after,
         stage: if after_auth { Stage::AfterAuth } else { Stage::BeforeAuth },
+        counters: AtomicPtr::new(ptr::null_mut()),
     };
     // One budget per identity: the same line twice in one block would be
     // charged twice for one request.

@@ -133,11 +133,11 @@ impl<T> Row<T> {
     }
 }
 
-impl Row<LineSlot> {
-    /// Counts one verdict of this worker.
+impl LineSlot {
+    /// Counts one verdict (a worker's own slot).
     #[inline]
     pub fn add(&self, verdict: usize) {
-        if let Some(c) = self.mine().0.get(verdict) {
+        if let Some(c) = self.0.get(verdict) {
             c.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -124,7 +124,6 @@ fn decide_lines(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, now_us: u64,
 /// never rejects).
 #[inline(always)]
 fn decide_one(zone: Option<&Zone>, line: &Line, res: &mut LineResult, now_us: u64, log: *mut ngx_log_t) -> bool {
-    let now_s = (now_us / 1_000_000) as u32;
     let Some(zone) = zone else {
         res.active = false;
         return true;
@@ -134,6 +133,15 @@ fn decide_one(zone: Option<&Zone>, line: &Line, res: &mut LineResult, now_us: u6
         res.active = false;
         return true;
     };
+    let admitted = decide_locked(&mut locked, line, res, now_us, log);
+    locked.unlock();
+    admitted
+}
+
+/// [`decide_one`] under the zone's lock.
+#[inline(always)]
+fn decide_locked(locked: &mut Locked, line: &Line, res: &mut LineResult, now_us: u64, log: *mut ngx_log_t) -> bool {
+    let now_s = (now_us / 1_000_000) as u32;
     locked.expire(now_s);
     res.hash = locked.table.hash_key(line.id, res.key.as_bytes());
     res.lock = 0;
