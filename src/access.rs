@@ -19,7 +19,7 @@
 //! units are taken.
 
 use core::ffi::CStr;
-use core::mem;
+use core::{mem, ptr};
 
 use ngx::core::Status;
 use ngx::ffi::{
@@ -32,7 +32,7 @@ use rl_core::limit::Limit;
 
 use crate::conf::{LocConf, MainConf};
 use crate::delay;
-use crate::line::{Line, Params, Stage};
+use crate::line::{Line, Params, Stage, VarLimit};
 use crate::metrics;
 use crate::redis_zone::{self, Job, JobLine, RedisError, Reply};
 use crate::request::{get_ctx, new_ctx, Ctx, LineResult, Phase, Verdict};
@@ -270,9 +270,12 @@ fn eval_varying(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult) -
             Params::Per(cost) => res.cost = cost,
             Params::Off => res.active = false,
         }
-        if let Some(limit) = limit {
-            res.var_limit = Some(in_pool(r, limit)?);
-        }
+        res.var_limit = match limit {
+            // SAFETY: the line is the configuration's, which outlives the request.
+            Some(VarLimit::Kept(limit)) => Some(unsafe { &*ptr::from_ref(limit) }),
+            Some(VarLimit::Made(limit)) => Some(in_pool(r, limit)?),
+            None => None,
+        };
     }
     if line.charge_after && res.active {
         // Admitted while one unit is left; the cost is charged when the request is logged.
@@ -282,9 +285,8 @@ fn eval_varying(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult) -
     Ok(false)
 }
 
-/// A request's limit, copied into its pool: it lives as long as the
-/// request's results do (a line's memo of its last limit may change while
-/// the request waits for Redis). `Err`: no memory.
+/// A request's limit that its line does not keep, copied into its pool: it
+/// lives as long as the request's results do. `Err`: no memory.
 fn in_pool(r: *mut ngx_http_request_t, limit: Limit) -> Result<&'static Limit, ()> {
     // SAFETY: the request pool is valid for the request's lifetime; ngx_palloc aligns to
     // NGX_ALIGNMENT, the pointer size, which is enough for a Limit (asserted below).

@@ -3,7 +3,7 @@
 //! stored under. Lines are owned by [`crate::conf::MainConf::lines`] and
 //! named elsewhere by their [`LineId`].
 
-use core::cell::Cell;
+use core::cell::OnceCell;
 use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use core::{mem, ptr};
 
@@ -219,12 +219,22 @@ pub struct Varying {
     /// (that memory could not be had) in the worker's own.
     logged_s: AtomicU64,
     shared_s: *const AtomicU64,
-    /// The last rate and burst texts the worker parsed, and the limit they
+    /// The first rate and burst texts the worker parsed, and the limits they
     /// gave: a plan's values repeat from request to request, and comparing
-    /// a few bytes costs far less than parsing them and building a limit.
-    /// Each worker has its own (the configuration is copied into each on
-    /// fork), and only its event loop reads lines.
-    memo: Cell<Option<Memo>>,
+    /// a few bytes costs far less than parsing them, building a limit and
+    /// copying it into the request's pool. Each entry is written once and
+    /// never changed, so that a request keeps a reference to its limit for
+    /// as long as it lives (values beyond the entries are parsed every time,
+    /// and copied). Each worker has its own (the configuration is copied
+    /// into each on fork), and only its event loop reads lines.
+    memo: [OnceCell<Memo>; Memo::ENTRIES],
+}
+
+/// A request's limit from its variables: kept by the line (see
+/// [`Varying::memo`]), or made for the request alone.
+pub enum VarLimit<'a> {
+    Kept(&'a Limit),
+    Made(Limit),
 }
 
 /// A parameter's text as [`Memo`] keeps it: up to [`Memo::TEXT`] bytes.
@@ -241,6 +251,8 @@ struct Memo {
 impl Memo {
     /// Longer values are parsed every time.
     const TEXT: usize = 30;
+    /// Distinct rate and burst pairs a line keeps (a plan each, usually).
+    const ENTRIES: usize = 8;
 
     fn text(v: Option<ngx_str_t>) -> Option<Option<MemoText>> {
         let Some(v) = v else { return Some(None) };
@@ -268,7 +280,7 @@ impl Varying {
                 cost,
                 logged_s: AtomicU64::new(0),
                 shared_s: ptr::null(),
-                memo: Cell::new(None),
+                memo: Default::default(),
             })
         })
     }
@@ -358,12 +370,12 @@ impl Line {
     /// `cost=` is not evaluated for `charge=after`, whose cost is known when
     /// the request is logged. A bad value is logged, at most once a second
     /// per line; `Err`: no memory.
-    pub fn eval_params(
-        &self,
+    pub fn eval_params<'a>(
+        &'a self,
         r: *mut ngx_http_request_t,
         log: *mut ngx_log_t,
         redis: bool,
-        limit: &mut Option<Limit>,
+        limit: &mut Option<VarLimit<'a>>,
     ) -> Result<Params, ()> {
         let Some(vars) = self.vars.as_deref() else {
             return Ok(Params::Static);
@@ -371,8 +383,8 @@ impl Line {
         let mut cost = self.cost;
         let mut bad = None;
         if vars.limit_varies() {
-            match self.eval_limit(vars, r, redis, limit)? {
-                Some(Ok(())) => {}
+            match self.eval_limit(vars, r, redis)? {
+                Some(Ok(l)) => *limit = Some(l),
                 Some(Err(e)) => bad = Some(e),
                 None => return Ok(Params::Off),
             }
@@ -395,15 +407,14 @@ impl Line {
         }
     }
 
-    /// The request's limit from its variable rate or burst, into `out`:
-    /// `None` when a value is empty.
-    fn eval_limit(
+    /// The request's limit from its variable rate or burst: `None` when a
+    /// value is empty.
+    fn eval_limit<'a>(
         &self,
-        vars: &Varying,
+        vars: &'a Varying,
         r: *mut ngx_http_request_t,
         redis: bool,
-        out: &mut Option<Limit>,
-    ) -> Result<Option<Result<(), BadValue>>, ()> {
+    ) -> Result<Option<Result<VarLimit<'a>, BadValue>>, ()> {
         let (mut rate_v, mut burst_v) = (None, None);
         for (p, v) in [(&vars.rate, &mut rate_v), (&vars.burst, &mut burst_v)] {
             if let Some(p) = p {
@@ -413,23 +424,29 @@ impl Line {
                 }
             }
         }
-        // SAFETY: only the worker's event loop reads lines, and no reference to the memo
-        // outlives this statement (`set` below replaces it whole).
-        if let Some(m) = unsafe { &*vars.memo.as_ptr() } {
-            if Memo::same(&m.rate, rate_v) && Memo::same(&m.burst, burst_v) {
-                *out = Some(m.limit);
-                return Ok(Some(Ok(())));
+        // Entries fill in order: the first empty one ends the kept values.
+        let mut empty = None;
+        for entry in &vars.memo {
+            match entry.get() {
+                Some(m) if Memo::same(&m.rate, rate_v) && Memo::same(&m.burst, burst_v) => {
+                    return Ok(Some(Ok(VarLimit::Kept(&m.limit))));
+                }
+                Some(_) => {}
+                None => {
+                    empty = Some(entry);
+                    break;
+                }
             }
         }
         let limit = match self.parse_limit(rate_v, burst_v, redis) {
             Ok(limit) => limit,
             Err(e) => return Ok(Some(Err(e))),
         };
-        if let (Some(rate), Some(burst)) = (Memo::text(rate_v), Memo::text(burst_v)) {
-            vars.memo.set(Some(Memo { rate, burst, limit }));
+        if let (Some(entry), Some(rate), Some(burst)) = (empty, Memo::text(rate_v), Memo::text(burst_v)) {
+            let m = entry.get_or_init(|| Memo { rate, burst, limit });
+            return Ok(Some(Ok(VarLimit::Kept(&m.limit))));
         }
-        *out = Some(limit);
-        Ok(Some(Ok(())))
+        Ok(Some(Ok(VarLimit::Made(limit))))
     }
 
     /// The limit of a request's rate and burst texts (`None`: the line's own).
@@ -557,6 +574,7 @@ impl Line {
 
 /// The value of the variable registered at `index`, as the complex value
 /// `"$name"` evaluates it: flushed, empty when not found.
+#[inline(always)]
 fn flushed(r: *mut ngx_http_request_t, index: ngx_uint_t) -> ngx_str_t {
     // SAFETY: the index was registered for this configuration; r is the request being handled;
     // an index is only kept where VarValue reads the value's layout right (VarValue::matches).

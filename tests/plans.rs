@@ -199,6 +199,34 @@ fn plan_rate_from_map_redis() {
     plan_rates(&format!("rl_zone z redis={} timeout=1s;", redis.url()));
 }
 
+/// More plans than a line keeps parsed (eight): twelve rates, the requests
+/// of their keys interleaved, so that the values past the kept ones are
+/// parsed on every request; each key gets its own rate, and its response
+/// fields say so.
+fn many_plans(zone: &str) {
+    let ngx = plans(zone, "location / { rl_limit zone=z key=$http_x_user rate=$http_x_rate algorithm=fixed; }");
+    for round in 0..13 {
+        for n in 1..=12u64 {
+            let (user, rate) = (format!("u{n}"), format!("{n}r/h"));
+            let r = ngx.get("/index.html", &[("X-User", &user), ("X-Rate", &rate)]);
+            let want = if round < n { 200 } else { 429 };
+            assert_eq!(r.status, want, "{rate}, request {round}: {r:?}");
+            assert_eq!(r.num("X-RateLimit-Limit"), n, "{rate}, request {round}: {r:?}");
+        }
+    }
+}
+
+#[test]
+fn more_plans_than_kept_shm() {
+    many_plans("rl_zone z size=1m;");
+}
+
+#[test]
+fn more_plans_than_kept_redis() {
+    let redis = Redis::start();
+    many_plans(&format!("rl_zone z redis={} timeout=1s;", redis.url()));
+}
+
 /// A key whose plan changes keeps what it used: 2 of a burst of 2 at
 /// 2r/h, then upgraded to 5r/h (the same key), 3 more pass, for each
 /// algorithm that a plan can take.

@@ -251,7 +251,8 @@ pub struct Charge {
 }
 
 impl Charge {
-    /// Nothing charged (the default, usable in constants).
+    /// Nothing charged (the default, usable in constants): all-zero bytes,
+    /// which the module's zeroed request results rely on.
     pub const NONE: Charge = Charge { cost: 0, at: 0, below: 0, tag: 0 };
 
     /// Units charged; 0 when nothing was.

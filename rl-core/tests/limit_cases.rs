@@ -2,7 +2,7 @@
 //!
 //! Unless noted the limit is 10r/s with burst 5: W = 500 ms, T = 100 ms.
 
-use rl_core::limit::{Algorithm, Limit, LimitError, Outcome, MAX_LOG_BURST};
+use rl_core::limit::{Algorithm, Charge, Limit, LimitError, Outcome, MAX_LOG_BURST};
 use rl_core::parse::Rate;
 
 use Algorithm::*;
@@ -366,4 +366,13 @@ fn extreme_values_do_not_panic() {
             }
         }
     }
+}
+
+/// The module initialises a request's results by zeroing their memory: a
+/// result not evaluated holds `Charge::NONE`, nothing to refund.
+#[test]
+fn charge_none_is_zeroed_memory() {
+    // SAFETY: a Charge is integers, for which all-zero bytes are a value.
+    let zeroed: Charge = unsafe { core::mem::zeroed() };
+    assert_eq!(zeroed, Charge::NONE);
 }
