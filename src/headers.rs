@@ -12,7 +12,7 @@ use ngx::ffi::{
 use ngx::http::{HttpModuleMainConf, Request};
 
 use crate::line::{HeadersMode, Line};
-use crate::request::{get_ctx, Ctx};
+use crate::request::{get_ctx, Ctx, LineResult};
 use crate::Module;
 
 /// The next filter in nginx's header filter chain.
@@ -202,6 +202,8 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
     let draft_len: usize =
         if ctx.headers.draft() { ctx.enforced(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum() } else { 0 };
     let mut out = Out::with_room(r, ctx, 4 * NUM + draft_len).ok_or(())?;
+    // Honest: a lone request sent after `Retry-After` passes every line.
+    let retry = |ctx: &Ctx| if ctx.rejected { retry_after(ctx, lines) } else { None };
     if ctx.headers.legacy() {
         let limit = match line.burst_varies() {
             true => out.value(res.limit(line).burst()),
@@ -209,17 +211,16 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
         };
         let remaining = out.value(res.remaining);
         let reset = out.digits(&reset_digits(ctx.now_unix as u64 + ceil_s(res.reset_us)));
-        push_all(
-            r,
-            [("X-RateLimit-Limit", limit), ("X-RateLimit-Remaining", remaining), ("X-RateLimit-Reset", reset)],
-        )?;
-    }
-    if ctx.rejected {
-        // Honest: a lone request sent after this long passes every line.
-        let wait = ctx.enforced(lines).filter(|(_, r)| !r.admitted).map(|(_, r)| r.retry_after_us).max();
-        if let Some(wait) = wait.filter(|w| *w != u64::MAX) {
-            push(r, "Retry-After", out.value(ceil_s(wait).max(1)))?;
+        let legacy = [("X-RateLimit-Limit", limit), ("X-RateLimit-Remaining", remaining), ("X-RateLimit-Reset", reset)];
+        match retry(ctx) {
+            Some(wait) => {
+                let [a, b, c] = legacy;
+                push_all(r, [a, b, c, ("Retry-After", out.value(ceil_s(wait).max(1)))])?;
+            }
+            None => push_all(r, legacy)?,
         }
+    } else if let Some(wait) = retry(ctx) {
+        push(r, "Retry-After", out.value(ceil_s(wait).max(1)))?;
     }
     if ctx.headers.draft() {
         let at = out.len;
@@ -235,6 +236,18 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
         push(r, "RateLimit", out.since(at))?;
     }
     Ok(())
+}
+
+/// The wait to send in `Retry-After` of a rejected request: the longest of
+/// its enforced lines that rejected it, after which a lone request passes
+/// every line (`None` when no wait lets one through).
+fn retry_after(ctx: &Ctx, lines: &[Line]) -> Option<u64> {
+    let rejecting = |res: &LineResult| res.active && !res.dry_run && !res.admitted;
+    let wait = match ctx.only(lines) {
+        Some((_, res)) => rejecting(res).then_some(res.retry_after_us),
+        None => ctx.enforced(lines).filter(|(_, res)| rejecting(res)).map(|(_, res)| res.retry_after_us).max(),
+    };
+    wait.filter(|w| *w != u64::MAX)
 }
 
 /// One structured-field item: `"name";a=1;b=2`, comma-separated after the first.

@@ -24,7 +24,7 @@ use core::{ptr, slice};
 use ngx::core::{Status, NGX_CONF_ERROR};
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_core_main_conf_t, ngx_http_handler_pt,
-    ngx_http_module_t, ngx_http_phases_NGX_HTTP_LOG_PHASE, ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
+    ngx_http_module_t, ngx_http_phases, ngx_http_phases_NGX_HTTP_LOG_PHASE, ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
     ngx_http_phases_NGX_HTTP_PRECONTENT_PHASE, ngx_http_request_t, ngx_http_top_header_filter, ngx_int_t, ngx_module_t,
     ngx_process, ngx_str_t, ngx_test_config, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1,
     NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
@@ -86,36 +86,17 @@ impl HttpModule for Module {
         // registered only where some line needs it: nginx calls a phase's handlers on every
         // request, of every location.
         let after_auth = mcf.lines.iter().any(|l| l.stage == Stage::AfterAuth);
-        let phases = [
-            (ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, access::preaccess_handler_pt(), true, !mcf.lines.is_empty()),
-            (ngx_http_phases_NGX_HTTP_PRECONTENT_PHASE, access::precontent_handler_pt(), false, after_auth),
+        let charge_after = mcf.lines.iter().any(|l| l.charge_after);
+        let added = [
+            (!mcf.lines.is_empty(), ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, access::preaccess_handler_pt(), true),
+            (after_auth, ngx_http_phases_NGX_HTTP_PRECONTENT_PHASE, access::precontent_handler_pt(), false),
+            // The costs charged after the response, where a line does that.
+            (charge_after, ngx_http_phases_NGX_HTTP_LOG_PHASE, charge::log_handler_pt(), false),
         ];
-        for (phase, handler, last, _) in phases.into_iter().filter(|p| p.3) {
-            let handlers = &mut cmcf.phases[phase as usize].handlers;
-            // SAFETY: phases[].handlers are ngx_array_t of ngx_http_handler_pt, created by the core module.
-            let h = unsafe { ngx_array_push(handlers) }.cast::<ngx_http_handler_pt>();
-            if h.is_null() {
+        for (wanted, phase, handler, last) in added {
+            if wanted && add_handler(cmcf, phase, handler, last).is_err() {
                 return Status::NGX_ERROR.into();
             }
-            // SAFETY: h points to a new element of the array.
-            unsafe { *h = handler };
-            if last {
-                // SAFETY: the array's nelts elements, the new one included, are initialised.
-                let all =
-                    unsafe { slice::from_raw_parts_mut(handlers.elts.cast::<ngx_http_handler_pt>(), handlers.nelts) };
-                all.rotate_right(1);
-            }
-        }
-        // Only where a line charges after the response.
-        if mcf.lines.iter().any(|l| l.charge_after) {
-            // SAFETY: as above.
-            let log = unsafe { ngx_array_push(&mut cmcf.phases[ngx_http_phases_NGX_HTTP_LOG_PHASE as usize].handlers) }
-                .cast::<ngx_http_handler_pt>();
-            if log.is_null() {
-                return Status::NGX_ERROR.into();
-            }
-            // SAFETY: a new element of the array.
-            unsafe { *log = charge::log_handler_pt() };
         }
         if mcf.lines.is_empty() {
             return Status::NGX_OK.into();
@@ -272,4 +253,28 @@ extern "C" fn exit_process(_cycle: *mut ngx_cycle_t) {
 /// reload only for the same name, size and tag).
 pub fn module_tag() -> *mut c_void {
     ptr::addr_of_mut!(ngx_http_rl_module).cast()
+}
+
+/// Registers `handler` in `phase`: to run first of the phase's handlers
+/// registered so far, or last (`last`).
+fn add_handler(
+    cmcf: &mut ngx_http_core_main_conf_t,
+    phase: ngx_http_phases,
+    handler: ngx_http_handler_pt,
+    last: bool,
+) -> Result<(), ()> {
+    let handlers = &mut cmcf.phases[phase as usize].handlers;
+    // SAFETY: phases[].handlers are ngx_array_t of ngx_http_handler_pt, created by the core module.
+    let h = unsafe { ngx_array_push(handlers) }.cast::<ngx_http_handler_pt>();
+    if h.is_null() {
+        return Err(());
+    }
+    // SAFETY: h points to a new element of the array.
+    unsafe { *h = handler };
+    if last {
+        // SAFETY: the array's nelts elements, the new one included, are initialised.
+        let all = unsafe { slice::from_raw_parts_mut(handlers.elts.cast::<ngx_http_handler_pt>(), handlers.nelts) };
+        all.rotate_right(1);
+    }
+    Ok(())
 }
