@@ -60,7 +60,8 @@ pub fn init_clock() {
 pub fn now_us() -> u64 {
     // SAFETY: ngx_current_msec is the worker's cached monotonic clock.
     let mono = unsafe { ngx_current_msec } as u64;
-    mono.saturating_add(EPOCH_MS.load(Ordering::Relaxed)).saturating_mul(1000)
+    // (Unix time in µs overflows a u64 in the year 586,000)
+    mono.wrapping_add(EPOCH_MS.load(Ordering::Relaxed)).wrapping_mul(1000)
 }
 
 pub struct Zone {
@@ -316,18 +317,16 @@ impl<'a> Locked<'a> {
     /// insert dropped it to make room).
     #[inline(always)]
     pub fn state(&mut self, slot: Slot, hash: [u64; 2], limit: &Limit) -> Option<&mut [u64]> {
-        let words = limit.state_words();
         let state = self.table.state_at(slot, hash)?;
-        if state[2] == RING_TAG && state[0] != 0 {
-            let off = (state[0] - 1) as usize;
-            if words <= INLINE_WORDS || off + words * 8 > self.zone.size {
-                return None;
-            }
-            // SAFETY: the state was allocated in `ensure` with state_words() words for this line
-            // (the line id is part of the hash, so the same limit owns it); the mutex is held.
-            return Some(unsafe { core::slice::from_raw_parts_mut(self.shpool.cast::<u8>().add(off).cast(), words) });
-        }
-        state.get_mut(..words)
+        words_of(state, limit.state_words(), self.shpool, self.zone.size)
+    }
+
+    /// [`Locked::state`] of the entry `ensure` has just returned, nothing
+    /// inserted since: it holds the hash, which is not compared again.
+    #[inline(always)]
+    pub fn ensured_state(&mut self, slot: Slot, limit: &Limit) -> Option<&mut [u64]> {
+        let state = self.table.state_mut(slot)?;
+        words_of(state, limit.state_words(), self.shpool, self.zone.size)
     }
 
     /// Records that the state at `slot`, charged at `now_us`, is back to
@@ -340,6 +339,22 @@ impl<'a> Locked<'a> {
             (now_us.saturating_add(reset_us).saturating_add(999_999) / 1_000_000).min(u64::from(u32::MAX)) as u32;
         self.table.set_idle_at(slot, idle_at);
     }
+}
+
+/// The `words` state words of an entry's `state`: the entry's own, or the
+/// out-of-line log it points to in the pool (`None` if that cannot be).
+#[inline(always)]
+fn words_of(state: &mut [u64; 3], words: usize, shpool: *mut ngx_slab_pool_t, size: usize) -> Option<&mut [u64]> {
+    if state[2] == RING_TAG && state[0] != 0 {
+        let off = (state[0] - 1) as usize;
+        if words <= INLINE_WORDS || off + words * 8 > size {
+            return None;
+        }
+        // SAFETY: the state was allocated in `ensure` with state_words() words for this line
+        // (the line id is part of the hash, so the same limit owns it); the mutex is held.
+        return Some(unsafe { core::slice::from_raw_parts_mut(shpool.cast::<u8>().add(off).cast(), words) });
+    }
+    state.get_mut(..words)
 }
 
 fn free_ring(shpool: *mut ngx_slab_pool_t, state: &[u64; 3]) {

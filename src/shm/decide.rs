@@ -150,7 +150,7 @@ fn decide_locked(locked: &mut Locked, line: &Line, res: &mut LineResult, now_us:
         return true;
     };
     res.slot = slot;
-    let Some(state) = locked.state(slot, res.hash, &line.limit) else {
+    let Some(state) = locked.ensured_state(slot, &line.limit) else {
         res.active = false;
         return true;
     };
