@@ -85,7 +85,7 @@ fn preaccess(r: &mut Request) -> Status {
         Some(_) => return Status::NGX_DECLINED,
         None if lcf.lines.is_empty() => return Status::NGX_DECLINED,
         None => {
-            let Some(ctx) = new_ctx(r, &lcf.lines, lcf.headers()) else {
+            let Some(ctx) = new_ctx(r, &lcf.lines, lcf.headers(), mcf.ctx_var) else {
                 return Status(500);
             };
             if let Some(status) = start(raw, lcf, mcf, ctx) {

@@ -63,6 +63,9 @@ pub struct MainConf {
     pub locs: Vec<*mut LocConf>,
     /// `rl_metrics`: the counters' rows.
     pub metrics: crate::metrics::store::Metrics,
+    /// The index of the variable that carries a request's context across
+    /// internal redirects (set in postconfiguration).
+    pub ctx_var: Option<ngx_uint_t>,
 }
 
 impl MainConf {

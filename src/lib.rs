@@ -73,6 +73,10 @@ impl HttpModule for Module {
         if conf::finish(cf, mcf).is_err() || metrics::setup(cf, mcf).is_err() {
             return Status::NGX_ERROR.into();
         }
+        mcf.ctx_var = variables::ctx_index(cf);
+        if mcf.ctx_var.is_none() {
+            return Status::NGX_ERROR.into();
+        }
         // SAFETY: as above; the core module's main configuration always exists in http{}.
         let Some(cmcf) = (unsafe { NgxHttpCoreModule::main_conf_mut(&*cf) }) else {
             return Status::NGX_ERROR.into();

@@ -3,11 +3,10 @@
 //! and kept across internal redirects (see [`get_ctx`]).
 
 use core::cmp::Reverse;
-use core::ffi::c_void;
 use core::{mem, ptr, slice};
 
-use ngx::ffi::{ngx_http_request_t, ngx_palloc, ngx_pool_cleanup_t, ngx_str_t, ngx_time};
-use ngx::http::{HttpModule, Request};
+use ngx::ffi::{ngx_http_request_t, ngx_palloc, ngx_str_t, ngx_time, ngx_uint_t};
+use ngx::http::{HttpModule, HttpModuleMainConf, Request};
 use rl_core::limit::{Charge, Limit, Outcome};
 use rl_core::table::Slot;
 
@@ -330,13 +329,10 @@ impl Ctx {
     }
 }
 
-/// Marks the request-pool cleanup that carries our context, so that it can
-/// be found again after an internal redirect wipes `r->ctx`.
-extern "C" fn ctx_marker(_data: *mut c_void) {}
-
-/// The request's context: from `r->ctx`, or recovered from the pool after an
-/// internal redirect (index, try_files, error_page) so that a request is
-/// counted once.
+/// The request's context: from `r->ctx`, or recovered after an internal
+/// redirect (index, try_files, error_page) wiped `r->ctx`, from the slot of
+/// the variable that carries it ([`new_ctx`]), so that a request is counted
+/// once.
 pub fn get_ctx(r: &Request) -> Option<&'static mut Ctx> {
     let raw: *const ngx_http_request_t = r.into();
     let index = Module::module().ctx_index;
@@ -351,47 +347,34 @@ pub fn get_ctx(r: &Request) -> Option<&'static mut Ctx> {
     if unsafe { (*raw).internal() } == 0 {
         return None;
     }
-    // SAFETY: the request and its pool are valid; the cleanup list is a linked list owned by the pool.
-    let mut c = unsafe { (*(*raw).pool).cleanup };
-    // SAFETY: as above.
-    while let Some(cl) = unsafe { c.as_ref() } {
-        // The marker is compared by address: one definition in this crate, built as a single
-        // codegen unit, so the address is unique.
-        if cl.handler.map(|f| f as usize) == Some(ctx_marker as extern "C" fn(*mut c_void) as usize)
-            && !cl.data.is_null()
-        {
-            r.set_module_ctx(cl.data, Module::module());
-            // SAFETY: set by new_ctx below to a pool-allocated Ctx.
-            let ctx = unsafe { &mut *cl.data.cast::<Ctx>() };
-            ctx.redirected = true;
-            return Some(ctx);
-        }
-        c = cl.next;
-    }
-    None
+    let var = Module::main_conf(r)?.ctx_var?;
+    // SAFETY: r->variables holds a value per indexed variable of the request's configuration,
+    // which `var` is one of; only new_ctx writes its `data`, with the request's Ctx.
+    let ctx = unsafe { (*(*raw).variables.add(var)).data }.cast::<Ctx>();
+    // SAFETY: null, or the Ctx new_ctx allocated in the request pool.
+    let ctx = unsafe { ctx.as_mut() }?;
+    r.set_module_ctx(ptr::from_mut(ctx).cast(), Module::module());
+    ctx.redirected = true;
+    Some(ctx)
 }
 
-/// A new context for the location's lines, with every line inactive.
-pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode) -> Option<&'static mut Ctx> {
+/// A new context for the location's lines, with every line inactive, kept
+/// in `r->ctx` and in the value slot of the variable `var` (see
+/// [`get_ctx`]).
+pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode, var: Option<ngx_uint_t>) -> Option<&'static mut Ctx> {
     let raw: *const ngx_http_request_t = r.into();
     // SAFETY: the request pool is valid for the request's lifetime.
     let pool = unsafe { (*raw).pool };
-    // One allocation: the cleanup that marks the context, the context, its results, the room for
-    // the legacy fields' values. (What ngx_pool_cleanup_add does, with its two allocations made
-    // one; and what the header filter would allocate on every response.)
+    // One allocation: the context, its results, the room for the legacy fields' values (what the
+    // header filter would allocate on every response).
     let values = if headers.legacy() { HeadersMode::LEGACY_BYTES } else { 0 };
-    let size = mem::size_of::<ngx_pool_cleanup_t>()
-        + mem::size_of::<Ctx>()
-        + ids.len() * mem::size_of::<LineResult>()
-        + values;
+    let size = mem::size_of::<Ctx>() + ids.len() * mem::size_of::<LineResult>() + values;
     // SAFETY: pool is valid; ngx_palloc aligns to NGX_ALIGNMENT (pointer size), and every part
     // needs 8 and has a size that is a multiple of 8.
-    let cln = unsafe { ngx_palloc(pool, size) }.cast::<ngx_pool_cleanup_t>();
-    if cln.is_null() {
+    let ctx = unsafe { ngx_palloc(pool, size) }.cast::<Ctx>();
+    if ctx.is_null() {
         return None;
     }
-    // SAFETY: within the size bytes allocated.
-    let ctx = unsafe { cln.add(1).cast::<Ctx>() };
     // SAFETY: within the size bytes allocated.
     let results = unsafe { ctx.add(1).cast::<LineResult>() };
     // SAFETY: as above, one LineResult each (a location of one line without a loop).
@@ -416,12 +399,13 @@ pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode) -> Option<&'st
         // SAFETY: within the size bytes allocated (the last `values` of them).
         legacy_values: if values > 0 { unsafe { results.add(ids.len()).cast::<u8>() } } else { ptr::null_mut() },
     };
-    // SAFETY: ctx and cln point into the allocation; the pool runs its cleanups from the list
-    // head when it is destroyed (ctx_marker does nothing).
+    // SAFETY: ctx points to the allocation; r->variables holds a value per indexed variable of the
+    // request's configuration, `var` among them (its value is only ever read through `data`).
     unsafe {
         ptr::write(ctx, value);
-        cln.write(ngx_pool_cleanup_t { handler: Some(ctx_marker), data: ctx.cast(), next: (*pool).cleanup });
-        (*pool).cleanup = cln;
+        if let Some(var) = var {
+            (*(*raw).variables.add(var)).data = ctx.cast();
+        }
     }
     r.set_module_ctx(ctx.cast(), Module::module());
     // SAFETY: initialised above.
@@ -429,5 +413,4 @@ pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode) -> Option<&'st
 }
 
 // new_ctx places the parts one after the other in one allocation.
-const _: () = assert!(mem::size_of::<ngx_pool_cleanup_t>().is_multiple_of(8));
 const _: () = assert!(mem::size_of::<Ctx>().is_multiple_of(8) && mem::size_of::<LineResult>().is_multiple_of(8));

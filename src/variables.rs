@@ -6,8 +6,8 @@
 use core::ptr;
 
 use ngx::ffi::{
-    ngx_conf_t, ngx_http_add_variable, ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t, ngx_pnalloc,
-    ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE,
+    ngx_conf_t, ngx_http_add_variable, ngx_http_get_variable_index, ngx_http_request_t, ngx_http_variable_value_t,
+    ngx_int_t, ngx_pnalloc, ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE, NGX_HTTP_VAR_NOHASH,
 };
 use ngx::http::{HttpModuleMainConf, Request};
 use ngx::ngx_string;
@@ -37,6 +37,12 @@ const VARS: [(ngx_str_t, Var); 7] = [
     (ngx_string!("rl_delay"), Var::Delay),
 ];
 
+/// The variable whose value slot carries a request's context across
+/// internal redirects (see [`crate::request::get_ctx`]): nginx clears a
+/// request's module contexts when it redirects it, not its variables.
+/// Hidden from lookups by name; read as a variable, it is not found.
+const CTX_VAR: ngx_str_t = ngx_string!("rl_internal_ctx");
+
 /// Declares the variables (in preconfiguration, as `limit_req` declares
 /// `$limit_req_status`, so that the configuration can name them).
 /// Non-cacheable: a value read before the lines were decided (in a
@@ -52,7 +58,38 @@ pub fn add(cf: *mut ngx_conf_t) -> Result<(), ()> {
         v.get_handler = Some(get);
         v.data = var as usize;
     }
+    let mut name = CTX_VAR;
+    // SAFETY: as above.
+    let v = unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOHASH as ngx_uint_t) };
+    // SAFETY: as above.
+    let Some(v) = (unsafe { v.as_mut() }) else {
+        return Err(());
+    };
+    v.get_handler = Some(not_found);
     Ok(())
+}
+
+/// The index of the variable that carries a request's context, in
+/// postconfiguration (`None`: no memory).
+pub fn ctx_index(cf: *mut ngx_conf_t) -> Option<ngx_uint_t> {
+    let mut name = CTX_VAR;
+    // SAFETY: cf is the http{} configuration being finished; the variable was added in
+    // preconfiguration.
+    ngx_uint_t::try_from(unsafe { ngx_http_get_variable_index(cf, &mut name) }).ok()
+}
+
+/// The context's variable read as a variable: not found (its slot's `data`,
+/// the context, is left as it is).
+unsafe extern "C" fn not_found(
+    _r: *mut ngx_http_request_t,
+    v: *mut ngx_http_variable_value_t,
+    _data: usize,
+) -> ngx_int_t {
+    // SAFETY: nginx passes the value to fill.
+    if let Some(v) = unsafe { v.as_mut() } {
+        v.set_not_found(1);
+    }
+    0
 }
 
 unsafe extern "C" fn get(r: *mut ngx_http_request_t, v: *mut ngx_http_variable_value_t, data: usize) -> ngx_int_t {
