@@ -202,8 +202,7 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
     let draft_len: usize =
         if ctx.headers.draft() { ctx.enforced(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum() } else { 0 };
     let mut out = Out::with_room(r, ctx, 4 * NUM + draft_len).ok_or(())?;
-    // Honest: a lone request sent after `Retry-After` passes every line.
-    let retry = |ctx: &Ctx| if ctx.rejected { retry_after(ctx, lines) } else { None };
+    let retry = retry_after_s(ctx, lines);
     if ctx.headers.legacy() {
         let limit = match line.burst_varies() {
             true => out.value(res.limit(line).burst()),
@@ -212,15 +211,15 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
         let remaining = out.value(res.remaining);
         let reset = out.digits(&reset_digits(ctx.now_unix as u64 + ceil_s(res.reset_us)));
         let legacy = [("X-RateLimit-Limit", limit), ("X-RateLimit-Remaining", remaining), ("X-RateLimit-Reset", reset)];
-        match retry(ctx) {
-            Some(wait) => {
+        match retry {
+            Some(s) => {
                 let [a, b, c] = legacy;
-                push_all(r, [a, b, c, ("Retry-After", out.value(ceil_s(wait).max(1)))])?;
+                push_all(r, [a, b, c, ("Retry-After", out.value(s))])?;
             }
             None => push_all(r, legacy)?,
         }
-    } else if let Some(wait) = retry(ctx) {
-        push(r, "Retry-After", out.value(ceil_s(wait).max(1)))?;
+    } else if let Some(s) = retry {
+        push(r, "Retry-After", out.value(s))?;
     }
     if ctx.headers.draft() {
         let at = out.len;
@@ -238,16 +237,20 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
     Ok(())
 }
 
-/// The wait to send in `Retry-After` of a rejected request: the longest of
-/// its enforced lines that rejected it, after which a lone request passes
-/// every line (`None` when no wait lets one through).
-fn retry_after(ctx: &Ctx, lines: &[Line]) -> Option<u64> {
+/// `Retry-After` of a rejected request, in whole seconds (at least 1): the
+/// longest wait of its enforced lines that rejected it. Honest: a lone
+/// request sent after it passes every line. `None` for a request not
+/// rejected, or when no wait lets one through.
+fn retry_after_s(ctx: &Ctx, lines: &[Line]) -> Option<u64> {
+    if !ctx.rejected {
+        return None;
+    }
     let rejecting = |res: &LineResult| res.active && !res.dry_run && !res.admitted;
     let wait = match ctx.only(lines) {
         Some((_, res)) => rejecting(res).then_some(res.retry_after_us),
         None => ctx.enforced(lines).filter(|(_, res)| rejecting(res)).map(|(_, res)| res.retry_after_us).max(),
     };
-    wait.filter(|w| *w != u64::MAX)
+    wait.filter(|w| *w != u64::MAX).map(|w| ceil_s(w).max(1))
 }
 
 /// One structured-field item: `"name";a=1;b=2`, comma-separated after the first.
