@@ -85,7 +85,7 @@ fn preaccess(r: &mut Request) -> Status {
         Some(_) => return Status::NGX_DECLINED,
         None if lcf.lines.is_empty() => return Status::NGX_DECLINED,
         None => {
-            let Some(ctx) = new_ctx(r, &lcf.lines, lcf.headers(), mcf.ctx_var) else {
+            let Some(ctx) = new_ctx(r, &mcf.lines, &lcf.lines, lcf.headers(), mcf.ctx_var) else {
                 return Status(500);
             };
             if let Some(status) = start(raw, lcf, mcf, ctx) {
@@ -232,7 +232,7 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
 pub fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_run: bool) -> Result<(), ()> {
     let mut ctx_after = false;
     // A location of one line (the common case) without walking its lines.
-    if let Some((line, res)) = ctx.single(&mcf.lines) {
+    if let Some((line, res)) = ctx.single() {
         ctx_after = eval_line(r, line, res, dry_run)?;
     } else {
         for (line, res) in ctx.staged_mut(&mcf.lines) {

@@ -246,7 +246,7 @@ fn retry_after_s(ctx: &Ctx, lines: &[Line]) -> Option<u64> {
         return None;
     }
     let rejecting = |res: &LineResult| res.active && !res.dry_run && !res.admitted;
-    let wait = match ctx.only(lines) {
+    let wait = match ctx.only() {
         Some((_, res)) => rejecting(res).then_some(res.retry_after_us),
         None => ctx.enforced(lines).filter(|(_, res)| rejecting(res)).map(|(_, res)| res.retry_after_us).max(),
     };

@@ -115,7 +115,7 @@ pub fn count(mcf: &MainConf, ctx: &Ctx) {
         return;
     }
     let stage = ctx.stage;
-    match ctx.only(&mcf.lines) {
+    match ctx.only() {
         Some((line, res)) => count_line(stage, line, res),
         None => ctx.iter(&mcf.lines).for_each(|(line, res)| count_line(stage, line, res)),
     }

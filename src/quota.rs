@@ -78,7 +78,7 @@ fn serve(r: &mut Request) -> Status {
     if rc != 0 {
         return Status(rc);
     }
-    let Some(ctx) = new_ctx(r, &lcf.lines, lcf.headers(), mcf.ctx_var) else {
+    let Some(ctx) = new_ctx(r, &mcf.lines, &lcf.lines, lcf.headers(), mcf.ctx_var) else {
         return Status(500);
     };
     // Every line, before and after authentication.

@@ -166,6 +166,9 @@ pub enum Phase {
 pub struct Ctx {
     /// The location's lines (its configuration lives as long as the cycle).
     ids: *const LineId,
+    /// The location's line when it has one (else null), found once: most
+    /// locations have one line, which every stage of the request reads.
+    one: *const Line,
     results: *mut LineResult,
     n: usize,
     /// The stage being decided, or decided last: the lines the decision
@@ -238,7 +241,7 @@ impl Ctx {
     /// response fields describe (dry-run lines add nothing to them). The same
     /// line as [`Ctx::behind`] whenever that one is enforced.
     pub fn enforced_behind<'a>(&'a self, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
-        match self.only(lines) {
+        match self.only() {
             Some((line, res)) => Some((line, res)).filter(|_| res.active && !res.dry_run),
             None => behind(self.enforced(lines)),
         }
@@ -247,31 +250,24 @@ impl Ctx {
     /// The location's one line with its outcome, when it has a single line
     /// (the common case, taken without walking the lines).
     #[inline(always)]
-    pub fn only<'a>(&'a self, lines: &'a [Line]) -> Option<(&'a Line, &'a LineResult)> {
-        if self.n != 1 {
-            return None;
-        }
-        // SAFETY: n = 1: one id and one result (see `ids` and `results`).
-        let (id, res) = unsafe { (*self.ids, &*self.results) };
-        Some((id.of(lines)?, res))
+    pub fn only(&self) -> Option<(&Line, &LineResult)> {
+        // SAFETY: `one` is null or a line of the configuration, which outlives the request; with
+        // one line there is one result (see `results`).
+        unsafe { self.one.as_ref().map(|line| (line, &*self.results)) }
     }
 
     /// [`Ctx::only`], its outcome to be written.
     #[inline(always)]
-    pub fn only_mut<'a>(&'a mut self, lines: &'a [Line]) -> Option<(&'a Line, &'a mut LineResult)> {
-        if self.n != 1 {
-            return None;
-        }
+    pub fn only_mut(&mut self) -> Option<(&Line, &mut LineResult)> {
         // SAFETY: as in `only`.
-        let (id, res) = unsafe { (*self.ids, &mut *self.results) };
-        Some((id.of(lines)?, res))
+        unsafe { self.one.as_ref().map(|line| (line, &mut *self.results)) }
     }
 
     /// The location's one line, when it is of the stage being decided.
     #[inline(always)]
-    pub fn single<'a>(&'a mut self, lines: &'a [Line]) -> Option<(&'a Line, &'a mut LineResult)> {
+    pub fn single(&mut self) -> Option<(&Line, &mut LineResult)> {
         let stage = self.stage;
-        self.only_mut(lines).filter(|(line, _)| line.stage == stage)
+        self.only_mut().filter(|(line, _)| line.stage == stage)
     }
 
     /// The lines of the stage being decided, with their outcomes.
@@ -361,7 +357,13 @@ pub fn get_ctx(r: &Request) -> Option<&'static mut Ctx> {
 /// A new context for the location's lines, with every line inactive, kept
 /// in `r->ctx` and in the value slot of the variable `var` (see
 /// [`get_ctx`]).
-pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode, var: Option<ngx_uint_t>) -> Option<&'static mut Ctx> {
+pub fn new_ctx(
+    r: &Request,
+    lines: &[Line],
+    ids: &[LineId],
+    headers: HeadersMode,
+    var: Option<ngx_uint_t>,
+) -> Option<&'static mut Ctx> {
     let raw: *const ngx_http_request_t = r.into();
     // SAFETY: the request pool is valid for the request's lifetime.
     let pool = unsafe { (*raw).pool };
@@ -382,8 +384,13 @@ pub fn new_ctx(r: &Request, ids: &[LineId], headers: HeadersMode, var: Option<ng
         1 => unsafe { LineResult::write_inactive(results) },
         n => (0..n).for_each(|i| unsafe { LineResult::write_inactive(results.add(i)) }),
     }
+    let one = match ids {
+        [id] => id.of(lines).map_or(ptr::null(), ptr::from_ref),
+        _ => ptr::null(),
+    };
     let value = Ctx {
         ids: ids.as_ptr(),
+        one,
         results,
         n: ids.len(),
         stage: Stage::BeforeAuth,

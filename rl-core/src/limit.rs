@@ -632,8 +632,10 @@ impl Limit {
         self.acquire_charged(state, now, cost).0
     }
 
-    /// [`Limit::acquire`], returning also what it charged (for a refund).
-    /// A static line checks and charges in one step, from the same values.
+    /// [`Limit::acquire`], returning also what it charged (for a refund):
+    /// [`Charge::NONE`] when it rejects, so a caller can keep the charge
+    /// whatever the verdict. A static line checks and charges in one step,
+    /// from the same values.
     #[inline]
     pub fn acquire_charged(&self, state: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
         if now > MAX_NOW {

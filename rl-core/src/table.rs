@@ -328,6 +328,8 @@ impl<'a> Table<'a> {
     }
 
     /// Finds the entry for `hash` and makes it the most recently used.
+    /// Inline: a call would spill the table's view to the stack.
+    #[inline(always)]
     pub fn find(&mut self, hash: [u64; 2]) -> Option<Slot> {
         let i = self.lookup(hash)?;
         self.touch(i);
@@ -489,6 +491,7 @@ impl<'a> Table<'a> {
     }
 
     /// Walks `hash`'s chain (at most `capacity` steps, in case of a cycle).
+    #[inline(always)]
     fn lookup(&self, hash: [u64; 2]) -> Option<u32> {
         let mut i = self.chain_head(hash);
         for _ in 0..self.entries.len() {
@@ -636,6 +639,7 @@ impl<'a> Table<'a> {
     }
 
     /// Makes `i` the most recently used.
+    #[inline(always)]
     fn touch(&mut self, i: u32) {
         if self.hdr.lru_head != i {
             self.lru_unlink(i);

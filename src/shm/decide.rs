@@ -21,7 +21,7 @@ use crate::request::{Ctx, LineResult};
 #[inline(always)]
 pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) -> bool {
     let now_us = crate::shm::now_us();
-    match ctx.single(lines) {
+    match ctx.single() {
         Some((line, res)) => match line.backend.shm() {
             Some(z) if res.active => decide_one(zones.get(z).map(|z| &**z), line, res, now_us, log),
             _ => true,
@@ -161,8 +161,9 @@ fn decide_locked(locked: &mut Locked, line: &Line, res: &mut LineResult, now_us:
         return res.admitted || res.dry_run;
     }
     let (o, charge) = limit.acquire_charged(state, now_us, res.cost);
+    // (nothing when rejected)
+    res.charge = charge;
     if o.admitted {
-        res.charge = charge;
         locked.charged(slot, now_us, o.reset_us);
     }
     res.set(&o, o.admitted);

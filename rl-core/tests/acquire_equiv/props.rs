@@ -168,6 +168,8 @@ fn run(l: &Limit, mut state: Vec<u64>, start: u64, ops: &[Op], tag: u64) -> Resu
             2 => (got.0, want.0) = (Some(l.acquire(mine, t, cost)), Some(r.acquire(theirs, t, cost))),
             3 | 4 => {
                 let ((o, c), (or, cr)) = (l.acquire_charged(mine, t, cost), r.acquire_charged(theirs, t, cost));
+                // A rejection charges nothing (the module keeps the charge whatever the verdict).
+                prop_assert!(o.admitted || c == Charge::NONE, "{c:?} charged by a rejection");
                 (got, want) = ((Some(o), Some(c)), (Some(or), Some(cr)));
             }
             // vary.rs converts and tags on its own: an overdraft or a
