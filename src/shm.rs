@@ -27,7 +27,7 @@ const RING_TAG: u64 = u64::MAX;
 const INLINE_WORDS: usize = 3;
 /// Distinct zones one location may use (their locks are held together).
 pub const MAX_ZONES_PER_LOCATION: usize = 16;
-/// Idle states dropped from the LRU tail on each request, as limit_req does.
+/// Idle states dropped from the LRU tail at a time, as limit_req does.
 const EXPIRE_PER_REQUEST: usize = 2;
 /// How long a state stays idle before a request drops it, as limit_req keeps
 /// its nodes a minute: dropping an idle state changes no decision, but a key
@@ -230,13 +230,45 @@ impl<'a> Locked<'a> {
     /// at all.
     #[inline(always)]
     pub fn ensure(&mut self, hash: [u64; 2], limit: &Limit, now_s: u32, log: *mut ngx::ffi::ngx_log_t) -> Option<Slot> {
-        let ins = self.table.find_or_insert(hash, now_s);
+        match self.table.find(hash) {
+            Some(slot) => Some(slot),
+            None => self.insert(hash, limit, now_s, log),
+        }
+    }
+
+    /// [`Locked::ensure`] for a request's one line in the zone, which drops
+    /// idle states (see [`Locked::expire`]) only when `hash` is new, before
+    /// its entry is made, as `limit_req` expires its nodes only before it
+    /// allocates one: a request for a known key drops nothing. (Where a
+    /// request has several lines in the zone, the zone expires once, when
+    /// locked, before any line's entry is found: an expiry between two lines
+    /// could drop the entry found for the first.)
+    #[inline(always)]
+    pub fn ensure_one(
+        &mut self,
+        hash: [u64; 2],
+        limit: &Limit,
+        now_s: u32,
+        log: *mut ngx::ffi::ngx_log_t,
+    ) -> Option<Slot> {
+        if let Some(slot) = self.table.find(hash) {
+            return Some(slot);
+        }
+        self.expire(now_s);
+        self.insert(hash, limit, now_s, log)
+    }
+
+    /// The entry of `hash`, absent from the table, made (see
+    /// [`Locked::ensure`]).
+    #[inline(always)]
+    fn insert(&mut self, hash: [u64; 2], limit: &Limit, now_s: u32, log: *mut ngx::ffi::ngx_log_t) -> Option<Slot> {
+        let ins = self.table.insert(hash, now_s);
         if ins.dropped != Dropped::Nothing {
             self.dropped(&ins.dropped, now_s, log);
         }
         // A state the table's entry cannot hold (sliding_log's, a varying
         // sliding line's) lives in the zone's pool; the entry points to it.
-        if !ins.new || limit.state_words() <= INLINE_WORDS {
+        if limit.state_words() <= INLINE_WORDS {
             return Some(ins.slot);
         }
         self.ensure_out_of_line(hash, ins.slot, limit, now_s, log)

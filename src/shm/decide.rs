@@ -142,10 +142,9 @@ fn decide_one(zone: Option<&Zone>, line: &Line, res: &mut LineResult, now_us: u6
 #[inline(always)]
 fn decide_locked(locked: &mut Locked, line: &Line, res: &mut LineResult, now_us: u64, log: *mut ngx_log_t) -> bool {
     let now_s = (now_us / 1_000_000) as u32;
-    locked.expire(now_s);
     res.hash = locked.table.hash_key(line.id, res.key.as_bytes());
     res.lock = 0;
-    let Some(slot) = locked.ensure(res.hash, &line.limit, now_s, log) else {
+    let Some(slot) = locked.ensure_one(res.hash, &line.limit, now_s, log) else {
         res.active = false;
         return true;
     };
