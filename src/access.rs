@@ -178,7 +178,7 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
         && (!lcf.has_redis
             || ctx
                 .staged(&mcf.lines)
-                .all(|(l, res)| !res.active || res.admitted || res.dry_run || l.backend.redis().is_none()));
+                .all(|(l, res)| !res.active || res.admitted() || res.dry_run || l.backend.redis().is_none()));
     let admitted = match ctx.reserved {
         Some(charged) => charged && redis_ok,
         None => redis_ok && decide(&mcf.zones, &mcf.lines, ctx, r.log()),
@@ -187,8 +187,8 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
     if admitted && ctx.charge_after {
         // Nothing is charged yet: what is left is what the line has now.
         for (line, res) in ctx.staged_mut(&mcf.lines) {
-            if line.charge_after && res.active && res.admitted {
-                res.remaining = res.remaining.saturating_add(res.cost);
+            if line.charge_after && res.active && res.admitted() {
+                res.give_back(res.cost);
                 res.charged = false;
             }
         }
@@ -201,9 +201,11 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
         }
         // The longest wait of the stage's enforced lines (dry-run lines never delay).
         let delay_us = match lcf.may_delay {
-            true => {
-                ctx.staged(&mcf.lines).filter(|(_, res)| res.active && !res.dry_run).map(|(_, res)| res.delay_us).max()
-            }
+            true => ctx
+                .staged(&mcf.lines)
+                .filter(|(_, res)| res.active && !res.dry_run)
+                .map(|(_, res)| res.delay_us())
+                .max(),
             false => None,
         };
         let delay_us = delay_us.unwrap_or(0);
@@ -402,8 +404,8 @@ pub fn on_lost(r: *mut ngx_http_request_t) {
 /// rejecting stage that were not charged, report what remains.
 fn uncharge(mcf: &MainConf, ctx: &mut Ctx) {
     for (_, res) in ctx.staged_mut(&mcf.lines) {
-        if res.active && res.admitted && !res.charged {
-            res.remaining = res.remaining.saturating_add(res.cost);
+        if res.active && res.admitted() && !res.charged {
+            res.give_back(res.cost);
         }
     }
 }
@@ -432,9 +434,9 @@ fn log_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
             line.zone_name,
             line.item,
             rl_core::redis::tag_of(res.key.as_bytes()),
-            if res.admitted { "admitted" } else { "rejected" },
-            res.remaining,
-            res.reset_us,
+            if res.admitted() { "admitted" } else { "rejected" },
+            res.remaining(),
+            res.reset_us(),
             res.charged
         );
     }

@@ -56,7 +56,7 @@ fn log_phase(r: &mut Request) -> Status {
 fn charge(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &Ctx, log: *mut ngx_log_t) {
     let now_us = crate::shm::now_us();
     for (line, res) in ctx.iter(&mcf.lines) {
-        if !(line.charge_after && res.active && res.admitted) {
+        if !(line.charge_after && res.active && res.admitted()) {
             continue;
         }
         let Some(cost) = line.after_cost(r, log) else {

@@ -208,8 +208,8 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
             true => out.value(res.limit(line).burst()),
             false => line.burst_text(),
         };
-        let remaining = out.value(res.remaining);
-        let reset = out.digits(&reset_digits(ctx.now_unix as u64 + ceil_s(res.reset_us)));
+        let remaining = out.value(res.remaining());
+        let reset = out.digits(&reset_digits(ctx.now_unix as u64 + ceil_s(res.reset_us())));
         let legacy = [("X-RateLimit-Limit", limit), ("X-RateLimit-Remaining", remaining), ("X-RateLimit-Reset", reset)];
         match retry {
             Some(s) => {
@@ -230,7 +230,7 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
         push(r, "RateLimit-Policy", out.since(at))?;
         let at = out.len;
         for (i, (line, res)) in ctx.enforced(lines).enumerate() {
-            item(&mut out, i, &line.item, b"\";r=", res.remaining, b";t=", ceil_s(res.reset_us));
+            item(&mut out, i, &line.item, b"\";r=", res.remaining(), b";t=", ceil_s(res.reset_us()));
         }
         push(r, "RateLimit", out.since(at))?;
     }
@@ -245,12 +245,17 @@ fn retry_after_s(ctx: &Ctx, lines: &[Line]) -> Option<u64> {
     if !ctx.rejected {
         return None;
     }
-    let rejecting = |res: &LineResult| res.active && !res.dry_run && !res.admitted;
+    let rejecting = |res: &LineResult| res.active && !res.dry_run && !res.admitted();
     let wait = match ctx.only() {
-        Some((_, res)) => rejecting(res).then_some(res.retry_after_us),
-        None => ctx.enforced(lines).filter(|(_, res)| rejecting(res)).map(|(_, res)| res.retry_after_us).max(),
+        Some((_, res)) => rejecting(res).then_some(never_as_max(res)),
+        None => ctx.enforced(lines).filter(|(_, res)| rejecting(res)).map(|(_, res)| never_as_max(res)).max(),
     };
     wait.filter(|w| *w != u64::MAX).map(|w| ceil_s(w).max(1))
+}
+
+/// A rejected line's wait, `u64::MAX` when it never passes (the longest).
+fn never_as_max(res: &LineResult) -> u64 {
+    res.retry_after_us().unwrap_or(u64::MAX)
 }
 
 /// One structured-field item: `"name";a=1;b=2`, comma-separated after the first.

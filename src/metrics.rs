@@ -126,7 +126,7 @@ pub fn count(mcf: &MainConf, ctx: &Ctx) {
 fn count_line(stage: Stage, line: &Line, res: &LineResult) {
     if res.active && line.stage == stage {
         if let Some(slot) = line.counters() {
-            slot.add(verdict(res.admitted, res.dry_run, res.delay_us));
+            slot.add(verdict(res.admitted(), res.dry_run, res.delay_us()));
         }
     }
 }

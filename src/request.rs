@@ -7,7 +7,7 @@ use core::{mem, ptr, slice};
 
 use ngx::ffi::{ngx_http_request_t, ngx_palloc, ngx_str_t, ngx_time, ngx_uint_t};
 use ngx::http::{HttpModule, HttpModuleMainConf, Request};
-use rl_core::limit::{Charge, Limit, Outcome};
+use rl_core::limit::{Charge, Decision, Limit, Outcome};
 use rl_core::table::Slot;
 
 use crate::line::{HeadersMode, Line, LineId, Stage};
@@ -18,19 +18,14 @@ use crate::Module;
 pub struct LineResult {
     /// The key was non-empty and the line was evaluated.
     pub active: bool,
-    pub admitted: bool,
-    pub remaining: u64,
-    pub reset_us: u64,
-    /// When rejected: the wait until a lone request passes (`u64::MAX`: never).
-    pub retry_after_us: u64,
     /// The line's state was charged for this request.
     pub charged: bool,
     /// The line is dry-run: its verdict is reported, never enforced.
     pub dry_run: bool,
-    /// The line delays the request by this much (0: not delayed).
-    pub delay_us: u64,
-    /// What was charged to a shared-memory line, for a refund.
-    pub charge: Charge,
+    /// The line's verdict (from shared memory, where rl-core writes it in
+    /// place, or a Redis reply) and what was charged to a shared-memory
+    /// line, for a refund.
+    pub decision: Decision,
     pub key: ngx_str_t,
     /// The limit from the request's variables, in the request pool (`None`:
     /// the line's own). A reference: the result of every line is
@@ -57,8 +52,8 @@ impl LineResult {
     #[inline(always)]
     unsafe fn write_inactive(p: *mut LineResult) {
         // SAFETY: the caller's contract; all-zero bytes are a valid value of every field above
-        // (`Option<&Limit>` is a nullable pointer; `Charge` is four integers, `Charge::NONE`
-        // their zeroes), and the slot is written next.
+        // (`Option<&Limit>` is a nullable pointer; `Decision::REJECTED` is integers and a
+        // `None` that are all zeroes, as a constant below checks), and the slot is written next.
         unsafe {
             ptr::write_bytes(p, 0, 1);
             ptr::addr_of_mut!((*p).slot).write(Slot::NONE);
@@ -72,28 +67,61 @@ impl LineResult {
 
     /// Records a verdict (from shared memory or a Redis reply).
     pub fn set(&mut self, o: &Outcome, charged: bool) {
-        self.admitted = o.admitted;
-        self.remaining = o.remaining;
-        self.reset_us = o.reset_us;
-        self.retry_after_us = o.retry_after_us.unwrap_or(u64::MAX);
-        self.delay_us = o.delay_us;
+        self.decision.outcome = *o;
         self.charged = charged;
     }
 
     /// The verdict as rl-core gave it.
-    pub fn outcome(&self) -> Outcome {
-        Outcome {
-            admitted: self.admitted,
-            remaining: self.remaining,
-            reset_us: self.reset_us,
-            retry_after_us: (self.retry_after_us != u64::MAX).then_some(self.retry_after_us),
-            delay_us: self.delay_us,
-        }
+    #[inline(always)]
+    pub fn outcome(&self) -> &Outcome {
+        &self.decision.outcome
+    }
+
+    /// Whether the line admits the request (at once or delayed).
+    #[inline(always)]
+    pub fn admitted(&self) -> bool {
+        self.decision.outcome.admitted
+    }
+
+    /// Cost-1 requests the line would admit now.
+    #[inline(always)]
+    pub fn remaining(&self) -> u64 {
+        self.decision.outcome.remaining
+    }
+
+    /// Microseconds until the line is back to full.
+    #[inline(always)]
+    pub fn reset_us(&self) -> u64 {
+        self.decision.outcome.reset_us
+    }
+
+    /// When rejected: the wait until a lone request passes (`None`: never).
+    #[inline(always)]
+    pub fn retry_after_us(&self) -> Option<u64> {
+        self.decision.outcome.retry_after_us
+    }
+
+    /// How long the line delays the request (0: not delayed).
+    #[inline(always)]
+    pub fn delay_us(&self) -> u64 {
+        self.decision.outcome.delay_us
+    }
+
+    /// What the request charged a shared-memory line, for a refund.
+    #[inline(always)]
+    pub fn charge(&self) -> &Charge {
+        &self.decision.charge
+    }
+
+    /// Counts `cost` back into what the line has left: the request was not
+    /// charged after all.
+    pub fn give_back(&mut self, cost: u64) {
+        self.decision.outcome.remaining = self.decision.outcome.remaining.saturating_add(cost);
     }
 
     /// What the line did to the request, as `$rl_status` names it.
     pub fn verdict(&self) -> Verdict {
-        match (self.admitted, self.delay_us > 0, self.dry_run) {
+        match (self.admitted(), self.delay_us() > 0, self.dry_run) {
             (false, _, false) => Verdict::Rejected,
             (false, _, true) => Verdict::RejectedDryRun,
             (true, true, false) => Verdict::Delayed,
@@ -108,11 +136,11 @@ impl LineResult {
         // How long the verdict holds the request back: the wait until a lone request passes
         // when rejected, the delay when delayed.
         let wait = match verdict {
-            Verdict::Rejected | Verdict::RejectedDryRun => self.retry_after_us,
-            Verdict::Delayed | Verdict::DelayedDryRun => self.delay_us,
+            Verdict::Rejected | Verdict::RejectedDryRun => self.retry_after_us().unwrap_or(u64::MAX),
+            Verdict::Delayed | Verdict::DelayedDryRun => self.delay_us(),
             Verdict::Passed => 0,
         };
-        (Reverse(verdict), self.dry_run, Reverse(wait), self.remaining, Reverse(self.reset_us))
+        (Reverse(verdict), self.dry_run, Reverse(wait), self.remaining(), Reverse(self.reset_us()))
     }
 }
 
@@ -418,6 +446,15 @@ pub fn new_ctx(
     // SAFETY: initialised above.
     Some(unsafe { &mut *ctx })
 }
+
+// write_inactive's zeroed `Decision` holds a `retry_after_us` of `None`: a layout Rust does not
+// promise for `Option<u64>`, so the compiler checks it.
+const _: () = {
+    // SAFETY: 16 initialised bytes, the size of `Option<u64>`; the assertion is what checks the
+    // value they make.
+    let none = unsafe { mem::transmute::<[u8; 16], Option<u64>>([0; 16]) };
+    assert!(none.is_none());
+};
 
 // new_ctx places the parts one after the other in one allocation.
 const _: () = assert!(mem::size_of::<Ctx>().is_multiple_of(8) && mem::size_of::<LineResult>().is_multiple_of(8));

@@ -243,6 +243,10 @@ impl<'a> Locked<'a> {
     /// request has several lines in the zone, the zone expires once, when
     /// locked, before any line's entry is found: an expiry between two lines
     /// could drop the entry found for the first.)
+    ///
+    /// A new key's entry is made out of line, on a view of the table of its
+    /// own ([`insert_new`]): no call takes the address of this view, which
+    /// then stays in registers on the usual request's path.
     #[inline(always)]
     pub fn ensure_one(
         &mut self,
@@ -254,8 +258,13 @@ impl<'a> Locked<'a> {
         if let Some(slot) = self.table.find(hash) {
             return Some(slot);
         }
-        self.expire(now_s);
-        self.insert(hash, limit, now_s, log)
+        let slot = insert_new(self.zone, self.shpool, hash, limit, now_s, log);
+        // The view insert_new made is gone; this one, not used meanwhile, is made again (what it
+        // had read of the table's header is stale).
+        let region = self.zone.table.as_ref()?;
+        // SAFETY: the zone's mutex is held (by `self`), and no other view of the table is alive.
+        self.table = unsafe { Table::reopen(region) };
+        slot
     }
 
     /// The entry of `hash`, absent from the table, made (see
@@ -353,24 +362,53 @@ impl<'a> Locked<'a> {
         words_of(state, limit.state_words(), self.shpool, self.zone.size)
     }
 
-    /// [`Locked::state`] of the entry `ensure` has just returned, nothing
-    /// inserted since: it holds the hash, which is not compared again.
-    #[inline(always)]
-    pub fn ensured_state(&mut self, slot: Slot, limit: &Limit) -> Option<&mut [u64]> {
-        let state = self.table.state_mut(slot)?;
-        words_of(state, limit.state_words(), self.shpool, self.zone.size)
-    }
-
     /// Records that the state at `slot`, charged at `now_us`, is back to
     /// full `reset_us` later (whole seconds, rounded up): until then it is
     /// not idle.
     #[inline(always)]
     pub fn charged(&mut self, slot: Slot, now_us: u64, reset_us: u64) {
-        // (rounded up; a sum that saturates is past u32::MAX seconds either way)
-        let idle_at =
-            (now_us.saturating_add(reset_us).saturating_add(999_999) / 1_000_000).min(u64::from(u32::MAX)) as u32;
-        self.table.set_idle_at(slot, idle_at);
+        self.table.set_idle_at(slot, idle_at(now_us, reset_us));
     }
+
+    /// [`Locked::state`] of the entry [`Locked::ensure_one`] has just
+    /// returned, nothing inserted since (it holds the hash, which is not
+    /// compared again), with where [`Locked::charged`] writes the state's
+    /// idle time: a request's one line finds its entry once.
+    #[inline(always)]
+    pub fn ensured_state_and_idle(&mut self, slot: Slot, limit: &Limit) -> Option<(&mut [u64], &mut u32)> {
+        let (state, idle) = self.table.state_and_idle_mut(slot)?;
+        Some((words_of(state, limit.state_words(), self.shpool, self.zone.size)?, idle))
+    }
+}
+
+/// [`Locked::ensure_one`] of a key without an entry, under the lock the
+/// caller's [`Locked`] holds, on a view of the table of its own: the
+/// caller's is not used until this one is gone.
+#[cold]
+#[inline(never)]
+fn insert_new(
+    zone: &Zone,
+    shpool: *mut ngx_slab_pool_t,
+    hash: [u64; 2],
+    limit: &Limit,
+    now_s: u32,
+    log: *mut ngx::ffi::ngx_log_t,
+) -> Option<Slot> {
+    let region = zone.table.as_ref()?;
+    // SAFETY: the zone's mutex is held (see above), and the caller's view is not used meanwhile.
+    let table = unsafe { Table::reopen(region) };
+    // Not dropped: the caller's Locked unlocks the zone.
+    let mut locked = mem::ManuallyDrop::new(Locked { zone, shpool, table });
+    locked.expire(now_s);
+    locked.insert(hash, limit, now_s, log)
+}
+
+/// When a state charged at `now_us` and back to full `reset_us` later is
+/// idle: whole seconds, rounded up (a sum that saturates is past `u32::MAX`
+/// seconds either way).
+#[inline(always)]
+pub fn idle_at(now_us: u64, reset_us: u64) -> u32 {
+    (now_us.saturating_add(reset_us).saturating_add(999_999) / 1_000_000).min(u64::from(u32::MAX)) as u32
 }
 
 /// The `words` state words of an entry's `state`: the entry's own, or the

@@ -149,16 +149,16 @@ fn value(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[crate::line::Line], var
         Var::Line => Some(text(&line.item)),
         Var::Limit if line.burst_varies() => num(r, res.limit(line).burst()),
         Var::Limit => Some(line.burst_text()),
-        Var::Remaining => num(r, res.remaining),
-        Var::Reset => num(r, res.reset_us.div_ceil(1_000_000)),
+        Var::Remaining => num(r, res.remaining()),
+        Var::Reset => num(r, res.reset_us().div_ceil(1_000_000)),
         Var::RetryAfter => match verdict {
-            Some(Verdict::Rejected | Verdict::RejectedDryRun) if res.retry_after_us != u64::MAX => {
-                num(r, res.retry_after_us.div_ceil(1_000_000).max(1))
+            Some(Verdict::Rejected | Verdict::RejectedDryRun) => {
+                res.retry_after_us().and_then(|us| num(r, us.div_ceil(1_000_000).max(1)))
             }
             _ => None,
         },
         Var::Delay => match verdict {
-            Some(Verdict::Delayed | Verdict::DelayedDryRun) => num(r, res.delay_us.div_ceil(1000)),
+            Some(Verdict::Delayed | Verdict::DelayedDryRun) => num(r, res.delay_us().div_ceil(1000)),
             _ => None,
         },
     }

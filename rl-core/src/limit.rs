@@ -473,14 +473,26 @@ impl Limit {
     #[inline(always)]
     fn commit_static(&self, s: &mut [u64], now: u64, cost: u64) -> Charge {
         match self.algorithm {
-            Algorithm::Fixed => s.first_chunk_mut().map_or(Charge::NONE, |s| fixed::acquire(self, s, now, cost).1),
-            Algorithm::Sliding => s.first_chunk_mut().map_or(Charge::NONE, |s| sliding::acquire(self, s, now, cost).1),
+            Algorithm::Fixed => s.first_chunk_mut().map_or(Charge::NONE, |s| {
+                let mut d = Decision::REJECTED;
+                fixed::acquire(self, s, now, cost, &mut d);
+                d.charge
+            }),
+            Algorithm::Sliding => s.first_chunk_mut().map_or(Charge::NONE, |s| {
+                let mut d = Decision::REJECTED;
+                sliding::acquire(self, s, now, cost, &mut d);
+                d.charge
+            }),
             Algorithm::SlidingLog => log::acquire(self, s, now, cost).1,
             Algorithm::TokenBucket | Algorithm::LeakyBucket => match s.len() >= 2 && cost != 0 {
                 true => bucket::commit(self, s, now, cost),
                 false => Charge::NONE,
             },
-            Algorithm::Gcra => s.first_chunk_mut().map_or(Charge::NONE, |s| gcra::acquire(self, s, now, cost).1),
+            Algorithm::Gcra => s.first_chunk_mut().map_or(Charge::NONE, |s| {
+                let mut d = Decision::REJECTED;
+                gcra::acquire(self, s, now, cost, &mut d);
+                d.charge
+            }),
         }
     }
 
@@ -491,48 +503,50 @@ impl Limit {
 
     /// `fixed`'s check and commit; too few words reject.
     #[inline(never)]
-    fn acquire_fixed(&self, s: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+    fn acquire_fixed(&self, s: &mut [u64], now: u64, cost: u64, out: &mut Decision) {
         match s.first_chunk_mut() {
-            Some(s) => fixed::acquire(self, s, now, cost),
-            None => (Outcome::default(), Charge::NONE),
+            Some(s) => fixed::acquire(self, s, now, cost, out),
+            None => *out = Decision::REJECTED,
         }
     }
 
     /// `sliding`'s check and commit; too few words reject.
     #[inline(never)]
-    fn acquire_sliding(&self, s: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+    fn acquire_sliding(&self, s: &mut [u64], now: u64, cost: u64, out: &mut Decision) {
         match s.first_chunk_mut() {
-            Some(s) => sliding::acquire(self, s, now, cost),
-            None => (Outcome::default(), Charge::NONE),
+            Some(s) => sliding::acquire(self, s, now, cost, out),
+            None => *out = Decision::REJECTED,
         }
     }
 
     /// `sliding_log`'s check and commit; too few words reject.
     #[inline(never)]
-    fn acquire_log(&self, s: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
-        log::acquire(self, s, now, cost)
+    fn acquire_log(&self, s: &mut [u64], now: u64, cost: u64, out: &mut Decision) {
+        out.set(log::acquire(self, s, now, cost));
     }
 
     /// The buckets' check, then their commit (bucket.rs has no step that
     /// does both); too few words reject.
     #[inline(never)]
-    fn acquire_bucket(&self, s: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+    fn acquire_bucket(&self, s: &mut [u64], now: u64, cost: u64, out: &mut Decision) {
         if s.len() < 2 {
-            return (Outcome::default(), Charge::NONE);
+            *out = Decision::REJECTED;
+            return;
         }
         let outcome = zero_cost(bucket::check(self, s, now, cost), cost);
-        match outcome.admitted && cost != 0 {
-            true => (outcome, bucket::commit(self, s, now, cost)),
-            false => (outcome, Charge::NONE),
-        }
+        let charge = match outcome.admitted && cost != 0 {
+            true => bucket::commit(self, s, now, cost),
+            false => Charge::NONE,
+        };
+        *out = Decision { outcome, charge };
     }
 
     /// `gcra`'s check and commit; too few words reject.
     #[inline(never)]
-    fn acquire_gcra(&self, s: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+    fn acquire_gcra(&self, s: &mut [u64], now: u64, cost: u64, out: &mut Decision) {
         match s.first_chunk_mut() {
-            Some(s) => gcra::acquire(self, s, now, cost),
-            None => (Outcome::default(), Charge::NONE),
+            Some(s) => gcra::acquire(self, s, now, cost, out),
+            None => *out = Decision::REJECTED,
         }
     }
 
@@ -636,27 +650,36 @@ impl Limit {
     /// [`Charge::NONE`] when it rejects, so a caller can keep the charge
     /// whatever the verdict. A static line checks and charges in one step,
     /// from the same values.
-    #[inline]
     pub fn acquire_charged(&self, state: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+        let mut decision = Decision::REJECTED;
+        self.acquire_into(state, now, cost, &mut decision);
+        (decision.outcome, decision.charge)
+    }
+
+    /// [`Limit::acquire_charged`], written in `out`: the algorithm's step
+    /// writes the caller's record once, where a returned pair would be
+    /// copied into it.
+    #[inline]
+    pub fn acquire_into(&self, state: &mut [u64], now: u64, cost: u64, out: &mut Decision) {
         if now > MAX_NOW {
-            return self.acquire_late(state, cost);
+            return self.acquire_late(state, cost, out);
         }
         match self.path {
-            Path::Fixed => self.acquire_fixed(state, now, cost),
-            Path::Sliding => self.acquire_sliding(state, now, cost),
-            Path::Log => self.acquire_log(state, now, cost),
-            Path::Bucket => self.acquire_bucket(state, now, cost),
-            Path::Gcra => self.acquire_gcra(state, now, cost),
-            Path::Varying => self.acquire_varying(state, now, cost),
+            Path::Fixed => self.acquire_fixed(state, now, cost, out),
+            Path::Sliding => self.acquire_sliding(state, now, cost, out),
+            Path::Log => self.acquire_log(state, now, cost, out),
+            Path::Bucket => self.acquire_bucket(state, now, cost, out),
+            Path::Gcra => self.acquire_gcra(state, now, cost, out),
+            Path::Varying => self.acquire_varying(state, now, cost, out),
         }
     }
 
-    /// [`Limit::acquire_charged`] at a time past [`MAX_NOW`], which is
+    /// [`Limit::acquire_into`] at a time past [`MAX_NOW`], which is
     /// treated as [`MAX_NOW`] (out of the way: it does not happen).
     #[cold]
     #[inline(never)]
-    fn acquire_late(&self, state: &mut [u64], cost: u64) -> (Outcome, Charge) {
-        self.acquire_charged(state, MAX_NOW, cost)
+    fn acquire_late(&self, state: &mut [u64], cost: u64, out: &mut Decision) {
+        self.acquire_into(state, MAX_NOW, cost, out)
     }
 
     /// [`Limit::acquire_charged`] of a varying line: a state fresh or in the
@@ -665,29 +688,30 @@ impl Limit {
     /// tags it; else its check, then its commit, each converting the state
     /// (vary.rs).
     #[inline(never)]
-    fn acquire_varying(&self, state: &mut [u64], now: u64, cost: u64) -> (Outcome, Charge) {
+    fn acquire_varying(&self, state: &mut [u64], now: u64, cost: u64, out: &mut Decision) {
         let n = self.static_words();
         let own = vary::scale(self);
         if state.len() >= self.state_words() && state.get(n).is_some_and(|&tag| tag == 0 || tag == own) {
-            let (outcome, charge) = match self.algorithm {
-                Algorithm::Fixed => self.acquire_fixed(state, now, cost),
-                Algorithm::Sliding => self.acquire_sliding(state, now, cost),
-                Algorithm::TokenBucket | Algorithm::LeakyBucket => self.acquire_bucket(state, now, cost),
-                Algorithm::Gcra => self.acquire_gcra(state, now, cost),
+            match self.algorithm {
+                Algorithm::Fixed => self.acquire_fixed(state, now, cost, out),
+                Algorithm::Sliding => self.acquire_sliding(state, now, cost, out),
+                Algorithm::TokenBucket | Algorithm::LeakyBucket => self.acquire_bucket(state, now, cost, out),
+                Algorithm::Gcra => self.acquire_gcra(state, now, cost, out),
                 // (never tagged)
-                Algorithm::SlidingLog => self.acquire_log(state, now, cost),
-            };
-            if charge.cost == 0 {
-                return (outcome, charge);
+                Algorithm::SlidingLog => self.acquire_log(state, now, cost, out),
+            }
+            if out.charge.cost == 0 {
+                return;
             }
             if let Some(tag) = state.get_mut(n) {
                 *tag = own;
             }
-            return (outcome, Charge { tag: own, ..charge });
+            out.charge.tag = own;
+            return;
         }
         let outcome = self.check_varying(state, now, cost);
         let charge = if outcome.admitted { self.commit_varying(state, now, cost) } else { Charge::default() };
-        (outcome, charge)
+        *out = Decision { outcome, charge };
     }
 
     /// `retry` when a request of `cost` can ever pass, else `None`.
@@ -696,19 +720,52 @@ impl Limit {
     }
 }
 
+/// What [`Limit::acquire_into`] decided about a request, and what that
+/// charged ([`Charge::NONE`] when it rejects).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    pub outcome: Outcome,
+    pub charge: Charge,
+}
+
+impl Decision {
+    /// Rejected, nothing charged (what a state too short for its line
+    /// gets): all-zero bytes, which the module's zeroed request results
+    /// rely on.
+    pub const REJECTED: Decision = Decision {
+        outcome: Outcome { admitted: false, remaining: 0, reset_us: 0, retry_after_us: None, delay_us: 0 },
+        charge: Charge::NONE,
+    };
+}
+
+impl Decision {
+    /// Writes an algorithm's step, field by field (a copy of the pair would
+    /// go through the stack).
+    #[inline(always)]
+    fn set(&mut self, (outcome, charge): (Outcome, Charge)) {
+        self.outcome.admitted = outcome.admitted;
+        self.outcome.remaining = outcome.remaining;
+        self.outcome.reset_us = outcome.reset_us;
+        self.outcome.retry_after_us = outcome.retry_after_us;
+        self.outcome.delay_us = outcome.delay_us;
+        self.charge = charge;
+    }
+}
+
 /// What a request does to a state of `N` words: its outcome and, when it
 /// charges (admitted, cost 1 or more), the words it leaves and the charge.
 type Step<const N: usize> = (Outcome, Option<([u64; N], Charge)>);
 
-/// Stores what `step` charges; returns its outcome and charge.
+/// Stores what `step` charges, and writes its outcome and charge in `out`.
 #[inline(always)]
-fn write<const N: usize>(s: &mut [u64; N], (outcome, charged): Step<N>) -> (Outcome, Charge) {
+fn write<const N: usize>(s: &mut [u64; N], (outcome, charged): Step<N>, out: &mut Decision) {
+    out.outcome = outcome;
     match charged {
         Some((words, charge)) => {
             *s = words;
-            (outcome, charge)
+            out.charge = charge;
         }
-        None => (outcome, Charge::NONE),
+        None => out.charge = Charge::NONE,
     }
 }
 

@@ -370,6 +370,13 @@ impl<'a> Table<'a> {
         self.entry_mut(slot.0).map(|e| &mut e.state)
     }
 
+    /// [`Table::state_mut`] with the entry's idle time ([`Table::set_idle_at`]),
+    /// found once: what a request charges and then marks busy.
+    #[inline(always)]
+    pub fn state_and_idle_mut(&mut self, slot: Slot) -> Option<(&mut [u64; 3], &mut u32)> {
+        self.entry_mut(slot.0).map(|e| (&mut e.state, &mut e.idle_at))
+    }
+
     /// The caller's state of `hash`'s entry at `slot`, to update: `None` if
     /// that entry no longer holds `hash` (dropped, or reused for another key,
     /// since the slot was found). No hash chain is walked.

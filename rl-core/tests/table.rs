@@ -47,6 +47,13 @@ fn insert_find_round_trip() {
     assert!(!again.new && again.slot == slot);
     assert_eq!(t.stats().used, 1);
     assert_eq!(t.stats().inserts, 1);
+    // The state and the idle time of one entry, found once: writes land where state() and idle_at() read.
+    let (state, idle) = t.state_and_idle_mut(slot).expect("in range");
+    *state = [4, 5, 6];
+    *idle = 170;
+    assert_eq!(t.state(slot), Some(&[4, 5, 6]));
+    assert_eq!(t.idle_at(slot), Some(170));
+    assert!(t.state_and_idle_mut(rl_core::table::Slot::NONE).is_none());
     t.check_invariants().unwrap();
 }
 

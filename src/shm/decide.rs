@@ -9,7 +9,7 @@ use core::mem;
 use ngx::ffi::{ngx_log_t, NGX_LOG_ERR};
 use ngx::ngx_log_error;
 
-use super::{Locked, Zone, MAX_ZONES_PER_LOCATION};
+use super::{idle_at, Locked, Zone, MAX_ZONES_PER_LOCATION};
 use crate::line::Line;
 use crate::request::{Ctx, LineResult};
 
@@ -99,7 +99,7 @@ fn decide_lines(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, now_us: u64,
     // that admits, as if it were enforced.
     for (line, res) in ctx
         .staged_mut(lines)
-        .filter(|(l, res)| res.active && res.admitted && !l.charge_after && l.backend.shm().is_some())
+        .filter(|(l, res)| res.active && res.admitted() && !l.charge_after && l.backend.shm().is_some())
     {
         let Some(locked) = locks.get_mut(res.lock) else {
             continue;
@@ -109,9 +109,9 @@ fn decide_lines(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, now_us: u64,
         };
         let limit = res.limit(line);
         let o = limit.check(state, now_us, res.cost);
-        res.charge = limit.commit(state, now_us, res.cost);
-        res.remaining = o.remaining;
-        res.reset_us = o.reset_us;
+        res.decision.charge = limit.commit(state, now_us, res.cost);
+        res.decision.outcome.remaining = o.remaining;
+        res.decision.outcome.reset_us = o.reset_us;
         res.charged = true;
         locked.charged(res.slot, now_us, o.reset_us);
     }
@@ -128,45 +128,55 @@ fn decide_one(zone: Option<&Zone>, line: &Line, res: &mut LineResult, now_us: u6
         res.active = false;
         return true;
     };
-    let Some(mut locked) = zone.lock() else {
+    let Some(locked) = zone.lock() else {
         ngx_log_error!(NGX_LOG_ERR, log, "rl_zone \"{}\" is not initialised", zone.name);
         res.active = false;
         return true;
     };
-    let admitted = decide_locked(&mut locked, line, res, now_us, log);
+    decide_locked(locked, line, res, now_us, log)
+}
+
+/// [`decide_one`] under the zone's lock, which it releases.
+#[inline(always)]
+fn decide_locked(mut locked: Locked, line: &Line, res: &mut LineResult, now_us: u64, log: *mut ngx_log_t) -> bool {
+    let now_s = (now_us / 1_000_000) as u32;
+    let hash = locked.table.hash_key(line.id, res.key.as_bytes());
+    res.hash = hash;
+    res.lock = 0;
+    let slot = locked.ensure_one(hash, &line.limit, now_s, log);
+    let found = slot.and_then(|slot| {
+        res.slot = slot;
+        locked.ensured_state_and_idle(slot, &line.limit)
+    });
+    let admitted = match found {
+        Some((state, idle)) => decide_state(line, res, state, idle, now_us),
+        None => {
+            res.active = false;
+            true
+        }
+    };
     locked.unlock();
     admitted
 }
 
-/// [`decide_one`] under the zone's lock.
+/// [`decide_locked`] on the line's state: whether the request may go on.
 #[inline(always)]
-fn decide_locked(locked: &mut Locked, line: &Line, res: &mut LineResult, now_us: u64, log: *mut ngx_log_t) -> bool {
-    let now_s = (now_us / 1_000_000) as u32;
-    res.hash = locked.table.hash_key(line.id, res.key.as_bytes());
-    res.lock = 0;
-    let Some(slot) = locked.ensure_one(res.hash, &line.limit, now_s, log) else {
-        res.active = false;
-        return true;
-    };
-    res.slot = slot;
-    let Some(state) = locked.ensured_state(slot, &line.limit) else {
-        res.active = false;
-        return true;
-    };
-    let limit = res.limit(line);
+fn decide_state(line: &Line, res: &mut LineResult, state: &mut [u64], idle: &mut u32, now_us: u64) -> bool {
+    // (`res.limit(line)`, without holding `res`, whose verdict is written below)
+    let limit = res.var_limit.unwrap_or(&line.limit);
     // A charge=after line asks for one unit and is charged when the request is logged.
     if line.charge_after {
         res.set(&limit.check(state, now_us, res.cost), false);
-        return res.admitted || res.dry_run;
+        return res.admitted() || res.dry_run;
     }
-    let (o, charge) = limit.acquire_charged(state, now_us, res.cost);
-    // (nothing when rejected)
-    res.charge = charge;
-    if o.admitted {
-        locked.charged(slot, now_us, o.reset_us);
+    // (written in place; nothing charged when rejected)
+    limit.acquire_into(state, now_us, res.cost, &mut res.decision);
+    let admitted = res.admitted();
+    if admitted {
+        *idle = idle_at(now_us, res.reset_us());
     }
-    res.set(&o, o.admitted);
-    o.admitted || res.dry_run
+    res.charged = admitted;
+    admitted || res.dry_run
 }
 
 /// Gives back what [`decide`] charged the shared-memory lines of the
@@ -196,10 +206,10 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
             continue;
         };
         let limit = res.limit(line);
-        limit.refund(state, &res.charge, now_us);
+        limit.refund(state, res.charge(), now_us);
         let o = limit.check(state, now_us, 0);
-        res.remaining = o.remaining;
-        res.reset_us = o.reset_us;
+        res.decision.outcome.remaining = o.remaining;
+        res.decision.outcome.reset_us = o.reset_us;
         locked.charged(res.slot, now_us, o.reset_us);
     }
 }

@@ -5,7 +5,7 @@
 //! `used` may exceed the burst ([`Limit::overdraw`]): the overdraft counts
 //! until the window ends, and is forgotten with it.
 
-use super::{overdrawn, write, Charge, Limit, Outcome, Step};
+use super::{overdrawn, write, Charge, Decision, Limit, Outcome, Step};
 
 /// The state as seen at `now`.
 struct View {
@@ -93,17 +93,17 @@ pub(super) fn check(l: &Limit, s: &[u64; 2], now: u64, cost: u64) -> Outcome {
 /// See [`Limit::acquire`]. A clock behind the stored window is out of
 /// line: the usual request does not need its registers.
 #[inline(always)]
-pub(super) fn acquire(l: &Limit, s: &mut [u64; 2], now: u64, cost: u64) -> (Outcome, Charge) {
+pub(super) fn acquire(l: &Limit, s: &mut [u64; 2], now: u64, cost: u64, out: &mut Decision) {
     match in_window(l, s, now, cost) {
-        Some(step) => write(s, step),
-        None => acquire_decided(l, s, now, cost),
+        Some(step) => write(s, step, out),
+        None => acquire_decided(l, s, now, cost, out),
     }
 }
 
 /// [`acquire`] with the clock behind the stored window.
 #[inline(never)]
-fn acquire_decided(l: &Limit, s: &mut [u64; 2], now: u64, cost: u64) -> (Outcome, Charge) {
-    write(s, decide(l, s, now, cost))
+fn acquire_decided(l: &Limit, s: &mut [u64; 2], now: u64, cost: u64, out: &mut Decision) {
+    write(s, decide(l, s, now, cost), out)
 }
 
 /// See [`Limit::overdraw`]: into the window counted in, beyond the burst

@@ -7,7 +7,7 @@
 //! the same. A `now` that stepped back only makes `TAT − now` larger:
 //! stricter.
 
-use super::{mul, overdrawn, sat, write, Charge, Limit, Outcome, Step};
+use super::{mul, overdrawn, sat, write, Charge, Decision, Limit, Outcome, Step};
 
 // The check and the commit, from the same values, all in `u64` and exact:
 // `B·T` and `(B + Q)·T` fit, being at most `(B + Q)·period`, which
@@ -72,17 +72,17 @@ pub(super) fn check(l: &Limit, s: &[u64; 1], now: u64, cost: u64) -> Outcome {
 /// is not admitted at once is out of line: the usual request does not
 /// need its registers.
 #[inline(always)]
-pub(super) fn acquire(l: &Limit, s: &mut [u64; 1], now: u64, cost: u64) -> (Outcome, Charge) {
+pub(super) fn acquire(l: &Limit, s: &mut [u64; 1], now: u64, cost: u64, out: &mut Decision) {
     match at_once(l, s[0], now, cost) {
-        Some(step) => write(s, step),
-        None => acquire_over(l, s, now, cost),
+        Some(step) => write(s, step, out),
+        None => acquire_over(l, s, now, cost, out),
     }
 }
 
 /// [`acquire`] of a request not admitted at once.
 #[inline(never)]
-fn acquire_over(l: &Limit, s: &mut [u64; 1], now: u64, cost: u64) -> (Outcome, Charge) {
-    write(s, over(l, s[0], now, cost))
+fn acquire_over(l: &Limit, s: &mut [u64; 1], now: u64, cost: u64, out: &mut Decision) {
+    write(s, over(l, s[0], now, cost), out)
 }
 
 /// See [`Limit::overdraw`]: `TAT = max(TAT, now) + cost·T`, however far

@@ -18,7 +18,7 @@
 //! weighted as usual, and is forgotten when that one ends. A `now` in an earlier window than the stored one (clock
 //! stepped back) counts in the stored window with `e = 0` (the strictest).
 
-use super::{div_ceil, mul, overdrawn, sat, write, Charge, Limit, Outcome, Step};
+use super::{div_ceil, mul, overdrawn, sat, write, Charge, Decision, Limit, Outcome, Step};
 
 /// The state as seen at `now`.
 #[derive(Clone, Copy)]
@@ -101,13 +101,15 @@ fn retry(l: &Limit, v: &View, now: u64, cost: u64) -> u64 {
     until(v, offset, now).max(1)
 }
 
-/// The outcome of a request of `cost` at `now` in the window `now` is in,
-/// and what it charges; `None` when the clock is behind the stored window
-/// ([`decide`] does it). The window is the stored one, the one after it
-/// (`curr` becoming `prev`) or a new one; its start is `now` less the
-/// remainder of the division that finds it, which is the time elapsed.
+/// A request of `cost` at `now` admitted in the window `now` is in, and what
+/// it charges; `None` when it is not admitted, when the clock is behind the
+/// stored window, or when the weighted count needs `u128` ([`decide`] does
+/// all three). The window is the stored one, the one after it (`curr`
+/// becoming `prev`) or a new one; its start is `now` less the remainder of
+/// the division that finds it, which is the time elapsed. It calls nothing,
+/// so that the admitted request, the usual one, saves no registers.
 #[inline(always)]
-fn in_window(l: &Limit, s: &[u64; 3], now: u64, cost: u64) -> Option<Step<3>> {
+fn admitted(l: &Limit, s: &[u64; 3], now: u64, cost: u64) -> Option<Step<3>> {
     // (never 0; saying so spares the division its check)
     let w = l.window.max(1);
     let (current, elapsed) = (now / w, now % w);
@@ -119,23 +121,21 @@ fn in_window(l: &Limit, s: &[u64; 3], now: u64, cost: u64) -> Option<Step<3>> {
         _ => return None,
     };
     let left = w - elapsed;
-    let weighted = sat(div_ceil(mul(prev, left), w));
+    let weighted = u64::try_from(mul(prev, left)).ok()?.div_ceil(w);
     let free = l.burst.saturating_sub(curr).saturating_sub(weighted);
+    if cost > free {
+        return None;
+    }
     // Until the estimate is 0, as `reset` has it: the end of the window
     // for `prev`, of the next one for `curr`.
-    let reset = |curr: u64| match (curr, prev) {
+    let reset = match (curr + cost, prev) {
         (0, 0) => 0,
         (0, _) => left,
         _ => left.saturating_add(w),
     };
-    if cost <= free {
-        let charge = Charge { cost, at: current, below: 0, tag: 0 };
-        let outcome = Outcome::admit(free - cost, reset(curr + cost), 0);
-        return Some((outcome, (cost != 0).then_some(([current + 1, curr + cost, prev], charge))));
-    }
-    let v = View { start: now - elapsed, elapsed, prev, curr, window: current };
-    let retry = l.retry(cost, || retry(l, &v, now, cost));
-    Some((Outcome::reject(free, reset(curr), retry), None))
+    let charge = Charge { cost, at: current, below: 0, tag: 0 };
+    let outcome = Outcome::admit(free - cost, reset, 0);
+    Some((outcome, (cost != 0).then_some(([current + 1, curr + cost, prev], charge))))
 }
 
 /// The outcome of a request of `cost` at `now`, and what it charges.
@@ -156,23 +156,23 @@ fn decide(l: &Limit, s: &[u64; 3], now: u64, cost: u64) -> Step<3> {
 /// See [`Limit::check`].
 #[inline(always)]
 pub(super) fn check(l: &Limit, s: &[u64; 3], now: u64, cost: u64) -> Outcome {
-    in_window(l, s, now, cost).unwrap_or_else(|| decide(l, s, now, cost)).0
+    admitted(l, s, now, cost).unwrap_or_else(|| decide(l, s, now, cost)).0
 }
 
-/// See [`Limit::acquire`]. A clock behind the stored window is out of
+/// See [`Limit::acquire`]. What is not [`admitted`] at once is out of
 /// line: the usual request does not need its registers.
 #[inline(always)]
-pub(super) fn acquire(l: &Limit, s: &mut [u64; 3], now: u64, cost: u64) -> (Outcome, Charge) {
-    match in_window(l, s, now, cost) {
-        Some(step) => write(s, step),
-        None => acquire_decided(l, s, now, cost),
+pub(super) fn acquire(l: &Limit, s: &mut [u64; 3], now: u64, cost: u64, out: &mut Decision) {
+    match admitted(l, s, now, cost) {
+        Some(step) => write(s, step, out),
+        None => acquire_decided(l, s, now, cost, out),
     }
 }
 
-/// [`acquire`] with the clock behind the stored window.
+/// [`acquire`] of a request [`admitted`] leaves to [`decide`].
 #[inline(never)]
-fn acquire_decided(l: &Limit, s: &mut [u64; 3], now: u64, cost: u64) -> (Outcome, Charge) {
-    write(s, decide(l, s, now, cost))
+fn acquire_decided(l: &Limit, s: &mut [u64; 3], now: u64, cost: u64, out: &mut Decision) {
+    write(s, decide(l, s, now, cost), out)
 }
 
 /// See [`Limit::overdraw`]: into `curr`, beyond the burst if need be.
