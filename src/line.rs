@@ -8,8 +8,9 @@ use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use core::{mem, ptr};
 
 use ngx::ffi::{
-    ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_get_flushed_variable, ngx_http_request_t, ngx_log_t,
-    ngx_str_t, ngx_time, ngx_uint_t, ngx_variable_value_t, NGX_LOG_ERR,
+    in6_addr, in_addr, ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_get_flushed_variable,
+    ngx_http_request_t, ngx_log_t, ngx_str_t, ngx_time, ngx_uint_t, ngx_variable_value_t, sockaddr_in, sockaddr_in6,
+    AF_INET6, AF_UNIX, NGX_LOG_ERR,
 };
 use ngx::ngx_log_error;
 use rl_core::limit::Limit;
@@ -133,16 +134,29 @@ impl VarValue {
     }
 }
 
+/// How a line reads its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    /// The complex value, which evaluates any text with variables.
+    Complex,
+    /// One variable and nothing else (`$http_x_user`), by its index: its
+    /// value is the key as is, without the complex value's length pass and
+    /// copy.
+    Var(ngx_uint_t),
+    /// `$binary_remote_addr`, the default key, read from the connection
+    /// where nginx's handler for the variable reads it, without the
+    /// variable's lookup and call.
+    ClientAddr,
+}
+
 /// One `rl_limit` line.
 pub struct Line {
     pub backend: Backend,
     pub zone_name: String,
     /// The key, a complex value allocated from the configuration pool.
     pub key: *mut ngx_http_complex_value_t,
-    /// The index of the variable the key is, when it is one variable and
-    /// nothing else (`$binary_remote_addr`, `$http_x_user`): its value is the
-    /// key as is, without the complex value's length pass and copy.
-    pub key_var: Option<ngx_uint_t>,
+    /// How the key is read: see [`KeySource`].
+    pub key_source: KeySource,
     pub key_src: String,
     pub limit: Limit,
     pub cost: u64,
@@ -342,8 +356,10 @@ impl Line {
     /// it), or `Err` if it cannot be evaluated (no memory).
     #[inline(always)]
     pub fn eval_key(&self, r: *mut ngx_http_request_t) -> Result<ngx_str_t, ()> {
-        if let Some(index) = self.key_var {
-            return Ok(flushed(r, index));
+        match self.key_source {
+            KeySource::ClientAddr => return Ok(client_addr(r)),
+            KeySource::Var(index) => return Ok(flushed(r, index)),
+            KeySource::Complex => {}
         }
         let mut key = ngx_str_t::empty();
         // SAFETY: the key was compiled at configuration time; the value is allocated in r->pool.
@@ -584,6 +600,34 @@ fn flushed(r: *mut ngx_http_request_t, index: ngx_uint_t) -> ngx_str_t {
             ngx_str_t { len: (v.bits & VarValue::LEN) as usize, data: v.data }
         }
         _ => ngx_str_t::empty(),
+    }
+}
+
+/// `$binary_remote_addr`'s value, as nginx's handler for it
+/// (`ngx_http_variable_binary_remote_addr`) makes it: the client's IPv6
+/// address (16 bytes) or IPv4 address (4 bytes), or the address text of a
+/// UNIX-domain socket's client. Read from the request's connection when the
+/// key is evaluated, as the handler reads it, so that an address the realip
+/// module set counts as it does for the variable.
+#[inline(always)]
+fn client_addr(r: *mut ngx_http_request_t) -> ngx_str_t {
+    // SAFETY: r is the request being handled: its connection, and the connection's address
+    // (a sockaddr of the family it says, sockaddr_in6 or sockaddr_in) and address text, are
+    // valid for the request's lifetime.
+    unsafe {
+        let c = (*r).connection;
+        let sa = (*c).sockaddr;
+        match u32::from((*sa).sa_family) {
+            AF_INET6 => ngx_str_t {
+                len: mem::size_of::<in6_addr>(),
+                data: ptr::addr_of_mut!((*sa.cast::<sockaddr_in6>()).sin6_addr).cast(),
+            },
+            AF_UNIX => (*c).addr_text,
+            _ => ngx_str_t {
+                len: mem::size_of::<in_addr>(),
+                data: ptr::addr_of_mut!((*sa.cast::<sockaddr_in>()).sin_addr).cast(),
+            },
+        }
     }
 }
 

@@ -950,3 +950,55 @@ fn config_test_messages() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n----\n"));
 }
+
+// ---------------------------------------------------------------------------
+// The default key.
+// ---------------------------------------------------------------------------
+
+/// One GET over `stream` (a TCP or UNIX-domain connection): the status.
+fn status_over(mut stream: impl std::io::Read + std::io::Write, path: &str) -> u16 {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).unwrap();
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf).unwrap();
+    let head = String::from_utf8_lossy(&buf);
+    head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status in {head:?}"))
+}
+
+/// The default key, `$binary_remote_addr`, is read from the connection
+/// without nginx's variable: it must be the bytes the variable gives, for
+/// IPv4, IPv6 and UNIX-domain clients alike. A Redis state key carries a
+/// hash of the client key (its `{tag}`): a line keyed by default and a line
+/// keyed by `${binary_remote_addr}${arg_none}` (a complex value, which
+/// nginx's handler evaluates; `$arg_none` is empty) must give one tag per
+/// client, and different tags to different clients.
+#[test]
+fn default_key_is_binary_remote_addr_for_every_address_family() {
+    use std::net::{Ipv6Addr, TcpStream};
+    use std::os::unix::net::UnixStream;
+
+    let redis = Redis::start();
+    let conf = format!(
+        "rl_zone r redis={} timeout=1s;\n\
+         server {{\n listen 127.0.0.1:{{PORT}};\n listen [::1]:{{PORT}};\n listen unix:{{ROOT}}/client.sock;\n root {{ROOT}};\n\
+         location = /a.html {{ rl_limit zone=r rate=10r/m; }}\n\
+         location = /b.html {{ rl_limit zone=r rate=10r/m key=${{binary_remote_addr}}${{arg_none}}; }}\n}}\n",
+        redis.url()
+    );
+    let ngx = Nginx::start(&conf);
+    let sock = ngx.prefix.join("html/client.sock");
+    for path in ["/a.html", "/b.html"] {
+        assert_eq!(status_over(TcpStream::connect(("127.0.0.1", ngx.port)).unwrap(), path), 200);
+        assert_eq!(status_over(TcpStream::connect((Ipv6Addr::LOCALHOST, ngx.port)).unwrap(), path), 200);
+        assert_eq!(status_over(UnixStream::connect(&sock).unwrap(), path), 200);
+    }
+    let tag = |client: &[u8]| format!("{{{}}}", rl_core::redis::key_tag(client));
+    let mut v6 = [0u8; 16];
+    v6[15] = 1;
+    let keys = redis.keys("rl:*");
+    for (client, bytes) in [("IPv4", &[127u8, 0, 0, 1][..]), ("IPv6", &v6[..]), ("UNIX", b"unix:")] {
+        let with_tag = keys.iter().filter(|k| k.contains(&tag(bytes))).count();
+        assert_eq!(with_tag, 2, "{client} client: both lines' states under its key's tag; keys: {keys:?}");
+    }
+    assert_eq!(keys.len(), 6, "three clients, two lines: {keys:?}");
+}

@@ -20,7 +20,7 @@ use rl_core::parse::{parse_number, parse_rate, parse_size, parse_u64, ParseError
 use rl_core::url::redact;
 
 use super::{LocConf, MainConf, Quote, MAX_REDIS_ZONES};
-use crate::line::{Backend, HeadersMode, Line, LineId, Stage, VarParam, VarValue, Varying};
+use crate::line::{Backend, HeadersMode, KeySource, Line, LineId, Stage, VarParam, VarValue, Varying};
 use crate::shm::{Zone, MAX_ZONES_PER_LOCATION};
 use crate::Module;
 
@@ -342,17 +342,19 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
     let Some(cv) = compile_complex_value(cf, &mut key_src) else {
         return NGX_CONF_ERROR;
     };
-    let key_var = match one_variable(text(&key_src)) {
+    let key_source = match one_variable(text(&key_src)) {
+        // (variable names are not case-sensitive)
+        Some(name) if text(&name).eq_ignore_ascii_case("binary_remote_addr") => KeySource::ClientAddr,
         Some(mut name) if VarValue::matches() => {
             // SAFETY: cf is the configuration being parsed; nginx copies the name. The complex value
             // compiled above registered the same name: this finds its index.
             let index = unsafe { ngx_http_get_variable_index(cf, &mut name) };
             match ngx_uint_t::try_from(index) {
-                Ok(i) => Some(i),
+                Ok(i) => KeySource::Var(i),
                 Err(_) => return NGX_CONF_ERROR,
             }
         }
-        _ => None,
+        _ => KeySource::Complex,
     };
 
     let same_zone = lcf.lines.iter().filter_map(|&id| mcf.line(id)).filter(|l| l.zone_name == zone).count();
@@ -368,7 +370,7 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         backend: Backend::Shm(usize::MAX),
         zone_name: zone,
         key: cv,
-        key_var,
+        key_source,
         key_src: text(&key_src).to_string(),
         limit,
         cost,
