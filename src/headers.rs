@@ -247,15 +247,10 @@ fn retry_after_s(ctx: &Ctx, lines: &[Line]) -> Option<u64> {
     }
     let rejecting = |res: &LineResult| res.active && !res.dry_run && !res.admitted();
     let wait = match ctx.only() {
-        Some((_, res)) => rejecting(res).then_some(never_as_max(res)),
-        None => ctx.enforced(lines).filter(|(_, res)| rejecting(res)).map(|(_, res)| never_as_max(res)).max(),
+        Some((_, res)) => rejecting(res).then_some(res.wait_us()),
+        None => ctx.enforced(lines).filter(|(_, res)| rejecting(res)).map(|(_, res)| res.wait_us()).max(),
     };
     wait.filter(|w| *w != u64::MAX).map(|w| ceil_s(w).max(1))
-}
-
-/// A rejected line's wait, `u64::MAX` when it never passes (the longest).
-fn never_as_max(res: &LineResult) -> u64 {
-    res.retry_after_us().unwrap_or(u64::MAX)
 }
 
 /// One structured-field item: `"name";a=1;b=2`, comma-separated after the first.

@@ -101,6 +101,13 @@ impl LineResult {
         self.decision.outcome.retry_after_us
     }
 
+    /// When rejected: the wait until a lone request passes, `u64::MAX` when it never
+    /// does (the longest wait, for ranking lines by it).
+    #[inline(always)]
+    pub fn wait_us(&self) -> u64 {
+        self.retry_after_us().unwrap_or(u64::MAX)
+    }
+
     /// How long the line delays the request (0: not delayed).
     #[inline(always)]
     pub fn delay_us(&self) -> u64 {
@@ -136,7 +143,7 @@ impl LineResult {
         // How long the verdict holds the request back: the wait until a lone request passes
         // when rejected, the delay when delayed.
         let wait = match verdict {
-            Verdict::Rejected | Verdict::RejectedDryRun => self.retry_after_us().unwrap_or(u64::MAX),
+            Verdict::Rejected | Verdict::RejectedDryRun => self.wait_us(),
             Verdict::Delayed | Verdict::DelayedDryRun => self.delay_us(),
             Verdict::Passed => 0,
         };

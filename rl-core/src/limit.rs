@@ -473,26 +473,20 @@ impl Limit {
     #[inline(always)]
     fn commit_static(&self, s: &mut [u64], now: u64, cost: u64) -> Charge {
         match self.algorithm {
-            Algorithm::Fixed => s.first_chunk_mut().map_or(Charge::NONE, |s| {
-                let mut d = Decision::REJECTED;
-                fixed::acquire(self, s, now, cost, &mut d);
-                d.charge
-            }),
-            Algorithm::Sliding => s.first_chunk_mut().map_or(Charge::NONE, |s| {
-                let mut d = Decision::REJECTED;
-                sliding::acquire(self, s, now, cost, &mut d);
-                d.charge
-            }),
+            Algorithm::Fixed => {
+                s.first_chunk_mut().map_or(Charge::NONE, |s| charge_of(|d| fixed::acquire(self, s, now, cost, d)))
+            }
+            Algorithm::Sliding => {
+                s.first_chunk_mut().map_or(Charge::NONE, |s| charge_of(|d| sliding::acquire(self, s, now, cost, d)))
+            }
             Algorithm::SlidingLog => log::acquire(self, s, now, cost).1,
             Algorithm::TokenBucket | Algorithm::LeakyBucket => match s.len() >= 2 && cost != 0 {
                 true => bucket::commit(self, s, now, cost),
                 false => Charge::NONE,
             },
-            Algorithm::Gcra => s.first_chunk_mut().map_or(Charge::NONE, |s| {
-                let mut d = Decision::REJECTED;
-                gcra::acquire(self, s, now, cost, &mut d);
-                d.charge
-            }),
+            Algorithm::Gcra => {
+                s.first_chunk_mut().map_or(Charge::NONE, |s| charge_of(|d| gcra::acquire(self, s, now, cost, d)))
+            }
         }
     }
 
@@ -736,9 +730,7 @@ impl Decision {
         outcome: Outcome { admitted: false, remaining: 0, reset_us: 0, retry_after_us: None, delay_us: 0 },
         charge: Charge::NONE,
     };
-}
 
-impl Decision {
     /// Writes an algorithm's step, field by field (a copy of the pair would
     /// go through the stack).
     #[inline(always)]
@@ -755,6 +747,14 @@ impl Decision {
 /// What a request does to a state of `N` words: its outcome and, when it
 /// charges (admitted, cost 1 or more), the words it leaves and the charge.
 type Step<const N: usize> = (Outcome, Option<([u64; N], Charge)>);
+
+/// What an algorithm's acquire charges, its outcome unused (a commit).
+#[inline(always)]
+fn charge_of(acquire: impl FnOnce(&mut Decision)) -> Charge {
+    let mut d = Decision::REJECTED;
+    acquire(&mut d);
+    d.charge
+}
 
 /// Stores what `step` charges, and writes its outcome and charge in `out`.
 #[inline(always)]
