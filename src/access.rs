@@ -60,21 +60,26 @@ pub fn precontent_handler_pt() -> ngx_http_handler_pt {
 /// internal redirects follow.
 fn preaccess(r: &mut Request) -> Status {
     let raw: *mut ngx_http_request_t = (&mut *r).into();
+    let Some(lcf) = Module::location_conf(r) else {
+        return Status::NGX_DECLINED;
+    };
+    // Every request runs this handler, whatever its location: one to a location without lines
+    // (not redirected) leaves after one read of its configuration.
     // SAFETY: the request is valid during the phase handler.
+    if lcf.lines.is_empty() && unsafe { (*raw).internal() } == 0 {
+        return Status::NGX_DECLINED;
+    }
+    // SAFETY: as above.
     if unsafe { (*raw).main } != raw {
         return Status::NGX_DECLINED;
     }
-    let (Some(lcf), Some(mcf)) = (Module::location_conf(r), Module::main_conf(r)) else {
-        return Status::NGX_DECLINED;
-    };
     // An `rl_quota` location reads its lines in its content handler.
     if lcf.quota {
         return Status::NGX_DECLINED;
     }
-    // SAFETY: the request is valid.
-    if lcf.lines.is_empty() && unsafe { (*raw).internal() } == 0 {
+    let Some(mcf) = Module::main_conf(r) else {
         return Status::NGX_DECLINED;
-    }
+    };
     let ctx = match get_ctx(r) {
         Some(ctx) if ctx.stage == Stage::BeforeAuth => match ctx.phase {
             Phase::Decided => return Status::NGX_DECLINED,
@@ -100,17 +105,20 @@ fn preaccess(r: &mut Request) -> Status {
 /// The second stage, once access control has allowed the request.
 fn precontent(r: &mut Request) -> Status {
     let raw: *mut ngx_http_request_t = (&mut *r).into();
-    // SAFETY: the request is valid during the phase handler.
-    if unsafe { (*raw).main } != raw {
-        return Status::NGX_DECLINED;
-    }
-    let (Some(lcf), Some(mcf)) = (Module::location_conf(r), Module::main_conf(r)) else {
+    let Some(lcf) = Module::location_conf(r) else {
         return Status::NGX_DECLINED;
     };
-    // SAFETY: the request is valid.
+    // SAFETY: the request is valid during the phase handler.
     if !lcf.after_auth && unsafe { (*raw).internal() } == 0 {
         return Status::NGX_DECLINED;
     }
+    // SAFETY: as above.
+    if unsafe { (*raw).main } != raw {
+        return Status::NGX_DECLINED;
+    }
+    let Some(mcf) = Module::main_conf(r) else {
+        return Status::NGX_DECLINED;
+    };
     // No context: the location had no lines when the request reached its pre-access phase.
     let Some(ctx) = get_ctx(r) else {
         return Status::NGX_DECLINED;
