@@ -350,6 +350,14 @@ END {
         print "|---|---|---|"
         for (i = 1; i <= ngoal; i++) print gl[i]
         print ""
+        if (("limit_req_rl" in R) && ("limit_req" in R)) {
+            same = sprintf("`limit_req_rl` (the same limit_req, in the nginx that loads nginx-rl) ran at %.3fx `limit_req`", R["limit_req_rl"] / R["limit_req"])
+            if (("rl_baseline" in R) && base != "") same = same sprintf(", and `rl_baseline` (the same file, no limit) at %.3fx `baseline`", R["rl_baseline"] / R[base])
+            print "Two nginx processes, not two limiters: " same ". A req/s goal above decided by less than this"
+            print "ratio's distance from 1.00x is decided by what separates the two processes (their memory layout, the"
+            print "machine's other load while each ran), not by the limiters; the instruction rows say which limiter costs more."
+            print ""
+        }
         info = ""
         for (i = 1; i <= ns; i++) {
             id = sid[i]; r = ref[id]
