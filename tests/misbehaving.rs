@@ -48,6 +48,8 @@ fn conf(url: &str, params: &str) -> String {
 struct Hit {
     status: u16,
     took: Duration,
+    /// The connect before the request (not in `took`: the kernel's, not nginx's).
+    connect: Duration,
     resp: Response,
 }
 
@@ -66,8 +68,9 @@ fn hammer(port: u16, path: &str, threads: usize, dur: Duration, per_thread: usiz
                         break;
                     }
                     let key = format!("t{t}-{i}");
+                    let t0 = Instant::now();
                     let (resp, took) = timed_get(port, &path, &[("X-K", &key)]);
-                    mine.push(Hit { status: resp.status, took, resp });
+                    mine.push(Hit { status: resp.status, took, connect: t0.elapsed() - took, resp });
                 }
                 hits.lock().unwrap().extend(mine);
             })
@@ -78,6 +81,11 @@ fn hammer(port: u16, path: &str, threads: usize, dur: Duration, per_thread: usiz
     }
     let hits = hits.lock().unwrap().clone();
     hits
+}
+
+/// The longest a client waited for its connection.
+fn slowest_connect(hits: &[Hit]) -> Duration {
+    hits.iter().map(|h| h.connect).max().unwrap_or_default()
 }
 
 /// Every hit has `status` and came within `within`; none carries a header
@@ -121,9 +129,10 @@ fn misbehave(b: Behaviour, timeout_ms: u64, allow: bool, kind: &str, dur: Durati
     let hits = hammer(ngx.port, "/a.html", 4, dur, 100_000);
     let conns = fake.connections();
     eprintln!(
-        "{what}: {} requests in {dur:?}, max {:?}, {conns} connections, {} script calls",
+        "{what}: {} requests in {dur:?}, max {:?} (slowest connect {:?}), {conns} connections, {} script calls",
         hits.len(),
         hits.iter().map(|h| h.took).max().unwrap_or_default(),
+        slowest_connect(&hits),
         fake.calls()
     );
     let within = Duration::from_millis(timeout_ms) + MARGIN;
@@ -359,8 +368,9 @@ fn slow_server_requests_fail_by_timeout_and_waiting_is_bounded() {
     let hits = hammer(ngx.port, "/a.html", 16, Duration::from_secs(6), 100_000);
     let fast = hits.iter().filter(|h| h.took < Duration::from_millis(15)).count();
     eprintln!(
-        "slow server: {} requests, {fast} answered in under 15 ms, {} connections, {} calls",
+        "slow server: {} requests, {fast} answered in under 15 ms (slowest connect {:?}), {} connections, {} calls",
         hits.len(),
+        slowest_connect(&hits),
         fake.connections(),
         fake.calls()
     );
