@@ -28,3 +28,10 @@ cpu_ns() {
     done
     echo "$s"
 }
+
+# "busy total": clock ticks CPU $1 has spent so far, busy (neither idle nor
+# waiting for I/O; time taken by the hypervisor counts as busy) and in all
+# (/proc/stat: user nice system idle iowait irq softirq steal).
+cpu_ticks() {
+    awk -v c="cpu$1" '$1 == c { t = $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9; print t - $5 - $6, t }' /proc/stat
+}

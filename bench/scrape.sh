@@ -317,7 +317,7 @@ run_wrk() {
         SCR_PID=$!
     fi
     taskset -c "$CLIENT_CPU" wrk -t1 -c32 -d"${secs}s" --timeout 5s -s "$BENCH/wrk/load.lua" \
-        "http://127.0.0.1:$PORT/admit" -- 0 >"$TMP/wrk.out" 2>&1 &
+        "http://127.0.0.1:$PORT/admit" -- 0 count >"$TMP/wrk.out" 2>&1 &
     WRK_PID=$!
     wait "$WRK_PID" || { cat "$TMP/wrk.out" >&2; die "wrk failed"; }
     WRK_PID=
@@ -337,8 +337,10 @@ run_wrk() {
     worker_alive
     res=$(grep '^RESULT ' "$TMP/wrk.out") || { cat "$TMP/wrk.out" >&2; die "no result from wrk"; }
     # requests duration_us p50_us p99_us n200 n429 n5xx nother err_connect err_read err_write err_timeout
+    # (and err_status, left out: n200 tells more)
     local -a v
     read -r -a v <<<"$(sed 's/[a-z0-9_]*=//g; s/^RESULT //' <<<"$res")"
+    v=("${v[@]:0:12}")
     ((v[0] > 0 && v[4] == v[0] && v[8] + v[9] + v[10] + v[11] == 0)) ||
         fail "/admit ($phase, $cond): ${v[4]} of ${v[0]} answered 200 (429: ${v[5]}, 5xx: ${v[6]}, other: ${v[7]}), socket errors $((v[8] + v[9] + v[10] + v[11]))"
     printf 'wrk\t%s\t%s\t%s\t%s\t%s\t%s\n' "$phase" "$cond" "$secs" "$(IFS=$'\t' && echo "${v[*]}")" "$((c1 - c0))" "$nscr" >>"$RAW"
