@@ -54,32 +54,42 @@ pub fn precontent_handler_pt() -> ngx_http_handler_pt {
     Some(precontent_handler)
 }
 
+/// What both stages' handlers read first: the request, its location's and
+/// the main configuration; `None` when the handler has nothing to do. Every
+/// request runs both, whatever its location: one to a location the stage
+/// does not `need` leaves after one read of its configuration, unless it was
+/// redirected internally (its context may hold the lines of the location it
+/// left). A subrequest is never limited.
+#[inline(always)]
+fn stage_confs(
+    r: &mut Request,
+    needs: impl FnOnce(&LocConf) -> bool,
+) -> Option<(*mut ngx_http_request_t, &'static LocConf, &'static MainConf)> {
+    let raw: *mut ngx_http_request_t = (&mut *r).into();
+    let lcf = Module::location_conf(r)?;
+    // SAFETY: the request is valid during the phase handler.
+    if !needs(lcf) && unsafe { (*raw).internal() } == 0 {
+        return None;
+    }
+    // SAFETY: as above.
+    if unsafe { (*raw).main } != raw {
+        return None;
+    }
+    Some((raw, lcf, Module::main_conf(r)?))
+}
+
 /// The first stage. The request's context is made here, for every
 /// location with lines (`after_auth` ones only, too): the first location
 /// with lines a request reaches is the one that limits it, once, whatever
 /// internal redirects follow.
 fn preaccess(r: &mut Request) -> Status {
-    let raw: *mut ngx_http_request_t = (&mut *r).into();
-    let Some(lcf) = Module::location_conf(r) else {
+    let Some((raw, lcf, mcf)) = stage_confs(r, |lcf| !lcf.lines.is_empty()) else {
         return Status::NGX_DECLINED;
     };
-    // Every request runs this handler, whatever its location: one to a location without lines
-    // (not redirected) leaves after one read of its configuration.
-    // SAFETY: the request is valid during the phase handler.
-    if lcf.lines.is_empty() && unsafe { (*raw).internal() } == 0 {
-        return Status::NGX_DECLINED;
-    }
-    // SAFETY: as above.
-    if unsafe { (*raw).main } != raw {
-        return Status::NGX_DECLINED;
-    }
     // An `rl_quota` location reads its lines in its content handler.
     if lcf.quota {
         return Status::NGX_DECLINED;
     }
-    let Some(mcf) = Module::main_conf(r) else {
-        return Status::NGX_DECLINED;
-    };
     let ctx = match get_ctx(r) {
         Some(ctx) if ctx.stage == Stage::BeforeAuth => match ctx.phase {
             Phase::Decided => return Status::NGX_DECLINED,
@@ -104,19 +114,7 @@ fn preaccess(r: &mut Request) -> Status {
 
 /// The second stage, once access control has allowed the request.
 fn precontent(r: &mut Request) -> Status {
-    let raw: *mut ngx_http_request_t = (&mut *r).into();
-    let Some(lcf) = Module::location_conf(r) else {
-        return Status::NGX_DECLINED;
-    };
-    // SAFETY: the request is valid during the phase handler.
-    if !lcf.after_auth && unsafe { (*raw).internal() } == 0 {
-        return Status::NGX_DECLINED;
-    }
-    // SAFETY: as above.
-    if unsafe { (*raw).main } != raw {
-        return Status::NGX_DECLINED;
-    }
-    let Some(mcf) = Module::main_conf(r) else {
+    let Some((raw, lcf, mcf)) = stage_confs(r, |lcf| lcf.after_auth) else {
         return Status::NGX_DECLINED;
     };
     // No context: the location had no lines when the request reached its pre-access phase.
