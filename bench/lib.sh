@@ -35,3 +35,19 @@ cpu_ns() {
 cpu_ticks() {
     awk -v c="cpu$1" '$1 == c { t = $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9; print t - $5 - $6, t }' /proc/stat
 }
+
+# A server per row: a configuration gives each row a port of its own
+# (`listen 127.0.0.1:@PORT_<row>@`, the row being the scenario's path without
+# its slash). assign_row_ports FILE [PORT...]: replaces each such placeholder
+# in FILE with a free port, none of those given, and prints "row port" a line.
+assign_row_ports() {
+    local file=$1 row p
+    shift
+    local taken="$*"
+    for row in $(grep -o '@PORT_[A-Za-z0-9_]*@' "$file" | sort -u | sed 's/^@PORT_//; s/@$//'); do
+        p=$(free_port $taken) || return 1
+        taken="$taken $p"
+        sed -i "s|@PORT_${row}@|$p|g" "$file"
+        echo "$row $p"
+    done
+}

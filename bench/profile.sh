@@ -11,13 +11,15 @@
 # keep-alive connection), after a warm-up of 200 requests.
 #
 # What a limit adds is measured against the same request (same URI, same
-# header lengths) to a twin server in the same nginx: a copy of the server
-# without its limit_req and rl_limit lines, reached by its name. Parsing a
-# longer URI or finding a deeper location costs instructions of its own
-# (hundreds between the bench's URIs), and the heap a configuration leaves
-# can make glibc's malloc take a longer path on every request (about 100
-# instructions in rl.conf): a single baseline URI, or another nginx, would
-# count either as the limiter's.
+# header lengths) to a twin server in the same nginx: a copy of the row's
+# server without its limit_req and rl_limit lines, on the same port, reached
+# by its name. Each row has a server of its own answering the same URI, so
+# that finding the location costs every row the same (in one server, a
+# location's place in the tree and the length of its name moved a request by
+# up to 420 instructions), but the heap a configuration leaves can make
+# glibc's malloc take a longer path on every request (about 125 instructions
+# in rl.conf against stock.conf): another nginx would count it as the
+# limiter's.
 
 set -Eeuo pipefail
 export LC_ALL=C
@@ -59,9 +61,9 @@ while IFS=$'\t' read -r id inst path _; do
     [[ -z $id || $id == \#* ]] && continue
     echo "hello from the nginx-rl bench" >"$TMP/html/${path#/}"
 done <"$BENCH/scenarios.tsv"
-for f in gcra_admit_noheaders sliding_admit_noheaders gcra_reject_noheaders; do echo "hello from the nginx-rl bench" >"$TMP/html/$f"; done
+for f in f gcra_admit_noheaders sliding_admit_noheaders gcra_reject_noheaders; do echo "hello from the nginx-rl bench" >"$TMP/html/$f"; done
 
-declare -A PORT VPID
+declare -A PORT VPID ROWPORT
 # The twin server's name: as long as "127.0.0.1", so that both Host headers
 # (with the port) have the same length.
 TWIN=twin.test
@@ -75,18 +77,24 @@ start() { # name conf
             -e "s|@REDIS_PORT@|6379|g" -e "s|@BENCH@|$BENCH|g" -e "s|@MEMZ@|1m|g" "$BENCH/conf/$f" >"$dir/${f/$2/nginx.conf}"
     done
     sed -i 's/^worker_cpu_affinity.*//' "$dir/common.inc"
-    # The twin: the server block (from "    server {" to "    }") again, after it, without limits.
+    local row p
+    while read -r row p; do
+        ROWPORT[$name/$row]=$p
+    done < <(assign_row_ports "$dir/nginx.conf" ${PORT[*]:-} ${ROWPORT[*]:-})
+    # The twins: each server block (one line, or from "    server {" to "    }") again, after it,
+    # on the same port, without limits.
     awk -v twin="$TWIN" '
-        /^    server \{/ { in_server = 1 }
-        in_server { block = block $0 "\n" }
-        { print }
-        in_server && /^    \}/ {
-            in_server = 0
+        function twin_of(block) {
             gsub(/limit_req zone=[^;]*;|rl_limit [^;]*;/, "", block)
             sub(/ backlog=[0-9]+;/, ";", block)
-            sub(/server \{\n/, "server {\n        server_name " twin ";\n", block)
-            printf "%s", block
-        }' "$dir/nginx.conf" >"$dir/nginx.conf.twin"
+            sub(/server \{/, "server { server_name " twin ";", block)
+            return block
+        }
+        /^    server \{.*\} *\}$/ { print; print twin_of($0); next }
+        /^    server \{/ { in_server = 1; block = "" }
+        in_server { block = block $0 "\n" }
+        { print }
+        in_server && /^    \}/ { in_server = 0; printf "%s", twin_of(block) }' "$dir/nginx.conf" >"$dir/nginx.conf.twin"
     mv "$dir/nginx.conf.twin" "$dir/nginx.conf"
     grep -q "server_name $TWIN;" "$dir/nginx.conf" || die "no twin server in $dir/nginx.conf"
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$dir/cg.%p" \
@@ -117,6 +125,8 @@ requests() { # url n nkeys [host]
 measure() {
     local name=$1 path=$2 nkeys=$3 dump=$4 host=${5:-} pid=${VPID[$1]} url st total f
     url="http://127.0.0.1:${PORT[$name]}$path"
+    # A row with a server of its own: GET /f on its port, as bench/run.sh asks it.
+    [[ -n ${ROWPORT[$name/${path#/}]:-} ]] && url="http://127.0.0.1:${ROWPORT[$name/${path#/}]}/f"
     callgrind_control -i on "$pid" >/dev/null 2>&1
     requests "$url" 200 "$nkeys" "$host" >/dev/null
     callgrind_control -z "$pid" >/dev/null 2>&1
@@ -147,6 +157,11 @@ profile stock baseline /baseline 0 >>"$TMP/ir.tsv"
 profile stock limit_req /lr_admit 0 >>"$TMP/ir.tsv"
 profile stock limit_req_reject /lr_reject 0 >>"$TMP/ir.tsv"
 profile stock limit_req_k1m /lr_k1m 1000000 >>"$TMP/ir.tsv"
+# limit_req in the nginx that loads the module: the reference of the rows
+# below in the same process (the same heap).
+profile rl limit_req_rl /lr_admit 0 >>"$TMP/ir.tsv"
+profile rl limit_req_reject_rl /lr_reject 0 >>"$TMP/ir.tsv"
+profile rl limit_req_k1m_rl /lr_k1m 1000000 >>"$TMP/ir.tsv"
 # A location without limits in the nginx that loads the module, against the
 # same request to stock nginx: what the module costs every request.
 IFS=$'\t' read -r ir st < <(measure rl /baseline 0 "$TMP/rl_loaded_no_limit.cg")
@@ -198,9 +213,10 @@ done <"$TMP/ir.tsv"
     echo "What a limit adds is counted against the same request (same URI, headers of the same length) to a"
     echo "twin server in the same nginx, without limits: a longer URI or a deeper location costs instructions"
     echo "of its own, and so can the heap another configuration leaves to malloc. \`baseline\` shows the"
-    echo "method's noise; \`rl_loaded_no_limit\` is a location without \`rl_limit\` in the nginx that loads the"
+    echo "method's noise; \`rl_loaded_no_limit\` is a server without \`rl_limit\` in the nginx that loads the"
     echo "module, against \`baseline\` (stock nginx): what the module costs every request, its hooks and"
-    echo "whatever malloc's path costs in its heap. \`*_no_headers\`: \`rl_headers off\`; the other rows send"
+    echo "whatever malloc's path costs in its heap. \`*_rl\`: limit_req in the nginx that loads the module (the"
+    echo "same process and heap as the nginx-rl rows). \`*_no_headers\`: \`rl_headers off\`; the other rows send"
     echo "the default legacy headers. \"Of them in nginx-rl's code\": the self cost of the module's own functions"
     echo "(and of what they inline) over the twin's: the part of the addition that heap layout does not move."
     echo

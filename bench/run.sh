@@ -89,7 +89,7 @@ load_scenarios() {
 
 # ---------------------------------------------------------------- processes
 TMP=
-declare -A PORT MASTER WORKER
+declare -A PORT MASTER WORKER ROWPORT
 INSTANCES=()
 REDIS_PID=
 WRK_PID=
@@ -138,6 +138,10 @@ prepare_nginx() {
     render "$BENCH/conf/common.inc" "$dir" "$port" >"$dir/common.inc"
     render "$BENCH/conf/http.inc" "$dir" "$port" >"$dir/http.inc"
     render "$BENCH/conf/$conf" "$dir" "$port" >"$dir/nginx.conf"
+    local row p
+    while read -r row p; do
+        ROWPORT[$name/$row]=$p
+    done < <(assign_row_ports "$dir/nginx.conf" ${PORT[*]:-} ${ROWPORT[*]:-} "$REDIS_PORT")
     "$NGINX" -p "$dir/" -c "$dir/nginx.conf" -e "$dir/error.log" -t -q >"$dir/test.log" 2>&1
 }
 
@@ -200,6 +204,14 @@ wakeups() {
 }
 
 # ---------------------------------------------------------------- one run
+# url_of ID: a row with a server of its own is asked GET /f on its port (the
+# same request for every such row); any other, its path on the instance's port.
+url_of() {
+    local inst=${S_INST[$1]} path=${S_PATH[$1]}
+    local p=${ROWPORT[$inst/${path#/}]:-}
+    if [[ -n $p ]]; then echo "http://127.0.0.1:$p/f"; else echo "http://127.0.0.1:${PORT[$inst]}$path"; fi
+}
+
 # run_one PHASE ID SECS: one wrk run; appends a line to raw.tsv.
 run_one() {
     local phase=$1 id=$2 secs=$3
@@ -219,7 +231,7 @@ run_one() {
     c0=$(cpu_ns "$w")
     k0=$(cpu_ticks "$CLIENT_CPU")
     taskset -c "$CLIENT_CPU" wrk -t"$THREADS" -c"${S_CONNS[$id]}" -d"${secs}s" --timeout 5s \
-        -s "$BENCH/wrk/load.lua" "http://127.0.0.1:${PORT[$inst]}${S_PATH[$id]}" -- "${S_KEYS[$id]}" $count \
+        -s "$BENCH/wrk/load.lua" "$(url_of "$id")" -- "${S_KEYS[$id]}" $count \
         >"$out" 2>&1 &
     WRK_PID=$!
     wait "$WRK_PID" || { cat "$out" >&2; die "wrk failed on $id"; }
@@ -366,7 +378,7 @@ main() {
     for id in "${!S_PATH[@]}"; do
         echo "hello from the nginx-rl bench" >"$TMP/html/${S_PATH[$id]#/}"
     done
-    for id in index.html m_fixed m_sliding m_sliding_log m_token_bucket m_leaky_bucket m_gcra m_limit_req; do
+    for id in f index.html m_fixed m_sliding m_sliding_log m_token_bucket m_leaky_bucket m_gcra m_limit_req; do
         echo "hello from the nginx-rl bench" >"$TMP/html/$id"
     done
 
