@@ -178,12 +178,15 @@ pub const TTL_MARGIN_MS: u64 = 1000;
 pub const TTL_SLACK_MS: u64 = 1000;
 
 /// The expiry (ms of the Redis clock) of a string state key after a write at
-/// `now_ms` of a state that resets in `reset_us`, when the key had expiry
+/// `now_us` of a state that resets in `reset_us`, when the key had expiry
 /// `prev_ms` (0: missing, or not known from its value): kept while it covers
-/// the reset time + [`TTL_MARGIN_MS`], else that + [`TTL_SLACK_MS`].
+/// the reset time + [`TTL_MARGIN_MS`], else that + [`TTL_SLACK_MS`]. Both
+/// times round up to the ms: `now` cut to its ms would let the key expire up
+/// to 999 µs before the reset time + the margin, and a request from a clock
+/// stepped back by less than the margin read the state fresh too early.
 /// (`sliding_log` keys get exactly the reset time + [`TTL_MARGIN_MS`].)
-pub fn expiry_after_write(prev_ms: u64, now_ms: u64, reset_us: u64) -> u64 {
-    let need = now_ms + reset_us.div_ceil(1000) + TTL_MARGIN_MS;
+pub fn expiry_after_write(prev_ms: u64, now_us: u64, reset_us: u64) -> u64 {
+    let need = now_us.div_ceil(1000) + reset_us.div_ceil(1000) + TTL_MARGIN_MS;
     if prev_ms < need {
         need + TTL_SLACK_MS
     } else {

@@ -253,7 +253,8 @@ local function state(j, alg, n)
 end
 
 -- Commits a line `lim` of slot j whose state is back to full in rst us, so
--- that the key must live ceil(rst / 1000) + 1000 ms more. sliding_log: `val`
+-- that the key must live until ceil(now / 1000) + ceil(rst / 1000) + 1000 ms
+-- of the Redis clock. sliding_log: `val`
 -- pushes the entries, and the TTL is set. Else the new state v1, v2, v3
 -- (then a varying line's tag) of a state read with expiry x0: the expiry is kept while it
 -- suffices, else set TTL_SLACK ms beyond the need, so that a busy key's TTL
@@ -278,7 +279,12 @@ local function put(j, lim, val, v1, v2, v3, x0, rst)
     redis.call('PEXPIRE', names[j], ttl(tc))
     return
   end
-  local x = ms + tc
+  -- From now rounded up, not ms (now cut to the ms): that would cut up to
+  -- 999 us off the margin.
+  local x = now / 1000
+  local xc = x - x % 1
+  if xc < x then xc = xc + 1 end
+  x = xc + tc
   if x0 < x then
     x = x + TTL_SLACK
   else

@@ -185,7 +185,7 @@ impl Pair {
             }
             if wrote && *c > 0 {
                 let x = &mut self.expiries[i];
-                *x = expiry_after_write(*x, now / 1000, after[i].reset_us);
+                *x = expiry_after_write(*x, now, after[i].reset_us);
             }
             assert_eq!(self.redis.stored_expiry(key), Some(self.expiries[i]), "line {i}");
             assert_eq!(exp / 1000, self.expiries[i], "TTL of line {i}");
