@@ -184,7 +184,8 @@ pub const TTL_SLACK_MS: u64 = 1000;
 /// times round up to the ms: `now` cut to its ms would let the key expire up
 /// to 999 µs before the reset time + the margin, and a request from a clock
 /// stepped back by less than the margin read the state fresh too early.
-/// (`sliding_log` keys get exactly the reset time + [`TTL_MARGIN_MS`].)
+/// (`sliding_log` keys get exactly the reset time + [`TTL_MARGIN_MS`], the
+/// same rounded up.)
 pub fn expiry_after_write(prev_ms: u64, now_us: u64, reset_us: u64) -> u64 {
     let need = now_us.div_ceil(1000) + reset_us.div_ceil(1000) + TTL_MARGIN_MS;
     if prev_ms < need {

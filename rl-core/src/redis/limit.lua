@@ -274,17 +274,17 @@ local function put(j, lim, val, v1, v2, v3, x0, rst)
   local tc = t - t % 1
   if tc < t then tc = tc + 1 end
   tc = tc + 1000
-  if alg == 'sliding_log' then
-    val()
-    redis.call('PEXPIRE', names[j], ttl(tc))
-    return
-  end
   -- From now rounded up, not ms (now cut to the ms): that would cut up to
   -- 999 us off the margin.
   local x = now / 1000
   local xc = x - x % 1
   if xc < x then xc = xc + 1 end
   x = xc + tc
+  if alg == 'sliding_log' then
+    val()
+    redis.call('PEXPIRE', names[j], ttl(x - ms))
+    return
+  end
   if x0 < x then
     x = x + TTL_SLACK
   else

@@ -218,10 +218,11 @@ fn foreign_state_reads_like_the_model() {
                     l.commit(&mut s, now, cost);
                     assert_eq!(r.value(&k[0]), Some(stored(&l, &s)), "{what}");
                     assert_eq!(r.kind(&k[0]).as_deref(), Some("string"), "{what}");
-                    let mut ttl_ms = want.reset_us.div_ceil(1000) + TTL_MARGIN_MS;
+                    // (from now rounded up to the ms: expiry_after_write)
+                    let mut ttl_ms =
+                        want.reset_us.div_ceil(1000) + TTL_MARGIN_MS + u64::from(!now.is_multiple_of(1000));
                     if alg != Algorithm::SlidingLog {
                         ttl_ms += TTL_SLACK_MS; // the raw value carried no expiry
-                        ttl_ms += u64::from(!now.is_multiple_of(1000)); // from now rounded up to the ms
                     }
                     assert_eq!(r.expiry(&k[0]), Some(now + ttl_ms * 1000), "{what}");
                 } else {

@@ -178,7 +178,9 @@ impl Pair {
             let exp = self.redis.expiry(key).expect("key without TTL");
             if l.algorithm() == Algorithm::SlidingLog {
                 if wrote && *c > 0 {
-                    let ttl_ms = after[i].reset_us.div_ceil(1000) + TTL_MARGIN_MS;
+                    // (from now rounded up to the ms, as expiry_after_write)
+                    let ttl_ms =
+                        after[i].reset_us.div_ceil(1000) + TTL_MARGIN_MS + u64::from(!now.is_multiple_of(1000));
                     assert_eq!(exp, now + ttl_ms * 1000, "TTL of line {i}");
                 }
                 continue;
