@@ -57,11 +57,8 @@ trap 'exit 143' TERM
 cp "$MODULE_SRC" "$TMP/ngx_http_rl_module.so"
 MODULE=$TMP/ngx_http_rl_module.so
 mkdir -p "$TMP/html"
-while IFS=$'\t' read -r id inst path _; do
-    [[ -z $id || $id == \#* ]] && continue
-    echo "hello from the nginx-rl bench" >"$TMP/html/${path#/}"
-done <"$BENCH/scenarios.tsv"
-for f in f gcra_admit_noheaders sliding_admit_noheaders gcra_reject_noheaders; do echo "hello from the nginx-rl bench" >"$TMP/html/$f"; done
+# Every row profiled here has a server of its own answering GET /f.
+echo "hello from the nginx-rl bench" >"$TMP/html/f"
 
 declare -A PORT VPID ROWPORT
 # The twin server's name: as long as "127.0.0.1", so that both Host headers
