@@ -306,6 +306,10 @@ END {
         if ((id in R) && (r in R))
             goal("req/s >= 1.00x " vsname(r) ", one key, reject: `" a "`", sprintf("%.3fx", R[id] / R[r]) vsstock(id, r, "limit_req_reject") busynote(id, r), R[id] >= R[r])
     }
+    # The response limit_req sends: a rejection without the rate-limit fields.
+    id = "rl_gcra_reject_noheaders"; r = vs(id, "limit_req_reject")
+    if ((id in R) && (r in R))
+        goal("req/s >= 1.00x " vsname(r) ", one key, reject, `rl_headers off` (limit_req's response): `gcra`", sprintf("%.3fx", R[id] / R[r]) vsstock(id, r, "limit_req_reject") busynote(id, r), R[id] >= R[r])
     split("sliding token_bucket gcra", many, " ")
     for (k = 1; k <= 3; k++) {
         id = "rl_" many[k] "_k1m"; r = vs(id, "limit_req_k1m")
