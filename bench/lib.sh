@@ -52,3 +52,12 @@ assign_row_ports() {
         echo "$row $p"
     done
 }
+
+# row_url INST PATH: the URL a row is asked: a row with a server of its own
+# (ROWPORT[INST/row], from assign_row_ports) GET /f on its port, the same
+# request for every such row; any other PATH on the instance's port
+# (PORT[INST]). Both arrays are the caller's.
+row_url() {
+    local p=${ROWPORT[$1/${2#/}]:-}
+    if [[ -n $p ]]; then echo "http://127.0.0.1:$p/f"; else echo "http://127.0.0.1:${PORT[$1]}$2"; fi
+}

@@ -121,9 +121,7 @@ requests() { # url n nkeys [host]
 # measure NAME PATH NKEYS DUMP [HOST]: Ir/request of N requests, and their statuses.
 measure() {
     local name=$1 path=$2 nkeys=$3 dump=$4 host=${5:-} pid=${VPID[$1]} url st total f
-    url="http://127.0.0.1:${PORT[$name]}$path"
-    # A row with a server of its own: GET /f on its port, as bench/run.sh asks it.
-    [[ -n ${ROWPORT[$name/${path#/}]:-} ]] && url="http://127.0.0.1:${ROWPORT[$name/${path#/}]}/f"
+    url=$(row_url "$name" "$path")
     callgrind_control -i on "$pid" >/dev/null 2>&1
     requests "$url" 200 "$nkeys" "$host" >/dev/null
     callgrind_control -z "$pid" >/dev/null 2>&1

@@ -204,14 +204,6 @@ wakeups() {
 }
 
 # ---------------------------------------------------------------- one run
-# url_of ID: a row with a server of its own is asked GET /f on its port (the
-# same request for every such row); any other, its path on the instance's port.
-url_of() {
-    local inst=${S_INST[$1]} path=${S_PATH[$1]}
-    local p=${ROWPORT[$inst/${path#/}]:-}
-    if [[ -n $p ]]; then echo "http://127.0.0.1:$p/f"; else echo "http://127.0.0.1:${PORT[$inst]}$path"; fi
-}
-
 # run_one PHASE ID SECS: one wrk run; appends a line to raw.tsv.
 run_one() {
     local phase=$1 id=$2 secs=$3
@@ -231,7 +223,7 @@ run_one() {
     c0=$(cpu_ns "$w")
     k0=$(cpu_ticks "$CLIENT_CPU")
     taskset -c "$CLIENT_CPU" wrk -t"$THREADS" -c"${S_CONNS[$id]}" -d"${secs}s" --timeout 5s \
-        -s "$BENCH/wrk/load.lua" "$(url_of "$id")" -- "${S_KEYS[$id]}" $count \
+        -s "$BENCH/wrk/load.lua" "$(row_url "${S_INST[$id]}" "${S_PATH[$id]}")" -- "${S_KEYS[$id]}" $count \
         >"$out" 2>&1 &
     WRK_PID=$!
     wait "$WRK_PID" || { cat "$out" >&2; die "wrk failed on $id"; }
