@@ -132,8 +132,10 @@ local E = 4503599627370496
 local floor, pack, unpack_
 
 -- The call's state, set by every call (in a library the helpers below
--- outlive a call). now: us; ms: now in ms; commit: mode "1".
-local now, ms, commit
+-- outlive a call). now: us; ms: now in ms, cut; ms_up: now in ms, rounded
+-- up (a key's expiry counts from it: from ms, a key could expire up to
+-- 999 us short of its reset time + the margin); commit: mode "1".
+local now, ms, ms_up, commit
 -- The reply so far, and its length.
 local reply, nreply
 
@@ -273,13 +275,7 @@ local function put(j, lim, val, v1, v2, v3, x0, rst)
   local t = rst / 1000
   local tc = t - t % 1
   if tc < t then tc = tc + 1 end
-  tc = tc + 1000
-  -- From now rounded up, not ms (now cut to the ms): that would cut up to
-  -- 999 us off the margin.
-  local x = now / 1000
-  local xc = x - x % 1
-  if xc < x then xc = xc + 1 end
-  x = xc + tc
+  local x = ms_up + tc + 1000
   if alg == 'sliding_log' then
     val()
     redis.call('PEXPIRE', names[j], ttl(x - ms))
@@ -946,6 +942,8 @@ local function start(t)
     ms = now / 1000
     ms = ms - ms % 1
   end
+  ms_up = ms
+  if ms * 1000 < now then ms_up = ms + 1 end
 end
 
 -- Reads every distinct key of the call, and clears the call's records.
