@@ -62,6 +62,7 @@ fn charge(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &Ctx, log: *mut ngx_l
         let Some(cost) = line.after_cost(r, log) else {
             continue;
         };
+        let cost = line.capped_cost(cost, res.limit(line), log);
         if let Some(z) = line.backend.shm() {
             charge_shm(mcf, z, line, res, cost, now_us, log);
         } else if let Some(z) = line.backend.redis() {

@@ -336,6 +336,8 @@ pub enum Params {
 enum BadValue {
     Parse(&'static str, ParseError),
     Limit(String),
+    /// A `charge=after` cost beyond [`Limit::max_cost`], and that cap.
+    Cost(u64, u64),
 }
 
 impl Line {
@@ -508,10 +510,44 @@ impl Line {
         }
     }
 
-    /// Says why a value was not applied, at most once a second per line.
+    /// What a `charge=after` line charges for `cost` under the request's
+    /// `limit`: the cost, or, for a figure no real cost reaches (beyond what
+    /// the rate refills in [`rl_core::limit::MAX_CHARGE_US`]), the cap,
+    /// logged. A static cost never exceeds the burst, so only a cost from
+    /// variables can be capped.
+    pub fn capped_cost(&self, cost: u64, limit: &Limit, log: *mut ngx_log_t) -> u64 {
+        let cap = limit.max_cost();
+        if cost <= cap {
+            return cost;
+        }
+        if let Some(vars) = self.vars.as_deref() {
+            self.log_bad(vars, log, BadValue::Cost(cost, cap));
+        }
+        cap
+    }
+
+    /// Says why a value was not applied (or, for a cost, what was charged
+    /// instead), at most once a second per line.
     fn log_bad(&self, vars: &Varying, log: *mut ngx_log_t, bad: BadValue) {
         let now = ngx_time() as u64;
         if vars.logged().swap(now, Ordering::Relaxed) == now {
+            return;
+        }
+        let cost_src = || vars.cost.as_ref().map_or("", |p| p.src.as_str());
+        if let BadValue::Cost(cost, cap) = bad {
+            ngx_log_error!(
+                NGX_LOG_ERR,
+                log,
+                "cost {} from \"{}\" is more than the rate refills in {} days in rl_limit \"{}\" of zone \"{}\" ({}), \
+                 charged as {}",
+                cost,
+                cost_src(),
+                rl_core::limit::MAX_CHARGE_US / 86_400_000_000,
+                self.item,
+                self.zone_name,
+                self.origin,
+                cap
+            );
             return;
         }
         let why = match bad {
@@ -525,6 +561,7 @@ impl Line {
                 format!("invalid {what} \"{value}\" from \"{}\"", src.map_or("", |p| p.src.as_str()))
             }
             BadValue::Limit(m) => m,
+            BadValue::Cost(..) => return,
         };
         ngx_log_error!(
             NGX_LOG_ERR,

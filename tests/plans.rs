@@ -88,6 +88,61 @@ fn tokens(zone: &str) {
     assert_eq!(later.status, 200, "after Retry-After: {later:?}");
 }
 
+/// An upstream's cost that cannot be true (2^64 - 1 tokens, which parses)
+/// is charged as a week's refill, logged at most once a second per line:
+/// the key waits a week less its burst's second, and no figure a client
+/// sees is a saturated one.
+fn impossible_cost(zone: &str) {
+    let line = "rl_limit zone=z key=$http_x_api_key rate=1000r/s burst=1000 algorithm=token_bucket";
+    let ngx = plans(
+        zone,
+        &format!(
+            "location /llm/ {{ {line} cost=$upstream_http_x_tokens_used charge=after; rl_headers both; \
+                 proxy_pass http://127.0.0.1:{{PORT}}/backend/; }}\n\
+             location /q/ {{ rl_quota; {line}; }}"
+        ),
+    );
+    let huge = "18446744073709551615";
+    for k in ["k1", "k2", "k3"] {
+        let r = ngx.get("/llm/", &[("X-Api-Key", k), ("X-Tokens", huge)]);
+        assert_eq!(r.status, 200, "{k}: {r:?}");
+    }
+    let key = [("X-Api-Key", "k1")];
+    settle(&ngx, "/q/", &key, 0);
+    let r = ngx.get("/llm/", &key);
+    assert_eq!(r.status, 429, "{r:?}");
+    // 604,800,000 charged: 604,799,001 tokens to repay at 1,000 a second.
+    let want = 604_799_001u64.div_ceil(1_000);
+    let retry = r.num("Retry-After");
+    assert!((want - 2..=want).contains(&retry), "Retry-After {retry}, about {want}: {r:?}");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let reset = r.num("X-RateLimit-Reset").saturating_sub(now);
+    assert!((7 * 86_400 - 2..=7 * 86_400 + 1).contains(&reset), "reset in a week, not in {reset} s: {r:?}");
+    let q = ngx.get("/q/", &key);
+    let read = |f: &str| q.body.split(&format!("\"{f}\":")).nth(1).and_then(|t| t.split([',', '}']).next());
+    assert_eq!(read("remaining"), Some("0"), "{q:?}");
+    let reset: u64 = read("reset").and_then(|t| t.parse().ok()).unwrap_or(0);
+    assert!((7 * 86_400 - 2..=7 * 86_400).contains(&reset), "{q:?}");
+    let log = ngx.error_log();
+    let said =
+        "cost 18446744073709551615 from \"$upstream_http_x_tokens_used\" is more than the rate refills in 7 days \
+                in rl_limit \"z\" of zone \"z\"";
+    let n = log.matches(said).count();
+    assert!((1..3).contains(&n), "logged once a second per line, {n} times for 3 charges:\n{log}");
+    assert!(log.contains("charged as 604800000"), "{log}");
+}
+
+#[test]
+fn impossible_cost_is_capped_shm() {
+    impossible_cost("rl_zone z size=1m;");
+}
+
+#[test]
+fn impossible_cost_is_capped_redis() {
+    let redis = Redis::start();
+    impossible_cost(&format!("rl_zone z redis={} timeout=1s;", redis.url()));
+}
+
 #[test]
 fn charge_after_overdraws_and_waits_shm() {
     tokens("rl_zone z size=1m;");
@@ -100,14 +155,15 @@ fn charge_after_overdraws_and_waits_redis() {
 }
 
 /// A charge a Redis zone cannot take (a cost beyond what its script keeps
-/// exact) is logged and counted in `nginx_rl_charge_failures_total`, not
-/// retried; the request was answered all the same.
+/// exact: even capped at a week's refill, 10,000 tokens a second make one)
+/// is logged and counted in `nginx_rl_charge_failures_total`, not retried;
+/// the request was answered all the same.
 #[test]
 fn charge_failure_is_logged_and_counted() {
     let redis = Redis::start();
     let ngx = plans(
         &format!("rl_zone z redis={} timeout=1s;", redis.url()),
-        "location /llm/ { rl_limit zone=z rate=50r/s burst=100 algorithm=token_bucket \
+        "location /llm/ { rl_limit zone=z rate=10000r/s burst=100 algorithm=token_bucket \
              cost=$http_x_cost charge=after; }\n\
          location = /metrics { rl_metrics; }",
     );

@@ -72,6 +72,12 @@ pub use crate::verdict::Outcome;
 /// Largest burst `sliding_log` accepts: it stores one timestamp per unit.
 pub const MAX_LOG_BURST: u64 = 65_536;
 
+/// The longest one charge of a cost known after the response
+/// ([`Limit::overdraw`], `charge=after`) may hold a key: a cost beyond what
+/// the rate refills in this time (and beyond the burst) is no real figure,
+/// and is charged as [`Limit::max_cost`].
+pub const MAX_CHARGE_US: u64 = 7 * 86_400 * 1_000_000;
+
 /// Times beyond this (~292,000 years) are treated as this instant, which
 /// keeps every `time + window` computation far from `u64` overflow.
 pub const MAX_NOW: u64 = u64::MAX / 2;
@@ -369,6 +375,16 @@ impl Limit {
     /// The burst: the most cost units admitted at one instant.
     pub fn burst(&self) -> u64 {
         self.burst
+    }
+
+    /// The largest cost one [`Limit::overdraw`] should be asked to charge:
+    /// what the rate refills in [`MAX_CHARGE_US`], and at least the burst. A
+    /// larger figure (an upstream's `X-Tokens-Used` gone wrong, up to
+    /// `u64::MAX`) would hold the key for longer than any real cost could,
+    /// or saturate its state: the caller charges this instead.
+    pub fn max_cost(&self) -> u64 {
+        let refilled = u128::from(self.rate.count) * u128::from(MAX_CHARGE_US) / u128::from(self.rate.period_us.max(1));
+        u64::try_from(refilled).unwrap_or(u64::MAX).max(self.burst)
     }
 
     /// The queue: requests delayed beyond the burst (0: none).

@@ -15,11 +15,16 @@
 //! - (d) a refund of the overdraw's charge is never more permissive than
 //!   the state without it (and exactly that state when refunded at once).
 //!
+//! - (e) a cost no caller should charge in full (an upstream's figure up to
+//!   `u64::MAX`), capped at [`Limit::max_cost`], holds the key for at most
+//!   [`MAX_CHARGE_US`] (or one window, when the burst takes longer to
+//!   refill) beyond the wait it had, and never saturates the state.
+//!
 //! And the sequence as an example.
 
 use proptest::prelude::*;
 use proptest::sample::select;
-use rl_core::limit::{Algorithm, Limit};
+use rl_core::limit::{Algorithm, Limit, MAX_CHARGE_US};
 use rl_core::parse::Rate;
 
 /// A raw step: (time selector, fraction, cost selector).
@@ -149,8 +154,74 @@ fn starts() -> impl Strategy<Value = u64> {
     prop_oneof![Just(0u64), 0u64..5_000_000, 1u64 << 40..(1u64 << 40) + 100_000_000]
 }
 
+/// Limits as nginx.conf writes them (`Nr/s` to `Nr/d`, counts up to a
+/// million, a burst up to a few times the count), where [`Limit::max_cost`]
+/// matters: a week's refill is anywhere from below the burst to far above it.
+fn conf_limits() -> impl Strategy<Value = Limit> {
+    let period = select(vec![1_000_000u64, 60_000_000, 3_600_000_000, 86_400_000_000]);
+    (select(OVERDRAWN.to_vec()), 1u64..=1_000_000, period, 1u64..=3_000_000)
+        .prop_map(|(a, count, p, b)| Limit::new(a, Rate { count, period_us: p }, b).unwrap())
+}
+
+const DAY: u64 = 86_400_000_000;
+
+/// (e) by example: a key of 100,000 tokens a day, charged `u64::MAX`
+/// tokens capped at 700,000 (a week's refill), waits a week less its burst's
+/// day with the buckets and `gcra`; `fixed` and `sliding` forget it with
+/// their window as ever; a day's rate below its burst caps at the burst.
+#[test]
+fn max_cost_by_example() {
+    let l = Limit::new(Algorithm::TokenBucket, Rate { count: 100_000, period_us: DAY }, 100_000).unwrap();
+    assert_eq!(l.max_cost(), 700_000);
+    let slow = Limit::new(Algorithm::Gcra, Rate { count: 1, period_us: DAY }, 100).unwrap();
+    assert_eq!(slow.max_cost(), 100, "a burst that takes 100 days to refill");
+    let fast = Limit::new(Algorithm::Gcra, Rate { count: u64::MAX / 2, period_us: 1 }, 1).unwrap();
+    assert_eq!(fast.max_cost(), u64::MAX, "no overflow");
+    let t = 5 * DAY;
+    for a in [Algorithm::TokenBucket, Algorithm::LeakyBucket, Algorithm::Gcra] {
+        let l = Limit::new(a, Rate { count: 100_000, period_us: DAY }, 100_000).unwrap();
+        let mut s = vec![0; l.state_words()];
+        l.overdraw(&mut s, t, l.max_cost());
+        let o = l.check(&s, t, 1);
+        // 600,001 tokens to repay at 100,000 a day.
+        let want = (600_001 * DAY).div_ceil(100_000);
+        assert!(!o.admitted && o.retry_after_us.is_some_and(|r| r.abs_diff(want) <= 1), "{a}: {o:?}");
+        assert_eq!(o.reset_us, 7 * DAY, "{a}: {o:?}");
+    }
+    for (a, windows) in [(Algorithm::Fixed, 1), (Algorithm::Sliding, 2)] {
+        let l = Limit::new(a, Rate { count: 100_000, period_us: DAY }, 100_000).unwrap();
+        let mut s = vec![0; l.state_words()];
+        l.overdraw(&mut s, t, l.max_cost());
+        let o = l.check(&s, t, 1);
+        assert!(!o.admitted && o.reset_us <= windows * DAY, "{a}: {o:?}");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// (e) An overdraw of [`Limit::max_cost`] on any reachable state makes
+    /// the key wait at most [`MAX_CHARGE_US`] longer (or one window, when
+    /// the burst refills slower than that; `gcra` counts whole µs of `T`
+    /// per unit, the buckets round up once), and the state reads finite.
+    #[test]
+    fn max_cost_bounds_the_wait(l in conf_limits(), before in ops(20), start in starts()) {
+        let (s, t) = history(&l, &before, start);
+        let x = l.max_cost();
+        prop_assert!(x >= l.burst());
+        let mut a = s.clone();
+        prop_assert_eq!(l.overdraw(&mut a, t, x).cost(), x);
+        let rate = l.rate();
+        let rounding = match l.algorithm() {
+            Algorithm::Gcra => x * (rate.period_us.div_ceil(rate.count) * rate.count - rate.period_us) / rate.count + 1,
+            _ => 1,
+        };
+        let longer = MAX_CHARGE_US.max(l.window_us()) + rounding;
+        let w = wait(&l, &a, t);
+        prop_assert!(w <= wait(&l, &s, t) + longer, "wait {} above {} + {}", w, wait(&l, &s, t), longer);
+        let (r0, r) = (l.check(&s, t, 0).reset_us, l.check(&a, t, 0).reset_us);
+        prop_assert!(r <= r0 + longer, "reset {} above {} + {}", r, r0, longer);
+    }
 
     /// (a) After an overdraw, a request of cost 1 is rejected until exactly
     /// the retry-after it is told, at a few instants before it too, and
