@@ -273,11 +273,14 @@ pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
             (Some(i), _) => Backend::Shm(i),
             (None, Some(i)) => Backend::Redis(i),
             (None, None) => {
+                // (a limit_req habit's hint before the place, where nginx's own messages end)
+                let hint = rl_core::habits::limit_zone(&line.zone_name).map(|h| format!(", {h}")).unwrap_or_default();
                 ngx_log_error!(
                     NGX_LOG_EMERG,
                     log,
-                    "unknown zone \"{}\" in \"rl_limit\" directive in {}",
+                    "unknown zone \"{}\" in \"rl_limit\" directive{} in {}",
                     Quote(&line.zone_name),
+                    hint,
                     line.origin
                 );
                 return Err(());

@@ -106,6 +106,21 @@ fn limit_args() -> Vec<(String, &'static str)> {
         ("zone={Z} rate=10r/s =5".into(), "invalid parameter \"=5\""),
         ("zone={Z} rate=10r/s Burst=5".into(), "invalid parameter \"Burst=5\""),
         ("zone".into(), "invalid parameter \"zone\""),
+        // limit_req habits: refused, with the nginx-rl form
+        (
+            "zone={Z} rate=10r/s burst=5 nodelay".into(),
+            "invalid parameter \"nodelay\" in \"rl_limit\" directive, limit_req's \"burst=B nodelay\" is \"burst=6\" \
+             here (see \"Moving from limit_req\" in the README)",
+        ),
+        ("zone={Z} nodelay rate=10r/s".into(), "invalid parameter \"nodelay\" in \"rl_limit\" directive, limit_req's \"burst=B nodelay\" is \"burst=1\" here"),
+        (
+            "zone={Z} rate=10r/s burst=10 delay=2".into(),
+            "invalid parameter \"delay=2\" in \"rl_limit\" directive, limit_req's \"burst=B delay=D\" is \"burst=3 queue=8\" here",
+        ),
+        (
+            "zone=z:10m rate=10r/s".into(),
+            "unknown zone \"z:10m\" in \"rl_limit\" directive, did you mean \"zone=z\", declared by \"rl_zone z size=10m\"?",
+        ),
         // refused together
         ("zone={Z} rate=10r/s burst=4 cost=5".into(), "cost=5 exceeds burst=4"),
         ("zone={Z} rate=10r/s cost=11".into(), "cost=11 exceeds burst=10"),
@@ -354,6 +369,19 @@ fn cases(certs: &TestCerts) -> Vec<Case> {
         ("z size=64k size=64k".into(), "duplicate \"size\" parameter".into()),
         ("z size".into(), "invalid parameter \"size\"".into()),
         ("z size=64k foo=1".into(), "invalid parameter \"foo=1\"".into()),
+        // limit_req_zone habits: refused, with the nginx-rl form
+        ("api 10m".into(), "invalid parameter \"10m\" in \"rl_zone\" directive, did you mean \"size=10m\"?".into()),
+        (
+            "zone=api:10m".into(),
+            "invalid zone name \"zone=api:10m\" in \"rl_zone\" directive, did you mean \"rl_zone api size=10m\"?".into(),
+        ),
+        (
+            "$binary_remote_addr zone=api:10m rate=10r/s".into(),
+            "invalid parameter \"zone=api:10m\" in \"rl_zone\" directive, did you mean \"rl_zone api size=10m\"? (the key \
+             and the rate go on \"rl_limit\" here)"
+                .into(),
+        ),
+        ("api size=10m rate=10r/s".into(), "\"rate\" is a parameter of \"rl_limit\" here".into()),
         (
             "z size=64k redis=redis://127.0.0.1:6379".into(),
             "\"size\" and \"redis\" parameters cannot be used together".into(),

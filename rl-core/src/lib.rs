@@ -1,5 +1,7 @@
 //! nginx-rl core: everything that can be tested without nginx.
 //!
+//! - [`habits`]: the nginx-rl form of a `limit_req` parameter that
+//!   `rl_zone` or `rl_limit` refuses, for the refusal to name.
 //! - [`limit`]: the rate-limiting algorithms as pure state transitions over
 //!   integer time (microseconds, passed in by the caller).
 //! - [`metrics`]: the verdicts `rl_metrics` counts and their rendering
@@ -13,6 +15,7 @@
 //!   their passwords for messages.
 #![forbid(unsafe_op_in_unsafe_fn)]
 
+pub mod habits;
 pub mod limit;
 pub mod metrics;
 pub mod parse;

@@ -15,6 +15,7 @@ use ngx::ffi::{
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_conf_log_error;
+use rl_core::habits;
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::{parse_number, parse_rate, parse_size, parse_u64, ParseError, ParseErrorKind, Rate};
 use rl_core::url::redact;
@@ -46,10 +47,32 @@ macro_rules! conf_err {
     }};
 }
 
+/// A parameter a directive refuses: the message without the directive,
+/// and for an unknown parameter that is a `limit_req` habit, its nginx-rl
+/// form ([`rl_core::habits`]).
+struct ParamError {
+    msg: String,
+    hint: Option<String>,
+}
+
+impl ParamError {
+    /// The whole message, at `directive`.
+    fn at(&self, directive: &str) -> String {
+        match &self.hint {
+            Some(hint) => format!("{} in \"{directive}\" directive, {hint}", self.msg),
+            None => format!("{} in \"{directive}\" directive", self.msg),
+        }
+    }
+}
+
 /// The `name=value` parameters of a directive, each one of `known` and
-/// given at most once, in order. An error is the message without the
-/// directive (an unknown parameter is quoted with any password hidden).
-fn params<'a>(args: &'a [ngx_str_t], known: &[&'static str]) -> Result<Vec<(&'static str, &'a str)>, String> {
+/// given at most once, in order. An unknown parameter is quoted with any
+/// password hidden, with what `hint` says of it.
+fn params<'a>(
+    args: &'a [ngx_str_t],
+    known: &[&'static str],
+    hint: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(&'static str, &'a str)>, ParamError> {
     let mut given: Vec<(&'static str, &'a str)> = Vec::with_capacity(args.len());
     for arg in args {
         let param = arg
@@ -58,10 +81,11 @@ fn params<'a>(args: &'a [ngx_str_t], known: &[&'static str]) -> Result<Vec<(&'st
             .and_then(|a| a.split_once('='))
             .and_then(|(name, value)| known.iter().find(|k| **k == name).map(|k| (*k, value)));
         let Some((name, value)) = param else {
-            return Err(format!("invalid parameter \"{}\"", Quote(&redact(&arg.to_string()))));
+            let msg = format!("invalid parameter \"{}\"", Quote(&redact(&arg.to_string())));
+            return Err(ParamError { msg, hint: hint(text(arg)) });
         };
         if given.iter().any(|(n, _)| *n == name) {
-            return Err(format!("duplicate \"{name}\" parameter"));
+            return Err(ParamError { msg: format!("duplicate \"{name}\" parameter"), hint: None });
         }
         given.push((name, value));
     }
@@ -85,15 +109,22 @@ pub extern "C" fn cmd_rl_zone(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, con
     };
     let name = text(name_arg);
     if name.is_empty() || name.contains('=') {
-        conf_err!(cf, "invalid zone name \"{}\" in \"rl_zone\" directive", Quote(&name_arg.to_string()));
+        let hint = habits::zone_name(name).map(|h| format!(", {h}")).unwrap_or_default();
+        conf_err!(cf, "invalid zone name \"{}\" in \"rl_zone\" directive{}", Quote(&name_arg.to_string()), hint);
     }
     if mcf.zones.iter().any(|z| z.name == name) || mcf.redis.iter().any(|z| z.name == name) {
         conf_err!(cf, "duplicate zone \"{}\" in \"rl_zone\" directive", Quote(name));
     }
     let known: Vec<&'static str> = ["size", "redis"].into_iter().chain(super::redis::PARAMS).collect();
-    let given = match params(rest, &known) {
+    // `rl_zone $binary_remote_addr zone=api:10m rate=10r/s;`: limit_req_zone's line.
+    let key_hint = habits::zone_key(name);
+    let hint = |arg: &str| match (habits::zone_param(arg), &key_hint) {
+        (Some(h), Some(k)) => Some(format!("{h} ({k})")),
+        (h, k) => h.or_else(|| k.clone()),
+    };
+    let given = match params(rest, &known, hint) {
         Ok(given) => given,
-        Err(e) => conf_err!(cf, "{} in \"rl_zone\" directive", e),
+        Err(e) => conf_err!(cf, "{}", e.at("rl_zone")),
     };
     if let Some(url) = param(&given, "redis") {
         if param(&given, "size").is_some() {
@@ -182,9 +213,11 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
         }
     }
     let [dry_run, after_auth] = flags;
-    let given = match params(&rest, &["zone", "rate", "key", "algorithm", "burst", "cost", "name", "queue", "charge"]) {
+    let burst_arg = rest.iter().find_map(|a| text(a).strip_prefix("burst="));
+    let known = ["zone", "rate", "key", "algorithm", "burst", "cost", "name", "queue", "charge"];
+    let given = match params(&rest, &known, |arg| habits::limit_param(arg, burst_arg)) {
         Ok(given) => given,
-        Err(e) => conf_err!(cf, "{} in \"rl_limit\" directive", e),
+        Err(e) => conf_err!(cf, "{}", e.at("rl_limit")),
     };
     let get = |name| param(&given, name);
     let zone = match get("zone") {
