@@ -475,7 +475,7 @@ fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
     if unsafe { (*log).log_level } < level {
         return;
     }
-    let excess = res.outcome().excess_milli(res.limit(line), res.cost);
+    let excess = res.limit(line).excess_milli(res.outcome(), res.cost);
     let zone = ngx_str_t { len: line.zone_name.len(), data: line.zone_name.as_ptr().cast_mut() };
     // nginx appends " while <action>" before ", client: ..."; after an `auth_request`
     // subrequest the connection's action is left at "sending to client", which would keep

@@ -387,6 +387,42 @@ impl Limit {
         u64::try_from(refilled).unwrap_or(u64::MAX).max(self.burst)
     }
 
+    /// The excess `limit_req` logs (`limiting requests, excess: 1.234 by
+    /// zone ...`), in thousandths of a request: the units the key holds
+    /// with the request of `cost` whose verdict is `o`, less the one request the
+    /// rate lets through at any instant; 0 at most. What the key holds comes
+    /// from the outcome alone, so that a Redis reply gives it too:
+    ///
+    /// - `fixed`, `sliding`, `sliding_log`: the count in the window,
+    ///   `burst − remaining` (the previous window weighted, for `sliding`);
+    /// - `token_bucket`, `leaky_bucket`: the level, `reset_us · rate`;
+    /// - `gcra`: the backlog in emission intervals, `reset_us / T`
+    ///   (both to the nearest thousandth);
+    ///
+    /// with the request's own cost added when it is rejected (an admitted
+    /// request's outcome counts it already). Delayed requests count as
+    /// held: they are charged at arrival.
+    pub fn excess_milli(&self, o: &Outcome, cost: u64) -> u64 {
+        let rate = self.rate;
+        let held = match self.algorithm {
+            Algorithm::Fixed | Algorithm::Sliding | Algorithm::SlidingLog => {
+                u128::from(self.burst.saturating_sub(o.remaining)) * 1000
+            }
+            // Rounded to the nearest thousandth: the level drains between two requests, and a
+            // key that held 2 requests a few µs ago shows 2.000, not 1.999.
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                let period = u128::from(rate.period_us.max(1));
+                (u128::from(o.reset_us) * u128::from(rate.count) * 1000 + period / 2) / period
+            }
+            Algorithm::Gcra => {
+                let t = u128::from(rate.period_us.div_ceil(rate.count.max(1)).max(1));
+                (u128::from(o.reset_us) * 1000 + t / 2) / t
+            }
+        };
+        let own = if o.admitted { 0 } else { u128::from(cost) * 1000 };
+        u64::try_from((held + own).saturating_sub(1000)).unwrap_or(u64::MAX)
+    }
+
     /// The queue: requests delayed beyond the burst (0: none).
     pub fn queue(&self) -> u64 {
         self.queue

@@ -2,10 +2,7 @@
 //! rl-core's model ([`crate::limit::Limit::check`] and friends) and for the
 //! lines of the Redis script's reply ([`crate::redis::parse_reply`]);
 //! [`combine`], which decides a request from its lines' outcomes, dry-run
-//! lines included; and [`Outcome::excess_milli`], the excess nginx's
-//! `limit_req` logs.
-
-use crate::limit::{Algorithm, Limit};
+//! lines included.
 
 /// The verdict on one request by one line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -36,42 +33,6 @@ impl Outcome {
     /// A rejected request; `retry` is `None` exactly when it can never pass.
     pub(crate) fn reject(remaining: u64, reset_us: u64, retry: Option<u64>) -> Self {
         Outcome { admitted: false, remaining, reset_us, retry_after_us: retry, delay_us: 0 }
-    }
-
-    /// The excess `limit_req` logs (`limiting requests, excess: 1.234 by
-    /// zone ...`), in thousandths of a request: the units the key holds
-    /// with this request (of `cost`, on `limit`), less the one request the
-    /// rate lets through at any instant; 0 at most. What the key holds comes
-    /// from this outcome alone, so that a Redis reply gives it too:
-    ///
-    /// - `fixed`, `sliding`, `sliding_log`: the count in the window,
-    ///   `burst − remaining` (the previous window weighted, for `sliding`);
-    /// - `token_bucket`, `leaky_bucket`: the level, `reset_us · rate`;
-    /// - `gcra`: the backlog in emission intervals, `reset_us / T`
-    ///   (both to the nearest thousandth);
-    ///
-    /// with the request's own cost added when it is rejected (an admitted
-    /// request's outcome counts it already). Delayed requests count as
-    /// held: they are charged at arrival.
-    pub fn excess_milli(&self, limit: &Limit, cost: u64) -> u64 {
-        let rate = limit.rate();
-        let held = match limit.algorithm() {
-            Algorithm::Fixed | Algorithm::Sliding | Algorithm::SlidingLog => {
-                u128::from(limit.burst().saturating_sub(self.remaining)) * 1000
-            }
-            // Rounded to the nearest thousandth: the level drains between two requests, and a
-            // key that held 2 requests a few µs ago shows 2.000, not 1.999.
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                let period = u128::from(rate.period_us.max(1));
-                (u128::from(self.reset_us) * u128::from(rate.count) * 1000 + period / 2) / period
-            }
-            Algorithm::Gcra => {
-                let t = u128::from(rate.period_us.div_ceil(rate.count.max(1)).max(1));
-                (u128::from(self.reset_us) * 1000 + t / 2) / t
-            }
-        };
-        let own = if self.admitted { 0 } else { u128::from(cost) * 1000 };
-        u64::try_from((held + own).saturating_sub(1000)).unwrap_or(u64::MAX)
     }
 }
 

@@ -1,5 +1,5 @@
 //! Deciding a request from its lines ([`combine`]), dry-run lines
-//! included, and the excess `limit_req` logs ([`Outcome::excess_milli`]).
+//! included, and the excess `limit_req` logs ([`Limit::excess_milli`]).
 
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
@@ -82,7 +82,7 @@ fn excess_as_limit_req_counts_it() {
         let got: Vec<(bool, u64)> = (0..7)
             .map(|_| {
                 let o = l.acquire(&mut s, now, 1);
-                (o.admitted, o.excess_milli(&l, 1))
+                (o.admitted, l.excess_milli(&o, 1))
             })
             .collect();
         let want = [(true, 0), (true, 1000), (true, 2000), (true, 3000), (true, 4000), (false, 5000), (false, 5000)];
@@ -97,23 +97,23 @@ fn excess_fractions_and_queue() {
         let l = limit(alg, 1, 3);
         let mut s = vec![0; l.state_words()];
         let now = 7_000_000_000;
-        assert_eq!(l.acquire(&mut s, now, 1).excess_milli(&l, 1), 0, "{alg}");
+        assert_eq!(l.excess_milli(&l.acquire(&mut s, now, 1), 1), 0, "{alg}");
         let o = l.acquire(&mut s, now + 50_000, 1);
-        assert_eq!((o.delay_us, o.excess_milli(&l, 1)), (50_000, 500), "{alg}");
+        assert_eq!((o.delay_us, l.excess_milli(&o, 1)), (50_000, 500), "{alg}");
         let o = l.acquire(&mut s, now + 50_000, 1);
-        assert_eq!((o.delay_us, o.excess_milli(&l, 1)), (150_000, 1500), "{alg}");
+        assert_eq!((o.delay_us, l.excess_milli(&o, 1)), (150_000, 1500), "{alg}");
         let o = l.acquire(&mut s, now + 50_000, 1);
-        assert_eq!((o.delay_us, o.excess_milli(&l, 1)), (250_000, 2500), "{alg}");
+        assert_eq!((o.delay_us, l.excess_milli(&o, 1)), (250_000, 2500), "{alg}");
         // Rejected: a cost of 2 would hold 5.5.
         let o = l.acquire(&mut s, now + 50_000, 2);
-        assert_eq!((o.admitted, o.excess_milli(&l, 2)), (false, 4500), "{alg}");
+        assert_eq!((o.admitted, l.excess_milli(&o, 2)), (false, 4500), "{alg}");
     }
     // A window half used, then a rejected cost of 3 on burst 5.
     let l = limit(Algorithm::SlidingLog, 5, 0);
     let mut s = vec![0; l.state_words()];
     l.acquire(&mut s, 1000, 3);
     let o = l.acquire(&mut s, 1000, 3);
-    assert_eq!((o.admitted, o.excess_milli(&l, 3)), (false, 5000));
+    assert_eq!((o.admitted, l.excess_milli(&o, 3)), (false, 5000));
 }
 
 #[test]
@@ -127,6 +127,6 @@ fn excess_rounds_to_the_nearest_thousandth() {
         l.acquire(&mut s, now, 1);
         l.acquire(&mut s, now, 1);
         let o = l.acquire(&mut s, now + 50_000, 1);
-        assert_eq!((o.admitted, o.excess_milli(&l, 1)), (false, 2000), "{alg}");
+        assert_eq!((o.admitted, l.excess_milli(&o, 1)), (false, 2000), "{alg}");
     }
 }
