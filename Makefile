@@ -59,7 +59,7 @@ ORG_CONFIGURE := --with-compat --with-file-aio --with-threads --with-http_additi
 # `make dist`: the source tarball, with Cargo.lock and the dependencies vendored.
 DIST_NAME    = nginx-rl-$(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 
-.PHONY: all help deps deps-deb build build-debian build-src build-vendored install deb dist run stop check test unittest test-core test-integration test-package test-build-src test-dist bench bench-quick soak clean
+.PHONY: all help deps deps-deb build build-debian build-src build-vendored install deb dist run stop check test unittest test-core test-integration test-make test-package test-build-src test-dist bench bench-quick soak clean
 
 all: build
 
@@ -77,6 +77,16 @@ help:
 	@echo "make bench        nginx-rl against limit_req and Lua + Redis (bench/RESULTS.md, ~20 min)"
 	@echo "make soak         the reliability suite in minutes: a million-key soak, reload storm, kill -9 (~10 min; SOAK_QUICK=1: ~1 min)"
 	@echo "make clean        remove build outputs"
+
+# put_file SRC DEST MODE: SRC to DEST as a new file renamed over DEST, and
+# only if it differs. Never written into DEST: a running nginx has the module
+# (or its binary) mapped from that file, and new bytes in it are new code
+# under the running workers, which die on SIGSEGV with every request. A
+# renamed file leaves them the old one until nginx reloads or restarts.
+define put_file
+	@mkdir -p $(dir $(2))
+	cmp -s $(1) $(2) || { install -m $(3) $(1) $(2).new.$$$$ && mv -f $(2).new.$$$$ $(2); }
+endef
 
 # apt-get installs whichever of the packages $(1) are missing.
 define apt_install
@@ -109,7 +119,7 @@ endif
 
 build-debian: deps $(DEBIAN_OBJS)/ngx_auto_config.h
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) $(CARGO) build --release
-	mkdir -p $(dir $(DEBIAN_SO)) && cp target/release/libngx_http_rl_module.so $(DEBIAN_SO)
+	$(call put_file,target/release/libngx_http_rl_module.so,$(DEBIAN_SO),0644)
 
 # The module against $(NGINX_SRC), configured with $(NGINX_CONFIGURE) in a
 # copy (configured again when the arguments change).
@@ -123,7 +133,7 @@ build-src: deps
 		echo "$(NGINX_CONFIGURE)" > $(SRC_DIR)/configure-args; \
 	fi
 	NGINX_BUILD_DIR=$(SRC_DIR)/src/objs CARGO_TARGET_DIR=$(SRC_TARGET) $(CARGO) build --release
-	cp $(SRC_TARGET)/release/libngx_http_rl_module.so $(SRC_SO)
+	$(call put_file,$(SRC_TARGET)/release/libngx_http_rl_module.so,$(SRC_SO),0644)
 	@echo "built $(SRC_SO) for nginx $(SRC_VERSION) configured with: $(NGINX_CONFIGURE)"
 
 # nginx 1.28 built by nginx-src (through nginx-sys), and the module against it.
@@ -131,12 +141,11 @@ build-src: deps
 # the plan-from-authentication example need it.
 build-vendored: deps
 	NGX_CONFIGURE_ARGS=--with-http_auth_request_module CARGO_TARGET_DIR=$(ROOT)/target/vendored $(CARGO) build --release --features vendored
-	mkdir -p $(VENDORED_DIR)
-	cp target/vendored/release/libngx_http_rl_module.so $(VENDORED_SO)
-	cp "$$(ls -t target/vendored/release/build/nginx-sys-*/out/objs/nginx | head -1)" $(VENDORED_BIN)
+	$(call put_file,target/vendored/release/libngx_http_rl_module.so,$(VENDORED_SO),0644)
+	$(call put_file,"$$(ls -t target/vendored/release/build/nginx-sys-*/out/objs/nginx | head -1)",$(VENDORED_BIN),0755)
 
 install: build-debian
-	install -m 0644 $(DEBIAN_SO) $(MODULES_DIR)/$(MODULE)
+	$(call put_file,$(DEBIAN_SO),$(MODULES_DIR)/$(MODULE),0644)
 
 # libnginx-mod-http-rl, built by debian/rules as Debian builds its
 # libnginx-mod-* (dh_nginx), reusing build-debian's build when there is one;
@@ -166,7 +175,7 @@ check: deps $(DEBIAN_OBJS)/ngx_auto_config.h
 	$(CARGO) fmt --all -- --check
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) $(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
-test: build-debian build-vendored test-core test-integration test-package test-build-src bench-quick
+test: build-debian build-vendored test-core test-integration test-make test-package test-build-src bench-quick
 
 unittest: test-core
 
@@ -182,6 +191,12 @@ test-integration:
 		$(CARGO) test --release $(INTEGRATION) -- --test-threads=2
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) RL_NGINX=$(VENDORED_BIN) RL_MODULE=$(VENDORED_SO) \
 		$(CARGO) test --release $(INTEGRATION) -- --test-threads=2
+
+# The tests that run make themselves (a cargo test cannot: it may hold the
+# build directory's lock while its tests run): a rebuild under a running
+# nginx (tests/rebuild.sh).
+test-make: build-debian
+	bash tests/rebuild.sh
 
 # The package (tests/package.rs): its contents, lintian, and installed beside
 # Debian's nginx (root; skips where the package or a module file is there).
@@ -200,7 +215,7 @@ test-build-src: deps build-debian
 		set -e; rm -rf $(ORG_DIR) && mkdir -p $(ORG_DIR) && cp -r $(ORG_SRC) $(ORG_DIR)/src; \
 		echo "building nginx $(ORG_VERSION) as nginx.org packages it (log: $(ORG_DIR)/build.log)"; \
 		cd $(ORG_DIR)/src && auto/configure $(ORG_CONFIGURE) > $(ORG_DIR)/build.log && $(MAKE) -j2 >> $(ORG_DIR)/build.log 2>&1; \
-		cp objs/nginx $(ORG_BIN) && echo "$(ORG_CONFIGURE)" > $(ORG_DIR)/configure-args; \
+		install -m 0755 objs/nginx $(ORG_BIN).new && mv -f $(ORG_BIN).new $(ORG_BIN) && echo "$(ORG_CONFIGURE)" > $(ORG_DIR)/configure-args; \
 	fi
 	$(MAKE) build NGINX_SRC=$(ORG_SRC) SRC_TARGET=$(ROOT)/target/vendored
 	RL_NGINX=$(ORG_BIN) RL_MODULE=$(BUILD)/nginx-$(ORG_VERSION)/$(MODULE) RL_OTHER_NGINX=/usr/sbin/nginx RL_OTHER_MODULE=$(DEBIAN_SO) \
