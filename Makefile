@@ -12,8 +12,13 @@ VENDORED_DIR := $(BUILD)/vendored
 VENDORED_SO  := $(VENDORED_DIR)/$(MODULE)
 VENDORED_BIN := $(VENDORED_DIR)/nginx
 MODULES_DIR  := /usr/lib/nginx/modules
-RUN_DIR      := $(BUILD)/run
-RUN_CONF     ?= $(ROOT)/nginx-conf/example.conf
+# `make run [RUN_CONF=nginx-conf/X.conf] [PORT=8081] [RUN_DIR=dir]`: nginx's
+# -c is resolved against its -p, so the configuration is named absolutely.
+RUN_DIR      ?= $(BUILD)/run
+RUN_CONF     ?= nginx-conf/example.conf
+PORT         ?= 8080
+RUN_PREFIX    = $(abspath $(RUN_DIR))
+RUN_CONF_ABS  = $(abspath $(RUN_CONF))
 CARGO        ?= cargo
 
 # Debian packages the build, the tests and the benchmark need.
@@ -70,7 +75,7 @@ help:
 	@echo "make dist         the source tarball, dependencies vendored (builds with cargo --frozen): $(BUILD)/dist"
 	@echo "make build-vendored  the module and nginx 1.28 (ngx's vendored feature): $(VENDORED_DIR)"
 	@echo "make install      copy the Debian build to $(MODULES_DIR)"
-	@echo "make run          nginx on 127.0.0.1:8080 with $(RUN_CONF); make stop ends it"
+	@echo "make run          nginx on 127.0.0.1:$(PORT) with $(RUN_CONF) (RUN_CONF=nginx-conf/X.conf, PORT=8081, RUN_DIR=$(RUN_DIR)); make stop ends it"
 	@echo "make check        cargo fmt --check and clippy -D warnings on both crates"
 	@echo "make unittest     rl-core's tests (no nginx)"
 	@echo "make test         build both targets, unit and integration tests, the package (root), a build for nginx 1.28 as nginx.org packages it, a quick bench"
@@ -157,18 +162,31 @@ deb: deps deps-deb
 		--changes-option=-u$(DEB_OUT) --changes-file=$(DEB_OUT)/libnginx-mod-http-rl_$(DEB_VERSION).changes
 	@ls -l $(DEB_OUT)
 
-# nginx (Debian's) on 127.0.0.1:8080 with an example configuration; `make stop` ends it.
+# nginx (Debian's) on 127.0.0.1:$(PORT) with $(RUN_CONF) in $(RUN_DIR);
+# `make stop` ends it. The configuration runs as a copy in $(RUN_DIR) with
+# its 127.0.0.1:8080 turned into 127.0.0.1:$(PORT) (the recipes of
+# nginx-conf/ listen there, and name every other file from the prefix). A
+# port already taken is told at once: nginx would retry the bind for a while
+# and then fail with "Address already in use".
 run: build-debian stop
-	mkdir -p $(RUN_DIR)/html/api $(RUN_DIR)/logs
-	ln -sfn $(dir $(DEBIAN_SO)) $(RUN_DIR)/modules
-	echo "hello from nginx-rl" > $(RUN_DIR)/html/index.html
-	echo '{"ok":true}' > $(RUN_DIR)/html/api/index.json
-	/usr/sbin/nginx -p $(RUN_DIR)/ -c $(RUN_CONF) -e logs/error.log -t
-	/usr/sbin/nginx -p $(RUN_DIR)/ -c $(RUN_CONF) -e logs/error.log
-	@echo "nginx-rl is serving on http://127.0.0.1:8080/ (try: curl -i http://127.0.0.1:8080/api/); stop it with: make stop"
+	@test -f $(RUN_CONF_ABS) || { echo "make run: $(RUN_CONF_ABS): no such file"; exit 1; }
+	@if timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/$(PORT)' 2>/dev/null; then \
+		echo "make run: 127.0.0.1:$(PORT) is in use; choose another port: make run PORT=$$(($(PORT) + 1))"; exit 1; fi
+	mkdir -p $(RUN_PREFIX)/html/api $(RUN_PREFIX)/logs
+	ln -sfn $(dir $(DEBIAN_SO)) $(RUN_PREFIX)/modules
+	echo "hello from nginx-rl" > $(RUN_PREFIX)/html/index.html
+	echo '{"ok":true}' > $(RUN_PREFIX)/html/api/index.json
+	sed 's/127\.0\.0\.1:8080\b/127.0.0.1:$(PORT)/g' $(RUN_CONF_ABS) > $(RUN_PREFIX)/nginx.conf
+	/usr/sbin/nginx -p $(RUN_PREFIX)/ -c $(RUN_PREFIX)/nginx.conf -e logs/error.log -t
+	/usr/sbin/nginx -p $(RUN_PREFIX)/ -c $(RUN_PREFIX)/nginx.conf -e logs/error.log
+	@echo "nginx-rl is serving $(RUN_CONF) on http://127.0.0.1:$(PORT)/ (try: curl -i http://127.0.0.1:$(PORT)/api/); stop it with: make stop$(if $(filter command line,$(origin RUN_DIR)), RUN_DIR=$(RUN_DIR))"
 
+# Waits for the master to exit: a `make run` right after reuses its port.
 stop:
-	@if [ -f $(RUN_DIR)/nginx.pid ]; then kill $$(cat $(RUN_DIR)/nginx.pid) 2>/dev/null || true; sleep 0.5; rm -f $(RUN_DIR)/nginx.pid; fi
+	@if [ -f $(RUN_PREFIX)/nginx.pid ]; then \
+		pid=$$(cat $(RUN_PREFIX)/nginx.pid); kill $$pid 2>/dev/null || true; \
+		for i in $$(seq 50); do kill -0 $$pid 2>/dev/null || break; sleep 0.1; done; \
+		rm -f $(RUN_PREFIX)/nginx.pid; fi
 
 # Formatting and lints, both crates (clippy reads nginx's headers: Debian's, configured).
 check: deps $(DEBIAN_OBJS)/ngx_auto_config.h
@@ -194,9 +212,11 @@ test-integration:
 
 # The tests that run make themselves (a cargo test cannot: it may hold the
 # build directory's lock while its tests run): a rebuild under a running
-# nginx (tests/rebuild.sh).
+# nginx (tests/rebuild.sh), and `make run` with every recipe of nginx-conf/
+# as documented, another PORT, a port in use (tests/make_run.sh).
 test-make: build-debian
 	bash tests/rebuild.sh
+	bash tests/make_run.sh
 
 # The package (tests/package.rs): its contents, lintian, and installed beside
 # Debian's nginx (root; skips where the package or a module file is there).
