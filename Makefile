@@ -61,6 +61,9 @@ ORG_CONFIGURE := --with-compat --with-file-aio --with-threads --with-http_additi
 	--with-cc-opt='-g -O2 -fstack-protector-strong -Wformat -Werror=format-security -Wp,-D_FORTIFY_SOURCE=2 -fPIC' \
 	--with-ld-opt='-Wl,-z,relro -Wl,-z,now -Wl,--as-needed -pie'
 
+# The links in /etc/nginx/modules-enabled (what the system's nginx loads).
+MODULES_ENABLED = find /etc/nginx/modules-enabled -mindepth 1 -maxdepth 1 -printf '%f -> %l\n' 2>/dev/null | sort
+
 # `make dist`: the source tarball, with Cargo.lock and the dependencies vendored.
 DIST_NAME    = nginx-rl-$(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 
@@ -268,11 +271,21 @@ test-dist: dist build-debian
 # nginx-rl against the no-limiter baseline, limit_req and Lua + Redis:
 # bench/RESULTS.md (about 30 minutes); QUICK=1: one short round, a smoke test.
 bench: build-debian
+	@$(MODULES_ENABLED) > $(BUILD)/modules-enabled.before
 	QUICK=$(QUICK) RL_MODULE=$(DEBIAN_SO) bash bench/run.sh
+	@$(MODULES_ENABLED) | diff -u --label before --label after $(BUILD)/modules-enabled.before - || \
+		{ echo "bench: /etc/nginx/modules-enabled changed: the system's nginx would load other modules"; exit 1; }
 
-# The smoke test `make test` runs: fails if any scenario misbehaves.
+# The smoke test `make test` runs: fails if any scenario misbehaves, or if
+# what the system's nginx loads changed (the Lua peer's packages link
+# themselves into /etc/nginx/modules-enabled; bench/run.sh must take back
+# what its install added).
 bench-quick: build-debian
+	@$(MODULES_ENABLED) > $(BUILD)/modules-enabled.before
 	QUICK=1 RL_MODULE=$(DEBIAN_SO) BENCH_OUT=$(BUILD)/bench-quick.md bash bench/run.sh
+	@$(MODULES_ENABLED) | diff -u --label before --label after $(BUILD)/modules-enabled.before - || \
+		{ echo "bench-quick: /etc/nginx/modules-enabled changed: the system's nginx would load other modules"; exit 1; }
+	@echo "bench-quick: /etc/nginx/modules-enabled as it was"
 
 # The standing reliability suite (bench/soak.sh, ~10 min): a million-key soak
 # with the workers' RSS sampled, and the reliability tests with RL_SOAK=5
