@@ -81,7 +81,7 @@ help:
 	@echo "make run          nginx on 127.0.0.1:$(PORT) with $(RUN_CONF) (RUN_CONF=nginx-conf/X.conf, PORT=8081, RUN_DIR=$(RUN_DIR)); make stop ends it"
 	@echo "make check        cargo fmt --check and clippy -D warnings on both crates"
 	@echo "make unittest     rl-core's tests (no nginx)"
-	@echo "make test         build both targets, unit and integration tests, the package (root), a build for nginx 1.28 as nginx.org packages it, a quick bench"
+	@echo "make test         build both targets, unit and integration tests, make's own (a rebuild under a running nginx, make run with every recipe), the package (root), a build for nginx 1.28 as nginx.org packages it, a quick bench"
 	@echo "make bench        nginx-rl against limit_req and Lua + Redis (bench/RESULTS.md, ~30 min)"
 	@echo "make soak         the reliability suite in minutes: a million-key soak, reload storm, kill -9 (~10 min; SOAK_QUICK=1: ~1 min)"
 	@echo "make clean        remove build outputs"
