@@ -12,8 +12,13 @@ VENDORED_DIR := $(BUILD)/vendored
 VENDORED_SO  := $(VENDORED_DIR)/$(MODULE)
 VENDORED_BIN := $(VENDORED_DIR)/nginx
 MODULES_DIR  := /usr/lib/nginx/modules
-RUN_DIR      := $(BUILD)/run
-RUN_CONF     ?= $(ROOT)/nginx-conf/example.conf
+# `make run [RUN_CONF=nginx-conf/X.conf] [PORT=8081] [RUN_DIR=dir]`: nginx's
+# -c is resolved against its -p, so the configuration is named absolutely.
+RUN_DIR      ?= $(BUILD)/run
+RUN_CONF     ?= nginx-conf/example.conf
+PORT         ?= 8080
+RUN_PREFIX    = $(abspath $(RUN_DIR))
+RUN_CONF_ABS  = $(abspath $(RUN_CONF))
 CARGO        ?= cargo
 
 # Debian packages the build, the tests and the benchmark need.
@@ -56,10 +61,13 @@ ORG_CONFIGURE := --with-compat --with-file-aio --with-threads --with-http_additi
 	--with-cc-opt='-g -O2 -fstack-protector-strong -Wformat -Werror=format-security -Wp,-D_FORTIFY_SOURCE=2 -fPIC' \
 	--with-ld-opt='-Wl,-z,relro -Wl,-z,now -Wl,--as-needed -pie'
 
+# The links in /etc/nginx/modules-enabled (what the system's nginx loads).
+MODULES_ENABLED = find /etc/nginx/modules-enabled -mindepth 1 -maxdepth 1 -printf '%f -> %l\n' 2>/dev/null | sort
+
 # `make dist`: the source tarball, with Cargo.lock and the dependencies vendored.
 DIST_NAME    = nginx-rl-$(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 
-.PHONY: all help deps deps-deb build build-debian build-src build-vendored install deb dist run stop check test unittest test-core test-integration test-package test-build-src test-dist bench bench-quick soak clean
+.PHONY: all help deps deps-deb build build-debian build-src build-vendored install deb dist run stop check test unittest test-core test-integration test-make test-package test-build-src test-dist bench bench-quick soak clean
 
 all: build
 
@@ -70,13 +78,23 @@ help:
 	@echo "make dist         the source tarball, dependencies vendored (builds with cargo --frozen): $(BUILD)/dist"
 	@echo "make build-vendored  the module and nginx 1.28 (ngx's vendored feature): $(VENDORED_DIR)"
 	@echo "make install      copy the Debian build to $(MODULES_DIR)"
-	@echo "make run          nginx on 127.0.0.1:8080 with $(RUN_CONF); make stop ends it"
+	@echo "make run          nginx on 127.0.0.1:$(PORT) with $(RUN_CONF) (RUN_CONF=nginx-conf/X.conf, PORT=8081, RUN_DIR=$(RUN_DIR)); make stop ends it"
 	@echo "make check        cargo fmt --check and clippy -D warnings on both crates"
 	@echo "make unittest     rl-core's tests (no nginx)"
-	@echo "make test         build both targets, unit and integration tests, the package (root), a build for nginx 1.28 as nginx.org packages it, a quick bench"
-	@echo "make bench        nginx-rl against limit_req and Lua + Redis (bench/RESULTS.md, ~20 min)"
+	@echo "make test         build both targets, unit and integration tests, make's own (a rebuild under a running nginx, make run with every recipe), the package (root), a build for nginx 1.28 as nginx.org packages it, a quick bench"
+	@echo "make bench        nginx-rl against limit_req and Lua + Redis (bench/RESULTS.md, ~30 min)"
 	@echo "make soak         the reliability suite in minutes: a million-key soak, reload storm, kill -9 (~10 min; SOAK_QUICK=1: ~1 min)"
 	@echo "make clean        remove build outputs"
+
+# put_file SRC DEST MODE: SRC to DEST as a new file renamed over DEST, and
+# only if it differs. Never written into DEST: a running nginx has the module
+# (or its binary) mapped from that file, and new bytes in it are new code
+# under the running workers, which die on SIGSEGV with every request. A
+# renamed file leaves them the old one until nginx reloads or restarts.
+define put_file
+	@mkdir -p $(dir $(2))
+	cmp -s $(1) $(2) || { install -m $(3) $(1) $(2).new.$$$$ && mv -f $(2).new.$$$$ $(2); }
+endef
 
 # apt-get installs whichever of the packages $(1) are missing.
 define apt_install
@@ -109,7 +127,7 @@ endif
 
 build-debian: deps $(DEBIAN_OBJS)/ngx_auto_config.h
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) $(CARGO) build --release
-	mkdir -p $(dir $(DEBIAN_SO)) && cp target/release/libngx_http_rl_module.so $(DEBIAN_SO)
+	$(call put_file,target/release/libngx_http_rl_module.so,$(DEBIAN_SO),0644)
 
 # The module against $(NGINX_SRC), configured with $(NGINX_CONFIGURE) in a
 # copy (configured again when the arguments change).
@@ -123,7 +141,7 @@ build-src: deps
 		echo "$(NGINX_CONFIGURE)" > $(SRC_DIR)/configure-args; \
 	fi
 	NGINX_BUILD_DIR=$(SRC_DIR)/src/objs CARGO_TARGET_DIR=$(SRC_TARGET) $(CARGO) build --release
-	cp $(SRC_TARGET)/release/libngx_http_rl_module.so $(SRC_SO)
+	$(call put_file,$(SRC_TARGET)/release/libngx_http_rl_module.so,$(SRC_SO),0644)
 	@echo "built $(SRC_SO) for nginx $(SRC_VERSION) configured with: $(NGINX_CONFIGURE)"
 
 # nginx 1.28 built by nginx-src (through nginx-sys), and the module against it.
@@ -131,12 +149,11 @@ build-src: deps
 # the plan-from-authentication example need it.
 build-vendored: deps
 	NGX_CONFIGURE_ARGS=--with-http_auth_request_module CARGO_TARGET_DIR=$(ROOT)/target/vendored $(CARGO) build --release --features vendored
-	mkdir -p $(VENDORED_DIR)
-	cp target/vendored/release/libngx_http_rl_module.so $(VENDORED_SO)
-	cp "$$(ls -t target/vendored/release/build/nginx-sys-*/out/objs/nginx | head -1)" $(VENDORED_BIN)
+	$(call put_file,target/vendored/release/libngx_http_rl_module.so,$(VENDORED_SO),0644)
+	$(call put_file,"$$(ls -t target/vendored/release/build/nginx-sys-*/out/objs/nginx | head -1)",$(VENDORED_BIN),0755)
 
 install: build-debian
-	install -m 0644 $(DEBIAN_SO) $(MODULES_DIR)/$(MODULE)
+	$(call put_file,$(DEBIAN_SO),$(MODULES_DIR)/$(MODULE),0644)
 
 # libnginx-mod-http-rl, built by debian/rules as Debian builds its
 # libnginx-mod-* (dh_nginx), reusing build-debian's build when there is one;
@@ -148,25 +165,38 @@ deb: deps deps-deb
 		--changes-option=-u$(DEB_OUT) --changes-file=$(DEB_OUT)/libnginx-mod-http-rl_$(DEB_VERSION).changes
 	@ls -l $(DEB_OUT)
 
-# nginx (Debian's) on 127.0.0.1:8080 with an example configuration; `make stop` ends it.
+# nginx (Debian's) on 127.0.0.1:$(PORT) with $(RUN_CONF) in $(RUN_DIR);
+# `make stop` ends it. The configuration runs as a copy in $(RUN_DIR) with
+# its 127.0.0.1:8080 turned into 127.0.0.1:$(PORT) (the recipes of
+# nginx-conf/ listen there, and name every other file from the prefix). A
+# port already taken is told at once: nginx would retry the bind for a while
+# and then fail with "Address already in use".
 run: build-debian stop
-	mkdir -p $(RUN_DIR)/html/api $(RUN_DIR)/logs
-	ln -sfn $(dir $(DEBIAN_SO)) $(RUN_DIR)/modules
-	echo "hello from nginx-rl" > $(RUN_DIR)/html/index.html
-	echo '{"ok":true}' > $(RUN_DIR)/html/api/index.json
-	/usr/sbin/nginx -p $(RUN_DIR)/ -c $(RUN_CONF) -e logs/error.log -t
-	/usr/sbin/nginx -p $(RUN_DIR)/ -c $(RUN_CONF) -e logs/error.log
-	@echo "nginx-rl is serving on http://127.0.0.1:8080/ (try: curl -i http://127.0.0.1:8080/api/); stop it with: make stop"
+	@test -f $(RUN_CONF_ABS) || { echo "make run: $(RUN_CONF_ABS): no such file"; exit 1; }
+	@if timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/$(PORT)' 2>/dev/null; then \
+		echo "make run: 127.0.0.1:$(PORT) is in use; choose another port: make run PORT=$$(($(PORT) + 1))"; exit 1; fi
+	mkdir -p $(RUN_PREFIX)/html/api $(RUN_PREFIX)/logs
+	ln -sfn $(dir $(DEBIAN_SO)) $(RUN_PREFIX)/modules
+	echo "hello from nginx-rl" > $(RUN_PREFIX)/html/index.html
+	echo '{"ok":true}' > $(RUN_PREFIX)/html/api/index.json
+	sed 's/127\.0\.0\.1:8080\b/127.0.0.1:$(PORT)/g' $(RUN_CONF_ABS) > $(RUN_PREFIX)/nginx.conf
+	/usr/sbin/nginx -p $(RUN_PREFIX)/ -c $(RUN_PREFIX)/nginx.conf -e logs/error.log -t
+	/usr/sbin/nginx -p $(RUN_PREFIX)/ -c $(RUN_PREFIX)/nginx.conf -e logs/error.log
+	@echo "nginx-rl is serving $(RUN_CONF) on http://127.0.0.1:$(PORT)/ (try: curl -i http://127.0.0.1:$(PORT)/api/); stop it with: make stop$(if $(filter command line,$(origin RUN_DIR)), RUN_DIR=$(RUN_DIR))"
 
+# Waits for the master to exit: a `make run` right after reuses its port.
 stop:
-	@if [ -f $(RUN_DIR)/nginx.pid ]; then kill $$(cat $(RUN_DIR)/nginx.pid) 2>/dev/null || true; sleep 0.5; rm -f $(RUN_DIR)/nginx.pid; fi
+	@if [ -f $(RUN_PREFIX)/nginx.pid ]; then \
+		pid=$$(cat $(RUN_PREFIX)/nginx.pid); kill $$pid 2>/dev/null || true; \
+		for i in $$(seq 50); do kill -0 $$pid 2>/dev/null || break; sleep 0.1; done; \
+		rm -f $(RUN_PREFIX)/nginx.pid; fi
 
 # Formatting and lints, both crates (clippy reads nginx's headers: Debian's, configured).
 check: deps $(DEBIAN_OBJS)/ngx_auto_config.h
 	$(CARGO) fmt --all -- --check
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) $(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
-test: build-debian build-vendored test-core test-integration test-package test-build-src bench-quick
+test: build-debian build-vendored test-core test-integration test-make test-package test-build-src bench-quick
 
 unittest: test-core
 
@@ -175,13 +205,21 @@ test-core:
 
 # The integration tests start their own nginx (and redis-server) on loopback
 # ports, once against Debian's nginx and once against the vendored 1.28.
-INTEGRATION := --test integration --test identity --test dry_run --test variables --test queue --test reliability --test conf_check --test redis --test redis_late --test misbehaving --test mixed --test auth --test sentinel --test metrics --test quota --test version --test plans --test dashboard
+INTEGRATION := --test integration --test identity --test dry_run --test variables --test queue --test reliability --test conf_check --test redis --test redis_late --test misbehaving --test mixed --test auth --test sentinel --test metrics --test quota --test version --test plans --test dashboard --test recipes
 
 test-integration:
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) RL_NGINX=/usr/sbin/nginx RL_MODULE=$(DEBIAN_SO) \
 		$(CARGO) test --release $(INTEGRATION) -- --test-threads=2
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) RL_NGINX=$(VENDORED_BIN) RL_MODULE=$(VENDORED_SO) \
 		$(CARGO) test --release $(INTEGRATION) -- --test-threads=2
+
+# The tests that run make themselves (a cargo test cannot: it may hold the
+# build directory's lock while its tests run): a rebuild under a running
+# nginx (tests/rebuild.sh), and `make run` with every recipe of nginx-conf/
+# as documented, another PORT, a port in use (tests/make_run.sh).
+test-make: build-debian
+	bash tests/rebuild.sh
+	bash tests/make_run.sh
 
 # The package (tests/package.rs): its contents, lintian, and installed beside
 # Debian's nginx (root; skips where the package or a module file is there).
@@ -200,7 +238,7 @@ test-build-src: deps build-debian
 		set -e; rm -rf $(ORG_DIR) && mkdir -p $(ORG_DIR) && cp -r $(ORG_SRC) $(ORG_DIR)/src; \
 		echo "building nginx $(ORG_VERSION) as nginx.org packages it (log: $(ORG_DIR)/build.log)"; \
 		cd $(ORG_DIR)/src && auto/configure $(ORG_CONFIGURE) > $(ORG_DIR)/build.log && $(MAKE) -j2 >> $(ORG_DIR)/build.log 2>&1; \
-		cp objs/nginx $(ORG_BIN) && echo "$(ORG_CONFIGURE)" > $(ORG_DIR)/configure-args; \
+		install -m 0755 objs/nginx $(ORG_BIN).new && mv -f $(ORG_BIN).new $(ORG_BIN) && echo "$(ORG_CONFIGURE)" > $(ORG_DIR)/configure-args; \
 	fi
 	$(MAKE) build NGINX_SRC=$(ORG_SRC) SRC_TARGET=$(ROOT)/target/vendored
 	RL_NGINX=$(ORG_BIN) RL_MODULE=$(BUILD)/nginx-$(ORG_VERSION)/$(MODULE) RL_OTHER_NGINX=/usr/sbin/nginx RL_OTHER_MODULE=$(DEBIAN_SO) \
@@ -231,13 +269,23 @@ test-dist: dist build-debian
 	@echo "the tarball built offline: $(BUILD)/dist-check/$(DIST_NAME)/target/release/libngx_http_rl_module.so"
 
 # nginx-rl against the no-limiter baseline, limit_req and Lua + Redis:
-# bench/RESULTS.md (about 20 minutes); QUICK=1: one short round, a smoke test.
+# bench/RESULTS.md (about 30 minutes); QUICK=1: one short round, a smoke test.
 bench: build-debian
+	@$(MODULES_ENABLED) > $(BUILD)/modules-enabled.before
 	QUICK=$(QUICK) RL_MODULE=$(DEBIAN_SO) bash bench/run.sh
+	@$(MODULES_ENABLED) | diff -u --label before --label after $(BUILD)/modules-enabled.before - || \
+		{ echo "bench: /etc/nginx/modules-enabled changed: the system's nginx would load other modules"; exit 1; }
 
-# The smoke test `make test` runs: fails if any scenario misbehaves.
+# The smoke test `make test` runs: fails if any scenario misbehaves, or if
+# what the system's nginx loads changed (the Lua peer's packages link
+# themselves into /etc/nginx/modules-enabled; bench/run.sh must take back
+# what its install added).
 bench-quick: build-debian
+	@$(MODULES_ENABLED) > $(BUILD)/modules-enabled.before
 	QUICK=1 RL_MODULE=$(DEBIAN_SO) BENCH_OUT=$(BUILD)/bench-quick.md bash bench/run.sh
+	@$(MODULES_ENABLED) | diff -u --label before --label after $(BUILD)/modules-enabled.before - || \
+		{ echo "bench-quick: /etc/nginx/modules-enabled changed: the system's nginx would load other modules"; exit 1; }
+	@echo "bench-quick: /etc/nginx/modules-enabled as it was"
 
 # The standing reliability suite (bench/soak.sh, ~10 min): a million-key soak
 # with the workers' RSS sampled, and the reliability tests with RL_SOAK=5

@@ -49,6 +49,79 @@ log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 # ---------------------------------------------------------------- packages
+# The Lua peer needs lua-nginx-module (libnginx-mod-http-lua) and
+# lua-resty-redis (lua-nginx-redis). Installing them must not change what the
+# system's own nginx loads: each libnginx-mod-* package links itself into
+# /etc/nginx/modules-enabled on a fresh install, and lua-nginx-redis depends
+# on nginx-extras, which pulls in about 20 more modules (nchan alone takes
+# 128 MiB of shared memory in every nginx -t). So lua-nginx-redis is not
+# installed: its one file, redis.lua, is unpacked from the package into
+# build/bench-lua; libnginx-mod-http-lua is installed, the links its install
+# added are taken away again (a later upgrade of the package keeps them
+# away: its postinst links only on a fresh install), and lua.conf loads the
+# modules by path. No service is started or reloaded meanwhile.
+LUA_REDIS_SYSTEM=/usr/share/lua/5.1/nginx/redis.lua
+LUA_REDIS_CACHE=${BENCH_LUA_CACHE:-$ROOT/build/bench-lua}
+LUA_REDIS_DIR=
+LUA_REDIS_VERSION=
+
+# The links of /etc/nginx/modules-enabled, one "name -> target" a line.
+modules_enabled() {
+    find /etc/nginx/modules-enabled -mindepth 1 -maxdepth 1 -printf '%f -> %l\n' 2>/dev/null | sort
+}
+
+# apt-get install $@, with no service started or reloaded (a policy-rc.d
+# that refuses, unless one is there already), then the links the install
+# added to /etc/nginx/modules-enabled removed.
+install_quietly() {
+    local before policy=/usr/sbin/policy-rc.d own_policy= added link
+    before=$(modules_enabled)
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\n# nginx-rl bench: no service starts or reloads while it installs\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        own_policy=1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends "$@" >/dev/null ||
+        { apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
+    local rc=$?
+    [[ -n $own_policy ]] && rm -f "$policy"
+    added=$(comm -13 <(echo "$before") <(modules_enabled))
+    while IFS= read -r link; do
+        [[ -n $link ]] || continue
+        log "taking away /etc/nginx/modules-enabled/${link%% -> *} (the install added it; the system's nginx loads what it loaded before)"
+        rm -f "/etc/nginx/modules-enabled/${link%% -> *}"
+    done <<<"$added"
+    return $rc
+}
+
+# redis.lua of lua-nginx-redis, unpacked from the package (apt-get download)
+# into $LUA_REDIS_CACHE unless it is there already; sets LUA_REDIS_DIR (the
+# directory that holds nginx/redis.lua) and LUA_REDIS_VERSION.
+ensure_lua_redis() {
+    if [[ -f $LUA_REDIS_SYSTEM ]]; then
+        LUA_REDIS_DIR=/usr/share/lua/5.1
+        LUA_REDIS_VERSION="$(dpkg-query -W -f='${Version}' lua-nginx-redis 2>/dev/null) (installed)"
+        return 0
+    fi
+    if [[ ! -f $LUA_REDIS_CACHE/usr/share/lua/5.1/nginx/redis.lua ]]; then
+        local dl deb
+        dl=$(mktemp -d /tmp/nginx-rl-bench-deb.XXXXXX)
+        chmod 777 "$dl" # apt-get downloads as _apt
+        log "unpacking lua-nginx-redis's redis.lua into $LUA_REDIS_CACHE (not installing it: it would pull in nginx-extras)"
+        (cd "$dl" && { apt-get download -qq lua-nginx-redis 2>/dev/null ||
+            { apt-get update -qq && apt-get download -qq lua-nginx-redis 2>/dev/null; }; }) ||
+            { rm -rf "$dl"; die "apt-get download lua-nginx-redis failed"; }
+        deb=$(ls "$dl"/lua-nginx-redis_*.deb)
+        rm -rf "$LUA_REDIS_CACHE" && mkdir -p "$LUA_REDIS_CACHE"
+        dpkg-deb -x "$deb" "$LUA_REDIS_CACHE" && dpkg-deb -f "$deb" Version >"$LUA_REDIS_CACHE/version" ||
+            { rm -rf "$dl"; die "dpkg-deb -x $deb failed"; }
+        rm -rf "$dl"
+    fi
+    LUA_REDIS_DIR=$LUA_REDIS_CACHE/usr/share/lua/5.1
+    LUA_REDIS_VERSION="$(cat "$LUA_REDIS_CACHE/version") (unpacked in $LUA_REDIS_CACHE)"
+}
+
 ensure_packages() {
     local need=()
     [[ -x $NGINX ]] || need+=(nginx)
@@ -58,14 +131,12 @@ ensure_packages() {
     command -v redis-server >/dev/null || need+=(redis-server)
     command -v redis-cli >/dev/null || need+=(redis-tools)
     [[ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ]] || need+=(libnginx-mod-http-lua)
-    [[ -f /usr/share/lua/5.1/nginx/redis.lua ]] || need+=(lua-nginx-redis)
-    ((${#need[@]} == 0)) && return 0
-    ((EUID == 0)) || die "missing packages: ${need[*]} (run as root, or apt-get install them)"
-    log "installing: ${need[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null ||
-        { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; } ||
-        die "apt-get install ${need[*]} failed"
+    if ((${#need[@]} > 0)); then
+        ((EUID == 0)) || die "missing packages: ${need[*]} (run as root, or apt-get install them)"
+        log "installing: ${need[*]}"
+        install_quietly "${need[@]}" || die "apt-get install ${need[*]} failed"
+    fi
+    ensure_lua_redis
 }
 
 # ---------------------------------------------------------------- scenarios
@@ -126,7 +197,7 @@ cleanup() {
 render() { # template dir port > file
     sed -e "s|@DIR@|$2|g" -e "s|@HTML@|$TMP/html|g" -e "s|@PORT@|$3|g" \
         -e "s|@MODULE@|$MODULE|g" -e "s|@REDIS_PORT@|$REDIS_PORT|g" \
-        -e "s|@BENCH@|$BENCH|g" -e "s|@MEMZ@|$MEMZ|g" "$1"
+        -e "s|@BENCH@|$BENCH|g" -e "s|@MEMZ@|$MEMZ|g" -e "s|@LUA_REDIS@|$LUA_REDIS_DIR|g" "$1"
 }
 
 # prepare_nginx NAME CONF: renders the configuration and runs nginx -t.
@@ -453,7 +524,7 @@ main() {
         echo "kernel	$(uname -sr)"
         echo "os	$(. /etc/os-release && echo "$PRETTY_NAME")"
         echo "nginx	$("$NGINX" -v 2>&1 | sed 's/^nginx version: //')"
-        echo "lua	libnginx-mod-http-lua $(dpkg-query -W -f='${Version}' libnginx-mod-http-lua 2>/dev/null), lua-nginx-redis $(dpkg-query -W -f='${Version}' lua-nginx-redis 2>/dev/null)"
+        echo "lua	libnginx-mod-http-lua $(dpkg-query -W -f='${Version}' libnginx-mod-http-lua 2>/dev/null), lua-nginx-redis $LUA_REDIS_VERSION"
         echo "redis	$(redis-server --version | awk '{print $3}' | sed 's/v=//')"
         echo "wrk	$(dpkg-query -W -f='${Version}' wrk 2>/dev/null)"
         echo "module	$module_info"

@@ -280,7 +280,8 @@ fn json_429_body() {
 
 /// nginx-conf/quota.conf: rejections by the short-term line say "Too Many
 /// Requests", and once the key's 20 requests of the day are spent, "Limit
-/// Exceeded" (with the daily line in the response fields too).
+/// Exceeded" (with the daily line in the response fields too), renewed at
+/// midnight UTC: Retry-After is the time until then.
 #[test]
 fn burst_told_from_daily_quota() {
     let ngx = ConfNginx::start("quota.conf", &[("api/index.json", "{}\n")]);
@@ -308,8 +309,17 @@ fn burst_told_from_daily_quota() {
     assert!(too_many > 0, "the short-term line never rejected");
     assert_eq!(quota.status, 429, "{quota:?}");
     assert!(quota.body.contains("\"error\":\"limit_exceeded\""), "{quota:?}");
-    assert!(quota.body.contains("Limit Exceeded: the daily quota of 20 requests is used up."), "{quota:?}");
+    assert!(
+        quota
+            .body
+            .contains("Limit Exceeded: the daily quota of 20 requests is used up; it is renewed at midnight UTC."),
+        "{quota:?}"
+    );
     assert_eq!(quota.header("X-RateLimit-Limit"), Some("20"), "{quota:?}");
+    let midnight = 86_400 - unix_now() % 86_400;
+    let retry = quota.num("Retry-After");
+    assert!(retry.abs_diff(midnight) <= 2, "Retry-After {retry}, midnight UTC in {midnight} s: {quota:?}");
+    assert!(quota.body.contains(&format!("\"retry_after\":{retry}}}")), "{quota:?}");
     // And so it stays once the short-term line is full again.
     thread::sleep(Duration::from_millis(1100));
     let r = ngx.get("/api/", &key);

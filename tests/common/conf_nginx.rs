@@ -5,6 +5,7 @@ use std::fs;
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -18,12 +19,27 @@ pub struct ConfNginx {
     master: Option<u32>,
 }
 
+/// Instances started by this test binary: one recipe may run twice at once
+/// (a fleet), each in its own prefix.
+static STARTED: AtomicUsize = AtomicUsize::new(0);
+
 impl ConfNginx {
     pub fn start(name: &str, files: &[(&str, &str)]) -> ConfNginx {
+        ConfNginx::start_with(name, files, &[])
+    }
+
+    /// As [`ConfNginx::start`], with each `(from, to)` of `replace` replaced
+    /// in the file too (where it must occur: a Redis URL, say).
+    pub fn start_with(name: &str, files: &[(&str, &str)], replace: &[(&str, &str)]) -> ConfNginx {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("nginx-conf").join(name);
-        let conf = fs::read_to_string(&src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+        let mut conf = fs::read_to_string(&src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
         assert!(conf.contains("load_module modules/ngx_http_rl_module.so;") && conf.contains("127.0.0.1:8080"));
-        let prefix = std::env::temp_dir().join(format!("nginx-rl-conf-{}-{name}", std::process::id()));
+        for (from, to) in replace {
+            assert!(conf.contains(from), "{from:?} is not in {name}");
+            conf = conf.replace(from, to);
+        }
+        let n = STARTED.fetch_add(1, Ordering::SeqCst);
+        let prefix = std::env::temp_dir().join(format!("nginx-rl-conf-{}-{n}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&prefix);
         fs::create_dir_all(prefix.join("logs")).unwrap();
         for (rel, content) in files {
