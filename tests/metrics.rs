@@ -10,7 +10,6 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::redis::Redis;
@@ -76,45 +75,20 @@ fn parse_python(text: &str) -> Option<Samples> {
                   \x20   for s in f.samples:\n\
                   \x20       l = ','.join('%s=%s' % (k, json.dumps(v)) for k, v in sorted(s.labels.items()))\n\
                   \x20       print('%s{%s}\\t%r' % (s.name, l, float(s.value)))\n";
-    let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .ok()?;
-    child.stdin.take()?.write_all(text.as_bytes()).ok()?;
-    let out = child.wait_with_output().ok()?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("No module named"), "prometheus_client failed to parse:\n{err}\n{text}");
-        eprintln!("python3-prometheus-client is not installed: the text is checked by our parser only");
-        return None;
-    }
+    let out = match python(script, text) {
+        Ok(out) => out,
+        Err(err) => {
+            assert!(err.contains("No module named"), "prometheus_client failed to parse:\n{err}\n{text}");
+            eprintln!("python3-prometheus-client is not installed: the text is checked by our parser only");
+            return None;
+        }
+    };
     let mut samples = Samples::new();
-    for line in String::from_utf8(out.stdout).ok()?.lines() {
+    for line in out.lines() {
         let (k, v) = line.rsplit_once('\t')?;
         samples.insert(k.to_string(), v.parse().unwrap_or_else(|_| panic!("{line}")));
     }
     Some(samples)
-}
-
-/// `promtool check metrics` on the text (skipped, said so, without promtool).
-fn promtool(text: &str) {
-    let Ok(mut child) = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    else {
-        eprintln!("promtool is not installed (Debian package prometheus): the text is not linted");
-        return;
-    };
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n{text}");
 }
 
 /// Scrapes `/metrics` (text), checks it and returns its samples.
@@ -122,7 +96,7 @@ fn scrape(ngx: &Nginx) -> Samples {
     let r = ngx.get("/metrics", &[]);
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.header("Content-Type"), Some("text/plain; version=0.0.4"), "{r:?}");
-    promtool(&r.body);
+    promtool_check_metrics(&r.body);
     let ours = parse(&r.body);
     if let Some(python) = parse_python(&r.body) {
         assert_eq!(ours, python, "our parser and prometheus_client differ on:\n{}", r.body);

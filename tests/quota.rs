@@ -10,7 +10,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::redis::{Cluster, Redis};
@@ -55,18 +54,9 @@ fn parse(body: &str) -> BTreeMap<String, BTreeMap<String, String>> {
                   \x20   assert all(type(l[k]) is int for k in ('limit', 'remaining', 'reset')), l\n\
                   \x20   assert l.get('dry_run', True) is True, l\n\
                   \x20   for k, v in l.items(): print('%s\\t%s\\t%s' % (l['name'], k, v))\n";
-    let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cannot run /usr/bin/python3");
-    child.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "not the JSON expected: {body:?}\n{}", String::from_utf8_lossy(&out.stderr));
+    let out = python(script, body).unwrap_or_else(|e| panic!("not the JSON expected: {body:?}\n{e}"));
     let mut m: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    for l in String::from_utf8_lossy(&out.stdout).lines() {
+    for l in out.lines() {
         let f: Vec<&str> = l.split('\t').collect();
         m.entry(f[0].to_string()).or_default().insert(f[1].to_string(), f[2].to_string());
     }

@@ -7,9 +7,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use common::conf_nginx::ConfNginx;
 use common::redis::Redis;
 use common::*;
@@ -69,24 +66,6 @@ fn sample(text: &str, series: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// `promtool check metrics` on the text (skipped, said so, without promtool).
-fn promtool(text: &str) {
-    let Ok(mut child) = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    else {
-        eprintln!("promtool is not installed (Debian package prometheus): the text is not linted");
-        return;
-    };
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n{text}");
-}
-
 /// nginx-conf/metrics.conf: /metrics in the Prometheus text format, which
 /// promtool accepts; after 25 requests of one address and key, the named
 /// lines' counters moved by exactly what they decided (the first line
@@ -99,7 +78,7 @@ fn metrics_conf_counts_each_line() {
         let r = ngx.get("/metrics", &[]);
         assert_eq!(r.status, 200, "{r:?}");
         assert_eq!(r.header("Content-Type"), Some("text/plain; version=0.0.4"), "{r:?}");
-        promtool(&r.body);
+        promtool_check_metrics(&r.body);
         r.body
     };
     let series = |line: &str, result: &str| {
@@ -133,17 +112,8 @@ fn quota_lines(body: &str) -> Vec<String> {
                   for l in d['lines']:\n\
                   \x20   assert l['zone'] == 'api', l\n\
                   \x20   print(l['name'], l['limit'], l['remaining'], l['reset'], l['policy'])\n";
-    let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cannot run /usr/bin/python3");
-    child.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "not the JSON expected: {body:?}\n{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+    let out = python(script, body).unwrap_or_else(|e| panic!("not the JSON expected: {body:?}\n{e}"));
+    out.lines().map(String::from).collect()
 }
 
 /// nginx-conf/quota-endpoint.conf: /quota tells a key its budgets, both

@@ -8,7 +8,6 @@ mod common;
 
 use std::fs;
 
-use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -242,18 +241,8 @@ fn parse_json(body: &str) -> String {
                   assert isinstance(d['message'], str) and d['message'], d\n\
                   assert all(type(d[k]) is int for k in ('retry_after', 'limit', 'reset')), d\n\
                   print('%s|%d|%d|%d' % (d['error'], d['retry_after'], d['limit'], d['reset']))\n";
-    let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cannot run /usr/bin/python3");
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "not the JSON expected: {body:?}\n{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    let out = python(script, body).unwrap_or_else(|e| panic!("not the JSON expected: {body:?}\n{e}"));
+    out.trim().to_string()
 }
 
 /// nginx-conf/json429.conf: 20 requests pass at once, the 21st is a 429
@@ -345,17 +334,8 @@ for line in sys.stdin:
     if m:
         print(m.group('host'))
 "#;
-    let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("cannot run /usr/bin/python3");
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(log.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+    let out = python(script, log).unwrap_or_else(|e| panic!("{e}"));
+    out.lines().map(String::from).collect()
 }
 
 /// One error-log line per rejected request in `limit_req`'s exact form,

@@ -25,6 +25,44 @@ pub const WORKERS: usize = 2;
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
+/// Debian's Python (`/usr/bin/python3`, with Debian's Python packages:
+/// `python3` may be another build) running `script` on `input`: what it
+/// printed, or its standard error when it fails.
+pub fn python(script: &str, input: &str) -> Result<String, String> {
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run /usr/bin/python3: {e}"))?;
+    let fed = child.stdin.take().map(|mut stdin| stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output().map_err(|e| format!("/usr/bin/python3: {e}"))?;
+    match (out.status.success(), fed) {
+        (true, Some(Ok(()))) => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+        _ => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
+}
+
+/// `promtool check metrics` on a scrape: accepted without a word (skipped,
+/// said so, where Debian's `prometheus` package is not installed).
+pub fn promtool_check_metrics(text: &str) {
+    let Ok(mut child) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("promtool is not installed (Debian package prometheus): the text is not linted");
+        return;
+    };
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n{text}");
+}
+
 pub fn nginx_bin() -> PathBuf {
     std::env::var_os("RL_NGINX").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/sbin/nginx"))
 }
