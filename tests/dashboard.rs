@@ -320,7 +320,7 @@ const BODY: &str = "location /open/ { rl_limit zone=z rate=6000r/m burst=6000 na
      location /redis/ { rl_limit zone=rr rate=6000r/m burst=6000 name=redis; }\n\
      location /sentinel/ { rl_limit zone=rs rate=6000r/m burst=6000 name=sentinel; }\n\
      location /dead/ { rl_limit zone=rdead rate=6000r/m burst=6000 name=dead; }\n\
-     location /charged/ { rl_limit zone=rr rate=6000r/m burst=6000 name=charged algorithm=token_bucket \
+     location /charged/ { rl_limit zone=rr rate=600000r/m burst=6000 name=charged algorithm=token_bucket \
          cost=$arg_cost charge=after; }\n\
      location = /metrics { rl_metrics; }";
 
@@ -339,7 +339,9 @@ const ROUND: &[(&str, usize, u16)] = &[
 /// A `charge=after` request whose cost Redis refuses to charge: admitted,
 /// and counted in `nginx_rl_charge_failures_total` once its charge is
 /// refused, for its token bucket would leave the range the script computes
-/// exactly (`sliding`, the default, would take it). The unreachable zone
+/// exactly (`sliding`, the default, would take it; so would this bucket at a
+/// rate below about 7,400 a second, where the cost capped at a week's
+/// refill fits in the range). The unreachable zone
 /// cannot fail a charge: its line fails in the access phase already, and a
 /// line that failed there is not charged (`on_error=deny` rejects the
 /// request, `allow` leaves the line out of it).
