@@ -209,7 +209,7 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
             false => line.burst_text(),
         };
         let remaining = out.value(res.remaining());
-        let reset = out.digits(&reset_digits(ctx.now_unix as u64 + ceil_s(res.reset_us())));
+        let reset = out.digits(&reset_digits(ctx.now_unix as u64 + res.reset_s()));
         let legacy = [("X-RateLimit-Limit", limit), ("X-RateLimit-Remaining", remaining), ("X-RateLimit-Reset", reset)];
         match retry {
             Some(s) => {
@@ -230,7 +230,7 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
         push(r, "RateLimit-Policy", out.since(at))?;
         let at = out.len;
         for (i, (line, res)) in ctx.enforced(lines).enumerate() {
-            item(&mut out, i, &line.item, b"\";r=", res.remaining(), b";t=", ceil_s(res.reset_us()));
+            item(&mut out, i, &line.item, b"\";r=", res.remaining(), b";t=", res.reset_s());
         }
         push(r, "RateLimit", out.since(at))?;
     }

@@ -234,7 +234,7 @@ fn answer(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Status {
             ",\"limit\":{},\"remaining\":{},\"reset\":{},\"policy\":\"q={};w={}\"",
             line.limit.burst(),
             res.remaining(),
-            res.reset_us().div_ceil(1_000_000),
+            res.reset_s(),
             line.limit.burst(),
             line.limit.window_us().div_ceil(1_000_000).max(1)
         );
