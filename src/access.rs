@@ -194,7 +194,7 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
         // Nothing is charged yet: what is left is what the line has now.
         for (line, res) in ctx.staged_mut(&mcf.lines) {
             if line.charge_after && res.active && res.admitted() {
-                res.give_back(res.cost);
+                res.give_back(line);
                 res.charged = false;
             }
         }
@@ -409,9 +409,9 @@ pub fn on_lost(r: *mut ngx_http_request_t) {
 /// A check reports what would remain after the charge; for the lines of a
 /// rejecting stage that were not charged, report what remains.
 fn uncharge(mcf: &MainConf, ctx: &mut Ctx) {
-    for (_, res) in ctx.staged_mut(&mcf.lines) {
+    for (line, res) in ctx.staged_mut(&mcf.lines) {
         if res.active && res.admitted() && !res.charged {
-            res.give_back(res.cost);
+            res.give_back(line);
         }
     }
 }

@@ -137,7 +137,7 @@ impl LocConf {
             self.status = if prev.status == ngx_uint_t::MAX { DEFAULT_STATUS } else { prev.status };
         }
         if self.headers.is_none() {
-            self.headers = Some(prev.headers.unwrap_or(HeadersMode::Legacy));
+            self.headers = Some(prev.headers.unwrap_or(HeadersMode::LEGACY));
         }
         if self.dry_run.is_none() {
             self.dry_run = Some(prev.dry_run.unwrap_or(false));
@@ -158,7 +158,7 @@ impl LocConf {
     }
 
     pub fn headers(&self) -> HeadersMode {
-        self.headers.unwrap_or(HeadersMode::Legacy)
+        self.headers.unwrap_or(HeadersMode::LEGACY)
     }
 }
 

@@ -1,6 +1,7 @@
-//! The header filter: `X-RateLimit-*` and `Retry-After` (legacy), and the
-//! IETF `RateLimit-Policy` / `RateLimit` fields (draft), on every response of
-//! a limited request, rejected or not.
+//! The header filter: `X-RateLimit-*` and `Retry-After` (legacy), the IETF
+//! `RateLimit-Policy` / `RateLimit` fields (draft 10/11) and draft 6's
+//! `RateLimit-Limit` / `-Remaining` / `-Reset` (draft-6), on every response
+//! of a limited request, rejected or not.
 
 use core::cell::Cell;
 use core::{mem, ptr};
@@ -175,7 +176,7 @@ pub unsafe extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t 
     // SAFETY: as above.
     if unsafe { (*r).main } == r {
         // (the mode first: a location with `rl_headers off` adds nothing, and needs nothing more)
-        if let Some(ctx) = get_ctx(req).filter(|ctx| ctx.headers != HeadersMode::Off) {
+        if let Some(ctx) = get_ctx(req).filter(|ctx| ctx.headers != HeadersMode::OFF) {
             if let Some(mcf) = Module::main_conf(req) {
                 if add_headers(r, ctx, &mcf.lines).is_err() {
                     return -1;
@@ -199,17 +200,18 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
     let Some((line, res)) = ctx.enforced_behind(lines) else {
         return Ok(());
     };
-    let draft_len: usize =
-        if ctx.headers.draft() { ctx.enforced(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum() } else { 0 };
-    let mut out = Out::with_room(r, ctx, 4 * NUM + draft_len).ok_or(())?;
+    let mode = ctx.headers;
+    // (one test where only the legacy fields are sent, as for each step below)
+    let ietf_len = if mode.ietf() { ietf_len(mode, ctx, lines) } else { 0 };
+    let mut out = Out::with_room(r, ctx, 4 * NUM + ietf_len).ok_or(())?;
     let retry = retry_after_s(ctx, lines);
-    if ctx.headers.legacy() {
+    if mode.legacy() {
         let limit = match line.burst_varies() {
             true => out.value(res.limit(line).burst()),
             false => line.burst_text(),
         };
         let remaining = out.value(res.remaining());
-        let reset = out.digits(&reset_digits(ctx.now_unix as u64 + ceil_s(res.reset_us())));
+        let reset = out.digits(&reset_digits(ctx.now_unix as u64 + res.reset_s()));
         let legacy = [("X-RateLimit-Limit", limit), ("X-RateLimit-Remaining", remaining), ("X-RateLimit-Reset", reset)];
         match retry {
             Some(s) => {
@@ -221,16 +223,76 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
     } else if let Some(s) = retry {
         push(r, "Retry-After", out.value(s))?;
     }
-    if ctx.headers.draft() {
+    if mode.ietf() {
+        ietf(r, &mut out, ctx, lines, (line, res))?;
+    }
+    Ok(())
+}
+
+/// The bytes the fields named `RateLimit*` take at most.
+#[inline(never)]
+fn ietf_len(mode: HeadersMode, ctx: &Ctx, lines: &[Line]) -> usize {
+    let mut len = 0;
+    if mode.draft() {
+        len += ctx.enforced(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum::<usize>();
+    }
+    if mode.draft6() {
+        // Three numbers, and draft 6's policy list unless draft's is sent.
+        len += 3 * NUM;
+        if !mode.draft() {
+            len += ctx.enforced(lines).count() * (2 * NUM + 6);
+        }
+    }
+    len
+}
+
+/// The fields named `RateLimit*`: draft 6's (`RateLimit-Limit`,
+/// `-Remaining`, `-Reset`, describing `behind`, the line the legacy fields
+/// describe) and draft 10/11's (`RateLimit`, an item per enforced line).
+/// Both drafts name their policy field `RateLimit-Policy`; one is sent:
+/// draft 10's when it is on, whose `RateLimit` items name its policies,
+/// where draft 6's is informative (its clients may ignore it, and
+/// express-rate-limit's parser does).
+#[inline(never)]
+fn ietf(
+    r: *mut ngx_http_request_t,
+    out: &mut Out,
+    ctx: &Ctx,
+    lines: &[Line],
+    behind: (&Line, &LineResult),
+) -> Result<(), ()> {
+    let mode = ctx.headers;
+    if mode.draft6() {
+        let (line, res) = behind;
+        let limit = out.value(res.limit(line).burst());
+        let remaining = out.value(res.remaining());
+        let reset = out.value(res.reset_s());
+        push_all(r, [("RateLimit-Limit", limit), ("RateLimit-Remaining", remaining), ("RateLimit-Reset", reset)])?;
+        if !mode.draft() {
+            // `100;w=60`, a policy per enforced line as `RateLimit-Policy` below, without names.
+            let at = out.len;
+            for (i, (line, res)) in ctx.enforced(lines).enumerate() {
+                let limit = res.limit(line);
+                if i > 0 {
+                    out.bytes(b", ");
+                }
+                out.num(limit.burst());
+                out.bytes(b";w=");
+                out.num(ceil_s(limit.window_us()).max(1));
+            }
+            push(r, "RateLimit-Policy", out.since(at))?;
+        }
+    }
+    if mode.draft() {
         let at = out.len;
         for (i, (line, res)) in ctx.enforced(lines).enumerate() {
             let limit = res.limit(line);
-            item(&mut out, i, &line.item, b"\";q=", limit.burst(), b";w=", ceil_s(limit.window_us()).max(1));
+            item(out, i, &line.item, b"\";q=", limit.burst(), b";w=", ceil_s(limit.window_us()).max(1));
         }
         push(r, "RateLimit-Policy", out.since(at))?;
         let at = out.len;
         for (i, (line, res)) in ctx.enforced(lines).enumerate() {
-            item(&mut out, i, &line.item, b"\";r=", res.remaining(), b";t=", ceil_s(res.reset_us()));
+            item(out, i, &line.item, b"\";r=", res.remaining(), b";t=", res.reset_s());
         }
         push(r, "RateLimit", out.since(at))?;
     }
@@ -278,7 +340,10 @@ fn push(r: *mut ngx_http_request_t, name: &'static str, value: ngx_str_t) -> Res
 
 /// Appends the fields to the response headers in one step where the list's
 /// last part has room for them all (what `ngx_list_push` does for one
-/// element, done once), else one by one.
+/// element, done once), else one by one. Inlined: with draft-6 calling it
+/// too, the compiler made it a call, 58 instructions more on every response
+/// of the legacy fields (callgrind).
+#[inline(always)]
 fn push_all<const N: usize>(r: *mut ngx_http_request_t, fields: [(&'static str, ngx_str_t); N]) -> Result<(), ()> {
     // SAFETY: the request is valid; headers_out.headers is an initialised ngx_list_t (nginx
     // makes it with the request) whose `last` part exists and holds nelts of nalloc elements of

@@ -161,7 +161,7 @@ static mut COMMANDS: [ngx_command_t; 9] = [
     command(ngx_string!("rl_zone"), NGX_HTTP_MAIN_CONF as ngx_uint_t | MORE, cmd_rl_zone, MAIN),
     command(ngx_string!("rl_limit"), ANY_LEVEL | MORE, cmd_rl_limit, LOC),
     command(ngx_string!("rl_status"), ANY_LEVEL | TAKE1, cmd_rl_status, LOC),
-    command(ngx_string!("rl_headers"), ANY_LEVEL | TAKE1, cmd_rl_headers, LOC),
+    command(ngx_string!("rl_headers"), ANY_LEVEL | MORE, cmd_rl_headers, LOC),
     command(ngx_string!("rl_dry_run"), ANY_LEVEL | FLAG, cmd_rl_dry_run, LOC),
     command(ngx_string!("rl_log_level"), ANY_LEVEL | TAKE1, cmd_rl_log_level, LOC),
     command(ngx_string!("rl_metrics"), NGX_HTTP_LOC_CONF as ngx_uint_t | NOARGS, metrics::cmd_rl_metrics, LOC),

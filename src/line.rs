@@ -69,25 +69,52 @@ pub enum Stage {
     AfterAuth,
 }
 
-/// Which rate-limit response fields are sent (`rl_headers`).
+/// Which rate-limit response fields are sent (`rl_headers`): a set of
+/// dialects, a bit each, so that every header filter asks about one with a
+/// single test of one byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HeadersMode {
-    Off,
-    Legacy,
-    Draft,
-    Both,
-}
+pub struct HeadersMode(u8);
 
 impl HeadersMode {
+    /// None.
+    pub const OFF: HeadersMode = HeadersMode(0);
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (Unix time).
+    pub const LEGACY: HeadersMode = HeadersMode(1);
+    /// draft-ietf-httpapi-ratelimit-headers-10/-11: `RateLimit-Policy` and
+    /// `RateLimit`, an item per line.
+    pub const DRAFT: HeadersMode = HeadersMode(2);
+    /// `legacy` and `draft`.
+    pub const BOTH: HeadersMode = HeadersMode(1 | 2);
+    /// draft-ietf-httpapi-ratelimit-headers-06 (express-rate-limit's
+    /// `draft-6`): `RateLimit-Limit`, `-Remaining`, `-Reset` (seconds) and
+    /// `RateLimit-Policy` (unless `draft`'s is sent).
+    pub const DRAFT6: HeadersMode = HeadersMode(4);
+
     /// The most bytes the legacy fields' values take (four numbers of up to
     /// 20 digits): set aside with the request's context.
     pub const LEGACY_BYTES: usize = 80;
 
     pub fn legacy(self) -> bool {
-        matches!(self, HeadersMode::Legacy | HeadersMode::Both)
+        self.0 & HeadersMode::LEGACY.0 != 0
     }
     pub fn draft(self) -> bool {
-        matches!(self, HeadersMode::Draft | HeadersMode::Both)
+        self.0 & HeadersMode::DRAFT.0 != 0
+    }
+    pub fn draft6(self) -> bool {
+        self.0 & HeadersMode::DRAFT6.0 != 0
+    }
+    /// `draft` or `draft-6`: the fields named `RateLimit*`, asked once where
+    /// `legacy` alone has nothing more to do.
+    pub fn ietf(self) -> bool {
+        self.0 & (HeadersMode::DRAFT.0 | HeadersMode::DRAFT6.0) != 0
+    }
+    /// Both sets of fields.
+    pub fn with(self, other: HeadersMode) -> HeadersMode {
+        HeadersMode(self.0 | other.0)
+    }
+    /// Whether every field of `other` is in this set.
+    pub fn has(self, other: HeadersMode) -> bool {
+        self.0 & other.0 == other.0
     }
 }
 

@@ -216,7 +216,7 @@ pub fn on_lost(r: *mut ngx_http_request_t) {
 fn answer(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Status {
     if ctx.denied_by_error {
         // What was read is partial: no field describes it.
-        ctx.headers = HeadersMode::Off;
+        ctx.headers = HeadersMode::OFF;
         return send(r, 503, JSON_TYPE, b"{\"error\":\"a Redis zone of this location could not be read\"}\n");
     }
     let mut body = String::with_capacity(256);
@@ -234,7 +234,7 @@ fn answer(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Status {
             ",\"limit\":{},\"remaining\":{},\"reset\":{},\"policy\":\"q={};w={}\"",
             line.limit.burst(),
             res.remaining(),
-            res.reset_us().div_ceil(1_000_000),
+            res.reset_s(),
             line.limit.burst(),
             line.limit.window_us().div_ceil(1_000_000).max(1)
         );

@@ -120,10 +120,19 @@ impl LineResult {
         &self.decision.charge
     }
 
-    /// Counts `cost` back into what the line has left: the request was not
-    /// charged after all.
-    pub fn give_back(&mut self, cost: u64) {
-        self.decision.outcome.remaining = self.decision.outcome.remaining.saturating_add(cost);
+    /// What the line has left when the request was not charged after all
+    /// (rl-core's [`Outcome::uncharged`]: a line back to full resets in 0).
+    pub fn give_back(&mut self, line: &Line) {
+        let burst = self.limit(line).burst();
+        self.decision.outcome = self.decision.outcome.uncharged(self.cost, burst);
+    }
+
+    /// Whole seconds until the line is back to full (rounded up): `t` of
+    /// the `RateLimit` field, `X-RateLimit-Reset` less now, `$rl_reset` and
+    /// `rl_quota`'s `reset`, one number wherever the line is described.
+    #[inline(always)]
+    pub fn reset_s(&self) -> u64 {
+        self.reset_us().div_ceil(1_000_000)
     }
 
     /// What the line did to the request, as `$rl_status` names it.

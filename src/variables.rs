@@ -150,7 +150,7 @@ fn value(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[crate::line::Line], var
         Var::Limit if line.burst_varies() => num(r, res.limit(line).burst()),
         Var::Limit => Some(line.burst_text()),
         Var::Remaining => num(r, res.remaining()),
-        Var::Reset => num(r, res.reset_us().div_ceil(1_000_000)),
+        Var::Reset => num(r, res.reset_s()),
         Var::RetryAfter => match verdict {
             Some(Verdict::Rejected | Verdict::RejectedDryRun) => {
                 res.retry_after_us().and_then(|us| num(r, us.div_ceil(1_000_000).max(1)))

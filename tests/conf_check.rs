@@ -312,7 +312,13 @@ fn cases(certs: &TestCerts) -> Vec<Case> {
         ("on", "invalid value \"on\""),
         ("both\\t", "invalid value \"both\\t\""),
         (leak("b".repeat(3000)), "invalid value \"bbb"),
-        ("legacy draft", "invalid number of arguments"),
+        ("draft6", "invalid value \"draft6\""),
+        ("draft-7", "invalid value \"draft-7\""),
+        ("legacy draft-7", "invalid value \"draft-7\""),
+        // `off` alone: with another value it says nothing sensible.
+        ("legacy off", "invalid value \"off\" in \"rl_headers\" directive, it must be the only value"),
+        ("off off", "invalid value \"off\" in \"rl_headers\" directive, it must be the only value"),
+        ("off draft-6", "invalid value \"off\" in \"rl_headers\" directive, it must be the only value"),
         ("", "invalid number of arguments"),
     ];
     for (directive, values) in [("rl_status", status), ("rl_headers", headers)] {

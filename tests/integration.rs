@@ -314,6 +314,73 @@ fn headers_modes_draft_off_both() {
     assert_eq!(sf_param(&r, "RateLimit", "z", "r"), 9);
 }
 
+/// Several values on one `rl_headers` line send the fields of each:
+/// `legacy draft` is `both`, `legacy draft-6` adds draft 6's
+/// `RateLimit-Limit` / `-Remaining` / `-Reset` (delta seconds) and its
+/// `RateLimit-Policy`; with `draft`, one `RateLimit-Policy`, draft 10's. A
+/// value given twice is a warning, as in nginx's bitmask directives.
+#[test]
+fn headers_values_combine() {
+    fn names(r: &Response) -> Vec<&str> {
+        let ours = |n: &&str| RL_HEADERS.contains(n) || n.starts_with("ratelimit-");
+        r.headers.iter().map(|(n, _)| n.as_str()).filter(ours).collect()
+    }
+    let loc = |name: &str, mode: &str| {
+        format!(
+            "location = /{name}.html {{ rl_limit zone=z key=$uri rate=10r/m burst=10 algorithm=fixed; rl_headers {mode}; }}\n"
+        )
+    };
+    let body = loc("ld", "legacy draft") + &loc("l6", "legacy draft-6") + &loc("d6", "draft-6 draft");
+    let ngx = Nginx::setup(&server("rl_zone z size=1m;", &body))
+        .file("html/ld.html", "ld\n")
+        .file("html/l6.html", "l6\n")
+        .file("html/d6.html", "d6\n")
+        .start();
+    let r = ngx.get("/ld.html", &[]);
+    assert_eq!(
+        names(&r),
+        ["x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset", "ratelimit-policy", "ratelimit"],
+        "{r:?}"
+    );
+    assert_eq!(r.header("RateLimit-Policy"), Some("\"z\";q=10;w=60"), "{r:?}");
+
+    let r = ngx.get("/l6.html", &[]);
+    assert_eq!(
+        names(&r),
+        [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+            "ratelimit-limit",
+            "ratelimit-remaining",
+            "ratelimit-reset",
+            "ratelimit-policy"
+        ],
+        "{r:?}"
+    );
+    assert_eq!((r.num("RateLimit-Limit"), r.num("RateLimit-Remaining")), (10, 9), "{r:?}");
+    // The delta to the same instant X-RateLimit-Reset gives as Unix time.
+    let reset = r.num("RateLimit-Reset");
+    assert!((1..=60).contains(&reset) && r.num("X-RateLimit-Reset").abs_diff(unix_now() + reset) <= 2, "{r:?}");
+    assert_eq!(r.header("RateLimit-Policy"), Some("10;w=60"), "{r:?}");
+
+    let r = ngx.get("/d6.html", &[]);
+    assert_eq!(
+        names(&r),
+        ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset", "ratelimit-policy", "ratelimit"],
+        "{r:?}"
+    );
+    assert_eq!(r.header("RateLimit-Policy"), Some("\"z\";q=10;w=60"), "{r:?}");
+    assert_eq!(sf_param(&r, "RateLimit", "z", "r"), r.num("RateLimit-Remaining"), "{r:?}");
+    assert_eq!(sf_param(&r, "RateLimit", "z", "t"), r.num("RateLimit-Reset"), "{r:?}");
+
+    let (ok, out) = nginx_t(&server("rl_zone z size=1m;", "rl_headers both legacy;"));
+    assert!(
+        ok && out.contains("[warn]") && out.contains("duplicate value \"legacy\" in \"rl_headers\" directive"),
+        "{out}"
+    );
+}
+
 #[test]
 fn rl_status_changes_rejection_status() {
     let ngx =

@@ -212,3 +212,47 @@ fn other_methods_get_405() {
     assert!(out.contains("X-RateLimit-Remaining: 10\r\n") && out.ends_with("\r\n\r\n"), "{out}");
     assert_eq!(ngx.get("/api/", &[("X-Api-Key", "k1")]).num("X-RateLimit-Remaining"), 9);
 }
+
+/// A line that admits a request it is not charged for (another line
+/// rejects it; `charge=after` before its charge) is full: the response says
+/// it resets in 0, as `rl_quota` says of the same state, in `RateLimit`'s
+/// `t`, `X-RateLimit-Reset` (now) and `$rl_reset`. Before, the fields said
+/// the time to full the charge would have left (`t=98` here, the default
+/// `sliding` counting the unit until the end of the next window).
+#[test]
+fn uncharged_full_line_resets_in_zero_as_quota_says() {
+    let two = "rl_limit zone=z key=$http_x_k rate=10r/m burst=10 name=wide;\n\
+               rl_limit zone=z key=$http_x_n rate=1r/m burst=1 name=narrow;";
+    let late = "rl_limit zone=z key=$http_x_k rate=10r/m burst=10 name=late cost=$http_x_cost charge=after;";
+    let body = format!(
+        "rl_headers both;\n\
+         location = /two.html {{ {two} }}\n\
+         location = /two-quota {{ rl_quota; {two} }}\n\
+         location = /late.html {{ {late} add_header X-Reset $rl_reset always; }}\n\
+         location = /late-quota {{ rl_quota; {late} }}"
+    );
+    let ngx = Nginx::setup(&server("rl_zone z size=1m;", &body))
+        .file("html/two.html", "two\n")
+        .file("html/late.html", "late\n")
+        .start();
+    // `narrow` spent by a first key of `wide`; then a fresh key of `wide` is rejected by it.
+    assert_eq!(ngx.get("/two.html", &[("X-K", "w1"), ("X-N", "n")]).status, 200);
+    let who = [("X-K", "w2"), ("X-N", "n")];
+    let r = ngx.get("/two.html", &who);
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!((sf_param(&r, "RateLimit", "wide", "r"), sf_param(&r, "RateLimit", "wide", "t")), (10, 0), "{r:?}");
+    let q = parse(&ngx.get("/two-quota", &who).body);
+    assert_eq!((field(&q, "wide", "remaining"), field(&q, "wide", "reset")), ("10", "0"), "{q:?}");
+
+    // charge=after, no cost sent: admitted, nothing charged, now or later.
+    let k = [("X-K", "fresh")];
+    let now = unix_now();
+    let r = ngx.get("/late.html", &k);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!((sf_param(&r, "RateLimit", "late", "r"), sf_param(&r, "RateLimit", "late", "t")), (10, 0), "{r:?}");
+    assert_eq!(r.num("X-RateLimit-Remaining"), 10, "{r:?}");
+    assert!((now..=now + 1).contains(&r.num("X-RateLimit-Reset")), "{r:?}");
+    assert_eq!(r.header("X-Reset"), Some("0"), "{r:?}");
+    let q = parse(&ngx.get("/late-quota", &k).body);
+    assert_eq!((field(&q, "late", "remaining"), field(&q, "late", "reset")), ("10", "0"), "{q:?}");
+}

@@ -34,6 +34,21 @@ impl Outcome {
     pub(crate) fn reject(remaining: u64, reset_us: u64, retry: Option<u64>) -> Self {
         Outcome { admitted: false, remaining, reset_us, retry_after_us: retry, delay_us: 0 }
     }
+
+    /// The outcome of a line that admitted a request of `cost` but was not
+    /// charged for it (another line rejected the request, or the line is
+    /// `charge=after` and charges later), from the outcome its check gave,
+    /// which counts the charge: `remaining` counts the cost again, and a
+    /// state that is then back at `burst` resets in 0, as a check at cost 0
+    /// of that state says (a full state has nothing to wait for; a line
+    /// read by `rl_quota` says the same). Below the burst `reset_us` stays
+    /// the charged state's, an upper bound: the check does not say how
+    /// much of it the charge added.
+    pub fn uncharged(&self, cost: u64, burst: u64) -> Outcome {
+        let remaining = self.remaining.saturating_add(cost);
+        let reset_us = if remaining >= burst { 0 } else { self.reset_us };
+        Outcome { remaining, reset_us, ..*self }
+    }
 }
 
 /// What a request's lines decide together ([`combine`]).

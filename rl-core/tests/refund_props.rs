@@ -157,6 +157,26 @@ proptest! {
         assert_same(&l, &a, &s, t, &later);
     }
 
+    /// A line that admits a request it is not charged for (another line
+    /// rejects it, or it charges after the response) reports what a check
+    /// at cost 0 of its state says: the same remaining units, never less
+    /// time to full, and, full, no time at all (`rl_quota` reads at cost 0).
+    #[test]
+    fn uncharged_reads_as_cost_zero(l in limits(), before in ops(40), start in starts(), x: Raw) {
+        let (s, t) = history(&l, &before, start);
+        let c = cost(&l, x);
+        let o = l.check(&s, t, c);
+        // (a delayed request's remaining is 0 whatever its cost)
+        prop_assume!(o.admitted && o.delay_us == 0);
+        let u = o.uncharged(c, l.burst());
+        let zero = l.check(&s, t, 0);
+        prop_assert_eq!(u.remaining, zero.remaining, "{:?} vs {:?}", u, zero);
+        prop_assert!(u.reset_us >= zero.reset_us, "{:?} vs {:?}", u, zero);
+        if u.remaining >= l.burst() {
+            prop_assert_eq!(u.reset_us, zero.reset_us, "{:?} vs {:?}", u, zero);
+        }
+    }
+
     /// Refunded any time later, with nothing else charged in between, the
     /// same: what the request took has been given back, all of it.
     #[test]

@@ -130,3 +130,22 @@ fn excess_rounds_to_the_nearest_thousandth() {
         assert_eq!((o.admitted, l.excess_milli(&o, 1)), (false, 2000), "{alg}");
     }
 }
+
+#[test]
+fn uncharged_full_state_resets_in_zero() {
+    // A fresh key's check at cost 1 counts the charge (remaining B - 1, back to full in some
+    // time); not charged, the state is full: what a check at cost 0 (rl_quota) says.
+    for alg in Algorithm::ALL {
+        let l = Limit::new(alg, rl_core::parse::parse_rate("10r/m").unwrap(), 10).unwrap();
+        let s = vec![0; l.state_words()];
+        let o = l.check(&s, 5_000_000, 1);
+        assert!(o.admitted && o.remaining == 9 && o.reset_us > 0, "{alg}: {o:?}");
+        let u = o.uncharged(1, 10);
+        assert_eq!((u.remaining, u.reset_us), (10, 0), "{alg}");
+        let zero = l.check(&s, 5_000_000, 0);
+        assert_eq!((u.remaining, u.reset_us), (zero.remaining, zero.reset_us), "{alg}");
+    }
+    // Below the burst the charged state's reset stays (an upper bound).
+    let o = Outcome { admitted: true, remaining: 3, reset_us: 42_000_000, ..Outcome::default() };
+    assert_eq!(o.uncharged(2, 10), Outcome { remaining: 5, ..o });
+}

@@ -457,7 +457,8 @@ pub extern "C" fn cmd_rl_status(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, c
     NGX_CONF_OK
 }
 
-/// `rl_headers off | legacy | draft | both;`
+/// `rl_headers off | legacy | draft | both | draft-6 ...;`: `off` alone, or
+/// any of the others, whose fields are all sent (`legacy draft` is `both`).
 pub extern "C" fn cmd_rl_headers(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
     // SAFETY: the location configuration of this module (NGX_HTTP_LOC_CONF_OFFSET).
     let lcf = unsafe { &mut *conf.cast::<LocConf>() };
@@ -466,21 +467,35 @@ pub extern "C" fn cmd_rl_headers(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, 
     if lcf.headers.is_some() {
         conf_err!(cf, "\"rl_headers\" directive is duplicate");
     }
-    // (NGX_CONF_TAKE1: nginx has checked there is one argument)
-    let Some(arg) = args.get(1) else {
-        return NGX_CONF_ERROR;
-    };
-    lcf.headers = Some(match text(arg) {
-        "off" => HeadersMode::Off,
-        "legacy" => HeadersMode::Legacy,
-        "draft" => HeadersMode::Draft,
-        "both" => HeadersMode::Both,
-        _ => conf_err!(
-            cf,
-            "invalid value \"{}\" in \"rl_headers\" directive, it must be \"off\", \"legacy\", \"draft\" or \"both\"",
-            Quote(&arg.to_string())
-        ),
-    });
+    // (NGX_CONF_1MORE: nginx has checked there is at least one argument)
+    let values = args.get(1..).unwrap_or_default();
+    let mut mode = HeadersMode::OFF;
+    for arg in values {
+        let one = match text(arg) {
+            "off" if values.len() == 1 => HeadersMode::OFF,
+            "off" => conf_err!(cf, "invalid value \"off\" in \"rl_headers\" directive, it must be the only value"),
+            "legacy" => HeadersMode::LEGACY,
+            "draft" => HeadersMode::DRAFT,
+            "both" => HeadersMode::BOTH,
+            "draft-6" => HeadersMode::DRAFT6,
+            _ => conf_err!(
+                cf,
+                "invalid value \"{}\" in \"rl_headers\" directive, it must be \"off\", \"legacy\", \"draft\", \"both\" or \"draft-6\"",
+                Quote(&arg.to_string())
+            ),
+        };
+        // As nginx's bitmask directives (ssl_protocols, proxy_next_upstream): a warning.
+        if one != HeadersMode::OFF && mode.has(one) {
+            ngx_conf_log_error!(
+                NGX_LOG_WARN,
+                cf,
+                "duplicate value \"{}\" in \"rl_headers\" directive",
+                Quote(&arg.to_string())
+            );
+        }
+        mode = mode.with(one);
+    }
+    lcf.headers = Some(mode);
     NGX_CONF_OK
 }
 
