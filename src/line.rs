@@ -560,44 +560,36 @@ impl Line {
         if vars.logged().swap(now, Ordering::Relaxed) == now {
             return;
         }
-        let cost_src = || vars.cost.as_ref().map_or("", |p| p.src.as_str());
-        if let BadValue::Cost(cost, cap) = bad {
-            ngx_log_error!(
-                NGX_LOG_ERR,
-                log,
-                "cost {} from \"{}\" is more than the rate refills in {} days in rl_limit \"{}\" of zone \"{}\" ({}), \
-                 charged as {}",
-                cost,
-                cost_src(),
-                rl_core::limit::MAX_CHARGE_US / 86_400_000_000,
-                self.item,
-                self.zone_name,
-                self.origin,
-                cap
-            );
-            return;
-        }
-        let why = match bad {
+        let src = |p: Option<&VarParam>| p.map_or("", |p| p.src.as_str()).to_string();
+        let (why, then) = match bad {
             BadValue::Parse(what, e) => {
-                let src = match what {
-                    "rate" => vars.rate.as_ref(),
-                    "burst" => vars.burst.as_ref(),
-                    _ => vars.cost.as_ref(),
+                let from = match what {
+                    "rate" => src(vars.rate.as_ref()),
+                    "burst" => src(vars.burst.as_ref()),
+                    _ => src(vars.cost.as_ref()),
                 };
                 let value: String = e.value.chars().take(64).collect();
-                format!("invalid {what} \"{value}\" from \"{}\"", src.map_or("", |p| p.src.as_str()))
+                (format!("invalid {what} \"{value}\" from \"{from}\""), "the line is not applied".to_string())
             }
-            BadValue::Limit(m) => m,
-            BadValue::Cost(..) => return,
+            BadValue::Limit(m) => (m, "the line is not applied".to_string()),
+            BadValue::Cost(cost, cap) => (
+                format!(
+                    "cost {cost} from \"{}\" is more than the rate refills in {} days",
+                    src(vars.cost.as_ref()),
+                    rl_core::limit::MAX_CHARGE_US / 86_400_000_000
+                ),
+                format!("charged as {cap}"),
+            ),
         };
         ngx_log_error!(
             NGX_LOG_ERR,
             log,
-            "{} in rl_limit \"{}\" of zone \"{}\" ({}), the line is not applied",
+            "{} in rl_limit \"{}\" of zone \"{}\" ({}), {}",
             why,
             self.item,
             self.zone_name,
-            self.origin
+            self.origin,
+            then
         );
     }
 

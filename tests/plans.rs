@@ -348,6 +348,7 @@ fn bad_value_is_logged_and_not_applied() {
         "{}",
         lines[0]
     );
+    assert!(lines[0].contains("), the line is not applied"), "{}", lines[0]);
     // A good value applies: burst 1.
     let good = [("X-Rate", "1r/h")];
     assert_eq!(ngx.get("/index.html", &good).status, 200);
