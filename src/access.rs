@@ -191,10 +191,9 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
     };
     metrics::count(mcf, ctx);
     if admitted && ctx.charge_after {
-        // Nothing is charged yet: what is left is what the line has now.
+        // Nothing is charged yet (the decision reported what the line has left).
         for (line, res) in ctx.staged_mut(&mcf.lines) {
-            if line.charge_after && res.active && res.admitted() {
-                res.give_back(line);
+            if line.charge_after && res.active {
                 res.charged = false;
             }
         }
@@ -223,7 +222,6 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
         return Status::NGX_DECLINED;
     }
     ctx.rejected = true;
-    uncharge(mcf, ctx);
     if ctx.reserved == Some(true) {
         refund(&mcf.zones, &mcf.lines, ctx);
     }
@@ -318,6 +316,8 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
     let mut sent = 0;
     // SAFETY: the request is valid.
     let log = unsafe { (*(*r).connection).log };
+    // (the wait for one more unit is asked for where the `RateLimit` field sends it)
+    let next = ctx.headers.draft();
     for (z, zone) in mcf.redis.iter().enumerate() {
         let mut job = Job { id: 0, zone: z, commit: true, charge: false, lines: Default::default() };
         for (line, res) in ctx.on_redis(&mcf.lines, z) {
@@ -329,6 +329,7 @@ fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Op
                 cost: res.cost,
                 check_only: line.charge_after,
                 dry_run: res.dry_run,
+                next,
                 deepest_queue: line.deepest_queue,
             });
         }
@@ -404,16 +405,6 @@ pub fn on_lost(r: *mut ngx_http_request_t) {
     ctx.awaited = 0;
     ctx.phase = Phase::Replied;
     redis_zone::resume(r);
-}
-
-/// A check reports what would remain after the charge; for the lines of a
-/// rejecting stage that were not charged, report what remains.
-fn uncharge(mcf: &MainConf, ctx: &mut Ctx) {
-    for (line, res) in ctx.staged_mut(&mcf.lines) {
-        if res.active && res.admitted() && !res.charged {
-            res.give_back(line);
-        }
-    }
 }
 
 /// The verdict of each active line of the stage, at `debug` level (compiled in where nginx

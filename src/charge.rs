@@ -74,6 +74,7 @@ fn charge(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &Ctx, log: *mut ngx_l
                 cost: cost.min(rl_core::redis::MAX_EXACT - 1),
                 dry_run: res.dry_run,
                 check_only: false,
+                next: false,
                 deepest_queue: line.deepest_queue,
             };
             redis_zone::charge(log, z, job);

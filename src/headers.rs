@@ -292,7 +292,7 @@ fn ietf(
         push(r, "RateLimit-Policy", out.since(at))?;
         let at = out.len;
         for (i, (line, res)) in ctx.enforced(lines).enumerate() {
-            item(out, i, &line.item, b"\";r=", res.remaining(), b";t=", res.reset_s());
+            item(out, i, &line.item, b"\";r=", res.remaining(), b";t=", res.next_s());
         }
         push(r, "RateLimit", out.since(at))?;
     }

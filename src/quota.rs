@@ -122,10 +122,10 @@ fn read_shm(mcf: &MainConf, ctx: &mut Ctx, log: *mut ngx_log_t) {
         let read = locked.table.peek(hash).and_then(|slot| locked.state(slot, hash, &line.limit));
         let limit = res.limit(line);
         let o = match read {
-            Some(state) => limit.check(state, now_us, 0),
+            Some(state) => limit.left(state, now_us),
             None => {
                 drop(locked);
-                limit.check(&vec![0; limit.state_words()], now_us, 0)
+                limit.left(&vec![0; limit.state_words()], now_us)
             }
         };
         res.set(&o, false);
@@ -139,6 +139,7 @@ fn submit(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Option<u
     let mut sent = 0;
     // SAFETY: the request is valid.
     let log = unsafe { (*(*r).connection).log };
+    let next = ctx.headers.draft();
     for (z, zone) in mcf.redis.iter().enumerate() {
         let mut job = Job { id: 0, zone: z, commit: false, charge: false, lines: Default::default() };
         for (line, res) in ctx.on_redis_all(&mcf.lines, z) {
@@ -149,6 +150,7 @@ fn submit(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Option<u
                 cost: 0,
                 dry_run: false,
                 check_only: false,
+                next,
                 deepest_queue: line.deepest_queue,
             });
         }

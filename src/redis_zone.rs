@@ -199,6 +199,9 @@ pub struct JobLine {
     /// A `charge=after` line in the access phase: admits while one unit is
     /// left, charges nothing.
     pub check_only: bool,
+    /// Reports the wait for one more unit (`RateLimit`'s `t`): rl-core's
+    /// `Outcome::next_us`.
+    pub next: bool,
     /// [`crate::line::Line::deepest_queue`]: the reply's range.
     pub deepest_queue: u64,
 }

@@ -120,19 +120,21 @@ impl LineResult {
         &self.decision.charge
     }
 
-    /// What the line has left when the request was not charged after all
-    /// (rl-core's [`Outcome::uncharged`]: a line back to full resets in 0).
-    pub fn give_back(&mut self, line: &Line) {
-        let burst = self.limit(line).burst();
-        self.decision.outcome = self.decision.outcome.uncharged(self.cost, burst);
-    }
-
-    /// Whole seconds until the line is back to full (rounded up): `t` of
-    /// the `RateLimit` field, `X-RateLimit-Reset` less now, `$rl_reset` and
+    /// Whole seconds until the line is back to full (rounded up):
+    /// `X-RateLimit-Reset` less now, `RateLimit-Reset`, `$rl_reset` and
     /// `rl_quota`'s `reset`, one number wherever the line is described.
     #[inline(always)]
     pub fn reset_s(&self) -> u64 {
         self.reset_us().div_ceil(1_000_000)
+    }
+
+    /// Whole seconds until the line lets one more unit pass (rounded up):
+    /// `t` of the `RateLimit` field, "the time until additional quota is
+    /// made available" (rl-core's `Outcome::next_us`, which the decision
+    /// fills in where that field is sent).
+    #[inline(always)]
+    pub fn next_s(&self) -> u64 {
+        self.decision.outcome.next_us.div_ceil(1_000_000)
     }
 
     /// What the line did to the request, as `$rl_status` names it.

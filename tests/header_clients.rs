@@ -330,11 +330,13 @@ fn legacy_and_draft6_read_by_ratelimit_header_parser() {
 /// The draft 10/11 fields of `r` (the TWO lines), as one reader read them:
 /// each line's policy and state.
 fn assert_draft_reads(read: &Value, r: &Response, rejected: bool, who: &str) {
-    let narrow = if rejected { [("r", 0), ("t", 18)] } else { [("r", 2), ("t", 6)] };
-    // wide: charged with the request unless it was rejected (then the three narrow admitted);
-    // uncharged, its `t` still counts the unit it would have taken (Outcome::uncharged: exact
-    // only when that leaves the line full), 3 s and a little: 4.
-    let wide = if rejected { [("r", 17), ("t", 4)] } else { [("r", 19), ("t", 1)] };
+    // `t` is the wait for one more unit (draft 11: "the time until additional quota is made
+    // available"), one of narrow's every 6 s and of wide's every second; the time until the line
+    // is full (18 s for a spent narrow) is the reset the single-valued fields give.
+    let (narrow, narrow_reset) = if rejected { ([("r", 0), ("t", 6)], 18) } else { ([("r", 2), ("t", 6)], 6) };
+    // wide: charged with the request unless it was rejected; then it reports what it has left
+    // (the three narrow admitted took 3).
+    let wide = if rejected { [("r", 17), ("t", 1)] } else { [("r", 19), ("t", 1)] };
     assert_eq!(
         sf(&read["policy"]),
         [("wide".to_string(), params(&[("q", 20), ("w", 20)])), ("narrow".to_string(), params(&[("q", 3), ("w", 18)]))],
@@ -347,7 +349,7 @@ fn assert_draft_reads(read: &Value, r: &Response, rejected: bool, who: &str) {
     );
     // The line behind $rl_status is narrow.
     let (limit, remaining, reset) = decided(r);
-    assert_eq!((limit, remaining, reset), (3, narrow[0].1, narrow[1].1), "{r:?}");
+    assert_eq!((limit, remaining, reset), (3, narrow[0].1, narrow_reset), "{r:?}");
 }
 
 #[test]

@@ -256,3 +256,74 @@ fn uncharged_full_line_resets_in_zero_as_quota_says() {
     let q = parse(&ngx.get("/late-quota", &k).body);
     assert_eq!((field(&q, "late", "remaining"), field(&q, "late", "reset")), ("10", "0"), "{q:?}");
 }
+
+/// `t` of `RateLimit` is the wait for one more unit ("the time until
+/// additional quota is made available"), `X-RateLimit-Reset` and
+/// `rl_quota`'s `reset` the time until the line is full: three units taken
+/// of 10 a minute come back one every 6 s, all of them in 18 s (the
+/// buckets, `gcra`); a minute after they were taken, all at once
+/// (`sliding_log`, whose window is a minute). On a line
+/// that admits a request it is not charged for (another line rejects it),
+/// the same numbers: what its state has left. Before, `t` was the time to
+/// full (18), and the uncharged line's that of the state the charge would
+/// have left (24).
+fn t_is_the_next_unit(zones: &str) {
+    let algs = ["token_bucket", "leaky_bucket", "gcra", "sliding_log"];
+    // (t, reset) after three units
+    let waits = |alg: &str| if alg == "sliding_log" { (60, 60) } else { (6, 18) };
+    let mut body = String::from("rl_headers both;\n");
+    for alg in algs {
+        let one = format!("rl_limit zone=z key=$http_x_k rate=10r/m burst=10 algorithm={alg} name={alg};");
+        let two = format!("{one}\nrl_limit zone=z key=$http_x_n rate=1r/m burst=1 algorithm=fixed name=narrow;");
+        body += &format!(
+            "location = /{alg}.html {{ {one} }}\n\
+             location = /{alg}-quota {{ rl_quota; {one} }}\n\
+             location = /{alg}-two.html {{ {two} }}\n"
+        );
+    }
+    let mut ngx = Nginx::setup(&server(zones, &body));
+    for alg in algs {
+        ngx = ngx.file(&format!("html/{alg}.html"), "one\n").file(&format!("html/{alg}-two.html"), "two\n");
+    }
+    let ngx = ngx.start();
+    for alg in algs {
+        let k = [("X-K", "k")];
+        let now = unix_now();
+        for _ in 0..2 {
+            assert_eq!(ngx.get(&format!("/{alg}.html"), &k).status, 200, "{alg}");
+        }
+        let (t, reset) = waits(alg);
+        let r = ngx.get(&format!("/{alg}.html"), &k);
+        assert_eq!(r.status, 200, "{alg}: {r:?}");
+        assert_eq!((sf_param(&r, "RateLimit", alg, "r"), sf_param(&r, "RateLimit", alg, "t")), (7, t), "{alg}: {r:?}");
+        assert!((now + reset - 1..=now + reset + 1).contains(&r.num("X-RateLimit-Reset")), "{alg}: {r:?}");
+        let q = parse(&ngx.get(&format!("/{alg}-quota"), &k).body);
+        let reset = reset.to_string();
+        assert_eq!((field(&q, alg, "remaining"), field(&q, alg, "reset")), ("7", reset.as_str()), "{alg}: {q:?}");
+
+        // The same budget with a second line that a spent key rejects: not charged, what is left.
+        // (narrow's state is one for every location: its keys are the algorithm's own)
+        let spent = format!("{alg}-spent");
+        let w = [("X-K", "w"), ("X-N", spent.as_str())];
+        for n in [format!("{alg}-a"), format!("{alg}-b"), spent.clone()] {
+            let r = ngx.get(&format!("/{alg}-two.html"), &[("X-K", "w"), ("X-N", n.as_str())]);
+            assert_eq!(r.status, 200, "{alg}: {r:?}");
+        }
+        let r = ngx.get(&format!("/{alg}-two.html"), &w);
+        assert_eq!(r.status, 429, "{alg}: {r:?}");
+        assert_eq!((sf_param(&r, "RateLimit", alg, "r"), sf_param(&r, "RateLimit", alg, "t")), (7, t), "{alg}: {r:?}");
+        let q = parse(&ngx.get(&format!("/{alg}-quota"), &w).body);
+        assert_eq!((field(&q, alg, "remaining"), field(&q, alg, "reset")), ("7", reset.as_str()), "{alg}: {q:?}");
+    }
+}
+
+#[test]
+fn t_is_the_next_unit_shm() {
+    t_is_the_next_unit("rl_zone z size=1m;");
+}
+
+#[test]
+fn t_is_the_next_unit_redis() {
+    let redis = Redis::start();
+    t_is_the_next_unit(&format!("rl_zone z redis={} timeout=1s;", redis.url()));
+}

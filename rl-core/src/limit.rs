@@ -760,6 +760,37 @@ impl Limit {
         *out = Decision { outcome, charge };
     }
 
+    /// Microseconds from `now` until the state lets one more unit pass at
+    /// once than it does now, if nothing else arrives ([`Outcome::next_us`]):
+    /// the wait of a lone request of cost `remaining + 1`, checked as if the
+    /// line had no queue; 0 when the state is full. It is the `t` of the
+    /// `RateLimit` field, "the time until additional quota is made
+    /// available": the end of the window for `fixed`, the next unit's
+    /// refill for the buckets and `gcra`, the oldest timestamp's expiry for
+    /// `sliding_log`, the previous window's weight dropping by a unit (or
+    /// this one's, in the next window) for `sliding`. Asked for only by
+    /// lines that send it: it costs a second check.
+    pub fn next_us(&self, state: &[u64], now: u64) -> u64 {
+        self.next_after(state, now, self.check(state, now, 0).remaining)
+    }
+
+    /// [`Limit::next_us`] of a state that lets `remaining` pass now.
+    fn next_after(&self, state: &[u64], now: u64, remaining: u64) -> u64 {
+        if remaining >= self.burst {
+            return 0;
+        }
+        let unqueued = Limit { queue: 0, ..*self };
+        unqueued.check(state, now, remaining + 1).retry_after_us.unwrap_or(0)
+    }
+
+    /// What the state has left at `now`: a check of cost 0 (remaining,
+    /// reset), with [`Outcome::next_us`]. What a line that was not charged
+    /// reports ([`Outcome::uncharged`]), and what `rl_quota` shows.
+    pub fn left(&self, state: &[u64], now: u64) -> Outcome {
+        let o = self.check(state, now, 0);
+        Outcome { next_us: self.next_after(state, now, o.remaining), ..o }
+    }
+
     /// `retry` when a request of `cost` can ever pass, else `None`.
     fn retry(&self, cost: u64, retry: impl FnOnce() -> u64) -> Option<u64> {
         (cost <= self.burst).then(retry)
@@ -779,7 +810,7 @@ impl Decision {
     /// gets): all-zero bytes, which the module's zeroed request results
     /// rely on.
     pub const REJECTED: Decision = Decision {
-        outcome: Outcome { admitted: false, remaining: 0, reset_us: 0, retry_after_us: None, delay_us: 0 },
+        outcome: Outcome { admitted: false, remaining: 0, reset_us: 0, retry_after_us: None, delay_us: 0, next_us: 0 },
         charge: Charge::NONE,
     };
 
@@ -792,6 +823,7 @@ impl Decision {
         self.outcome.reset_us = outcome.reset_us;
         self.outcome.retry_after_us = outcome.retry_after_us;
         self.outcome.delay_us = outcome.delay_us;
+        self.outcome.next_us = outcome.next_us;
         self.charge = charge;
     }
 }

@@ -23,22 +23,27 @@
 //!   writes nothing (see *Deadlines* below).
 //! - then per request its lines, one argument each: `"algorithm count
 //!   period_us burst cost queue flags"` (flags: the sum of 1 for a dry-run
-//!   line, 2 for a varying one, 4 for a `charge=after` line's check;
-//!   [`write_spec`]; the requests of a location share
+//!   line, 2 for a varying one, 4 for a `charge=after` line's check, 8
+//!   for a line that reports [`Outcome::next_us`]; [`write_spec`]; the requests of a location share
 //!   it, and the script parses each distinct string once per call); a request
 //!   of other than one line is preceded by its number of lines; `n ≥ 2`
 //!   consecutive requests of one line each with the same string are sent as
 //!   `"-n"` and the string once ([`write_args`]).
 //!
 //! It returns `{now_us, then per line: remaining, reset_us, -2 if admitted
-//! else the retry-after in µs or -1 (never), and the delay in µs (0: at
-//! once)}`, or `{-1, now_us}` for a call past its deadline, see
+//! else the retry-after in µs or -1 (never), the delay in µs (0: at
+//! once), and [`Outcome::next_us`] (flag 8; else 0)}`, or `{-1, now_us}` for a call past its deadline, see
 //! [`parse_reply`]. A request is admitted iff all its enforced lines admit
 //! it (dry-run lines, flag 1, never reject it); then the enforced lines
 //! are committed, and the dry-run lines that admit it
 //! ([`crate::verdict::combine`]). Each line's outcome is [`Limit::check`]'s
 //! at the script's `now` (after the requests before it in the call); the
 //! commits are [`Limit::commit`]s. A rejected request writes nothing.
+//! In a call that commits, a line that admits its request but is not
+//! charged (the request is rejected, or the line is `charge=after`)
+//! reports what its state has left instead ([`Outcome::uncharged`] of
+//! [`Limit::left`]); a line that reports `next_us` reports
+//! [`Limit::next_us`] of its state after the call's writes.
 //! A `charge=after` line's check ([`LineArg::check_only`], flag 4) is
 //! `Limit::check` of a cost of 1, whatever its cost, and is never
 //! committed: its cost is charged after the response, by the charge call.
@@ -263,18 +268,21 @@ pub struct LineArg {
     /// even when the request is admitted. (Its outcome is checked against
     /// the range of a cost of 1: [`check_line`].)
     pub check_only: bool,
+    /// The line reports [`Outcome::next_us`] (the `t` of the `RateLimit`
+    /// field, which costs the script a little more).
+    pub next: bool,
 }
 
 impl From<(Limit, u64)> for LineArg {
     /// An enforced line.
     fn from((limit, cost): (Limit, u64)) -> Self {
-        LineArg { limit, cost, dry_run: false, check_only: false }
+        LineArg { limit, cost, dry_run: false, check_only: false, next: false }
     }
 }
 
 impl From<(Limit, u64, bool)> for LineArg {
     fn from((limit, cost, dry_run): (Limit, u64, bool)) -> Self {
-        LineArg { limit, cost, dry_run, check_only: false }
+        LineArg { limit, cost, dry_run, check_only: false, next: false }
     }
 }
 
@@ -351,8 +359,9 @@ fn flush_run(run: Option<(LineArg, u64)>, spec: &mut Spec, emit: &mut impl FnMut
 
 /// A line as the script takes it: `"algorithm count period_us burst cost
 /// queue flags"`, `flags` being the sum of 1 for a dry-run line, 2 for a
-/// [`Limit::varying`] one (whose state carries its scale tag) and 4 for a
-/// `charge=after` line's check.
+/// [`Limit::varying`] one (whose state carries its scale tag), 4 for a
+/// `charge=after` line's check and 8 for a line that reports
+/// [`Outcome::next_us`].
 pub fn write_spec(out: &mut String, line: &LineArg) {
     let (limit, rate) = (&line.limit, line.limit.rate());
     // Writing to a String cannot fail.
@@ -365,7 +374,10 @@ pub fn write_spec(out: &mut String, line: &LineArg) {
         limit.burst(),
         line.cost,
         limit.queue(),
-        u8::from(line.dry_run) | u8::from(line.limit.is_varying()) << 1 | u8::from(line.check_only) << 2
+        u8::from(line.dry_run)
+            | u8::from(line.limit.is_varying()) << 1
+            | u8::from(line.check_only) << 2
+            | u8::from(line.next) << 3
     );
 }
 
@@ -454,7 +466,7 @@ pub type Lines = SmallVec<[Outcome; 2]>;
 pub type RequestReply = (bool, Lines);
 
 /// Integers per line in the script's reply.
-pub const REPLY_PER_LINE: usize = 4;
+pub const REPLY_PER_LINE: usize = 5;
 
 /// A request's lines as [`parse_reply`] reads them: how many, and which are
 /// dry-run (a number: that many enforced lines).
@@ -533,7 +545,7 @@ pub fn parse_reply<S: Shape>(reply: &[i64], requests: &[S]) -> Option<ScriptRepl
         let lines = mine
             .chunks_exact(REPLY_PER_LINE)
             .map(|l| {
-                let &[remaining, reset_us, code, delay_us] = l else { return None };
+                let &[remaining, reset_us, code, delay_us, next_us] = l else { return None };
                 let (admitted, retry_after_us) = match code {
                     -2 => (true, None),
                     -1 => (false, None),
@@ -549,6 +561,7 @@ pub fn parse_reply<S: Shape>(reply: &[i64], requests: &[S]) -> Option<ScriptRepl
                     reset_us: u64::try_from(reset_us).ok()?,
                     retry_after_us,
                     delay_us,
+                    next_us: u64::try_from(next_us).ok()?,
                 })
             })
             .collect::<Option<Lines>>()?;

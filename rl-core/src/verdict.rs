@@ -22,32 +22,33 @@ pub struct Outcome {
     pub retry_after_us: Option<u64>,
     /// How long the request waits before it is answered; 0 = at once.
     pub delay_us: u64,
+    /// Microseconds until `remaining` grows, if nothing else arrives: the
+    /// wait until a lone request of cost `remaining + 1` is admitted at
+    /// once (a queue aside); 0 when nothing more can come (`remaining` is
+    /// the burst). The algorithms leave it 0: it is filled in where it is
+    /// asked for, by [`crate::limit::Limit::next_us`] or the Redis script.
+    pub next_us: u64,
 }
 
 impl Outcome {
     /// An admitted request.
     pub(crate) fn admit(remaining: u64, reset_us: u64, delay_us: u64) -> Self {
-        Outcome { admitted: true, remaining, reset_us, retry_after_us: None, delay_us }
+        Outcome { admitted: true, remaining, reset_us, retry_after_us: None, delay_us, next_us: 0 }
     }
 
     /// A rejected request; `retry` is `None` exactly when it can never pass.
     pub(crate) fn reject(remaining: u64, reset_us: u64, retry: Option<u64>) -> Self {
-        Outcome { admitted: false, remaining, reset_us, retry_after_us: retry, delay_us: 0 }
+        Outcome { admitted: false, remaining, reset_us, retry_after_us: retry, delay_us: 0, next_us: 0 }
     }
 
-    /// The outcome of a line that admitted a request of `cost` but was not
-    /// charged for it (another line rejected the request, or the line is
-    /// `charge=after` and charges later), from the outcome its check gave,
-    /// which counts the charge: `remaining` counts the cost again, and a
-    /// state that is then back at `burst` resets in 0, as a check at cost 0
-    /// of that state says (a full state has nothing to wait for; a line
-    /// read by `rl_quota` says the same). Below the burst `reset_us` stays
-    /// the charged state's, an upper bound: the check does not say how
-    /// much of it the charge added.
-    pub fn uncharged(&self, cost: u64, burst: u64) -> Outcome {
-        let remaining = self.remaining.saturating_add(cost);
-        let reset_us = if remaining >= burst { 0 } else { self.reset_us };
-        Outcome { remaining, reset_us, ..*self }
+    /// The outcome of a line that admitted a request but was not charged
+    /// for it (another line rejected the request, or the line is
+    /// `charge=after` and charges later): its verdict, and what is left as
+    /// `left` says, the line's state read at the same time by
+    /// [`crate::limit::Limit::left`] (a check that counts the charge says
+    /// what would be left after it).
+    pub fn uncharged(&self, left: &Outcome) -> Outcome {
+        Outcome { remaining: left.remaining, reset_us: left.reset_us, next_us: left.next_us, ..*self }
     }
 }
 

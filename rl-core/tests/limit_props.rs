@@ -170,6 +170,23 @@ fn assert_reset(l: &Limit, s: &[u64], now: u64, o: &Outcome) {
     }
 }
 
+/// Asserts that `s` lets one more unit pass at once exactly after
+/// `next_us` (the `t` of the `RateLimit` field): `remaining` grows at
+/// `now + next`, not at `now + next − 1`; 0 exactly when full. `left` is
+/// what the state has left, that same reading.
+fn assert_next(l: &Limit, s: &[u64], now: u64) {
+    let (b, next) = (l.burst(), l.next_us(s, now));
+    let left = l.left(s, now);
+    let r = l.check(s, now, 0).remaining;
+    assert_eq!(left, Outcome { next_us: next, ..l.check(s, now, 0) });
+    assert_eq!(next == 0, r == b, "next {next}, remaining {r}");
+    if next > 0 {
+        assert!(next <= left.reset_us, "next {next} after the reset: {left:?}");
+        assert!(l.check(s, now + next, 0).remaining > r, "no more after {next}: {left:?}");
+        assert_eq!(l.check(s, now + next - 1, 0).remaining, r, "{next} is not the least: {left:?}");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -189,6 +206,7 @@ proptest! {
             assert_honest(&l, s, now, cost, &o);
             let o = l.acquire(s, now, cost);
             assert_reset(&l, s, now, &o);
+            assert_next(&l, s, now);
             o
         });
     }

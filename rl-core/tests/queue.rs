@@ -133,7 +133,7 @@ mod before {
         u64::try_from(x).unwrap_or(u64::MAX)
     }
     fn outcome(admitted: bool, remaining: u64, reset_us: u64, retry_after_us: Option<u64>) -> Outcome {
-        Outcome { admitted, remaining, reset_us, retry_after_us, delay_us: 0 }
+        Outcome { admitted, remaining, reset_us, retry_after_us, delay_us: 0, next_us: 0 }
     }
 
     /// `check`, then the state `commit` leaves.

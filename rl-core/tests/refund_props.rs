@@ -158,23 +158,19 @@ proptest! {
     }
 
     /// A line that admits a request it is not charged for (another line
-    /// rejects it, or it charges after the response) reports what a check
-    /// at cost 0 of its state says: the same remaining units, never less
-    /// time to full, and, full, no time at all (`rl_quota` reads at cost 0).
+    /// rejects it, or it charges after the response) reports what its state
+    /// has left, as `rl_quota` reads it: a check at cost 0, and the wait for
+    /// one more unit; its verdict stays.
     #[test]
     fn uncharged_reads_as_cost_zero(l in limits(), before in ops(40), start in starts(), x: Raw) {
         let (s, t) = history(&l, &before, start);
         let c = cost(&l, x);
         let o = l.check(&s, t, c);
-        // (a delayed request's remaining is 0 whatever its cost)
-        prop_assume!(o.admitted && o.delay_us == 0);
-        let u = o.uncharged(c, l.burst());
+        prop_assume!(o.admitted);
+        let u = o.uncharged(&l.left(&s, t));
         let zero = l.check(&s, t, 0);
-        prop_assert_eq!(u.remaining, zero.remaining, "{:?} vs {:?}", u, zero);
-        prop_assert!(u.reset_us >= zero.reset_us, "{:?} vs {:?}", u, zero);
-        if u.remaining >= l.burst() {
-            prop_assert_eq!(u.reset_us, zero.reset_us, "{:?} vs {:?}", u, zero);
-        }
+        prop_assert_eq!((u.remaining, u.reset_us, u.next_us), (zero.remaining, zero.reset_us, l.next_us(&s, t)));
+        prop_assert_eq!((u.admitted, u.delay_us, u.retry_after_us), (o.admitted, o.delay_us, o.retry_after_us));
     }
 
     /// Refunded any time later, with nothing else charged in between, the

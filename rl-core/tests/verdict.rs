@@ -132,20 +132,27 @@ fn excess_rounds_to_the_nearest_thousandth() {
 }
 
 #[test]
-fn uncharged_full_state_resets_in_zero() {
+fn uncharged_reads_what_is_left() {
     // A fresh key's check at cost 1 counts the charge (remaining B - 1, back to full in some
     // time); not charged, the state is full: what a check at cost 0 (rl_quota) says.
+    let t = 5_000_000;
     for alg in Algorithm::ALL {
         let l = Limit::new(alg, rl_core::parse::parse_rate("10r/m").unwrap(), 10).unwrap();
         let s = vec![0; l.state_words()];
-        let o = l.check(&s, 5_000_000, 1);
+        let o = l.check(&s, t, 1);
         assert!(o.admitted && o.remaining == 9 && o.reset_us > 0, "{alg}: {o:?}");
-        let u = o.uncharged(1, 10);
-        assert_eq!((u.remaining, u.reset_us), (10, 0), "{alg}");
-        let zero = l.check(&s, 5_000_000, 0);
-        assert_eq!((u.remaining, u.reset_us), (zero.remaining, zero.reset_us), "{alg}");
+        let u = o.uncharged(&l.left(&s, t));
+        assert_eq!((u.admitted, u.remaining, u.reset_us, u.next_us), (true, 10, 0, 0), "{alg}");
     }
-    // Below the burst the charged state's reset stays (an upper bound).
-    let o = Outcome { admitted: true, remaining: 3, reset_us: 42_000_000, ..Outcome::default() };
-    assert_eq!(o.uncharged(2, 10), Outcome { remaining: 5, ..o });
+    // Below the burst: what is left, exactly. A token bucket of 10 a minute holding 7 of 10
+    // is full in 18 s and has one more in 6 s; a request of 2 would leave 5, full in 30 s.
+    let l = Limit::new(Algorithm::TokenBucket, rl_core::parse::parse_rate("10r/m").unwrap(), 10).unwrap();
+    let mut s = vec![0; l.state_words()];
+    for _ in 0..3 {
+        l.acquire(&mut s, t, 1);
+    }
+    let o = l.check(&s, t, 2);
+    assert_eq!((o.remaining, o.reset_us), (5, 30_000_000));
+    let u = o.uncharged(&l.left(&s, t));
+    assert_eq!(u, Outcome { remaining: 7, reset_us: 18_000_000, next_us: 6_000_000, ..o });
 }

@@ -49,7 +49,13 @@ pub async fn call(
             cmd.arg(key.as_str());
         }
         let lines = requests.iter().map(|r| {
-            r.iter().map(|l| LineArg { limit: l.limit, cost: l.cost, dry_run: l.dry_run, check_only: l.check_only })
+            r.iter().map(|l| LineArg {
+                limit: l.limit,
+                cost: l.cost,
+                dry_run: l.dry_run,
+                check_only: l.check_only,
+                next: l.next,
+            })
         });
         write_args(lines, Call { commit, now_us: None, deadline_us }, |a| {
             match a {

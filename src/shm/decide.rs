@@ -2,12 +2,16 @@
 //! (taken in zone order, the order the location's lines are sorted in),
 //! every line is checked, then — only if every one admits — every one is
 //! charged; and the refund of those charges, for a request that Redis then
-//! rejected.
+//! rejected. A line not charged reports what its state has left; where the
+//! `RateLimit` field is sent ([`Ctx::headers`]), every line reports the wait
+//! for one more unit, its `t`.
 
 use core::mem;
 
 use ngx::ffi::{ngx_log_t, NGX_LOG_ERR};
 use ngx::ngx_log_error;
+
+use rl_core::limit::Limit;
 
 use super::{idle_at, Locked, Zone, MAX_ZONES_PER_LOCATION};
 use crate::line::Line;
@@ -21,24 +25,43 @@ use crate::request::{Ctx, LineResult};
 #[inline(always)]
 pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) -> bool {
     let now_us = crate::shm::now_us();
+    let next = ctx.headers.draft();
     match ctx.single() {
         Some((line, res)) => match line.backend.shm() {
-            Some(z) if res.active => decide_one(zones.get(z).map(|z| &**z), line, res, now_us, log),
+            Some(z) if res.active => decide_one(zones.get(z).map(|z| &**z), line, res, now_us, next, log),
             _ => true,
         },
-        None => decide_lines(zones, lines, ctx, now_us, log),
+        None => decide_lines(zones, lines, ctx, now_us, next, log),
+    }
+}
+
+/// What a line the decision did not charge reports: what its state has
+/// left when it admits the request (rl-core's `Outcome::uncharged`), and,
+/// when `next`, the wait for one more unit when it rejects it.
+fn not_charged(limit: &Limit, res: &mut LineResult, state: &[u64], now_us: u64, next: bool) {
+    if res.admitted() {
+        res.decision.outcome = res.decision.outcome.uncharged(&limit.left(state, now_us));
+    } else if next {
+        res.decision.outcome.next_us = limit.next_us(state, now_us);
     }
 }
 
 /// [`decide`] for a location of several lines.
 #[inline(never)]
-fn decide_lines(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, now_us: u64, log: *mut ngx_log_t) -> bool {
+fn decide_lines(
+    zones: &[Box<Zone>],
+    lines: &[Line],
+    ctx: &mut Ctx,
+    now_us: u64,
+    next: bool,
+    log: *mut ngx_log_t,
+) -> bool {
     let now_s = (now_us / 1_000_000) as u32;
     {
         let mut active = ctx.staged_mut(lines).filter(|(_, res)| res.active);
         if let (Some((line, res)), None) = (active.next(), active.next()) {
             if let Some(z) = line.backend.shm() {
-                return decide_one(zones.get(z).map(|z| &**z), line, res, now_us, log);
+                return decide_one(zones.get(z).map(|z| &**z), line, res, now_us, next, log);
             }
         }
     }
@@ -91,15 +114,12 @@ fn decide_lines(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, now_us: u64,
         res.set(&o, false);
         admitted &= o.admitted || res.dry_run;
     }
-    if !admitted {
-        return false;
-    }
 
     // Every enforced line admits: charge them all, and each dry-run line
     // that admits, as if it were enforced.
     for (line, res) in ctx
         .staged_mut(lines)
-        .filter(|(l, res)| res.active && res.admitted() && !l.charge_after && l.backend.shm().is_some())
+        .filter(|(l, res)| admitted && res.active && res.admitted() && !l.charge_after && l.backend.shm().is_some())
     {
         let Some(locked) = locks.get_mut(res.lock) else {
             continue;
@@ -107,15 +127,32 @@ fn decide_lines(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, now_us: u64,
         let Some(state) = locked.state(res.slot, res.hash, &line.limit) else {
             continue;
         };
-        let limit = res.limit(line);
+        // (`res.limit(line)`, without holding `res`, whose verdict is written below)
+        let limit = res.var_limit.unwrap_or(&line.limit);
         let o = limit.check(state, now_us, res.cost);
         res.decision.charge = limit.commit(state, now_us, res.cost);
         res.decision.outcome.remaining = o.remaining;
         res.decision.outcome.reset_us = o.reset_us;
+        if next {
+            res.decision.outcome.next_us = limit.next_us(state, now_us);
+        }
         res.charged = true;
         locked.charged(res.slot, now_us, o.reset_us);
     }
-    true
+
+    // The lines not charged.
+    for (line, res) in ctx.staged_mut(lines).filter(|(l, res)| res.active && !res.charged && l.backend.shm().is_some())
+    {
+        let Some(locked) = locks.get_mut(res.lock) else {
+            continue;
+        };
+        let Some(state) = locked.state(res.slot, res.hash, &line.limit) else {
+            continue;
+        };
+        let limit = res.var_limit.unwrap_or(&line.limit);
+        not_charged(limit, res, state, now_us, next);
+    }
+    admitted
 }
 
 /// [`decide`] for the common case, the stage's one active line on shared
@@ -123,7 +160,14 @@ fn decide_lines(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, now_us: u64,
 /// dry-run line alone, too: it is charged if and only if it admits, and
 /// never rejects).
 #[inline(always)]
-fn decide_one(zone: Option<&Zone>, line: &Line, res: &mut LineResult, now_us: u64, log: *mut ngx_log_t) -> bool {
+fn decide_one(
+    zone: Option<&Zone>,
+    line: &Line,
+    res: &mut LineResult,
+    now_us: u64,
+    next: bool,
+    log: *mut ngx_log_t,
+) -> bool {
     let Some(zone) = zone else {
         res.active = false;
         return true;
@@ -133,12 +177,19 @@ fn decide_one(zone: Option<&Zone>, line: &Line, res: &mut LineResult, now_us: u6
         res.active = false;
         return true;
     };
-    decide_locked(locked, line, res, now_us, log)
+    decide_locked(locked, line, res, now_us, next, log)
 }
 
 /// [`decide_one`] under the zone's lock, which it releases.
 #[inline(always)]
-fn decide_locked(mut locked: Locked, line: &Line, res: &mut LineResult, now_us: u64, log: *mut ngx_log_t) -> bool {
+fn decide_locked(
+    mut locked: Locked,
+    line: &Line,
+    res: &mut LineResult,
+    now_us: u64,
+    next: bool,
+    log: *mut ngx_log_t,
+) -> bool {
     let now_s = (now_us / 1_000_000) as u32;
     let hash = locked.table.hash_key(line.id, res.key.as_bytes());
     res.hash = hash;
@@ -149,7 +200,7 @@ fn decide_locked(mut locked: Locked, line: &Line, res: &mut LineResult, now_us: 
         locked.ensured_state_and_idle(slot, &line.limit)
     });
     let admitted = match found {
-        Some((state, idle)) => decide_state(line, res, state, idle, now_us),
+        Some((state, idle)) => decide_state(line, res, state, idle, now_us, next),
         None => {
             res.active = false;
             true
@@ -161,12 +212,13 @@ fn decide_locked(mut locked: Locked, line: &Line, res: &mut LineResult, now_us: 
 
 /// [`decide_locked`] on the line's state: whether the request may go on.
 #[inline(always)]
-fn decide_state(line: &Line, res: &mut LineResult, state: &mut [u64], idle: &mut u32, now_us: u64) -> bool {
+fn decide_state(line: &Line, res: &mut LineResult, state: &mut [u64], idle: &mut u32, now_us: u64, next: bool) -> bool {
     // (`res.limit(line)`, without holding `res`, whose verdict is written below)
     let limit = res.var_limit.unwrap_or(&line.limit);
     // A charge=after line asks for one unit and is charged when the request is logged.
     if line.charge_after {
         res.set(&limit.check(state, now_us, res.cost), false);
+        not_charged(limit, res, state, now_us, next);
         return res.admitted() || res.dry_run;
     }
     // (written in place; nothing charged when rejected)
@@ -176,6 +228,9 @@ fn decide_state(line: &Line, res: &mut LineResult, state: &mut [u64], idle: &mut
         *idle = idle_at(now_us, res.reset_us());
     }
     res.charged = admitted;
+    if next {
+        res.decision.outcome.next_us = limit.next_us(state, now_us);
+    }
     admitted || res.dry_run
 }
 
@@ -207,10 +262,9 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
         };
         let limit = res.limit(line);
         limit.refund(state, res.charge(), now_us);
-        let o = limit.check(state, now_us, 0);
-        res.decision.outcome.remaining = o.remaining;
-        res.decision.outcome.reset_us = o.reset_us;
-        locked.charged(res.slot, now_us, o.reset_us);
+        let left = limit.left(state, now_us);
+        res.decision.outcome = res.decision.outcome.uncharged(&left);
+        locked.charged(res.slot, now_us, left.reset_us);
     }
 }
 

@@ -448,7 +448,7 @@ end
 -- gcra
 local function gcra(lim, j, key, cost)
   local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
-  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly = false, false, 0, 0, -1, nil, 0, 0, 0, 0
+  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly, nxt = false, false, 0, 0, -1, nil, 0, 0, 0, 0, 0
   -- state {TAT}; T = ceil(period/count); admitted at once iff
   -- max(TAT, now) + cost*T - now <= B*T, else delayed by the excess
   -- iff it is at most Q*T.
@@ -462,7 +462,7 @@ local function gcra(lim, j, key, cost)
       local q, r = muldiv(s - now, T, tg)
       if r > 0 then q = q + 1 end
       if E < q then
-        return false, false, 0, 0, -1, 0
+        return false, false, 0, 0, -1, 0, nil, 0, 0, 0, 0
       end
       s = now + q
     end
@@ -490,14 +490,18 @@ local function gcra(lim, j, key, cost)
       x = x / T
       rem, rst = x - x % 1, backlog
     end
+    if lim[15] and rem < b then
+      -- the next unit: the backlog down to (b - rem - 1)*T
+      nxt = rst - (b - rem - 1) * T
+    end
   end
-  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3
+  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt
 end
 
 -- fixed
 local function fixed(lim, j, key, cost)
   local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
-  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly = false, false, 0, 0, -1, nil, 0, 0, 0, 0
+  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly, nxt = false, false, 0, 0, -1, nil, 0, 0, 0, 0, 0
   -- W = ceil(burst*period/count)
   local W = K
   -- state {k + 1, used}; windows [k*W, (k+1)*W).
@@ -536,14 +540,49 @@ local function fixed(lim, j, key, cost)
       if used == 0 then rst = 0 end
       if cost <= b then rty = to_end end
     end
+    if lim[15] then
+      -- the next unit: the end of the window (0 when nothing counts)
+      nxt = rst
+    end
   end
-  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3
+  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt
+end
+
+-- sliding's wait for a request of `cost` <= b that does not fit now, from
+-- a window starting `lead` us from now (k*W - now) that counts curr with
+-- prev before it: later in this window, else in the next (where curr
+-- becomes prev), else two windows on; at least 1. first_fit(pc, room): the
+-- smallest offset e < W into a window whose previous count is pc with
+-- pc*(W-e) <= room*W; none if slack = 0.
+local function wait(b, W, lead, curr, prev, cost)
+  local offset
+  if curr + cost <= b then
+    local room, slack = b - curr - cost, W
+    if prev > 0 and room < prev then
+      slack = muldiv(room, W, prev)
+    end
+    if slack > 0 then offset = W - slack end
+  end
+  if offset == nil then
+    local room, slack = b - cost, W
+    if curr > 0 and room < curr then
+      slack = muldiv(room, W, curr)
+    end
+    if slack > 0 then
+      offset = W + (W - slack)
+    else
+      offset = 2 * W
+    end
+  end
+  local w = lead + offset
+  if not (1 < w) then w = 1 end
+  return w
 end
 
 -- sliding
 local function sliding(lim, j, key, cost)
   local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
-  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly = false, false, 0, 0, -1, nil, 0, 0, 0, 0
+  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly, nxt = false, false, 0, 0, -1, nil, 0, 0, 0, 0, 0
   -- W = ceil(burst*period/count)
   local W = K
   -- state {k + 1, curr, prev}; admitted iff
@@ -603,33 +642,14 @@ local function sliding(lim, j, key, cost)
       end
     else
       if cost <= b then
-        -- first_fit(pc, room): the smallest offset e < W into a window
-        -- whose previous count is pc with pc*(W-e) <= room*W; none if
-        -- slack = 0.
-        local offset
-        if curr + cost <= b then
-          local room, slack = b - curr - cost, W
-          if prev > 0 and room < prev then
-            slack = muldiv(room, W, prev)
-          end
-          if slack > 0 then offset = W - slack end
-        end
-        if offset == nil then
-          local room, slack = b - cost, W
-          if curr > 0 and room < curr then
-            slack = muldiv(room, W, curr)
-          end
-          if slack > 0 then
-            offset = W + (W - slack)
-          else
-            offset = 2 * W
-          end
-        end
-        rty = lead + offset
-        if not (1 < rty) then rty = 1 end
+        rty = wait(b, W, lead, curr, prev, cost)
       end
       rem = b - curr - pw
       if not (0 < rem) then rem = 0 end
+    end
+    if lim[15] and rem < b then
+      -- the next unit: the wait of rem + 1 after the charge
+      nxt = wait(b, W, lead, cc, prev, rem + 1)
     end
     -- reset(cc)
     if cc == 0 and prev == 0 then
@@ -642,13 +662,13 @@ local function sliding(lim, j, key, cost)
       if not (0 < rst) then rst = 0 end
     end
   end
-  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3
+  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt
 end
 
 -- sliding_log
 local function sliding_log(lim, j, key, cost)
   local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
-  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly = false, false, 0, 0, -1, nil, 0, 0, 0, 0
+  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly, nxt = false, false, 0, 0, -1, nil, 0, 0, 0, 0, 0
   -- W = ceil(burst*period/count)
   local W = K
   if W then
@@ -712,6 +732,12 @@ local function sliding_log(lim, j, key, cost)
       if live + cost > 0 then
         rst = math.max(0, last + W - now)
       end
+      if lim[15] and live + cost > 0 then
+        -- the next unit: the oldest live entry's expiry, after the charge
+        local oldest = stamp
+        if live > 0 then oldest = at(live - 1) end
+        nxt = math.max(1, oldest + W - now)
+      end
       if commit then
         val = function()
           if wrongtype then
@@ -738,15 +764,18 @@ local function sliding_log(lim, j, key, cost)
         -- until the oldest live + cost - B live entries have expired
         rty = math.max(1, at(B - cost) + W - now)
       end
+      if lim[15] and live > 0 then
+        nxt = math.max(1, at(live - 1) + W - now)
+      end
     end
   end
-  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3
+  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt
 end
 
 -- token_bucket and leaky_bucket
 local function bucket(lim, j, key, cost)
   local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
-  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly = false, false, 0, 0, -1, nil, 0, 0, 0, 0
+  local ok, adm, rem, rst, rty, val, v1, v2, v3, dly, nxt = false, false, 0, 0, -1, nil, 0, 0, 0, 0, 0
   -- state {used, last}, amounts scaled by the period (one request =
   -- period units, capacity burst*period).
   local cap, c, p = K, lim[2], lim[3]
@@ -758,7 +787,7 @@ local function bucket(lim, j, key, cost)
       -- rate, then scaled by this period, rounded up
       s1, s2 = rebucket(s1, s2, tg, p)
       if not s1 then
-        return false, false, 0, 0, -1, 0
+        return false, false, 0, 0, -1, 0, nil, 0, 0, 0, 0
       end
     end
     -- (read as it is above the capacity: units a line with a
@@ -799,8 +828,12 @@ local function bucket(lim, j, key, cost)
       rem, amount = x - x % 1, used
     end
     rst = drain(amount, c, lag)
+    if lim[15] and rem < b then
+      -- the next unit: the amount down to (b - rem - 1)*p
+      nxt = drain(amount + (rem + 1) * p - cap, c, lag)
+    end
   end
-  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3
+  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt
 end
 
 local by_name = {
@@ -812,7 +845,7 @@ local by_name = {
 -- line "algorithm count period_us burst cost queue flags" (count,
 -- period_us, burst integers in [1, 2^53), cost and queue integers >= 0,
 -- flags 0 to 7) as {algorithm, count, period_us, burst, cost, K, BT, QK,
--- dry, function, shape, words, tag, after}, where K is
+-- dry, function, shape, words, tag, after, next}, where K is
 -- the algorithm's constant (W = ceil(burst*period/count) for fixed /
 -- sliding / sliding_log, T = ceil(period/count) for gcra, with BT =
 -- burst*T; burst*period for the buckets), or false when out of the exact
@@ -821,7 +854,8 @@ local by_name = {
 -- algorithm's function (nil: unknown); the state's shape (the algorithm,
 -- with '+' for a varying line's, flag 2), its number of words, and a
 -- varying line's tag (its scale: W, T or the packed rate; false for a static
--- line); after true for a charge=after line's check (flag 4); a malformed
+-- line); after true for a charge=after line's check (flag 4); next true for
+-- a line that reports the wait for one more unit (flag 8); a malformed
 -- line as
 -- false; a number of lines as {0, n}, a run "-n" as {-1, n}; nil for a
 -- malformed number.
@@ -836,11 +870,12 @@ local function parse(s)
     end
     return { 0, n }
   end
-  local a, w1, w2, w3, w4, w5, w6 = string.match(s, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%d)$')
+  local a, w1, w2, w3, w4, w5, w6 = string.match(s, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%d+)$')
   local c, p, b, x, q, f = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4), tonumber(w5), tonumber(w6)
   -- flags: the sum of 1 dry-run, 2 varying, 4 charge-after check (checks a
-  -- cost of 1, never charges); no other bit is known
-  if not (f and f <= 7) then
+  -- cost of 1, never charges), 8 next (reports the wait for one more
+  -- unit); no other bit is known
+  if not (f and f <= 15 and w6 == string.format('%d', f)) then
     return false
   end
   if not (c and p and b and x and q
@@ -889,7 +924,7 @@ local function parse(s)
     end
     if not tag then K = false end
   end
-  return { a, c, p, b, x, K, BT, QK, f % 2 == 1, by_name[a], shape, NW[shape] or 0, tag, 4 <= f }
+  return { a, c, p, b, x, K, BT, QK, f % 2 == 1, by_name[a], shape, NW[shape] or 0, tag, f % 8 >= 4, 8 <= f }
 end
 
 -- parse(s), kept in `specs` (nil, a malformed number, is not kept).
@@ -996,6 +1031,14 @@ local function flush_all()
   end
 end
 
+-- Replaces the outcome at reply[n] of a line `lim` on slot j (key `key`)
+-- that admits its request but is not charged with what its state has left:
+-- the check of a cost of 0 (rl-core's Outcome::uncharged of Limit::left).
+local function left(n, lim, j, key)
+  local _, _, rem, rst, _, _, _, _, _, _, nxt = lim[10](lim, j, key, 0)
+  reply[n], reply[n + 1], reply[n + 4] = rem, rst, nxt
+end
+
 -- Checks (and commits) the requests of one call: the script's body.
 local function limit(KEYS, ARGV)
   start(ARGV[2])
@@ -1051,14 +1094,17 @@ local function limit(KEYS, ARGV)
         end
       end
     end
-    -- reply[at ...]: per line 4 values.
+    -- reply[at ...]: per line 5 values.
     local at = nreply + 1
-    nreply = nreply + 4 * nlines
+    nreply = nreply + 5 * nlines
     -- Several lines: all enforced lines admitted so far, and the pending
     -- writes (the lines that admit, dry-run or not) as (slot,
     -- what, reset_us, algorithm, v1, v2, v3, expiry read) tuples (see `val`
     -- below).
     local all, pending, npending = 1, nil, 0
+    -- (and, for what they have left if they are not charged, the lines that
+    -- admit it as (reply index, line, slot) triples)
+    local admits, nadmits = nil, 0
 
     for i = 1, nlines do
       -- The line's limit (already known for a request of one line).
@@ -1081,11 +1127,12 @@ local function limit(KEYS, ARGV)
       -- committing: true for the words v1, v2, v3, or for sliding_log a
       -- function that pushes the entries (`put` writes either).
       local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
-      -- (the delay: a queued line's admission beyond the burst)
-      local dly = 0
+      -- (the delay: a queued line's admission beyond the burst; the wait
+      -- for one more unit, if the line reports it)
+      local dly, nxt = 0, 0
 
       if key and lim and lim[10] and now <= E then
-        ok, adm, rem, rst, rty, dly, val, v1, v2, v3 = lim[10](lim, j, key, cost)
+        ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, cost)
         if lim[14] then
           -- a charge=after line: its cost is charged later, by `charge`
           val = nil
@@ -1097,7 +1144,7 @@ local function limit(KEYS, ARGV)
         end
       end
 
-      local n = at + 4 * i - 4
+      local n = at + 5 * i - 5
       if nlines == 1 then
         -- The usual case: committed at once (a lone dry-run line admits the
         -- request, and is committed iff it admits it too).
@@ -1105,12 +1152,16 @@ local function limit(KEYS, ARGV)
           put(j, lim, val, v1, v2, v3, sx, rst)
         end
         if adm then
-          reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = rem, rst, -2, dly
+          reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, -2, dly, nxt
+          if commit and lim[14] then
+            -- a charge=after line's check, not charged: what it has left
+            left(n, lim, j, key)
+          end
         else
-          reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = rem, rst, rty, 0
+          reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
         end
       elseif adm then
-        reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = rem, rst, -2, dly
+        reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, -2, dly, nxt
         if val then
           pending = pending or {}
           local q = npending
@@ -1118,11 +1169,27 @@ local function limit(KEYS, ARGV)
           pending[q + 5], pending[q + 6], pending[q + 7], pending[q + 8] = v1, v2, v3, sx
           npending = q + 8
         end
+        if commit and lim then
+          admits = admits or {}
+          admits[nadmits + 1], admits[nadmits + 2], admits[nadmits + 3] = n, lim, j
+          nadmits = nadmits + 3
+        end
       else
-        reply[n], reply[n + 1], reply[n + 2], reply[n + 3] = rem, rst, rty, 0
+        reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
         if not (lim and lim[9]) then
           all = 0
         end
+      end
+    end
+
+    -- The lines that admit the request but are not charged (all of them if
+    -- it is rejected, else the charge=after lines' checks) report what
+    -- they have left.
+    for q = 1, nadmits, 3 do
+      local lim = admits[q + 1]
+      if all == 0 or lim[14] then
+        local j = admits[q + 2]
+        left(admits[q], lim, j, names[j])
       end
     end
 

@@ -24,8 +24,9 @@
 //! [`CLOCK_STEP_US`], as much as a key's TTL margin allows for
 //! ([`super::TTL_MARGIN_MS`]). A retry-after is at least 1 µs, and there is
 //! none for a request that can never pass (cost above the burst). What
-//! remains is at most the burst, and after an admitted request of cost `c`
-//! at most `B − c`.
+//! remains is at most the burst (an admitted line that is not charged
+//! reports what its state has left, up to the burst), and the wait for one
+//! more unit ([`Outcome::next_us`]) is at most the reset.
 //!
 //! A state that may hold an overdraft (`charge=after`, see
 //! [`crate::limit::Limit::overdraw`]) has no such bound for the buckets and
@@ -57,9 +58,10 @@ pub const CLOCK_STEP_US: u64 = TTL_MARGIN_MS * 1000;
 /// A line's outcome outside what its limit can produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutOfRange {
-    /// More remaining than the line allows (the burst; less the cost once
-    /// admitted).
+    /// More remaining than the line allows (the burst).
     Remaining { got: u64, max: u64 },
+    /// A wait for one more unit later than the line is full again.
+    Next { got: u64, reset: u64 },
     /// A reset later than the algorithm can reach.
     Reset { got: u64, max: u64 },
     /// A retry-after of 0, beyond the algorithm's reach, or for a request
@@ -75,6 +77,7 @@ impl fmt::Display for OutOfRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             OutOfRange::Remaining { got, max } => write!(f, "remaining {got} above {max}"),
+            OutOfRange::Next { got, reset } => write!(f, "next unit in {got} us after the reset in {reset} us"),
             OutOfRange::Reset { got, max } => write!(f, "reset {got} us above {max} us"),
             OutOfRange::RetryAfter { got, max: Some(max) } => {
                 write!(f, "retry-after {got} us outside 1..={max} us")
@@ -176,9 +179,11 @@ pub fn check_line(limit: &Limit, cost: u64, line: &Outcome, deepest: u64) -> Res
     if line.admitted && cost > b {
         return Err(OutOfRange::Admitted { cost, burst: b });
     }
-    let max = if line.admitted { b - cost } else { b };
-    if line.remaining > max {
-        return Err(OutOfRange::Remaining { got: line.remaining, max });
+    if line.remaining > b {
+        return Err(OutOfRange::Remaining { got: line.remaining, max: b });
+    }
+    if line.next_us > line.reset_us {
+        return Err(OutOfRange::Next { got: line.next_us, reset: line.reset_us });
     }
     let max = max_reset_us(limit, deepest);
     if line.reset_us > max {
@@ -274,10 +279,15 @@ mod tests {
             reset_us: 0,
             retry_after_us,
             delay_us: 0,
+            next_us: 0,
         };
-        // Admitted: at most burst - cost remain.
-        assert_eq!(check_line(&l, 2, &line(true, 3, None), 0), Ok(()));
-        assert_eq!(check_line(&l, 2, &line(true, 4, None), 0), Err(OutOfRange::Remaining { got: 4, max: 3 }));
+        // Admitted: at most the burst remains (all of it for a line that was not charged).
+        assert_eq!(check_line(&l, 2, &line(true, 5, None), 0), Ok(()));
+        assert_eq!(check_line(&l, 2, &line(true, 6, None), 0), Err(OutOfRange::Remaining { got: 6, max: 5 }));
+        // The next unit comes no later than the reset.
+        let next = |next_us| Outcome { reset_us: 10, next_us, ..line(true, 3, None) };
+        assert_eq!(check_line(&l, 1, &next(10), 0), Ok(()));
+        assert_eq!(check_line(&l, 1, &next(11), 0), Err(OutOfRange::Next { got: 11, reset: 10 }));
         assert_eq!(check_line(&l, 0, &line(true, 5, None), 0), Ok(()));
         assert_eq!(check_line(&l, 6, &line(true, 0, None), 0), Err(OutOfRange::Admitted { cost: 6, burst: 5 }));
         // Rejected: at most the burst; a retry-after of at least 1 µs, none

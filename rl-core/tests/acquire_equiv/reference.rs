@@ -61,7 +61,7 @@ impl Outcome {
 
     fn public(self) -> rl_core::limit::Outcome {
         let Outcome { admitted, remaining, reset_us, retry_after_us, delay_us } = self;
-        rl_core::limit::Outcome { admitted, remaining, reset_us, retry_after_us, delay_us }
+        rl_core::limit::Outcome { admitted, remaining, reset_us, retry_after_us, delay_us, next_us: 0 }
     }
 }
 

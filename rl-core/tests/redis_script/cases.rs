@@ -294,11 +294,12 @@ fn multi_line_all_or_nothing() {
     let mut p = Pair::new(&lines);
     assert!(p.step(&lines, T0, true, false).0);
     assert!(p.step(&lines, T0, true, false).0);
-    // `b` rejects: nothing is charged on `a` or `c` either.
+    // `b` rejects: nothing is charged on `a` or `c` either, and they report
+    // what they have left.
     let (all, out) = p.step(&lines, T0, true, false);
     assert!(!all && out[0].admitted && !out[1].admitted && out[2].admitted);
-    assert_eq!(out[0].remaining, 2);
-    assert_eq!(out[2].remaining, 97);
+    assert_eq!(out[0].remaining, 3);
+    assert_eq!(out[2].remaining, 98);
     assert_eq!(out[1].retry_after_us, Some(2_000_000));
 }
 
@@ -307,7 +308,7 @@ fn out_of_range_fails_closed() {
     let k = keys(1);
     let r = Redis::new();
     r.set_now(T0);
-    let reject = vec![T0 as i64, 0, 0, -1, 0];
+    let reject = vec![T0 as i64, 0, 0, -1, 0, 0];
     let bad = [
         "nope 1 1000000 1 1 0 0",
         "gcra 0 1000000 1 1 0 0",
@@ -328,8 +329,9 @@ fn out_of_range_fails_closed() {
         // buckets and gcra, and burst + queue in the exact range.
         "gcra 1 1000000 1 1 -1 0",
         "gcra 1 1000000 1 1 1.5 0",
-        "gcra 1 1000000 1 1 0 8",
+        "gcra 1 1000000 1 1 0 16",
         "gcra 1 1000000 1 1 0 07",
+        "gcra 1 1000000 1 1 0 010",
         "gcra 1 1000000 1 1 0 x",
         "fixed 1 1000000 1 1 1 0",
         "sliding 1 1000000 1 1 1 1",
@@ -361,7 +363,7 @@ fn out_of_range_fails_closed() {
         let want: Vec<i64> = [T0 as i64].into_iter().chain(reject[1..].repeat(3)).collect();
         assert_eq!(r.eval(&k3, &args(&["1", "", "", "-3", line])), want, "{line:?}");
     }
-    assert_eq!(r.eval(&k3, &args(&["1", "", "", "-3"])).len(), 1 + 3 * 4);
+    assert_eq!(r.eval(&k3, &args(&["1", "", "", "-3"])).len(), 1 + 3 * 5);
     assert_eq!(r.eval(&k, &args(&["1", "", "", "-0"])), [T0 as i64]);
     // No deadline argument at all: none. A malformed deadline: an error reply.
     assert_eq!(r.eval(&k, &args(&["1", ""])), [T0 as i64]);
@@ -551,7 +553,7 @@ fn rust_interface() {
         script_args::<(Limit, u64)>([], Call { commit: true, now_us: None, deadline_us: Some(43) }),
         ["1", "", "43"]
     );
-    let ok = [5, 2, 3, -2, 0, 0, 9, 4, 0, 7, 8, -2, 300, 0, 1, -1, 0];
+    let ok = [5, 2, 3, -2, 0, 0, 0, 9, 4, 0, 6, 7, 8, -2, 300, 0, 0, 1, -1, 0, 0];
     let Some(ScriptReply::Done { now_us, requests: reqs }) = parse_reply(&ok, &[2, 1, 0, 1]) else {
         panic!("not parsed");
     };
@@ -560,21 +562,22 @@ fn rust_interface() {
     assert!(!reqs[0].0 && reqs[1].0 && reqs[2].0 && !reqs[3].0);
     assert_eq!(
         reqs[0].1[1],
-        Outcome { admitted: false, remaining: 0, reset_us: 9, retry_after_us: Some(4), delay_us: 0 }
+        Outcome { admitted: false, remaining: 0, reset_us: 9, retry_after_us: Some(4), delay_us: 0, next_us: 6 }
     );
     assert_eq!(
         reqs[1].1[0],
-        Outcome { admitted: true, remaining: 7, reset_us: 8, retry_after_us: None, delay_us: 300 }
+        Outcome { admitted: true, remaining: 7, reset_us: 8, retry_after_us: None, delay_us: 300, next_us: 0 }
     );
     assert_eq!(reqs[3].1[0].retry_after_us, None);
     assert!(parse_reply(&ok, &[2, 1]).is_none()); // left over
     assert!(parse_reply(&ok, &[2, 1, 2]).is_none()); // short
-    assert!(parse_reply(&[5, 0, 0, -3, 0], &[1]).is_none());
-    assert!(parse_reply(&[5, -1, 0, -2, 0], &[1]).is_none());
-    assert!(parse_reply(&[-5, 0, 0, -2, 0], &[1]).is_none());
-    assert!(parse_reply(&[5, 0, 0, -2, -1], &[1]).is_none()); // negative delay
-    assert!(parse_reply(&[5, 0, 0, 4, 1], &[1]).is_none()); // a rejected line's delay
-    assert!(parse_reply(&[5, 0, 0, -2], &[1]).is_none()); // three values
+    assert!(parse_reply(&[5, 0, 0, -3, 0, 0], &[1]).is_none());
+    assert!(parse_reply(&[5, -1, 0, -2, 0, 0], &[1]).is_none());
+    assert!(parse_reply(&[-5, 0, 0, -2, 0, 0], &[1]).is_none());
+    assert!(parse_reply(&[5, 0, 0, -2, -1, 0], &[1]).is_none()); // negative delay
+    assert!(parse_reply(&[5, 0, 0, 4, 1, 0], &[1]).is_none()); // a rejected line's delay
+    assert!(parse_reply(&[5, 0, 0, -2, 0, -1], &[1]).is_none()); // negative next
+    assert!(parse_reply(&[5, 0, 0, -2, 0], &[1]).is_none()); // four values
     assert!(parse_reply::<usize>(&[], &[]).is_none());
     assert_eq!(parse_reply::<usize>(&[7], &[]), Some(ScriptReply::Done { now_us: 7, requests: vec![] }));
     // Dry-run lines do not reject the request: only its enforced lines.
@@ -683,9 +686,9 @@ fn batch_is_requests_in_order() {
     let got = r.run_batch(&bkeys, &batch, T0, true, true);
     let admitted: Vec<bool> = got.iter().map(|o| o.0).collect();
     // `a` admits 3; `b` admits 2 (then rejects, so `c` is charged only twice:
-    // it would still admit one more).
+    // it would still admit two more, as the rejected request reports).
     assert_eq!(admitted, [true, true, true, true, false, true, false]);
-    assert_eq!(got[4].1[1].remaining, 1);
+    assert_eq!(got[4].1[1].remaining, 2);
     assert_eq!(got[6].1[0].retry_after_us, Some(100_000));
     // The same, one call per request.
     let s = Redis::new();
@@ -805,12 +808,13 @@ fn dry_run_lines() {
 #[test]
 fn charge_after_issue_sequence() {
     let l = limit(Algorithm::TokenBucket, 100, 1_000_000, 100);
-    let check = [LineArg { limit: l, cost: 1, dry_run: false, check_only: true }];
+    let check = [LineArg { limit: l, cost: 1, dry_run: false, check_only: true, next: false }];
     let mut p = Pair::new(&check);
     for i in 1..=4 {
         let (admitted, out) = p.step(&check, T0, true, false);
         assert!(admitted, "request {i}");
-        assert_eq!(out[0].remaining, 99 - 30 * (i - 1), "request {i}");
+        // (not charged: what the state has left)
+        assert_eq!(out[0].remaining, 100 - 30 * (i - 1), "request {i}");
         assert_eq!(p.charge(&[(l, 30)], T0, false), [true]);
     }
     assert_eq!(p.redis.value(&p.keys[0]), Some(format!("{} {T0}", 120 * 1_000_000)));
@@ -827,18 +831,18 @@ fn charge_after_issue_sequence() {
 }
 
 /// A `charge=after` line's check takes a cost of 1 whatever its cost, and
-/// is never charged, alone or beside a line that is; flag 8 (not this
-/// script's) fails closed.
+/// is never charged, alone or beside a line that is (it reports what its
+/// state has left); flag 16 (not this script's) fails closed.
 #[test]
 fn charge_after_check_is_never_charged() {
     let l = case_limit(Algorithm::Gcra);
-    let after = LineArg { limit: l, cost: 7, dry_run: false, check_only: true };
-    let enforced = LineArg { limit: l, cost: 1, dry_run: false, check_only: false };
+    let after = LineArg { limit: l, cost: 7, dry_run: false, check_only: true, next: false };
+    let enforced = LineArg { limit: l, cost: 1, dry_run: false, check_only: false, next: false };
     let mut p = Pair::new(&[after, enforced]);
     for _ in 0..3 {
         let (admitted, out) = p.step(&[after, enforced], T0, true, false);
         assert!(admitted);
-        assert_eq!(out[0].remaining, 2);
+        assert_eq!(out[0].remaining, 3);
     }
     assert_eq!(p.redis.value(&p.keys[0]), None);
     let mut s = String::new();
@@ -849,8 +853,8 @@ fn charge_after_check_is_never_charged() {
     assert_eq!(s, "gcra 2 1000000 3 7 0 5");
     let r = Redis::new();
     r.set_now(T0);
-    let reply = r.eval(&keys(1), &["1".into(), String::new(), String::new(), "gcra 2 1000000 3 1 0 8".into()]);
-    assert_eq!(reply, [T0 as i64, 0, 0, -1, 0]);
+    let reply = r.eval(&keys(1), &["1".into(), String::new(), String::new(), "gcra 2 1000000 3 1 0 16".into()]);
+    assert_eq!(reply, [T0 as i64, 0, 0, -1, 0, 0]);
 }
 
 /// The charge call refuses, writing nothing for it: a malformed line,

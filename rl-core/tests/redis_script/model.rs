@@ -17,7 +17,10 @@ pub(crate) fn checked_cost(a: &LineArg) -> u64 {
 
 /// The model of one call: check every line; the request is admitted iff
 /// every enforced line admits it, and then the lines that admit it are
-/// committed (`combine`), but for `charge=after` lines' checks.
+/// committed (`combine`), but for `charge=after` lines' checks. A line that
+/// reports `next` reports `Limit::next_us` of its state after its own
+/// charge; in a call that commits, a line that admits the request but is
+/// not charged reports what its state has left (`Limit::left`).
 pub(crate) fn model<T: Copy + Into<LineArg>>(
     lines: &[T],
     states: &mut [Vec<u64>],
@@ -25,23 +28,43 @@ pub(crate) fn model<T: Copy + Into<LineArg>>(
     commit: bool,
 ) -> (bool, Vec<Outcome>) {
     let lines: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
-    let outs: Vec<Outcome> = lines
+    let mut outs: Vec<Outcome> = lines
         .iter()
         .zip(states.iter())
         .map(|(a, s)| match converts_beyond_exact(&a.limit, s, now) {
             true => Outcome::default(),
-            false => a.limit.check(s, now, checked_cost(a)),
+            false => {
+                let o = a.limit.check(s, now, checked_cost(a));
+                Outcome { next_us: next_after_charge(a, s, now, &o), ..o }
+            }
         })
         .collect();
     let d = combine(outs.iter().zip(&lines).map(|(o, a)| (o, a.dry_run)));
     if commit {
-        for ((a, s), o) in lines.iter().zip(states.iter_mut()).zip(&outs) {
+        for ((a, s), o) in lines.iter().zip(states.iter_mut()).zip(outs.iter_mut()) {
             if d.charges(o) && !a.check_only {
                 a.limit.commit(s, now, a.cost);
+            } else if o.admitted {
+                let left = a.limit.left(s, now);
+                *o = o.uncharged(&Outcome { next_us: if a.next { left.next_us } else { 0 }, ..left });
             }
         }
     }
     (d.admitted, outs)
+}
+
+/// The `next_us` a line reports with its check's outcome `o`: none unless
+/// it reports it; else `Limit::next_us` of its state after its charge (the
+/// state as it is if `o` charges nothing).
+fn next_after_charge(a: &LineArg, s: &[u64], now: u64, o: &Outcome) -> u64 {
+    if !a.next {
+        return 0;
+    }
+    let mut after = s.to_vec();
+    if o.admitted {
+        a.limit.commit(&mut after, now, checked_cost(a));
+    }
+    a.limit.next_us(&after, now)
 }
 
 /// Whether the script fails closed on a varying line's state (rejects,

@@ -37,7 +37,14 @@ fn replay(limits: &[Limit], dry: &[bool], ops: &[(Raw, Vec<u8>)], start: u64, ji
     let mut lines: Vec<LineArg> = limits
         .iter()
         .enumerate()
-        .map(|(i, l)| LineArg { limit: *l, cost: 1, dry_run: dry.get(i).copied().unwrap_or(false), check_only: false })
+        .map(|(i, l)| LineArg {
+            limit: *l,
+            cost: 1,
+            dry_run: dry.get(i).copied().unwrap_or(false),
+            check_only: false,
+            // (every other line reports the wait for one more unit)
+            next: i % 2 == 0,
+        })
         .collect();
     let mut p = Pair::new(&lines);
     let (mut t, mut prev) = (start, Outcome::default());
@@ -108,7 +115,8 @@ fn charge_cost(l: &Limit, f: u16, c: u8) -> u64 {
 }
 
 /// Replays `ops` on `limits` (each line enforced, dry-run, or a
-/// `charge=after` line's check, by `kinds`: bit 1 dry-run, bit 2 check),
+/// `charge=after` line's check, by `kinds`: bit 1 dry-run, bit 2 check, bit 4
+/// reports `next_us`),
 /// one step in three a charge call on every line, comparing the script to
 /// the model (`Limit::overdraw` for the charges) at every step: the same
 /// outcomes, lines charged, states and TTLs.
@@ -117,7 +125,7 @@ fn replay_charges(limits: &[Limit], kinds: &[u8], ops: &[(Raw, Vec<u8>)], start:
     let mut lines: Vec<LineArg> = limits
         .iter()
         .zip(kinds)
-        .map(|(l, k)| LineArg { limit: *l, cost: 1, dry_run: k & 1 == 1, check_only: k & 2 == 2 })
+        .map(|(l, k)| LineArg { limit: *l, cost: 1, dry_run: k & 1 == 1, check_only: k & 2 == 2, next: k & 4 == 4 })
         .collect();
     let mut p = Pair::new(&lines);
     let (mut t, mut prev) = (start, Outcome::default());
@@ -236,7 +244,7 @@ fn replay_varying(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], start: u6
 /// requests `charge=after` lines' checks.
 fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool, charges: bool) {
     let w = limits.iter().map(Limit::window_us).max().unwrap();
-    let mut p = Pair::new(&[LineArg { limit: limits[0], cost: 1, dry_run: dry, check_only: false }]);
+    let mut p = Pair::new(&[LineArg { limit: limits[0], cost: 1, dry_run: dry, check_only: false, next: dry }]);
     let (mut t, mut prev) = (start, Outcome::default());
     for ((sel, f, flags), picks) in ops {
         let (sel, f) = (*sel, *f);
@@ -271,7 +279,7 @@ fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], star
         }
         let commit = sel >> 5 != 7;
         let check_only = charges && sel & 8 == 8;
-        let line = [LineArg { limit: l, cost, dry_run: dry, check_only }];
+        let line = [LineArg { limit: l, cost, dry_run: dry, check_only, next: sel & 16 == 16 }];
         prev = p.step(&line, now, commit, flags & 1 == 1).1[0];
     }
 }
@@ -479,7 +487,7 @@ proptest! {
     #[test]
     fn prop_charges_multi_line(
         ls in prop::collection::vec(small_limit(), 2..=3),
-        kinds in prop::collection::vec(0u8..4, 3),
+        kinds in prop::collection::vec(0u8..8, 3),
         ops in ops(3, 40),
         t in start(),
     ) {
