@@ -16,7 +16,8 @@
 -- Then per request, in order: its lines, each one argument
 -- "algorithm count period_us burst cost queue flags" (flags: the sum of 1
 -- for a dry-run line, 2 for a varying one, 4 for a charge=after line's
--- check, i.e. 0 to 7; queue 0 but
+-- check, 8 for a line that reports the wait for one more unit, i.e. 0 to
+-- 15; queue 0 but
 -- for the buckets and gcra; the same string for every
 -- request with the same limit and cost, so parsed once per call); a
 -- request of other than one line is preceded by its number of lines; n
@@ -29,10 +30,15 @@
 -- writes of the requests before it.
 --
 -- Returns {now (us), then per line: remaining, reset_us, -2 if admitted
--- else the retry-after in us or -1 (never), and the delay in us (0: at
--- once)}, all integers. A request is admitted iff all its enforced (not
--- dry-run) lines admit it; then its enforced lines are committed, and its
--- dry-run lines that admit it. A queue=N line (buckets, gcra) admits beyond
+-- else the retry-after in us or -1 (never), the delay in us (0: at once),
+-- and for a line of flag 8 the wait until one more unit passes at once
+-- (rl-core's Limit::next_us of its state after the call's writes; 0 when
+-- full, and for a line without the flag)}, all integers. In a call that
+-- commits, a line that admits its request but is not charged (the request
+-- is rejected, or the line is a charge=after check) reports what its state
+-- has left: remaining, reset and wait of a cost of 0. A request is
+-- admitted iff all its enforced (not dry-run) lines admit it; then its
+-- enforced lines are committed, and its dry-run lines that admit it. A queue=N line (buckets, gcra) admits beyond
 -- the burst, delayed, what conforms to the rate within N emission
 -- intervals, charged at arrival (rl-core's Limit::with_queue). A
 -- charge=after line (flag 4) checks a cost of 1 whatever its cost field,
