@@ -17,17 +17,15 @@ use core::ffi::{c_char, c_void};
 use core::fmt::Write as _;
 
 use ngx::core::{Status, NGX_CONF_ERROR, NGX_CONF_OK};
-use ngx::ffi::{
-    ngx_command_t, ngx_conf_t, ngx_http_discard_request_body, ngx_http_request_t, ngx_log_t, NGX_HTTP_GET,
-    NGX_HTTP_HEAD, NGX_HTTP_NOT_ALLOWED, NGX_LOG_EMERG, NGX_LOG_ERR,
-};
+use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_http_request_t, ngx_log_t, NGX_LOG_EMERG, NGX_LOG_ERR};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule, Request};
 use ngx::{ngx_conf_log_error, ngx_log_error};
+use rl_core::metrics::escape_json;
 
 use crate::conf::{LocConf, MainConf};
 use crate::eval::{self, redis, redis::Ask};
 use crate::line::{HeadersMode, Stage};
-use crate::metrics::send;
+use crate::metrics::{get_or_head, send};
 use crate::request::{get_ctx, new_ctx, Ctx, Phase};
 use crate::Module;
 
@@ -59,15 +57,8 @@ fn serve(r: &mut Request) -> Status {
         ctx.phase = Phase::Decided;
         return answer(raw, mcf, ctx);
     }
-    // SAFETY: the request is valid in its content handler.
-    let method = unsafe { (*raw).method } as u32;
-    if method & (NGX_HTTP_GET | NGX_HTTP_HEAD) == 0 {
-        return Status(NGX_HTTP_NOT_ALLOWED as isize);
-    }
-    // SAFETY: as above.
-    let rc = unsafe { ngx_http_discard_request_body(raw) };
-    if rc != 0 {
-        return Status(rc);
+    if let Err(status) = get_or_head(raw) {
+        return status;
     }
     let Some(ctx) = new_ctx(r, &mcf.lines, &lcf.lines, lcf.headers(), mcf.ctx_var) else {
         return Status(500);
@@ -85,7 +76,8 @@ fn serve(r: &mut Request) -> Status {
     if redis::send(raw, mcf, ctx, Ask::Read) {
         // The request lives on past this handler (finalized with NGX_DONE, which gives this
         // reference back): when the replies are in, the content phase runs it again.
-        // SAFETY: as above; count is the main request's reference count.
+        // SAFETY: the request is valid in its content handler; count is the main request's
+        // reference count.
         unsafe {
             let main = (*raw).main;
             (*main).set_count((*main).count() + 1);
@@ -136,9 +128,9 @@ fn answer(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Status {
             body.push(',');
         }
         body.push_str("{\"name\":");
-        json_str(&mut body, &line.item);
+        escape_json(&line.item, &mut body);
         body.push_str(",\"zone\":");
-        json_str(&mut body, &line.zone_name);
+        escape_json(&line.zone_name, &mut body);
         let _ = write!(
             body,
             ",\"limit\":{},\"remaining\":{},\"reset\":{},\"policy\":\"q={};w={}\"",
@@ -155,20 +147,4 @@ fn answer(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Status {
     }
     body.push_str("]}\n");
     send(r, 200, JSON_TYPE, body.as_bytes())
-}
-
-/// `s` as a JSON string.
-fn json_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
