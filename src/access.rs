@@ -19,23 +19,19 @@
 //! units are taken.
 
 use core::ffi::CStr;
-use core::{mem, ptr};
 
 use ngx::core::Status;
-use ngx::ffi::{
-    ngx_http_handler_pt, ngx_http_request_t, ngx_log_error_core, ngx_log_t, ngx_palloc, ngx_str_t, ngx_uint_t,
-};
+use ngx::ffi::{ngx_http_handler_pt, ngx_http_request_t, ngx_log_error_core, ngx_log_t, ngx_str_t, ngx_uint_t};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::log::DebugMask;
 use ngx::ngx_log_debug;
-use rl_core::limit::Limit;
 
 use crate::conf::{LocConf, MainConf};
 use crate::delay;
-use crate::line::{Line, Params, Stage, VarLimit};
+use crate::eval::{self, redis, redis::Ask};
+use crate::line::Stage;
 use crate::metrics;
-use crate::redis_zone::{self, Job, JobLine, RedisError, Reply};
-use crate::request::{get_ctx, new_ctx, Ctx, LineResult, Phase, Verdict};
+use crate::request::{get_ctx, new_ctx, Ctx, Phase, Verdict};
 use crate::shm::decide::{decide, refund};
 use crate::Module;
 
@@ -148,8 +144,8 @@ fn precontent(r: &mut Request) -> Status {
 /// is to wait for Redis (or failed), `None` to [`finish`] now.
 #[inline(always)]
 fn start(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Option<Status> {
-    if eval_keys(raw, mcf, ctx, lcf.dry_run()).is_err() {
-        return Some(Status(500));
+    if let Err(e) = eval::stage(raw, mcf, ctx, lcf.dry_run()) {
+        return Some(e.into());
     }
     ctx.reserved = None;
     if lcf.has_redis && ctx.staged(&mcf.lines).any(|(l, res)| res.active && l.backend.redis().is_some()) {
@@ -159,14 +155,12 @@ fn start(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut 
         let charged = decide(&mcf.zones, &mcf.lines, ctx, log);
         ctx.reserved = Some(charged);
         if charged {
-            if let Some(n) = submit_redis(raw, mcf, ctx) {
-                ctx.phase = Phase::Waiting(n);
-                redis_zone::suspend(raw);
+            if redis::send(raw, mcf, ctx, Ask::Decide) {
                 return Some(Status::NGX_AGAIN);
             }
         } else {
             for z in 0..mcf.redis.len() {
-                redis_failed(mcf, ctx, z, true);
+                redis::leave_out(mcf, ctx, z, true);
             }
         }
     }
@@ -228,183 +222,6 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
     debug_verdicts(r.log(), mcf, ctx);
     log_limited(r.log(), lcf, mcf, ctx);
     Status(lcf.status as isize)
-}
-
-/// Evaluates the key of every line of the current stage, and its rate, burst and cost where they hold
-/// variables; an empty key or value leaves its line inactive, as does a
-/// value that does not parse (logged). `dry_run`: the location's
-/// `rl_dry_run`.
-#[inline(always)]
-pub fn eval_keys(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, dry_run: bool) -> Result<(), ()> {
-    let mut ctx_after = false;
-    // A location of one line (the common case) without walking its lines.
-    if let Some((line, res)) = ctx.single() {
-        ctx_after = eval_line(r, line, res, dry_run)?;
-    } else {
-        for (line, res) in ctx.staged_mut(&mcf.lines) {
-            ctx_after |= eval_line(r, line, res, dry_run)?;
-        }
-    }
-    ctx.charge_after |= ctx_after;
-    Ok(())
-}
-
-/// [`eval_keys`] for one line: whether it is charged after the response.
-#[inline(always)]
-fn eval_line(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult, dry_run: bool) -> Result<bool, ()> {
-    res.key = line.eval_key(r)?;
-    res.active = res.key.len > 0;
-    res.dry_run = dry_run || line.dry_run;
-    res.cost = line.cost;
-    if res.active && (line.vars.is_some() || line.charge_after) {
-        return eval_varying(r, line, res);
-    }
-    Ok(false)
-}
-
-/// The part of [`eval_keys`] for a line whose rate, burst or cost holds
-/// variables, or that is `charge=after`: whether the line is then charged
-/// after the response.
-#[inline(never)]
-fn eval_varying(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult) -> Result<bool, ()> {
-    if line.vars.is_some() {
-        // SAFETY: the request is valid during the phase handler.
-        let log = unsafe { (*(*r).connection).log };
-        let mut limit = None;
-        match line.eval_params(r, log, line.backend.redis().is_some(), &mut limit)? {
-            Params::Static => {}
-            Params::Per(cost) => res.cost = cost,
-            Params::Off => res.active = false,
-        }
-        res.var_limit = match limit {
-            // SAFETY: the line is the configuration's, which outlives the request.
-            Some(VarLimit::Kept(limit)) => Some(unsafe { &*ptr::from_ref(limit) }),
-            Some(VarLimit::Made(limit)) => Some(in_pool(r, limit)?),
-            None => None,
-        };
-    }
-    if line.charge_after && res.active {
-        // Admitted while one unit is left; the cost is charged when the request is logged.
-        res.cost = 1;
-        return Ok(true);
-    }
-    Ok(false)
-}
-
-/// A request's limit that its line does not keep, copied into its pool: it
-/// lives as long as the request's results do. `Err`: no memory.
-fn in_pool(r: *mut ngx_http_request_t, limit: Limit) -> Result<&'static Limit, ()> {
-    // SAFETY: the request pool is valid for the request's lifetime; ngx_palloc aligns to
-    // NGX_ALIGNMENT, the pointer size, which is enough for a Limit (asserted below).
-    let p = unsafe { ngx_palloc((*r).pool, mem::size_of::<Limit>()) }.cast::<Limit>();
-    if p.is_null() {
-        return Err(());
-    }
-    // SAFETY: p is a fresh allocation of a Limit's size and alignment; a Limit needs no drop.
-    unsafe {
-        p.write(limit);
-        Ok(&*p)
-    }
-}
-
-const _: () = assert!(mem::align_of::<Limit>() <= mem::size_of::<usize>());
-
-/// Sends one job per Redis zone of the location. Returns how many replies
-/// to wait for, or `None` if nothing was sent (zones that could not take the
-/// job are then treated as failed, per their `on_error`).
-fn submit_redis(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Option<u32> {
-    let mut sent = 0;
-    // SAFETY: the request is valid.
-    let log = unsafe { (*(*r).connection).log };
-    // (the wait for one more unit is asked for where the `RateLimit` field sends it)
-    let next = ctx.headers.draft();
-    for (z, zone) in mcf.redis.iter().enumerate() {
-        let mut job = Job { id: 0, zone: z, commit: true, charge: false, lines: Default::default() };
-        for (line, res) in ctx.on_redis(&mcf.lines, z) {
-            let tag = rl_core::redis::tag_of(res.key.as_bytes());
-            job.lines.push(JobLine {
-                tag,
-                line_id: line.id,
-                limit: *res.limit(line),
-                cost: res.cost,
-                check_only: line.charge_after,
-                dry_run: res.dry_run,
-                next,
-                deepest_queue: line.deepest_queue,
-            });
-        }
-        if job.lines.is_empty() {
-            continue;
-        }
-        if redis_zone::submit(r, job).is_ok() {
-            sent += 1;
-            ctx.awaited |= 1 << z;
-        } else {
-            zone.failed(log, &RedisError::NoThread);
-            metrics::redis_failed(mcf, ctx, z, zone.on_error_allow, &RedisError::NoThread);
-            redis_failed(mcf, ctx, z, zone.on_error_allow);
-        }
-    }
-    (sent > 0).then_some(sent)
-}
-
-/// A zone's lines could not be decided by Redis: `on_error=allow` leaves
-/// them out, `on_error=deny` rejects the request (unless they are all
-/// dry-run: a dry-run line never rejects).
-fn redis_failed(mcf: &MainConf, ctx: &mut Ctx, zone: usize, allow: bool) {
-    if !allow && ctx.on_redis(&mcf.lines, zone).any(|(_, res)| !res.dry_run) {
-        ctx.denied_by_error = true;
-    }
-    for (_, res) in ctx.on_redis(&mcf.lines, zone) {
-        res.active = false;
-    }
-}
-
-/// A Redis reply for a suspended request: record it, and resume the request
-/// once every zone has answered.
-pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
-    // SAFETY: r is a live suspended request (pending requests are forgotten when freed).
-    let req = unsafe { Request::from_ngx_http_request(r) };
-    let Some(ctx) = get_ctx(req) else { return };
-    let Some(mcf) = Module::main_conf(req) else { return };
-    let Some(zone) = mcf.redis.get(reply.zone) else { return };
-    ctx.awaited &= !(1 << reply.zone);
-    match reply.result {
-        Ok((all, outcomes)) => {
-            // A line is charged iff the request's enforced lines admit it and so does the line
-            // (rl-core's Decision::charges).
-            for ((_, res), o) in ctx.on_redis(&mcf.lines, reply.zone).zip(outcomes) {
-                res.set(&o, all && o.admitted);
-            }
-        }
-        Err(e) => {
-            zone.failed(req.log(), &e);
-            metrics::redis_failed(mcf, ctx, reply.zone, zone.on_error_allow, &e);
-            redis_failed(mcf, ctx, reply.zone, zone.on_error_allow);
-        }
-    }
-    if ctx.reply_in() {
-        redis_zone::resume(r);
-    }
-}
-
-/// The backstop timer of a suspended request fired before every Redis
-/// reply came: the zones still owed are failed (per their `on_error`), and
-/// the request goes on.
-pub fn on_lost(r: *mut ngx_http_request_t) {
-    // SAFETY: r is a live suspended request.
-    let req = unsafe { Request::from_ngx_http_request(r) };
-    let (Some(ctx), Some(mcf)) = (get_ctx(req), Module::main_conf(req)) else { return };
-    for (z, zone) in mcf.redis.iter().enumerate() {
-        if ctx.awaited & (1 << z) != 0 {
-            zone.failed(req.log(), &RedisError::NoThread);
-            metrics::redis_failed(mcf, ctx, z, zone.on_error_allow, &RedisError::NoThread);
-            redis_failed(mcf, ctx, z, zone.on_error_allow);
-        }
-    }
-    ctx.awaited = 0;
-    ctx.phase = Phase::Replied;
-    redis_zone::resume(r);
 }
 
 /// The verdict of each active line of the stage, at `debug` level (compiled in where nginx

@@ -17,9 +17,11 @@ use ngx::http::{HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 
 use crate::conf::MainConf;
+use crate::eval::params;
+use crate::eval::redis::job_line;
 use crate::line::Line;
 use crate::metrics;
-use crate::redis_zone::{self, JobLine, RedisError};
+use crate::redis_zone::{self, RedisError};
 use crate::request::{get_ctx, Ctx, LineResult, Phase};
 use crate::Module;
 
@@ -59,24 +61,15 @@ fn charge(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &Ctx, log: *mut ngx_l
         if !(line.charge_after && res.active && res.admitted()) {
             continue;
         }
-        let Some(cost) = line.after_cost(r, log) else {
+        let Some(cost) = params::after_cost(line, r, log) else {
             continue;
         };
-        let cost = line.capped_cost(cost, res.limit(line), log);
+        let cost = params::capped_cost(line, cost, res.limit(line), log);
         if let Some(z) = line.backend.shm() {
             charge_shm(mcf, z, line, res, cost, now_us, log);
         } else if let Some(z) = line.backend.redis() {
-            let job = JobLine {
-                tag: rl_core::redis::tag_of(res.key.as_bytes()),
-                line_id: line.id,
-                limit: *res.limit(line),
-                // What Redis keeps exact.
-                cost: cost.min(rl_core::redis::MAX_EXACT - 1),
-                dry_run: res.dry_run,
-                check_only: false,
-                next: false,
-                deepest_queue: line.deepest_queue,
-            };
+            // What Redis keeps exact.
+            let job = job_line(line, res, cost.min(rl_core::redis::MAX_EXACT - 1));
             redis_zone::charge(log, z, job);
         }
     }

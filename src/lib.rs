@@ -3,11 +3,17 @@
 //! This file holds the module's statics and wires its hooks; the rest is by
 //! concern, imports running one way (each imports only those before it):
 //!
-//! - [`line`]: one `rl_limit` line and its identity;
-//! - [`request`]: a request's lines and verdicts, across phases and redirects;
+//! - [`metrics::store`]: the `rl_metrics` counters in shared memory;
+//! - [`line`]: one `rl_limit` line as configured, and its identity;
+//! - [`request`]: a request's lines and verdicts, across phases and
+//!   redirects; [`delay`]: a delayed request's sleep;
 //! - [`shm`]: shared-memory zones, their layout across reloads, the decision;
 //! - [`redis_zone`]: Redis zones, the worker's I/O thread and its connections;
 //! - [`conf`]: the directives, merged per location and finished;
+//! - [`metrics`]: `rl_metrics`, counting verdicts and serving the counters;
+//! - [`eval`]: a request's lines evaluated (keys, the rate, burst and cost
+//!   of variables, the request's limits), and the wait for Redis, for the
+//!   access phase and `rl_quota` alike;
 //! - [`access`]: the pre-access and pre-content phases, the two stages,
 //!   each combining its lines' verdicts all-or-nothing;
 //! - [`quota`]: `rl_quota`, the lines read without charging anything;
@@ -25,10 +31,10 @@ use ngx::core::{Status, NGX_CONF_ERROR};
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_core_main_conf_t, ngx_http_handler_pt,
     ngx_http_module_t, ngx_http_phases, ngx_http_phases_NGX_HTTP_LOG_PHASE, ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
-    ngx_http_phases_NGX_HTTP_PRECONTENT_PHASE, ngx_http_request_t, ngx_http_top_header_filter, ngx_int_t, ngx_module_t,
-    ngx_process, ngx_str_t, ngx_test_config, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1,
-    NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
-    NGX_HTTP_SRV_CONF, NGX_LOG_NOTICE, NGX_PROCESS_MASTER,
+    ngx_http_phases_NGX_HTTP_PRECONTENT_PHASE, ngx_http_top_header_filter, ngx_int_t, ngx_module_t, ngx_process,
+    ngx_str_t, ngx_test_config, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF,
+    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
+    NGX_LOG_NOTICE, NGX_PROCESS_MASTER,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::{ngx_log_error, ngx_string};
@@ -37,6 +43,7 @@ mod access;
 mod charge;
 mod conf;
 mod delay;
+mod eval;
 mod headers;
 mod line;
 mod metrics;
@@ -224,27 +231,9 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     };
     shm::init_clock();
     metrics::init_worker(mcf);
-    match redis_zone::init_worker(cycle, &mcf.redis, on_reply, on_lost, charge::on_failed) {
+    match redis_zone::init_worker(cycle, &mcf.redis, eval::redis::on_reply, eval::redis::on_lost, charge::on_failed) {
         Ok(()) => Status::NGX_OK.into(),
         Err(()) => Status::NGX_ERROR.into(),
-    }
-}
-
-/// A Redis reply, for the access phase or an `rl_quota` read.
-fn on_reply(r: *mut ngx_http_request_t, reply: redis_zone::Reply) {
-    if quota::is_quota(r) {
-        quota::on_reply(r, reply);
-    } else {
-        access::on_reply(r, reply);
-    }
-}
-
-/// Redis replies that did not come in time, for either.
-fn on_lost(r: *mut ngx_http_request_t) {
-    if quota::is_quota(r) {
-        quota::on_lost(r);
-    } else {
-        access::on_lost(r);
     }
 }
 

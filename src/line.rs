@@ -1,20 +1,16 @@
 //! One `rl_limit` line as the configuration leaves it: where its states
 //! live, its key, its limit and cost, and the identity its states are
-//! stored under. Lines are owned by [`crate::conf::MainConf::lines`] and
-//! named elsewhere by their [`LineId`].
+//! stored under; and, where its rate or burst holds variables, the limits
+//! it keeps for the values a plan repeats. Lines are owned by
+//! [`crate::conf::MainConf::lines`] and named elsewhere by their
+//! [`LineId`]; a request's are evaluated in [`crate::eval`].
 
 use core::cell::OnceCell;
 use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use core::{mem, ptr};
 
-use ngx::ffi::{
-    in6_addr, in_addr, ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_get_flushed_variable,
-    ngx_http_request_t, ngx_log_t, ngx_str_t, ngx_time, ngx_uint_t, ngx_variable_value_t, sockaddr_in, sockaddr_in6,
-    AF_INET6, AF_UNIX, NGX_LOG_ERR,
-};
-use ngx::ngx_log_error;
+use ngx::ffi::{ngx_http_complex_value_t, ngx_str_t, ngx_uint_t, ngx_variable_value_t};
 use rl_core::limit::Limit;
-use rl_core::parse::{parse_number, parse_rate, parse_u64, ParseError};
 
 use crate::metrics::store::LineSlot;
 
@@ -159,6 +155,13 @@ impl VarValue {
         let got = unsafe { &*ptr::addr_of!(v).cast::<VarValue>() };
         got.bits & VarValue::LEN == missing && got.bits & VarValue::NOT_FOUND != 0
     }
+
+    /// The value, `None` when the variable was not found.
+    #[inline(always)]
+    pub fn found(&self) -> Option<ngx_str_t> {
+        (self.bits & VarValue::NOT_FOUND == 0)
+            .then_some(ngx_str_t { len: (self.bits & VarValue::LEN) as usize, data: self.data })
+    }
 }
 
 /// How a line reads its key.
@@ -233,21 +236,6 @@ pub struct VarParam {
     /// (`$plan_rate`): read as is, as a key of one variable is.
     pub var: Option<ngx_uint_t>,
     pub src: String,
-}
-
-impl VarParam {
-    /// The value for the request, or `Err` if it cannot be evaluated (no memory).
-    fn eval(&self, r: *mut ngx_http_request_t) -> Result<ngx_str_t, ()> {
-        if let Some(index) = self.var {
-            return Ok(flushed(r, index));
-        }
-        let mut value = ngx_str_t::empty();
-        // SAFETY: compiled at configuration time; the value is allocated in r->pool.
-        if unsafe { ngx_http_complex_value(r, self.cv, &mut value) } != 0 {
-            return Err(());
-        }
-        Ok(value)
-    }
 }
 
 /// The variable parameters of a line (at least one of them is set).
@@ -337,7 +325,7 @@ impl Varying {
     }
 
     /// When a bad value was last logged.
-    fn logged(&self) -> &AtomicU64 {
+    pub fn logged(&self) -> &AtomicU64 {
         // SAFETY: set by `share`, whose caller keeps the word valid while the line exists.
         unsafe { self.shared_s.as_ref() }.unwrap_or(&self.logged_s)
     }
@@ -346,25 +334,38 @@ impl Varying {
     pub fn limit_varies(&self) -> bool {
         self.rate.is_some() || self.burst.is_some()
     }
-}
 
-/// A line's limit and cost for one request.
-pub enum Params {
-    /// As configured.
-    Static,
-    /// From the request's variables: the cost (and the limit, written
-    /// where [`Line::eval_params`] was told).
-    Per(u64),
-    /// An empty or bad value: the line does not apply to the request.
-    Off,
-}
-
-/// Why a variable parameter's value was not applied.
-enum BadValue {
-    Parse(&'static str, ParseError),
-    Limit(String),
-    /// A `charge=after` cost beyond [`Limit::max_cost`], and that cap.
-    Cost(u64, u64),
+    /// The limit of a request's rate and burst values (`None`: the line's
+    /// own): the one kept for them, else the one `make` makes of them, kept
+    /// while there is room for it (see [`Varying::memo`]).
+    #[inline(always)]
+    pub fn limit_for<E>(
+        &self,
+        rate_v: Option<ngx_str_t>,
+        burst_v: Option<ngx_str_t>,
+        make: impl FnOnce() -> Result<Limit, E>,
+    ) -> Result<VarLimit<'_>, E> {
+        // Entries fill in order: the first empty one ends the kept values.
+        let mut empty = None;
+        for entry in &self.memo {
+            match entry.get() {
+                Some(m) if Memo::same(&m.rate, rate_v) && Memo::same(&m.burst, burst_v) => {
+                    return Ok(VarLimit::Kept(&m.limit));
+                }
+                Some(_) => {}
+                None => {
+                    empty = Some(entry);
+                    break;
+                }
+            }
+        }
+        let limit = make()?;
+        if let (Some(entry), Some(rate), Some(burst)) = (empty, Memo::text(rate_v), Memo::text(burst_v)) {
+            let m = entry.get_or_init(|| Memo { rate, burst, limit });
+            return Ok(VarLimit::Kept(&m.limit));
+        }
+        Ok(VarLimit::Made(limit))
+    }
 }
 
 impl Line {
@@ -381,23 +382,6 @@ impl Line {
         self.counters.store(ptr::from_ref(slot).cast_mut(), Ordering::Relaxed);
     }
 
-    /// The line's key for the request (empty: the line does not apply to
-    /// it), or `Err` if it cannot be evaluated (no memory).
-    #[inline(always)]
-    pub fn eval_key(&self, r: *mut ngx_http_request_t) -> Result<ngx_str_t, ()> {
-        match self.key_source {
-            KeySource::ClientAddr => return Ok(client_addr(r)),
-            KeySource::Var(index) => return Ok(flushed(r, index)),
-            KeySource::Complex => {}
-        }
-        let mut key = ngx_str_t::empty();
-        // SAFETY: the key was compiled at configuration time; the value is allocated in r->pool.
-        if unsafe { ngx_http_complex_value(r, self.key, &mut key) } != 0 {
-            return Err(());
-        }
-        Ok(key)
-    }
-
     /// Whether the rate or burst holds variables.
     pub fn limit_varies(&self) -> bool {
         self.vars.as_deref().is_some_and(Varying::limit_varies)
@@ -407,190 +391,6 @@ impl Line {
     /// variables, or is left out (the rate's count) of a rate that does.
     pub fn burst_varies(&self) -> bool {
         self.vars.as_deref().is_some_and(|v| v.burst.is_some() || (v.rate.is_some() && self.burst_src.is_empty()))
-    }
-
-    /// The line's limit and cost for the request: evaluated when they hold
-    /// variables, the limit written to `limit` when the rate or burst
-    /// does (straight into the request's result: a limit is a few words).
-    /// `cost=` is not evaluated for `charge=after`, whose cost is known when
-    /// the request is logged. A bad value is logged, at most once a second
-    /// per line; `Err`: no memory.
-    pub fn eval_params<'a>(
-        &'a self,
-        r: *mut ngx_http_request_t,
-        log: *mut ngx_log_t,
-        redis: bool,
-        limit: &mut Option<VarLimit<'a>>,
-    ) -> Result<Params, ()> {
-        let Some(vars) = self.vars.as_deref() else {
-            return Ok(Params::Static);
-        };
-        let mut cost = self.cost;
-        let mut bad = None;
-        if vars.limit_varies() {
-            match self.eval_limit(vars, r, redis)? {
-                Some(Ok(l)) => *limit = Some(l),
-                Some(Err(e)) => bad = Some(e),
-                None => return Ok(Params::Off),
-            }
-        }
-        if let (None, Some(p), false) = (&bad, &vars.cost, self.charge_after) {
-            match eval_text(p, r)? {
-                None => return Ok(Params::Off),
-                Some(t) => match parse_number(t) {
-                    Ok(c) => cost = c,
-                    Err(e) => bad = Some(BadValue::Parse("cost", e)),
-                },
-            }
-        }
-        match bad {
-            None => Ok(Params::Per(cost)),
-            Some(bad) => {
-                self.log_bad(vars, log, bad);
-                Ok(Params::Off)
-            }
-        }
-    }
-
-    /// The request's limit from its variable rate or burst: `None` when a
-    /// value is empty.
-    fn eval_limit<'a>(
-        &self,
-        vars: &'a Varying,
-        r: *mut ngx_http_request_t,
-        redis: bool,
-    ) -> Result<Option<Result<VarLimit<'a>, BadValue>>, ()> {
-        let (mut rate_v, mut burst_v) = (None, None);
-        for (p, v) in [(&vars.rate, &mut rate_v), (&vars.burst, &mut burst_v)] {
-            if let Some(p) = p {
-                match p.eval(r)? {
-                    e if e.len == 0 => return Ok(None),
-                    e => *v = Some(e),
-                }
-            }
-        }
-        // Entries fill in order: the first empty one ends the kept values.
-        let mut empty = None;
-        for entry in &vars.memo {
-            match entry.get() {
-                Some(m) if Memo::same(&m.rate, rate_v) && Memo::same(&m.burst, burst_v) => {
-                    return Ok(Some(Ok(VarLimit::Kept(&m.limit))));
-                }
-                Some(_) => {}
-                None => {
-                    empty = Some(entry);
-                    break;
-                }
-            }
-        }
-        let limit = match self.parse_limit(rate_v, burst_v, redis) {
-            Ok(limit) => limit,
-            Err(e) => return Ok(Some(Err(e))),
-        };
-        if let (Some(entry), Some(rate), Some(burst)) = (empty, Memo::text(rate_v), Memo::text(burst_v)) {
-            let m = entry.get_or_init(|| Memo { rate, burst, limit });
-            return Ok(Some(Ok(VarLimit::Kept(&m.limit))));
-        }
-        Ok(Some(Ok(VarLimit::Made(limit))))
-    }
-
-    /// The limit of a request's rate and burst texts (`None`: the line's own).
-    fn parse_limit(
-        &self,
-        rate_v: Option<ngx_str_t>,
-        burst_v: Option<ngx_str_t>,
-        redis: bool,
-    ) -> Result<Limit, BadValue> {
-        let rate = match rate_v {
-            Some(v) => parse_rate(text(v)).map_err(|e| BadValue::Parse("rate", e))?,
-            None => self.limit.rate(),
-        };
-        let burst = match burst_v {
-            Some(v) => parse_u64(text(v)).map_err(|e| BadValue::Parse("burst", e))?,
-            // Left out: the rate's count, as for a static line.
-            None if self.burst_src.is_empty() => rate.count,
-            None => self.limit.burst(),
-        };
-        match Limit::new(self.limit.algorithm(), rate, burst).and_then(|l| l.with_queue(self.queue)) {
-            Ok(l) if redis && !rl_core::redis::exact(&l) => Err(BadValue::Limit(format!(
-                "rate {rate} with burst {burst} is out of the range a Redis zone computes exactly"
-            ))),
-            Ok(l) => Ok(l.varying()),
-            Err(e) => Err(BadValue::Limit(e.to_string())),
-        }
-    }
-
-    /// The cost of a `charge=after` line, evaluated when the request is
-    /// logged: `None` to charge nothing (empty, zero, or a bad value,
-    /// logged).
-    pub fn after_cost(&self, r: *mut ngx_http_request_t, log: *mut ngx_log_t) -> Option<u64> {
-        let Some((vars, p)) = self.vars.as_deref().and_then(|v| Some((v, v.cost.as_ref()?))) else {
-            return Some(self.cost).filter(|c| *c > 0);
-        };
-        let text = eval_text(p, r).ok()??;
-        match parse_number(text) {
-            Ok(cost) => Some(cost).filter(|c| *c > 0),
-            Err(e) => {
-                self.log_bad(vars, log, BadValue::Parse("cost", e));
-                None
-            }
-        }
-    }
-
-    /// What a `charge=after` line charges for `cost` under the request's
-    /// `limit`: the cost, or, for a figure no real cost reaches (beyond what
-    /// the rate refills in [`rl_core::limit::MAX_CHARGE_US`]), the cap,
-    /// logged. A static cost never exceeds the burst, so only a cost from
-    /// variables can be capped.
-    pub fn capped_cost(&self, cost: u64, limit: &Limit, log: *mut ngx_log_t) -> u64 {
-        let cap = limit.max_cost();
-        if cost <= cap {
-            return cost;
-        }
-        if let Some(vars) = self.vars.as_deref() {
-            self.log_bad(vars, log, BadValue::Cost(cost, cap));
-        }
-        cap
-    }
-
-    /// Says why a value was not applied (or, for a cost, what was charged
-    /// instead), at most once a second per line.
-    fn log_bad(&self, vars: &Varying, log: *mut ngx_log_t, bad: BadValue) {
-        let now = ngx_time() as u64;
-        if vars.logged().swap(now, Ordering::Relaxed) == now {
-            return;
-        }
-        let src = |p: Option<&VarParam>| p.map_or("", |p| p.src.as_str()).to_string();
-        let (why, then) = match bad {
-            BadValue::Parse(what, e) => {
-                let from = match what {
-                    "rate" => src(vars.rate.as_ref()),
-                    "burst" => src(vars.burst.as_ref()),
-                    _ => src(vars.cost.as_ref()),
-                };
-                let value: String = e.value.chars().take(64).collect();
-                (format!("invalid {what} \"{value}\" from \"{from}\""), "the line is not applied".to_string())
-            }
-            BadValue::Limit(m) => (m, "the line is not applied".to_string()),
-            BadValue::Cost(cost, cap) => (
-                format!(
-                    "cost {cost} from \"{}\" is more than the rate refills in {} days",
-                    src(vars.cost.as_ref()),
-                    rl_core::limit::MAX_CHARGE_US / 86_400_000_000
-                ),
-                format!("charged as {cap}"),
-            ),
-        };
-        ngx_log_error!(
-            NGX_LOG_ERR,
-            log,
-            "{} in rl_limit \"{}\" of zone \"{}\" ({}), {}",
-            why,
-            self.item,
-            self.zone_name,
-            self.origin,
-            then
-        );
     }
 
     /// The `X-RateLimit-Limit` value (it lives as long as the configuration).
@@ -642,65 +442,4 @@ impl Line {
         );
         sip.hash(canon.as_bytes())
     }
-}
-
-/// The value of the variable registered at `index`, as the complex value
-/// `"$name"` evaluates it: flushed, empty when not found.
-#[inline(always)]
-fn flushed(r: *mut ngx_http_request_t, index: ngx_uint_t) -> ngx_str_t {
-    // SAFETY: the index was registered for this configuration; r is the request being handled;
-    // an index is only kept where VarValue reads the value's layout right (VarValue::matches).
-    let value = unsafe { ngx_http_get_flushed_variable(r, index).cast::<VarValue>().as_ref() };
-    match value {
-        Some(v) if v.bits & VarValue::NOT_FOUND == 0 => {
-            ngx_str_t { len: (v.bits & VarValue::LEN) as usize, data: v.data }
-        }
-        _ => ngx_str_t::empty(),
-    }
-}
-
-/// `$binary_remote_addr`'s value, as nginx's handler for it
-/// (`ngx_http_variable_binary_remote_addr`) makes it: the client's IPv6
-/// address (16 bytes) or IPv4 address (4 bytes), or the address text of a
-/// UNIX-domain socket's client. Read from the request's connection when the
-/// key is evaluated, as the handler reads it, so that an address the realip
-/// module set counts as it does for the variable.
-#[inline(always)]
-fn client_addr(r: *mut ngx_http_request_t) -> ngx_str_t {
-    // SAFETY: r is the request being handled: its connection, and the connection's address
-    // (a sockaddr of the family it says, sockaddr_in6 or sockaddr_in) and address text, are
-    // valid for the request's lifetime.
-    unsafe {
-        let c = (*r).connection;
-        let sa = (*c).sockaddr;
-        match u32::from((*sa).sa_family) {
-            AF_INET6 => ngx_str_t {
-                len: mem::size_of::<in6_addr>(),
-                data: ptr::addr_of_mut!((*sa.cast::<sockaddr_in6>()).sin6_addr).cast(),
-            },
-            AF_UNIX => (*c).addr_text,
-            _ => ngx_str_t {
-                len: mem::size_of::<in_addr>(),
-                data: ptr::addr_of_mut!((*sa.cast::<sockaddr_in>()).sin_addr).cast(),
-            },
-        }
-    }
-}
-
-/// A parameter's value as text: `None` when empty (the line does not apply).
-/// Bytes that are not UTF-8 cannot parse: they read as text that fails to.
-fn eval_text<'r>(p: &VarParam, r: *mut ngx_http_request_t) -> Result<Option<&'r str>, ()> {
-    let v = p.eval(r)?;
-    Ok((v.len > 0).then(|| text(v)))
-}
-
-/// A value as text. Bytes that are not UTF-8 cannot parse: they read as
-/// text that fails to.
-fn text<'r>(v: ngx_str_t) -> &'r str {
-    if v.len == 0 {
-        return "";
-    }
-    // SAFETY: the value was allocated in r->pool, which outlives the phase handler.
-    let bytes = unsafe { core::slice::from_raw_parts(v.data, v.len) };
-    core::str::from_utf8(bytes).unwrap_or("\u{fffd}")
 }

@@ -286,22 +286,15 @@ const JSON_TYPE: &str = "application/json";
 
 fn serve(r: &mut Request) -> Status {
     let raw: *mut ngx_http_request_t = (&mut *r).into();
-    // SAFETY: the request is valid in its content handler.
-    let method = unsafe { (*raw).method } as u32;
-    if method & (NGX_HTTP_GET | NGX_HTTP_HEAD) == 0 {
-        return Status(NGX_HTTP_NOT_ALLOWED as isize);
-    }
-    // SAFETY: as above.
-    let rc = unsafe { ngx_http_discard_request_body(raw) };
-    if rc != 0 {
-        return Status(rc);
+    if let Err(status) = get_or_head(raw) {
+        return status;
     }
     let Some(mcf) = Module::main_conf(r) else {
         return Status(500);
     };
     let mut value = ngx_str_t::empty();
     let name = b"format";
-    // SAFETY: as above; the name is read for its length only.
+    // SAFETY: the request is valid in its content handler; the name is read for its length only.
     let json = unsafe { ngx_http_arg(raw, name.as_ptr() as *mut u8, name.len(), &mut value) } == 0
         && value.as_bytes() == b"json";
     let snap = snapshot(mcf);
@@ -317,6 +310,22 @@ fn serve(r: &mut Request) -> Status {
         PROMETHEUS_TYPE
     };
     send(raw, 200, ctype, body.as_bytes())
+}
+
+/// What a content handler that answers GET and HEAD (`rl_metrics`,
+/// `rl_quota`) does first: another method is answered 405, and the request
+/// body is discarded. `Err`: the status the handler returns.
+pub(crate) fn get_or_head(r: *mut ngx_http_request_t) -> Result<(), Status> {
+    // SAFETY: the request is valid in its content handler.
+    let method = unsafe { (*r).method } as u32;
+    if method & (NGX_HTTP_GET | NGX_HTTP_HEAD) == 0 {
+        return Err(Status(NGX_HTTP_NOT_ALLOWED as isize));
+    }
+    // SAFETY: as above.
+    match unsafe { ngx_http_discard_request_body(r) } {
+        0 => Ok(()),
+        rc => Err(Status(rc)),
+    }
 }
 
 /// Sends `status` with `body`, from a content handler.

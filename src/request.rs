@@ -340,16 +340,6 @@ impl Ctx {
         ids.iter().zip(self.results().iter_mut()).filter_map(|(&id, r)| Some((id.of(lines)?, r)))
     }
 
-    /// The active lines of the stage being decided on Redis zone `zone`,
-    /// with their outcomes.
-    pub fn on_redis<'a>(
-        &'a mut self,
-        lines: &'a [Line],
-        zone: usize,
-    ) -> impl Iterator<Item = (&'a Line, &'a mut LineResult)> {
-        self.staged_mut(lines).filter(move |(l, r)| r.active && l.backend.redis() == Some(zone))
-    }
-
     /// One of the Redis replies the request waits for is in: whether it
     /// was the last (the request is then to be resumed).
     pub fn reply_in(&mut self) -> bool {
@@ -358,16 +348,6 @@ impl Ctx {
             _ => Phase::Replied,
         };
         self.phase == Phase::Replied
-    }
-
-    /// The active lines of both stages on Redis zone `zone` (an `rl_quota`
-    /// read), with their outcomes.
-    pub fn on_redis_all<'a>(
-        &'a mut self,
-        lines: &'a [Line],
-        zone: usize,
-    ) -> impl Iterator<Item = (&'a Line, &'a mut LineResult)> {
-        self.iter_mut(lines).filter(move |(l, r)| r.active && l.backend.redis() == Some(zone))
     }
 }
 

@@ -1,0 +1,176 @@
+//! A request's Redis lines: one job per zone sent to the I/O thread, the
+//! request suspended until every zone has answered (or the backstop timer
+//! fires), each reply written into the lines' results, and the request
+//! resumed in the handler that sent them. For a stage of the access phase
+//! and an `rl_quota` read alike ([`Ask`]); what a zone that fails does is
+//! the one difference.
+
+use ngx::ffi::{ngx_http_request_t, ngx_log_t};
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
+
+use crate::conf::{LocConf, MainConf};
+use crate::line::Line;
+use crate::metrics;
+use crate::redis_zone::{self, Job, JobLine, RedisError, RedisZone, Reply};
+use crate::request::{get_ctx, Ctx, LineResult, Phase};
+use crate::Module;
+
+/// What a request asks its Redis zones.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// To decide and charge the lines of its current stage (the access
+    /// phase): a zone that fails is left out, or rejects the request, per
+    /// its `on_error`.
+    Decide,
+    /// To read every line at cost 0, writing nothing (`rl_quota`, the
+    /// script's check-only mode): a zone that fails makes the answer 503.
+    Read,
+}
+
+impl Ask {
+    /// What a request waiting for Redis asked: a read in an `rl_quota`
+    /// location, else a decision.
+    fn of(r: &Request) -> Ask {
+        match Module::location_conf(r).is_some_and(|lcf: &LocConf| lcf.quota) {
+            true => Ask::Read,
+            false => Ask::Decide,
+        }
+    }
+}
+
+/// What a job asks Redis about `line` for the request: the state of its
+/// key, under the request's limit, for `cost`.
+pub fn job_line(line: &Line, res: &LineResult, cost: u64) -> JobLine {
+    JobLine {
+        tag: rl_core::redis::tag_of(res.key.as_bytes()),
+        line_id: line.id,
+        limit: *res.limit(line),
+        cost,
+        dry_run: res.dry_run,
+        check_only: false,
+        next: false,
+        deepest_queue: line.deepest_queue,
+    }
+}
+
+/// The request's active lines on Redis zone `zone` that `ask` is about
+/// (those of the current stage, or every line for a read), with their
+/// results.
+fn on_zone<'a>(
+    ctx: &'a mut Ctx,
+    lines: &'a [Line],
+    zone: usize,
+    ask: Ask,
+) -> impl Iterator<Item = (&'a Line, &'a mut LineResult)> {
+    let stage = ctx.stage;
+    ctx.iter_mut(lines)
+        .filter(move |(l, r)| r.active && l.backend.redis() == Some(zone) && (ask == Ask::Read || l.stage == stage))
+}
+
+/// Sends one job per Redis zone of the request's lines and, if any was
+/// sent, suspends the request until the replies are in: whether it waits
+/// (a zone that could not take its job has failed).
+pub fn send(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ask: Ask) -> bool {
+    let mut sent = 0;
+    // SAFETY: the request is valid.
+    let log = unsafe { (*(*r).connection).log };
+    // (the wait for one more unit is asked for where the `RateLimit` field sends it)
+    let next = ctx.headers.draft();
+    for (z, zone) in mcf.redis.iter().enumerate() {
+        let mut job = Job { id: 0, zone: z, commit: ask == Ask::Decide, charge: false, lines: Default::default() };
+        for (line, res) in on_zone(ctx, &mcf.lines, z, ask) {
+            job.lines.push(match ask {
+                Ask::Decide => JobLine { check_only: line.charge_after, next, ..job_line(line, res, res.cost) },
+                Ask::Read => JobLine { dry_run: false, next, ..job_line(line, res, 0) },
+            });
+        }
+        if job.lines.is_empty() {
+            continue;
+        }
+        if redis_zone::submit(r, job).is_ok() {
+            sent += 1;
+            ctx.awaited |= 1 << z;
+        } else {
+            failed(log, mcf, ctx, z, zone, &RedisError::NoThread, ask);
+        }
+    }
+    if sent == 0 {
+        return false;
+    }
+    ctx.phase = Phase::Waiting(sent);
+    redis_zone::suspend(r);
+    true
+}
+
+/// Zone `z` failed (`e`): logged, and for a decision counted, and its
+/// lines left out of the request (see [`leave_out`]); a read is answered
+/// 503.
+fn failed(log: *mut ngx_log_t, mcf: &MainConf, ctx: &mut Ctx, z: usize, zone: &RedisZone, e: &RedisError, ask: Ask) {
+    match ask {
+        Ask::Decide => {
+            zone.failed(log, e);
+            metrics::redis_failed(mcf, ctx, z, zone.on_error_allow, e);
+            leave_out(mcf, ctx, z, zone.on_error_allow);
+        }
+        Ask::Read => {
+            zone.failed_doing(log, e, "answering 503 to the quota read");
+            ctx.denied_by_error = true;
+            for (_, res) in on_zone(ctx, &mcf.lines, z, ask) {
+                res.active = false;
+            }
+        }
+    }
+}
+
+/// A zone's lines of the current stage are not decided by Redis:
+/// `on_error=allow` (`allow`) leaves them out, `on_error=deny` rejects the
+/// request (unless they are all dry-run: a dry-run line never rejects).
+pub fn leave_out(mcf: &MainConf, ctx: &mut Ctx, zone: usize, allow: bool) {
+    if !allow && on_zone(ctx, &mcf.lines, zone, Ask::Decide).any(|(_, res)| !res.dry_run) {
+        ctx.denied_by_error = true;
+    }
+    for (_, res) in on_zone(ctx, &mcf.lines, zone, Ask::Decide) {
+        res.active = false;
+    }
+}
+
+/// A Redis reply for a suspended request: recorded, and the request
+/// resumed once every zone has answered.
+pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
+    // SAFETY: r is a live suspended request (pending requests are forgotten when freed).
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    let (Some(ctx), Some(mcf)) = (get_ctx(req), Module::main_conf(req)) else { return };
+    let Some(zone) = mcf.redis.get(reply.zone) else { return };
+    let ask = Ask::of(req);
+    ctx.awaited &= !(1 << reply.zone);
+    match reply.result {
+        Ok((all, outcomes)) => {
+            for ((_, res), o) in on_zone(ctx, &mcf.lines, reply.zone, ask).zip(outcomes) {
+                // A line is charged iff the request's enforced lines admit it and so does the
+                // line (rl-core's Decision::charges); a read charges nothing.
+                res.set(&o, ask == Ask::Decide && all && o.admitted);
+            }
+        }
+        Err(e) => failed(req.log(), mcf, ctx, reply.zone, zone, &e, ask),
+    }
+    if ctx.reply_in() {
+        redis_zone::resume(r);
+    }
+}
+
+/// The backstop timer of a suspended request fired before every Redis
+/// reply came: the zones still owed have failed, and the request goes on.
+pub fn on_lost(r: *mut ngx_http_request_t) {
+    // SAFETY: r is a live suspended request.
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    let (Some(ctx), Some(mcf)) = (get_ctx(req), Module::main_conf(req)) else { return };
+    let ask = Ask::of(req);
+    for (z, zone) in mcf.redis.iter().enumerate() {
+        if ctx.awaited & (1 << z) != 0 {
+            failed(req.log(), mcf, ctx, z, zone, &RedisError::NoThread, ask);
+        }
+    }
+    ctx.awaited = 0;
+    ctx.phase = Phase::Replied;
+    redis_zone::resume(r);
+}
