@@ -7,7 +7,9 @@
 //! - [`request`]: a request's lines and verdicts, across phases and redirects;
 //! - [`shm`]: shared-memory zones, their layout across reloads, the decision;
 //! - [`redis_zone`]: Redis zones, the worker's I/O thread and its connections;
-//! - [`conf`]: the directives, merged per location and finished;
+//! - [`conf`]: the configuration the directives leave, merged per location
+//!   and finished;
+//! - [`directives`]: the directive handlers, which fill the configuration;
 //! - [`access`]: the pre-access and pre-content phases, the two stages,
 //!   each combining its lines' verdicts all-or-nothing;
 //! - [`quota`]: `rl_quota`, the lines read without charging anything;
@@ -37,6 +39,7 @@ mod access;
 mod charge;
 mod conf;
 mod delay;
+mod directives;
 mod headers;
 mod line;
 mod metrics;
@@ -46,8 +49,8 @@ mod request;
 mod shm;
 mod variables;
 
-use conf::directives::{cmd_rl_dry_run, cmd_rl_headers, cmd_rl_limit, cmd_rl_log_level, cmd_rl_status, cmd_rl_zone};
 use conf::{LocConf, MainConf};
+use directives::{cmd_rl_dry_run, cmd_rl_headers, cmd_rl_limit, cmd_rl_log_level, cmd_rl_status, cmd_rl_zone};
 use line::Stage;
 
 pub struct Module;
