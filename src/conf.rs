@@ -44,8 +44,10 @@ impl MainConf {
 }
 
 /// `rl_status`, `rl_headers`, `rl_dry_run` and `rl_log_level` as a level
-/// gives them, `None` where it does not: merging fills each from the
-/// enclosing levels, as `ngx_conf_merge_value` does.
+/// gives them, `None` where it does not (the directives refuse a second
+/// one). Merging fills each one not given from the enclosing levels; the
+/// defaults are applied where the values are read ([`LocConf::status`],
+/// [`LocConf::headers`], ...), so that an unset value never looks set.
 #[derive(Clone, Copy, Default)]
 pub struct Given {
     pub status: Option<ngx_uint_t>,

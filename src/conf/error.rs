@@ -57,7 +57,7 @@ impl From<ParamError> for ConfError {
 /// Returns early with a [`ConfError::Refused`] in these words.
 macro_rules! refuse {
     ($($arg:tt)+) => {
-        return Err($crate::conf::ConfError::refused(format_args!($($arg)+)).into())
+        return Err($crate::conf::ConfError::refused(format_args!($($arg)+)))
     };
 }
 pub(crate) use refuse;
