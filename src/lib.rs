@@ -9,7 +9,9 @@
 //!   redirects; [`delay`]: a delayed request's sleep;
 //! - [`shm`]: shared-memory zones, their layout across reloads, the decision;
 //! - [`redis_zone`]: Redis zones, the worker's I/O thread and its connections;
-//! - [`conf`]: the directives, merged per location and finished;
+//! - [`conf`]: the configuration the directives leave, merged per location
+//!   and finished;
+//! - [`directives`]: the directive handlers, which fill the configuration;
 //! - [`metrics`]: `rl_metrics`, counting verdicts and serving the counters;
 //! - [`eval`]: a request's lines evaluated (keys, the rate, burst and cost
 //!   of variables, the request's limits), and the wait for Redis, for the
@@ -43,6 +45,7 @@ mod access;
 mod charge;
 mod conf;
 mod delay;
+mod directives;
 mod eval;
 mod headers;
 mod line;
@@ -53,8 +56,8 @@ mod request;
 mod shm;
 mod variables;
 
-use conf::directives::{cmd_rl_dry_run, cmd_rl_headers, cmd_rl_limit, cmd_rl_log_level, cmd_rl_status, cmd_rl_zone};
 use conf::{LocConf, MainConf};
+use directives::{cmd_rl_dry_run, cmd_rl_headers, cmd_rl_limit, cmd_rl_log_level, cmd_rl_status, cmd_rl_zone};
 use line::Stage;
 
 pub struct Module;

@@ -3,7 +3,7 @@
 //! submitting jobs, suspending and resuming requests) and the I/O thread
 //! ([`thread`], with its connections, script calls, Cluster and Sentinel).
 //!
-//! Nothing here reads the configuration module: `conf::redis` builds a
+//! Nothing here reads the configuration module: `directives::redis` builds a
 //! [`RedisZone`] and the phase handlers (`access`) hand jobs in.
 
 mod clock;

@@ -7,6 +7,8 @@
 //! - [`metrics`]: the verdicts `rl_metrics` counts and their rendering
 //!   (Prometheus text format, JSON).
 //! - [`parse`]: rates, sizes and durations as nginx.conf writes them.
+//! - [`spec`]: what a directive's arguments say (an `rl_limit` line's
+//!   specification, `name=value` parameters), with `nginx -t`'s messages.
 //! - [`table`]: the keyed state table that lives in a shared-memory zone
 //!   (hash chains + LRU over a caller-provided memory region).
 //! - [`verdict`]: [`verdict::Outcome`], a line's verdict on a request,
@@ -20,6 +22,7 @@ pub mod limit;
 pub mod metrics;
 pub mod parse;
 pub mod redis;
+pub mod spec;
 pub mod table;
 pub mod url;
 pub mod verdict;

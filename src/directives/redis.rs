@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates};
 use rl_core::parse::parse_duration_ms;
+use rl_core::spec::Quote;
 use rl_core::url::{redact, Kind, RedisUrl};
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::Quote;
 use crate::redis_zone::{self, RedisZone, Target, ZoneSpec};
 
 /// The parameters of a Redis zone besides `redis`.

@@ -1,0 +1,432 @@
+//! What a directive's arguments say, read without nginx: an `rl_limit`
+//! line's [`LineSpec`], and what every directive's parsing shares, its
+//! `name=value` [`params`] and the [`Quote`] its messages put values in.
+//!
+//! Arguments are bytes, as nginx hands them over (a configuration need not
+//! be UTF-8); one that is not UTF-8 matches no parameter and is shown as
+//! nginx-sys shows it ([`shown`]). Every refusal's text is the whole
+//! `nginx -t` message, naming the directive. What needs nginx (compiling
+//! variables, finding zones, allocating) is the caller's: [`LineSpec::parse`]
+//! hands each value that holds variables to the caller's `compile`, in the
+//! order the checks run, so that the first error nginx reports stays the
+//! same whichever side finds it.
+
+use std::fmt::{self, Write as _};
+
+use crate::habits;
+use crate::limit::{Algorithm, Limit, LimitError};
+use crate::parse::{parse_number, parse_rate, parse_u64, ParseError, ParseErrorKind, Rate};
+use crate::url::redact;
+
+/// Text from the configuration as a message quotes it: control characters
+/// escaped (a message is one line) and cut after [`Quote::MAX`] bytes, so
+/// that nginx, which truncates long configuration messages, does not cut
+/// off the reason and the directive that follow.
+pub struct Quote<'a>(pub &'a str);
+
+impl Quote<'_> {
+    pub const MAX: usize = 255;
+}
+
+impl fmt::Display for Quote<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut end = self.0.len().min(Quote::MAX);
+        while !self.0.is_char_boundary(end) {
+            end -= 1;
+        }
+        for c in self.0[..end].chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        if end < self.0.len() {
+            f.write_str("...")?;
+        }
+        Ok(())
+    }
+}
+
+/// An argument as nginx-sys displays an `ngx_str_t`: UTF-8 as is, each
+/// byte of an invalid sequence as `\xNN`.
+pub fn shown(arg: &[u8]) -> String {
+    let mut s = String::with_capacity(arg.len());
+    for chunk in arg.utf8_chunks() {
+        s.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            let _ = write!(s, "\\x{b:02x}");
+        }
+    }
+    s
+}
+
+/// An argument as text: one that is not UTF-8 reads as empty, which no
+/// parameter or value is.
+pub fn text(arg: &[u8]) -> &str {
+    std::str::from_utf8(arg).unwrap_or("")
+}
+
+/// The words a value may be, as a message lists them:
+/// `"on" or "off"`, `"a", "b" or "c"`.
+pub fn one_of(words: &[&str]) -> String {
+    let mut s = String::new();
+    for (i, w) in words.iter().enumerate() {
+        let sep = match i {
+            0 => "",
+            _ if i + 1 == words.len() => " or ",
+            _ => ", ",
+        };
+        let _ = write!(s, "{sep}\"{w}\"");
+    }
+    s
+}
+
+/// A parameter a directive refuses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamError {
+    pub directive: &'static str,
+    pub kind: ParamErrorKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParamErrorKind {
+    /// Not one of the directive's parameters: the argument as shown, any
+    /// password hidden, and what a `limit_req` habit it is ([`habits`]).
+    Invalid { arg: String, hint: Option<String> },
+    /// Given twice.
+    Duplicate(&'static str),
+}
+
+impl fmt::Display for ParamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let directive = self.directive;
+        match &self.kind {
+            ParamErrorKind::Invalid { arg, hint } => {
+                write!(f, "invalid parameter \"{}\" in \"{directive}\" directive", Quote(arg))?;
+                match hint {
+                    Some(hint) => write!(f, ", {hint}"),
+                    None => Ok(()),
+                }
+            }
+            ParamErrorKind::Duplicate(name) => write!(f, "duplicate \"{name}\" parameter in \"{directive}\" directive"),
+        }
+    }
+}
+
+impl std::error::Error for ParamError {}
+
+/// The `name=value` parameters a directive was given, each one it knows.
+pub struct Params<'a>(Vec<(&'static str, &'a str)>);
+
+impl<'a> Params<'a> {
+    /// The value of parameter `name`, if given.
+    pub fn get(&self, name: &str) -> Option<&'a str> {
+        self.0.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+
+    /// The parameters given, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &'a str)> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+/// The `name=value` parameters of `directive`, each one of `known` and
+/// given at most once, in order. An unknown parameter is quoted with any
+/// password hidden, with what `hint` says of it.
+pub fn params<'a>(
+    directive: &'static str,
+    args: &[&'a [u8]],
+    known: &[&'static str],
+    hint: impl Fn(&str) -> Option<String>,
+) -> Result<Params<'a>, ParamError> {
+    let refuse = |kind| ParamError { directive, kind };
+    let mut given: Vec<(&'static str, &'a str)> = Vec::with_capacity(args.len());
+    for &arg in args {
+        let param = std::str::from_utf8(arg)
+            .ok()
+            .and_then(|a| a.split_once('='))
+            .and_then(|(name, value)| known.iter().find(|k| **k == name).map(|k| (*k, value)));
+        let Some((name, value)) = param else {
+            return Err(refuse(ParamErrorKind::Invalid { arg: redact(&shown(arg)), hint: hint(text(arg)) }));
+        };
+        if given.iter().any(|(n, _)| *n == name) {
+            return Err(refuse(ParamErrorKind::Duplicate(name)));
+        }
+        given.push((name, value));
+    }
+    Ok(Params(given))
+}
+
+/// Why `rl_limit`'s arguments are refused; displays as `nginx -t` says it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpecError {
+    Param(ParamError),
+    /// `zone=` or `key=` with nothing after it.
+    Empty(&'static str),
+    /// `zone=` or `rate=` not given.
+    Missing(&'static str),
+    Algorithm(String),
+    Rate(ParseError),
+    /// `burst=` or `cost=`.
+    Number(&'static str, ParseError),
+    Queue(ParseError),
+    Charge(String),
+    VaryingBurstLog,
+    ChargeAfterLog,
+    CostOverBurst {
+        cost: u64,
+        burst: u64,
+    },
+    Limit(LimitError),
+    ChargeAfterQueue,
+    /// A `name=` that is no token (the caller knows what names a line).
+    Name(String),
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const AT: &str = "in \"rl_limit\" directive";
+        match self {
+            SpecError::Param(e) => e.fmt(f),
+            SpecError::Empty(name) => write!(f, "invalid parameter \"{name}=\" {AT}"),
+            SpecError::Missing(name) => write!(f, "\"rl_limit\" directive must have \"{name}\" parameter"),
+            SpecError::Algorithm(a) => {
+                let all = Algorithm::ALL.map(Algorithm::name);
+                write!(f, "invalid algorithm \"{}\" {AT}, it must be {}", Quote(a), one_of(&all))
+            }
+            SpecError::Rate(e) => write!(f, "invalid rate \"{}\" {AT}, {}", Quote(&e.value), rate_hint(e)),
+            SpecError::Number(what, e) => {
+                let hint = match e.kind {
+                    ParseErrorKind::TooLarge => "it is too large",
+                    ParseErrorKind::NotPositive | ParseErrorKind::Invalid => "it must be a positive number",
+                };
+                write!(f, "invalid {what} \"{}\" {AT}, {hint}", Quote(&e.value))
+            }
+            SpecError::Queue(e) => {
+                let hint = match e.kind {
+                    ParseErrorKind::TooLarge => "it is too large",
+                    _ => "it must be a number",
+                };
+                write!(f, "invalid queue \"{}\" {AT}, {hint}", Quote(&e.value))
+            }
+            SpecError::Charge(v) => {
+                write!(f, "invalid charge \"{}\" {AT}, it must be \"before\" or \"after\"", Quote(v))
+            }
+            SpecError::VaryingBurstLog => write!(
+                f,
+                "a burst from variables is not supported by algorithm \"sliding_log\", which lays out one \
+                 timestamp per unit of burst when the configuration is read, {AT}"
+            ),
+            SpecError::ChargeAfterLog => write!(
+                f,
+                "\"charge=after\" is not supported by algorithm \"sliding_log\", which cannot record an \
+                 overdraft, {AT}"
+            ),
+            SpecError::CostOverBurst { cost, burst } => {
+                write!(f, "cost={cost} exceeds burst={burst} {AT}: no request could ever pass")
+            }
+            SpecError::Limit(e) => write!(f, "invalid limit {AT}: {e}"),
+            SpecError::ChargeAfterQueue => {
+                write!(f, "\"charge=after\" cannot be used with \"queue\" {AT}: delaying needs the cost up front")
+            }
+            SpecError::Name(n) => {
+                write!(f, "invalid name \"{}\" {AT}, it must be letters, digits, \"_\" and \"-\"", Quote(n))
+            }
+        }
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+impl From<ParamError> for SpecError {
+    fn from(e: ParamError) -> Self {
+        SpecError::Param(e)
+    }
+}
+
+/// The second half of an "invalid rate" message.
+fn rate_hint(e: &ParseError) -> &'static str {
+    match e.kind {
+        ParseErrorKind::NotPositive => "it must be positive",
+        ParseErrorKind::TooLarge => "it is too large",
+        ParseErrorKind::Invalid => {
+            "it must be a number of requests per second, minute, hour or day: \"10r/s\", \"100r/m\", \
+             \"1000r/h\", \"10000r/d\""
+        }
+    }
+}
+
+/// The parameters of a line that hold variables, each as the caller's
+/// `compile` left it.
+pub struct Vars<V> {
+    pub rate: Option<V>,
+    pub burst: Option<V>,
+    pub cost: Option<V>,
+}
+
+/// One `rl_limit` line as its arguments specify it.
+pub struct LineSpec<'a, V> {
+    pub zone: &'a str,
+    /// `key=` as given: see [`LineSpec::key`].
+    key: Option<&'a str>,
+    /// With its queue, and varying where the rate or burst holds variables
+    /// (then a placeholder until a request comes: `1r/s`, burst 1).
+    pub limit: Limit,
+    /// The cost; 0 where it holds variables.
+    pub cost: u64,
+    pub vars: Vars<V>,
+    /// `rate=` and `burst=` as written where they hold variables, else the
+    /// parsed value (`burst_src` empty for the rate's varying burst).
+    pub rate_src: String,
+    pub burst_src: String,
+    /// The burst holds variables, or follows a rate that does.
+    pub burst_varies: bool,
+    pub queue: u64,
+    /// `name=` as given: what may name a line is the caller's to check
+    /// ([`SpecError::Name`]).
+    pub name: Option<&'a str>,
+    pub dry_run: bool,
+    pub after_auth: bool,
+    pub charge_after: bool,
+}
+
+/// `rl_limit`'s `name=value` parameters; `dry_run` and `after_auth` are
+/// flags, as in `limit_req ... nodelay`.
+const KNOWN: [&str; 9] = ["zone", "rate", "key", "algorithm", "burst", "cost", "name", "queue", "charge"];
+const FLAGS: [&str; 2] = ["dry_run", "after_auth"];
+
+impl<'a, V> LineSpec<'a, V> {
+    /// Reads `rl_limit`'s arguments (its name not included). A value with
+    /// `$` in `rate=`, `burst=` or `cost=` is handed to `compile` (which
+    /// refuses it with an `E` of its own, such as one that nginx has
+    /// already logged) and checked per request instead.
+    pub fn parse<E: From<SpecError>>(
+        args: &[&'a [u8]],
+        mut compile: impl FnMut(&'a str) -> Result<V, E>,
+    ) -> Result<Self, E> {
+        let mut flags = [false; 2];
+        for (flag, name) in flags.iter_mut().zip(FLAGS) {
+            match args.iter().filter(|a| text(a) == name).count() {
+                0 => {}
+                1 => *flag = true,
+                _ => {
+                    let kind = ParamErrorKind::Duplicate(name);
+                    return Err(SpecError::Param(ParamError { directive: "rl_limit", kind }).into());
+                }
+            }
+        }
+        let [dry_run, after_auth] = flags;
+        let rest: Vec<&'a [u8]> = args.iter().copied().filter(|a| !FLAGS.contains(&text(a))).collect();
+        let burst_arg = rest.iter().find_map(|a| text(a).strip_prefix("burst="));
+        let given =
+            params("rl_limit", &rest, &KNOWN, |arg| habits::limit_param(arg, burst_arg)).map_err(SpecError::from)?;
+        let get = |name| given.get(name);
+        let zone = match get("zone") {
+            Some("") => return Err(SpecError::Empty("zone").into()),
+            Some(z) => z,
+            None => return Err(SpecError::Missing("zone").into()),
+        };
+        let algorithm = match get("algorithm") {
+            None => Algorithm::default(),
+            Some(a) => a.parse::<Algorithm>().map_err(|_| SpecError::Algorithm(a.to_string()))?,
+        };
+        let mut var = |value: Option<&'a str>| match value.filter(|v| v.contains('$')) {
+            Some(v) => compile(v).map(Some),
+            None => Ok(None),
+        };
+        let vars = Vars { rate: var(get("rate"))?, burst: var(get("burst"))?, cost: var(get("cost"))? };
+        let rate = match get("rate") {
+            Some(_) if vars.rate.is_some() => Rate { count: 1, period_us: 1_000_000 },
+            Some(r) => parse_rate(r).map_err(SpecError::Rate)?,
+            None => return Err(SpecError::Missing("rate").into()),
+        };
+        let burst = match get("burst") {
+            Some(_) if vars.burst.is_some() => 1,
+            None => rate.count,
+            Some(b) => parse_u64(b).map_err(|e| SpecError::Number("burst", e))?,
+        };
+        let cost = match get("cost") {
+            None => 1,
+            Some(_) if vars.cost.is_some() => 0,
+            Some(c) => parse_u64(c).map_err(|e| SpecError::Number("cost", e))?,
+        };
+        let charge_after = match get("charge") {
+            None | Some("before") => false,
+            Some("after") => true,
+            Some(v) => return Err(SpecError::Charge(v.to_string()).into()),
+        };
+        let burst_varies = vars.burst.is_some() || (get("burst").is_none() && vars.rate.is_some());
+        if algorithm == Algorithm::SlidingLog && burst_varies {
+            return Err(SpecError::VaryingBurstLog.into());
+        }
+        if algorithm == Algorithm::SlidingLog && charge_after {
+            return Err(SpecError::ChargeAfterLog.into());
+        }
+        let fixed = vars.rate.is_none() && vars.burst.is_none() && vars.cost.is_none();
+        if fixed && cost > burst {
+            return Err(SpecError::CostOverBurst { cost, burst }.into());
+        }
+        let limit = Limit::new(algorithm, rate, burst).map_err(SpecError::Limit)?;
+        let queue = match get("queue") {
+            None => 0,
+            Some(q) => parse_number(q).map_err(SpecError::Queue)?,
+        };
+        if charge_after && queue > 0 {
+            return Err(SpecError::ChargeAfterQueue.into());
+        }
+        let limit = limit.with_queue(queue).map_err(SpecError::Limit)?;
+        let rate_src = match vars.rate {
+            Some(_) => get("rate").unwrap_or_default().to_string(),
+            None => rate.to_string(),
+        };
+        let burst_src = match (&vars.burst, get("burst")) {
+            (Some(_), b) => b.unwrap_or_default().to_string(),
+            (None, None) if vars.rate.is_some() => String::new(),
+            _ => burst.to_string(),
+        };
+        let limit = if vars.rate.is_some() || vars.burst.is_some() { limit.varying() } else { limit };
+        Ok(LineSpec {
+            zone,
+            key: get("key"),
+            limit,
+            cost,
+            vars,
+            rate_src,
+            burst_src,
+            burst_varies,
+            queue,
+            name: get("name"),
+            dry_run,
+            after_auth,
+            charge_after,
+        })
+    }
+
+    /// The key as written, `$binary_remote_addr` where none is given; an
+    /// empty `key=` refused. Asked for after the zones of the location are
+    /// counted, as that check needs the configuration.
+    pub fn key(&self) -> Result<&'a str, SpecError> {
+        match self.key {
+            Some("") => Err(SpecError::Empty("key")),
+            Some(k) => Ok(k),
+            None => Ok("$binary_remote_addr"),
+        }
+    }
+}
+
+/// The variable's name when `value` is one variable and nothing else
+/// (`$name` or `${name}`), as nginx's script compiler reads names: letters,
+/// digits and `_`, not starting with a digit (`$1` is a regex capture).
+pub fn one_variable(value: &str) -> Option<&str> {
+    let name = value.strip_prefix('$')?;
+    let name = match name.strip_prefix('{') {
+        Some(braced) => braced.strip_suffix('}')?,
+        None => name,
+    };
+    let first = name.bytes().next()?;
+    if first.is_ascii_digit() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return None;
+    }
+    Some(name)
+}

@@ -1,0 +1,185 @@
+//! Postconfiguration: zone names resolved, every line given its identity,
+//! every location's lines sorted by zone, and what can only be checked
+//! once every directive is read (two lines of one name that differ, a
+//! Redis zone's exact range, a zone too small for its lines).
+
+use core::ffi::c_void;
+use core::sync::atomic::AtomicU64;
+use core::{mem, ptr};
+use std::collections::HashMap;
+
+use ngx::ffi::{ngx_conf_t, ngx_pool_cleanup_add};
+use rl_core::spec::Quote;
+
+use super::{after_parsing, refuse, ConfError, MainConf};
+use crate::line::{Backend, Line, LineId, Stage};
+
+/// Refuses two lines of one zone and name that differ in what a state
+/// means (key, algorithm, rate, burst): they would share states.
+fn check_names(lines: &[Line]) -> Result<(), ConfError> {
+    let mut first: HashMap<(&str, &str), &Line> = HashMap::new();
+    for line in lines {
+        let Some(name) = line.name.as_deref() else { continue };
+        let prev = *first.entry((&line.zone_name, name)).or_insert(line);
+        let differs = if prev.key_src != line.key_src {
+            Some(("key", prev.key_src.clone(), line.key_src.clone()))
+        } else if prev.limit.algorithm() != line.limit.algorithm() {
+            Some(("algorithm", prev.limit.algorithm().to_string(), line.limit.algorithm().to_string()))
+        } else if prev.rate_src != line.rate_src {
+            Some(("rate", prev.rate_src.clone(), line.rate_src.clone()))
+        } else if prev.burst_src != line.burst_src {
+            Some(("burst", prev.burst_src.clone(), line.burst_src.clone()))
+        } else {
+            None
+        };
+        if let Some((what, was, is)) = differs {
+            refuse!(
+                "rl_limit \"{}\" of zone \"{}\" uses {}={} while previously ({}) it used {}={} in {}",
+                name,
+                Quote(&line.zone_name),
+                what,
+                Quote(&is),
+                prev.origin,
+                what,
+                Quote(&was),
+                line.origin
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Gives the lines with variables a word in memory every worker shares,
+/// for the time each last logged a bad value (at most once a second per
+/// line, whatever the workers): anonymous shared memory mapped before the
+/// workers fork, unmapped with the cycle's pool. Without it (mmap failed),
+/// each worker keeps its own.
+fn share_log_times(cf: *mut ngx_conf_t, mcf: &mut MainConf) {
+    let n = mcf.lines.iter().filter(|l| l.vars.is_some()).count();
+    if n == 0 {
+        return;
+    }
+    let bytes = n * mem::size_of::<AtomicU64>();
+    // SAFETY: a new anonymous mapping, shared with the processes forked after it.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return;
+    }
+    // SAFETY: cf->pool is the cycle's pool, destroyed with the cycle.
+    let Some(cln) = (unsafe { ngx_pool_cleanup_add((*cf).pool, mem::size_of::<Mapping>()).as_mut() }) else {
+        // SAFETY: mapped above, used by nothing yet.
+        unsafe { libc::munmap(p, bytes) };
+        return;
+    };
+    // SAFETY: ngx_pool_cleanup_add allocated size_of::<Mapping>() bytes for the data.
+    unsafe { cln.data.cast::<Mapping>().write(Mapping { addr: p, bytes }) };
+    cln.handler = Some(unmap);
+    let words = p.cast::<AtomicU64>();
+    for (i, vars) in mcf.lines.iter_mut().filter_map(|l| l.vars.as_deref_mut()).enumerate() {
+        // SAFETY: i < n words of the zero-filled mapping (zero is a valid AtomicU64), which lives
+        // as long as the cycle's pool, as the lines do.
+        unsafe { vars.share(words.add(i)) };
+    }
+}
+
+/// A mapping to undo when the cycle's pool is destroyed.
+struct Mapping {
+    addr: *mut c_void,
+    bytes: usize,
+}
+
+extern "C" fn unmap(data: *mut c_void) {
+    // SAFETY: the Mapping written by share_log_times, in the cleanup's data.
+    let m = unsafe { &*data.cast::<Mapping>() };
+    // SAFETY: mapped by share_log_times; the lines that used it go with the same pool.
+    unsafe { libc::munmap(m.addr, m.bytes) };
+}
+
+/// Resolves zone names, gives each line its identity and sorts every
+/// location's lines by zone (the order in which zone locks are taken).
+/// Errors are logged here ([`after_parsing`]), naming the directive and its
+/// `file:line` as nginx does for errors found after parsing.
+pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
+    // SAFETY: cf is the http{} configuration being finished; its log is the cycle's.
+    let log = unsafe { (*cf).log };
+    after_parsing(log, resolve(cf, mcf))
+}
+
+fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
+    check_names(&mcf.lines)?;
+    for line in mcf.lines.iter_mut() {
+        let shm = mcf.zones.iter().position(|z| z.name == line.zone_name);
+        let redis = mcf.redis.iter().position(|z| z.name == line.zone_name);
+        line.backend = match (shm, redis) {
+            (Some(i), _) => Backend::Shm(i),
+            (None, Some(i)) => Backend::Redis(i),
+            (None, None) => {
+                // (a limit_req habit's hint before the place, where nginx's own messages end)
+                let hint = rl_core::habits::limit_zone(&line.zone_name).map(|h| format!(", {h}")).unwrap_or_default();
+                refuse!(
+                    "unknown zone \"{}\" in \"rl_limit\" directive{} in {}",
+                    Quote(&line.zone_name),
+                    hint,
+                    line.origin
+                );
+            }
+        };
+        line.id = line.identity();
+        match line.backend {
+            Backend::Shm(i) => mcf.zones[i].note_line(&line.limit),
+            // A rate or burst from variables is checked per request.
+            Backend::Redis(_) if !line.limit_varies() && !rl_core::redis::exact(&line.limit) => {
+                refuse!(
+                    "rate {} with burst {} is out of the range a Redis zone computes exactly in \"rl_limit\" directive in {}",
+                    line.limit.rate(),
+                    line.limit.burst(),
+                    line.origin
+                );
+            }
+            Backend::Redis(_) => {}
+        }
+    }
+    share_log_times(cf, mcf);
+    // Lines with one identity share states, queued units included, and
+    // overdrafts (which only the script's exact range bounds).
+    let mut deepest: HashMap<u64, u64> = HashMap::new();
+    for line in &mcf.lines {
+        let d = deepest.entry(line.id).or_insert(0);
+        *d = match line.charge_after {
+            true => rl_core::redis::OVERDRAWN,
+            false => (*d).max(line.limit.queue()),
+        };
+    }
+    for line in mcf.lines.iter_mut() {
+        line.deepest_queue = deepest.get(&line.id).copied().unwrap_or(0);
+    }
+    let lines = &mcf.lines;
+    let backend = |id: &LineId| lines.get(id.0 as usize).map(|l| l.backend);
+    for &loc in &mcf.locs {
+        // SAFETY: registered in merge_loc_conf; location confs live as long as the cycle.
+        let loc = unsafe { &mut *loc };
+        // (at most MAX_ZONES_PER_LOCATION zones: cmd_rl_limit counts them)
+        loc.lines.sort_by_key(backend);
+        loc.has_redis = loc.lines.iter().any(|id| matches!(backend(id), Some(Backend::Redis(_))));
+        loc.after_auth =
+            loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.stage == Stage::AfterAuth));
+        loc.may_delay = loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.limit.queue() > 0));
+        loc.may_dry_run =
+            loc.dry_run() || loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.dry_run));
+    }
+    for zone in mcf.zones.iter_mut() {
+        if let Err(msg) = zone.check_fits() {
+            refuse!("{} in \"rl_zone\" directive in {}", msg, zone.origin);
+        }
+    }
+    Ok(())
+}

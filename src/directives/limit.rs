@@ -1,0 +1,121 @@
+//! `rl_limit zone=NAME rate=RATE [key=KEY] [algorithm=ALG] [burst=N]
+//! [cost=N] [name=NAME] [queue=N] [charge=before|after] [dry_run]
+//! [after_auth];`: its arguments are read by [`LineSpec::parse`]; here is
+//! what needs nginx: variables compiled, the location's zones counted, the
+//! line stored in the main configuration.
+
+use core::ffi::{c_char, c_void};
+use core::ptr;
+use core::sync::atomic::AtomicPtr;
+
+use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_str_t};
+use ngx::http::HttpModuleMainConf;
+use rl_core::spec::{one_variable, LineSpec, SpecError};
+
+use super::{args, bytes, compile_complex_value, origin, variable_index};
+use crate::conf::{self, refuse, ConfError, LocConf};
+use crate::line::{Backend, KeySource, Line, LineId, Stage, VarParam, VarValue, Varying};
+use crate::shm::MAX_ZONES_PER_LOCATION;
+use crate::Module;
+
+pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+    // SAFETY: the location configuration of this module (NGX_HTTP_LOC_CONF_OFFSET).
+    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: called by nginx while parsing, cf is valid.
+    let args = unsafe { args(cf) };
+    conf::at_directive(cf, rl_limit(cf, lcf, args))
+}
+
+fn rl_limit(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Result<(), ConfError> {
+    // SAFETY: the module's main configuration exists while parsing http{}.
+    let Some(mcf) = (unsafe { Module::main_conf_mut(&*cf) }) else {
+        refuse!("\"rl_limit\" directive is not allowed here");
+    };
+    // rate=, burst= and cost= may hold variables: those are compiled, and
+    // the line holds a placeholder for them until a request comes.
+    let spec = LineSpec::parse(&bytes(args.get(1..).unwrap_or_default()), |v| var_param(cf, v))?;
+    let name = match spec.name {
+        None => None,
+        Some(n) if Line::valid_name(n) => Some(n.to_string()),
+        Some(n) => return Err(SpecError::Name(n.to_string()).into()),
+    };
+    // The lines of one level are all a location has (inner levels replace
+    // outer ones), so its zones are counted here, where the message can
+    // point at the line that goes over (zone names are unique across kinds).
+    let mut zones: Vec<&str> = lcf.lines.iter().filter_map(|&id| mcf.line(id)).map(|l| l.zone_name.as_str()).collect();
+    zones.push(spec.zone);
+    zones.sort_unstable();
+    zones.dedup();
+    if zones.len() > MAX_ZONES_PER_LOCATION {
+        refuse!(
+            "too many zones in one location in \"rl_limit\" directive, at most {} are supported",
+            MAX_ZONES_PER_LOCATION
+        );
+    }
+
+    // (the value is part of an argument, or static: either lives as long as the cycle)
+    let key_src = spec.key()?;
+    let key = compile_complex_value(cf, key_src)?;
+    let key_source = match one_variable(key_src) {
+        // (variable names are not case-sensitive)
+        Some(name) if name.eq_ignore_ascii_case("binary_remote_addr") => KeySource::ClientAddr,
+        Some(name) if VarValue::matches() => KeySource::Var(variable_index(cf, name)?),
+        _ => KeySource::Complex,
+    };
+
+    let zone = spec.zone;
+    let same_zone = lcf.lines.iter().filter_map(|&id| mcf.line(id)).filter(|l| l.zone_name == zone).count();
+    let item = match &name {
+        Some(n) => n.clone(),
+        None if same_zone == 0 => zone.to_string(),
+        None => format!("{}-{}", zone, same_zone + 1),
+    };
+    let Ok(id) = u32::try_from(mcf.lines.len()) else {
+        refuse!("too many \"rl_limit\" directives");
+    };
+    let limit = spec.limit;
+    let line = Line {
+        backend: Backend::Shm(usize::MAX),
+        zone_name: zone.to_string(),
+        key,
+        key_source,
+        key_src: key_src.to_string(),
+        limit,
+        cost: spec.cost,
+        id: 0,
+        item,
+        burst_text: if spec.burst_varies { String::new() } else { limit.burst().to_string() },
+        origin: origin(cf),
+        name,
+        dry_run: spec.dry_run,
+        queue: spec.queue,
+        deepest_queue: spec.queue,
+        rate_src: spec.rate_src,
+        burst_src: spec.burst_src,
+        vars: Varying::new(spec.vars.rate, spec.vars.burst, spec.vars.cost),
+        charge_after: spec.charge_after,
+        stage: if spec.after_auth { Stage::AfterAuth } else { Stage::BeforeAuth },
+        counters: AtomicPtr::new(ptr::null_mut()),
+    };
+    // One budget per identity: the same line twice in one block would be
+    // charged twice for one request.
+    let identity = line.identity();
+    if lcf.lines.iter().filter_map(|&id| mcf.line(id)).any(|l| l.identity() == identity) {
+        refuse!("\"rl_limit\" directive is duplicate");
+    }
+    mcf.lines.push(line);
+    lcf.lines.push(LineId(id));
+    Ok(())
+}
+
+/// A parameter that holds variables, compiled (nginx logs why it cannot
+/// be), and read by index where it is one variable and nothing else.
+fn var_param(cf: *mut ngx_conf_t, value: &str) -> Result<VarParam, ConfError> {
+    let cv = compile_complex_value(cf, value)?;
+    let var = match one_variable(value) {
+        // (the complex value compiled above registered the same name)
+        Some(name) if VarValue::matches() => Some(variable_index(cf, name)?),
+        _ => None,
+    };
+    Ok(VarParam { cv, var, src: value.to_string() })
+}

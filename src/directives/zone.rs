@@ -1,0 +1,99 @@
+//! `rl_zone NAME size=SIZE;` or `rl_zone NAME redis=URL ...;`: a zone in
+//! shared memory, or on Redis ([`super::redis`]).
+
+use core::ffi::{c_char, c_void};
+
+use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_str_t};
+use rl_core::habits;
+use rl_core::parse::parse_size;
+use rl_core::spec::{params, Quote};
+
+use super::{args, arguments, bytes, origin, redis, text};
+use crate::conf::{self, refuse, ConfError, MainConf, MAX_REDIS_ZONES};
+use crate::shm::{self, Zone};
+
+pub extern "C" fn cmd_rl_zone(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+    // SAFETY: the main configuration of this module, as registered with NGX_HTTP_MAIN_CONF_OFFSET.
+    let mcf = unsafe { &mut *conf.cast::<MainConf>() };
+    // SAFETY: called by nginx while parsing, cf is valid.
+    let args = unsafe { args(cf) };
+    conf::at_directive(cf, rl_zone(cf, mcf, args))
+}
+
+fn rl_zone(cf: *mut ngx_conf_t, mcf: &mut MainConf, args: &[ngx_str_t]) -> Result<(), ConfError> {
+    // (NGX_CONF_1MORE: nginx has checked there is a name)
+    let Some(name_arg) = args.get(1) else {
+        return Err(arguments("rl_zone"));
+    };
+    let name = text(name_arg);
+    if name.is_empty() || name.contains('=') {
+        let hint = habits::zone_name(name).map(|h| format!(", {h}")).unwrap_or_default();
+        refuse!("invalid zone name \"{}\" in \"rl_zone\" directive{}", Quote(&name_arg.to_string()), hint);
+    }
+    if mcf.zones.iter().any(|z| z.name == name) || mcf.redis.iter().any(|z| z.name == name) {
+        refuse!("duplicate zone \"{}\" in \"rl_zone\" directive", Quote(name));
+    }
+    let known: Vec<&'static str> = ["size", "redis"].into_iter().chain(redis::PARAMS).collect();
+    // `rl_zone $binary_remote_addr zone=api:10m rate=10r/s;`: limit_req_zone's line.
+    let key_hint = habits::zone_key(name);
+    let hint = |arg: &str| match (habits::zone_param(arg), &key_hint) {
+        (Some(h), Some(k)) => Some(format!("{h} ({k})")),
+        (h, k) => h.or_else(|| k.clone()),
+    };
+    let given = params("rl_zone", &bytes(args.get(2..).unwrap_or_default()), &known, hint)?;
+    if let Some(url) = given.get("redis") {
+        if given.get("size").is_some() {
+            refuse!("\"size\" and \"redis\" parameters cannot be used together in \"rl_zone\" directive");
+        }
+        if mcf.redis.len() == MAX_REDIS_ZONES {
+            refuse!("too many Redis zones in \"rl_zone\" directive, at most {} are supported", MAX_REDIS_ZONES);
+        }
+        // SAFETY: cf and its cycle are valid while the configuration is parsed.
+        let conf_prefix = unsafe { (*(*cf).cycle).conf_prefix.to_str().unwrap_or("") };
+        match redis::parse(name, url, |p| given.get(p), conf_prefix) {
+            Ok(z) => mcf.redis.push(Box::new(z)),
+            Err(e) => refuse!("{} in \"rl_zone\" directive", e),
+        }
+        return Ok(());
+    }
+    let Some(value) = given.get("size") else {
+        refuse!("\"rl_zone\" directive must have \"size\" or \"redis\" parameter");
+    };
+    if let Some((other, _)) = given.iter().find(|(n, _)| *n != "size") {
+        refuse!("\"size\" and \"{}\" parameters cannot be used together in \"rl_zone\" directive", other);
+    }
+    let Ok(size) = parse_size(value) else {
+        refuse!("invalid zone size \"size={}\" in \"rl_zone\" directive", Quote(value));
+    };
+    let min = shm::min_size();
+    if size < min {
+        refuse!(
+            "zone \"{}\" is too small in \"rl_zone\" directive: size={}, it must be at least {}k",
+            Quote(name),
+            Quote(value),
+            min / 1024
+        );
+    }
+    if size > shm::MAX_SIZE {
+        refuse!(
+            "zone \"{}\" is too large in \"rl_zone\" directive: size={}, it must be at most {}g",
+            Quote(name),
+            Quote(value),
+            shm::MAX_SIZE >> 30
+        );
+    }
+    if let Some(memory) = shm::memory_and_swap().filter(|m| size as u64 > *m) {
+        refuse!(
+            "zone \"{}\" is too large in \"rl_zone\" directive: size={}, more than the memory of this machine \
+             (RAM and swap: {}m)",
+            Quote(name),
+            Quote(value),
+            memory >> 20
+        );
+    }
+    // (Zone::add logs why it fails, as nginx's ngx_shared_memory_add does)
+    let mut zone = Zone::add(cf, name, size).map_err(|()| ConfError::Logged)?;
+    zone.origin = origin(cf);
+    mcf.zones.push(zone);
+    Ok(())
+}
