@@ -186,6 +186,7 @@ pub unsafe extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t 
     }
     // SAFETY: set in postconfiguration to the filter that was on top before ours.
     match unsafe { NEXT_HEADER_FILTER } {
+        // SAFETY: the next filter in nginx's chain, given the request nginx gave us.
         Some(next) => unsafe { next(r) },
         None => 0,
     }

@@ -405,9 +405,11 @@ pub fn new_ctx(
     }
     // SAFETY: within the size bytes allocated.
     let results = unsafe { ctx.add(1).cast::<LineResult>() };
-    // SAFETY: as above, one LineResult each (a location of one line without a loop).
+    // One LineResult each (a location of one line without a loop).
     match ids.len() {
+        // SAFETY: as above; the allocation has room for the one line's LineResult.
         1 => unsafe { LineResult::write_inactive(results) },
+        // SAFETY: as above; the allocation has room for n LineResults, and i < n.
         n => (0..n).for_each(|i| unsafe { LineResult::write_inactive(results.add(i)) }),
     }
     let one = match ids {

@@ -19,8 +19,9 @@ const RESERVED_PAGES: usize = 2;
 /// Initialises a zone in a new cycle, re-attaching to the table of the old
 /// cycle when nginx reuses the memory (reload with the same name and size).
 pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) -> ngx_int_t {
-    // SAFETY: nginx passes the zone being initialised; data was set to our Zone in Zone::add.
+    // SAFETY: nginx passes the zone being initialised.
     let shm = unsafe { &mut *shm_zone };
+    // SAFETY: data was set to our Zone in Zone::add.
     let zone = unsafe { &mut *shm.data.cast::<Zone>() };
     let shpool: *mut ngx_slab_pool_t = shm.shm.addr.cast();
     // SAFETY: nginx has initialised the slab pool (or kept the old one) at shm.addr.
@@ -46,9 +47,9 @@ pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) ->
                 // A sliding_log line now uses a zone laid out without room for its logs. As
                 // limit_req refuses a zone whose key changed, refuse the reload: the running
                 // configuration goes on; a new size makes nginx lay out a new zone.
-                // SAFETY: cycle log is valid during initialisation.
                 ngx_log_error!(
                     NGX_LOG_EMERG,
+                    // SAFETY: cycle log is valid during initialisation.
                     unsafe { (*shm_zone).shm.log },
                     "rl_zone \"{}\" was laid out without room for sliding_log states; \
                      change its size to lay it out anew",

@@ -61,7 +61,7 @@ pub unsafe fn unlock(mtx: *mut ngx_shmtx_t) {
     // SeqCst, here and on `wait`: a waiter counts itself in `wait` and then
     // reads the lock; the owner frees the lock and then reads `wait`. One of
     // the two sees the other's write, so no waiter sleeps unwoken.
-    // SAFETY (semaphore): the caller's contract.
+    // SAFETY: the caller's contract (for `semaphore`).
     if lock.compare_exchange(me(), 0, Ordering::SeqCst, Ordering::Relaxed).is_ok() && unsafe { (*mtx).semaphore } != 0 {
         // SAFETY: `wait` is set where `semaphore` is (ngx_shmtx_create).
         let wait = unsafe { word((*mtx).wait) };
