@@ -25,6 +25,9 @@
 //!
 //! The algorithms themselves are in the `rl-core` crate.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use core::ffi::{c_char, c_void};
 use core::sync::atomic::{AtomicBool, Ordering};
 use core::{ptr, slice};
