@@ -13,6 +13,7 @@ mod script;
 mod sentinel;
 mod thread;
 mod worker;
+mod zone_conn;
 
 use core::cell::Cell;
 use core::fmt;
@@ -168,6 +169,9 @@ pub struct ZoneSpec {
     /// roots) and the client certificate, from the zone's `ssl_*` parameters.
     pub tls: Option<TlsCertificates>,
 }
+
+/// The id of a charge job, and of its replies (requests' ids start at 1).
+pub const CHARGE_ID: u64 = 0;
 
 /// One request's lines on one Redis zone: to decide, or (`charge`) to
 /// charge after the response, in full and with no reply awaited.

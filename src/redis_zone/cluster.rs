@@ -15,8 +15,9 @@ use std::time::Instant;
 use rl_core::limit::Outcome;
 use rl_core::redis::{write_state_key, Lines, RequestReply};
 
-use super::conn::{Conn, ZoneConn};
+use super::conn::Conn;
 use super::script::{call_one, Code};
+use super::zone_conn::ZoneConn;
 use super::{Job, JobLine, RedisError};
 
 impl ZoneConn {

@@ -13,7 +13,7 @@ use rl_core::redis::{
 };
 
 use super::clock::Clock;
-use super::conn::Conn;
+use super::conn::{broken, Conn};
 use super::{JobLine, JobShape, RedisError};
 
 /// One script call for `requests` (each a request's lines) on keys under
@@ -280,17 +280,6 @@ fn unsupported(e: &redis::RedisError) -> bool {
 
 fn detail_starts(e: &redis::RedisError, text: &str) -> bool {
     e.detail().is_some_and(|d| d.get(..text.len()).is_some_and(|d| d.eq_ignore_ascii_case(text)))
-}
-
-/// The connection is broken, or gave no reply: it failed, closed, sent
-/// bytes that are not RESP (the stream cannot be read past them), or was
-/// given up.
-pub fn broken(e: &redis::RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.kind() == redis::ErrorKind::Parse
-        || e.is_unrecoverable_error()
 }
 
 /// A new connection may help: a broken one, or READONLY (the server was

@@ -20,11 +20,10 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::clock::script_deadline;
-use super::conn::{Target, ZoneConn};
+use super::conn::Target;
 use super::script::Code;
-use super::sentinel::watch_master;
-use super::worker::CHARGE_ID;
-use super::{Job, RedisError, Reply, ZoneSpec};
+use super::zone_conn::{watch_master, ZoneConn};
+use super::{Job, RedisError, Reply, ZoneSpec, CHARGE_ID};
 use crate::metrics::store::redis_slot;
 
 /// The queue the nginx thread drains when the eventfd fires.

@@ -19,7 +19,7 @@ use ngx::ngx_log_error;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use super::thread::{self, Shared};
-use super::{Job, RedisError, RedisZone, Reply, ZoneSpec};
+use super::{Job, RedisError, RedisZone, Reply, ZoneSpec, CHARGE_ID};
 
 /// What a worker keeps while it has Redis zones.
 struct Worker {
@@ -46,9 +46,6 @@ struct Worker {
     /// timer that keeps a gracefully exiting worker alive while requests wait.
     backstop_ms: u64,
 }
-
-/// The id of a charge job, and of its replies (requests' ids start at 1).
-pub const CHARGE_ID: u64 = 0;
 
 /// Added to the longest zone timeout for the nginx-side backstop timer.
 const BACKSTOP_MARGIN_MS: u64 = 500;

@@ -1,0 +1,329 @@
+//! A zone's connection: opened on first use, shared by the calls in flight
+//! (multiplexed), given up when it fails or stops answering (its watchdog:
+//! see `conn.rs`), and reopened with back-off; on a Sentinel zone, also
+//! given up when the master moves ([`watch_master`]). The zone's script
+//! calls go through it.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use redis::TlsCertificates;
+use rl_core::redis::{write_state_key, RequestReply};
+
+use super::clock::Clock;
+use super::conn::{Conn, Target, MIN_STALL};
+use super::script::{call, charge, Code, Via};
+use super::sentinel::{sentinel_master, subscribe_switches, Sentinels, MASTER_CHECK};
+use super::{Job, JobLine, RedisError, ZoneSpec};
+use crate::metrics::store::RedisSlot;
+
+/// A zone's connection, reconnected with backoff after failures.
+pub struct ZoneConn {
+    pub spec: ZoneSpec,
+    pub state: tokio::sync::Mutex<ConnState>,
+    /// The script runs as a Redis function (until the server shows it cannot).
+    pub fcall: AtomicBool,
+    /// Redis' clock, for the calls' deadlines.
+    pub clock: Clock,
+    /// Requests whose script call has not come back, answered or not (see
+    /// `thread::MAX_WAITING`).
+    pub waiting: AtomicUsize,
+    /// This worker's counters of the zone (`rl_metrics`).
+    pub metrics: Option<&'static RedisSlot>,
+}
+
+pub struct ConnState {
+    pub conn: Option<Conn>,
+    /// Failed connection attempts and failed connections in a row.
+    failures: u32,
+    next_try: Option<Instant>,
+    /// Why the last connection (attempt) failed, reported until one succeeds.
+    last_error: String,
+    /// For a sentinel zone: the master the connection goes to.
+    pub master: Option<(String, u16)>,
+}
+
+/// Longest wait between two connection attempts: Redis coming back is noticed within this.
+const MAX_BACKOFF: Duration = Duration::from_millis(400);
+
+/// The wait before the next attempt after `failures` in a row.
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(25u64 << failures.min(5)).min(MAX_BACKOFF)
+}
+
+impl ZoneConn {
+    pub fn new(spec: ZoneSpec) -> ZoneConn {
+        ZoneConn {
+            spec,
+            state: tokio::sync::Mutex::new(ConnState {
+                conn: None,
+                failures: 0,
+                next_try: None,
+                last_error: String::new(),
+                master: None,
+            }),
+            fcall: AtomicBool::new(true),
+            clock: Clock::new(),
+            waiting: AtomicUsize::new(0),
+            metrics: None,
+        }
+    }
+
+    /// How long a connection may leave calls unanswered before it is given
+    /// up, and a connection attempt may take: the timeout, at least
+    /// [`MIN_STALL`].
+    pub fn stall_limit(&self) -> Duration {
+        self.spec.timeout.max(MIN_STALL)
+    }
+
+    async fn conn(&self) -> Result<Conn, RedisError> {
+        let mut st = self.state.lock().await;
+        if let Some(c) = &st.conn {
+            if !c.abandoned() {
+                return Ok(c.clone());
+            }
+            // Given up by its watchdog.
+            let why = c.why();
+            let served = c.served();
+            st.conn = None;
+            st.failed(served, why);
+        }
+        if st.next_try.is_some_and(|t| Instant::now() < t) {
+            return Err(RedisError::NotConnected { last: st.last_error.clone() });
+        }
+        match connect(&self.spec.target, &self.spec.tls, self.stall_limit()).await {
+            Ok((c, master)) => {
+                if let Some(m) = self.metrics {
+                    m.connected(master.as_ref().map(|(h, p)| format!("{h}:{p}")).as_deref());
+                }
+                self.clock.forget();
+                st.conn = Some(c.clone());
+                st.master = master;
+                st.next_try = None;
+                Ok(c)
+            }
+            Err(e) => {
+                st.failures = st.failures.saturating_add(1);
+                st.next_try = Some(Instant::now() + backoff(st.failures));
+                st.last_error = e.to_string();
+                Err(e)
+            }
+        }
+    }
+
+    /// A call on `conn` failed with `e`, a broken connection: give it up
+    /// (the other calls on it end too) unless it already was.
+    async fn drop_conn(&self, conn: &Conn, e: &RedisError) {
+        conn.abandon(e.to_string());
+        let mut st = self.state.lock().await;
+        if st.conn.as_ref().is_some_and(|c| c.same(conn)) {
+            st.conn = None;
+            st.failed(conn.served(), e.to_string());
+        }
+    }
+
+    /// Runs a batch of jobs: one script call for all of them (on a cluster,
+    /// see [`ZoneConn::run_cluster`]). `deadline` is when their requests are
+    /// answered by the timeout: no new attempt starts after it; Redis must
+    /// not run the calls after `until`.
+    /// `commit`: the jobs' [`Job::commit`], the same for all of them.
+    pub async fn run(
+        &self,
+        code: &Code,
+        jobs: &[Job],
+        commit: bool,
+        deadline: Instant,
+        until: Instant,
+    ) -> Vec<Result<RequestReply, RedisError>> {
+        match self.spec.target {
+            Target::Cluster(_) => self.run_cluster(code, jobs, commit, deadline, until).await,
+            _ => self.run_batch(code, jobs.iter(), commit, deadline, until).await,
+        }
+    }
+
+    /// The charges of one event-loop iteration: one call, or on a cluster
+    /// one per slot. Returns the lines not charged, each group with why.
+    pub async fn run_charge(&self, code: &Code, lines: &[JobLine]) -> Vec<(usize, RedisError)> {
+        // No deadline for Redis; this one only bounds a reconnection's retry.
+        let until = Instant::now() + self.spec.timeout;
+        let groups = match self.spec.target {
+            Target::Cluster(_) => by_key_slot(lines, &self.spec.prefix),
+            _ => vec![lines.to_vec()],
+        };
+        let calls = groups.iter().map(|g| {
+            let via = self.via(code, until);
+            self.retrying(until, move |conn| charge(conn, via, &self.spec.prefix, g))
+        });
+        let mut failed = Vec::new();
+        for (g, r) in groups.iter().zip(futures_util::future::join_all(calls).await) {
+            match r {
+                Ok(0) => {}
+                Ok(refused) => failed.push((
+                    refused,
+                    RedisError::Server("the charge is out of the range the script computes exactly".into()),
+                )),
+                Err(e) => failed.push((g.len(), e)),
+            }
+        }
+        failed
+    }
+
+    /// How this zone calls the script, until `until`.
+    pub fn via<'a>(&'a self, code: &'a Code, until: Instant) -> Via<'a> {
+        Via { code, fcall: &self.fcall, clock: &self.clock, until }
+    }
+
+    /// Jobs in one script call (their keys must share a slot on a cluster).
+    pub async fn run_batch<'a>(
+        &self,
+        code: &Code,
+        jobs: impl Iterator<Item = &'a Job>,
+        commit: bool,
+        deadline: Instant,
+        until: Instant,
+    ) -> Vec<Result<RequestReply, RedisError>> {
+        let requests: Vec<&[JobLine]> = jobs.map(|j| j.lines.as_slice()).collect();
+        let via = self.via(code, until);
+        match self.retrying(deadline, |conn| call(conn, via, &self.spec.prefix, &requests, commit)).await {
+            Ok(replies) => replies.into_iter().map(Ok).collect(),
+            Err(e) => requests.iter().map(|_| Err(e.clone())).collect(),
+        }
+    }
+
+    /// Runs `f` on the zone's connection. A connection that died while idle
+    /// (Redis restarted) fails its first command: then give it up and run
+    /// `f` once more on a new one, if `deadline` has not passed.
+    pub async fn retrying<T, F, Fut>(&self, deadline: Instant, f: F) -> Result<T, RedisError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let conn = self.conn().await?;
+        let e = match self.attempt(&conn, &f).await {
+            Err(e) if e.is_io() && Instant::now() < deadline => e,
+            r => return r,
+        };
+        let again = match self.conn().await {
+            Ok(conn) => self.attempt(&conn, &f).await,
+            Err(again) => Err(again),
+        };
+        match again {
+            // Still in backoff after a failed connect: report the original cause.
+            Err(RedisError::NotConnected { .. }) => Err(e),
+            r => r,
+        }
+    }
+
+    /// `f` on `conn`: a good answer proves the connection, a broken one
+    /// gives it up.
+    async fn attempt<T, F, Fut>(&self, conn: &Conn, f: &F) -> Result<T, RedisError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let r = f(conn.clone()).await;
+        match &r {
+            Ok(_) => conn.prove(),
+            Err(e) if e.is_io() => self.drop_conn(conn, e).await,
+            Err(_) => {}
+        }
+        r
+    }
+}
+
+impl ConnState {
+    /// The connection failed or was given up: one that had served is
+    /// replaced at once; else it counts for the back-off like a failed
+    /// connection attempt (a server that closes or garbles every call, or
+    /// never answers, is not reconnected to once per call).
+    fn failed(&mut self, served: bool, why: String) {
+        if served {
+            self.failures = 0;
+        }
+        self.failures = self.failures.saturating_add(1);
+        self.next_try = (self.failures > 1).then(|| Instant::now() + backoff(self.failures));
+        self.last_error = why;
+    }
+}
+
+/// Opens a connection; for a sentinel zone, also says which master it went to.
+async fn connect(
+    target: &Target,
+    tls: &Option<TlsCertificates>,
+    stall: Duration,
+) -> Result<(Conn, Option<(String, u16)>), RedisError> {
+    match target {
+        Target::Single(url) => Ok((Conn::open(url, tls, stall).await?, None)),
+        Target::Sentinel { sentinels, master, url } => {
+            let (host, port) = sentinel_master(sentinels, master, tls).await?;
+            Ok((Conn::open(&url.url_for(&host, port), tls, stall).await?, Some((host, port))))
+        }
+        Target::Cluster(nodes) => Ok((Conn::open_cluster(nodes, tls, stall).await?, None)),
+    }
+}
+
+/// Lines grouped by the slot of their state keys (under `prefix`), for the
+/// calls of a cluster.
+fn by_key_slot(lines: &[JobLine], prefix: &str) -> Vec<Vec<JobLine>> {
+    let mut groups: Vec<(redis::cluster_routing::Slot, Vec<JobLine>)> = Vec::new();
+    let mut key = String::new();
+    for line in lines {
+        key.clear();
+        write_state_key(&mut key, prefix, line.tag, line.line_id);
+        let slot = redis::cluster_routing::Slot::for_key(&key);
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, v)) => v.push(*line),
+            None => groups.push((slot, vec![*line])),
+        }
+    }
+    groups.into_iter().map(|(_, v)| v).collect()
+}
+
+/// A failover that leaves the old master running (SENTINEL FAILOVER, a
+/// network split) breaks no connection: follow the sentinels'
+/// `+switch-master` announcements (milliseconds after a switch), and check
+/// the master's address twice a second besides, and drop a connection to a
+/// former master.
+pub async fn watch_master(zc: Arc<ZoneConn>) {
+    let Target::Sentinel { sentinels, master, .. } = &zc.spec.target else {
+        return;
+    };
+    let mut announcements = None;
+    let mut asker = Sentinels::default();
+    loop {
+        if announcements.is_none() {
+            announcements = subscribe_switches(sentinels, &zc.spec.tls).await;
+        }
+        let switched = match announcements.as_mut() {
+            Some(pubsub) => {
+                let mut stream = pubsub.on_message();
+                tokio::select! {
+                    msg = stream.next() => match msg {
+                        Some(m) => m.get_payload_bytes().starts_with(format!("{master} ").as_bytes()),
+                        None => {
+                            drop(stream);
+                            announcements = None;
+                            false
+                        }
+                    },
+                    _ = tokio::time::sleep(MASTER_CHECK) => false,
+                }
+            }
+            None => {
+                tokio::time::sleep(MASTER_CHECK).await;
+                false
+            }
+        };
+        let current = zc.state.lock().await.master.clone();
+        let Some(current) = current else { continue };
+        let moved = switched || asker.master(sentinels, master, &zc.spec.tls).await.is_ok_and(|now| now != current);
+        if moved {
+            let mut st = zc.state.lock().await;
+            st.conn = None;
+            st.master = None;
+        }
+    }
+}
