@@ -17,9 +17,9 @@ use ngx::ffi::{ngx_http_request_t, ngx_palloc};
 use rl_core::limit::Limit;
 
 use self::params::Params;
-pub use self::value::NoMemory;
 use crate::conf::MainConf;
 use crate::line::{Line, VarLimit};
+pub use crate::request::NoMemory;
 use crate::request::{Ctx, LineResult};
 
 /// Evaluates the key of every line of the request's current stage, and its

@@ -6,6 +6,7 @@
 use core::cell::Cell;
 use core::{mem, ptr};
 
+use ngx::core::Status;
 use ngx::ffi::{
     ngx_http_output_header_filter_pt, ngx_http_request_t, ngx_int_t, ngx_list_push, ngx_pnalloc, ngx_str_t,
     ngx_table_elt_t,
@@ -13,7 +14,7 @@ use ngx::ffi::{
 use ngx::http::{HttpModuleMainConf, Request};
 
 use crate::line::{HeadersMode, Line};
-use crate::request::{get_ctx, Ctx, LineResult};
+use crate::request::{get_ctx, Ctx, LineResult, NoMemory};
 use crate::Module;
 
 /// The next filter in nginx's header filter chain.
@@ -178,8 +179,8 @@ pub unsafe extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t 
         // (the mode first: a location with `rl_headers off` adds nothing, and needs nothing more)
         if let Some(ctx) = get_ctx(req).filter(|ctx| ctx.headers != HeadersMode::OFF) {
             if let Some(mcf) = Module::main_conf(req) {
-                if add_headers(r, ctx, &mcf.lines).is_err() {
-                    return -1;
+                if let Err(NoMemory) = add_headers(r, ctx, &mcf.lines) {
+                    return Status::NGX_ERROR.into();
                 }
             }
         }
@@ -196,7 +197,7 @@ fn ceil_s(us: u64) -> u64 {
     us.div_ceil(1_000_000)
 }
 
-fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<(), ()> {
+fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<(), NoMemory> {
     // The line `$rl_*` describe (when it is enforced).
     let Some((line, res)) = ctx.enforced_behind(lines) else {
         return Ok(());
@@ -204,7 +205,7 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
     let mode = ctx.headers;
     // (one test where only the legacy fields are sent, as for each step below)
     let ietf_len = if mode.ietf() { ietf_len(mode, ctx, lines) } else { 0 };
-    let mut out = Out::with_room(r, ctx, 4 * NUM + ietf_len).ok_or(())?;
+    let mut out = Out::with_room(r, ctx, 4 * NUM + ietf_len).ok_or(NoMemory)?;
     let retry = retry_after_s(ctx, lines);
     if mode.legacy() {
         let limit = match line.burst_varies() {
@@ -261,7 +262,7 @@ fn ietf(
     ctx: &Ctx,
     lines: &[Line],
     behind: (&Line, &LineResult),
-) -> Result<(), ()> {
+) -> Result<(), NoMemory> {
     let mode = ctx.headers;
     if mode.draft6() {
         let (line, res) = behind;
@@ -327,12 +328,12 @@ fn item(out: &mut Out, i: usize, name: &str, a: &[u8], x: u64, b: &[u8], y: u64)
 }
 
 /// Appends `name: value` to the response headers (the value lives in the request pool).
-fn push(r: *mut ngx_http_request_t, name: &'static str, value: ngx_str_t) -> Result<(), ()> {
+fn push(r: *mut ngx_http_request_t, name: &'static str, value: ngx_str_t) -> Result<(), NoMemory> {
     // SAFETY: the request is valid; headers_out.headers is an initialised ngx_list_t of
     // ngx_table_elt_t allocated from r->pool.
     let h = unsafe { ngx_list_push(&mut (*r).headers_out.headers) }.cast::<ngx_table_elt_t>();
     if h.is_null() {
-        return Err(());
+        return Err(NoMemory);
     }
     // SAFETY: h is a new element of the list.
     unsafe { fill(h, name, value) };
@@ -345,7 +346,10 @@ fn push(r: *mut ngx_http_request_t, name: &'static str, value: ngx_str_t) -> Res
 /// too, the compiler made it a call on the legacy fields' path, which every
 /// limited response takes (seen with callgrind).
 #[inline(always)]
-fn push_all<const N: usize>(r: *mut ngx_http_request_t, fields: [(&'static str, ngx_str_t); N]) -> Result<(), ()> {
+fn push_all<const N: usize>(
+    r: *mut ngx_http_request_t,
+    fields: [(&'static str, ngx_str_t); N],
+) -> Result<(), NoMemory> {
     // SAFETY: the request is valid; headers_out.headers is an initialised ngx_list_t (nginx
     // makes it with the request) whose `last` part exists and holds nelts of nalloc elements of
     // `size` bytes.

@@ -59,7 +59,7 @@ mod request;
 mod shm;
 mod variables;
 
-use conf::{LocConf, MainConf};
+use conf::{ConfError, LocConf, MainConf};
 use directives::{cmd_rl_dry_run, cmd_rl_headers, cmd_rl_limit, cmd_rl_log_level, cmd_rl_status, cmd_rl_zone};
 use line::Stage;
 
@@ -74,7 +74,7 @@ impl HttpModule for Module {
     unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         match variables::add(cf) {
             Ok(()) => Status::NGX_OK.into(),
-            Err(()) => Status::NGX_ERROR.into(),
+            Err(_) => Status::NGX_ERROR.into(),
         }
     }
 
@@ -255,18 +255,19 @@ pub fn module_tag() -> *mut c_void {
 }
 
 /// Registers `handler` in `phase`: to run first of the phase's handlers
-/// registered so far, or last (`last`).
+/// registered so far, or last (`last`). Fails only where nginx's allocator
+/// failed, which it logs.
 fn add_handler(
     cmcf: &mut ngx_http_core_main_conf_t,
     phase: ngx_http_phases,
     handler: ngx_http_handler_pt,
     last: bool,
-) -> Result<(), ()> {
+) -> Result<(), ConfError> {
     let handlers = &mut cmcf.phases[phase as usize].handlers;
     // SAFETY: phases[].handlers are ngx_array_t of ngx_http_handler_pt, created by the core module.
     let h = unsafe { ngx_array_push(handlers) }.cast::<ngx_http_handler_pt>();
     if h.is_null() {
-        return Err(());
+        return Err(ConfError::Logged);
     }
     // SAFETY: h points to a new element of the array.
     unsafe { *h = handler };

@@ -29,7 +29,7 @@ use rl_core::metrics::{
 };
 
 use self::store::{Kind, Layout, Want};
-use crate::conf::MainConf;
+use crate::conf::{ConfError, MainConf};
 use crate::line::{Line, Stage};
 use crate::redis_zone::RedisError;
 use crate::request::{Ctx, LineResult};
@@ -61,7 +61,8 @@ fn nslots(cf: *mut ngx_conf_t) -> usize {
 
 /// Registers the counters' zone, in postconfiguration, when some location
 /// has `rl_metrics` (lines are finished: their identities are known).
-pub fn setup(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
+/// nginx logs why a zone cannot be added (its name or size taken).
+pub fn setup(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
     let m = &mut mcf.metrics;
     if !m.enabled {
         return Ok(());
@@ -85,7 +86,7 @@ pub fn setup(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ()> {
     let shm_zone = unsafe { ngx_shared_memory_add(cf, &mut name, size, crate::module_tag()) };
     // SAFETY: NULL or a zone entry of the new cycle.
     let Some(shm) = (unsafe { shm_zone.as_mut() }) else {
-        return Err(());
+        return Err(ConfError::Logged);
     };
     shm.init = Some(store::zone_init);
     shm.data = (&mut m.layout as *mut Layout).cast();

@@ -5,13 +5,26 @@
 use core::cmp::Reverse;
 use core::{mem, ptr, slice};
 
-use ngx::ffi::{ngx_http_request_t, ngx_palloc, ngx_str_t, ngx_time, ngx_uint_t};
+use ngx::core::Status;
+use ngx::ffi::{ngx_http_request_t, ngx_palloc, ngx_str_t, ngx_time, ngx_uint_t, NGX_HTTP_INTERNAL_SERVER_ERROR};
 use ngx::http::{HttpModule, HttpModuleMainConf, Request};
 use rl_core::limit::{Charge, Decision, Limit, Outcome};
 use rl_core::table::Slot;
 
 use crate::line::{HeadersMode, Line, LineId, Stage};
 use crate::Module;
+
+/// nginx could not allocate what a request needed (a complex value, the
+/// copy of a limit, a response field), and its allocator has logged it: a
+/// request stopped by it is answered 500.
+#[derive(Clone, Copy, Debug)]
+pub struct NoMemory;
+
+impl From<NoMemory> for Status {
+    fn from(_: NoMemory) -> Status {
+        Status(NGX_HTTP_INTERNAL_SERVER_ERROR as isize)
+    }
+}
 
 /// The outcome of one line for this request.
 #[derive(Clone, Copy)]

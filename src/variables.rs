@@ -12,6 +12,7 @@ use ngx::ffi::{
 use ngx::http::{HttpModuleMainConf, Request};
 use ngx::ngx_string;
 
+use crate::conf::ConfError;
 use crate::request::{get_ctx, Ctx, Phase, Verdict};
 use crate::Module;
 
@@ -47,13 +48,14 @@ const CTX_VAR: ngx_str_t = ngx_string!("rl_internal_ctx");
 /// `$limit_req_status`, so that the configuration can name them).
 /// Non-cacheable: a value read before the lines were decided (in a
 /// rewrite, say) must not stick.
-pub fn add(cf: *mut ngx_conf_t) -> Result<(), ()> {
+/// nginx logs why a variable cannot be added (its name taken, no memory).
+pub fn add(cf: *mut ngx_conf_t) -> Result<(), ConfError> {
     for (mut name, var) in VARS {
         // SAFETY: cf is the http{} configuration being read; nginx copies the name.
         let v = unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOCACHEABLE as ngx_uint_t) };
         // SAFETY: a non-null result is the variable nginx keeps for the cycle.
         let Some(v) = (unsafe { v.as_mut() }) else {
-            return Err(());
+            return Err(ConfError::Logged);
         };
         v.get_handler = Some(get);
         v.data = var as usize;
@@ -63,7 +65,7 @@ pub fn add(cf: *mut ngx_conf_t) -> Result<(), ()> {
     let v = unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOHASH as ngx_uint_t) };
     // SAFETY: as above.
     let Some(v) = (unsafe { v.as_mut() }) else {
-        return Err(());
+        return Err(ConfError::Logged);
     };
     v.get_handler = Some(not_found);
     Ok(())

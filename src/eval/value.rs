@@ -5,26 +5,13 @@
 
 use core::{mem, ptr};
 
-use ngx::core::Status;
 use ngx::ffi::{
     in6_addr, in_addr, ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_get_flushed_variable,
     ngx_http_request_t, ngx_str_t, ngx_uint_t, sockaddr_in, sockaddr_in6, AF_INET6, AF_UNIX,
-    NGX_HTTP_INTERNAL_SERVER_ERROR,
 };
 
 use crate::line::{KeySource, Line, VarParam, VarValue};
-
-/// A request's lines could not be evaluated: nginx could not allocate (a
-/// complex value, or the copy of a limit), and its allocator has logged
-/// it. The request is answered 500.
-#[derive(Clone, Copy, Debug)]
-pub struct NoMemory;
-
-impl From<NoMemory> for Status {
-    fn from(_: NoMemory) -> Status {
-        Status(NGX_HTTP_INTERNAL_SERVER_ERROR as isize)
-    }
-}
+pub use crate::request::NoMemory;
 
 /// The line's key for the request (empty: the line does not apply to it).
 #[inline(always)]
