@@ -184,14 +184,6 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
         None => redis_ok && decide(&mcf.zones, &mcf.lines, ctx, r.log()),
     };
     metrics::count(mcf, ctx);
-    if admitted && ctx.charge_after {
-        // Nothing is charged yet (the decision reported what the line has left).
-        for (line, res) in ctx.staged_mut(&mcf.lines) {
-            if line.charge_after && res.active {
-                res.charged = false;
-            }
-        }
-    }
     if admitted {
         debug_verdicts(r.log(), mcf, ctx);
         // A delay, or a dry-run line that would have limited.

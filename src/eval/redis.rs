@@ -145,10 +145,11 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
     ctx.awaited &= !(1 << reply.zone);
     match reply.result {
         Ok((all, outcomes)) => {
-            for ((_, res), o) in on_zone(ctx, &mcf.lines, reply.zone, ask).zip(outcomes) {
+            for ((line, res), o) in on_zone(ctx, &mcf.lines, reply.zone, ask).zip(outcomes) {
                 // A line is charged iff the request's enforced lines admit it and so does the
-                // line (rl-core's Decision::charges); a read charges nothing.
-                res.set(&o, ask == Ask::Decide && all && o.admitted);
+                // line (rl-core's Decision::charges); a read charges nothing, nor does a
+                // `charge=after` line's check (its cost is charged when the request is logged).
+                res.set(&o, ask == Ask::Decide && all && o.admitted && !line.charge_after);
             }
         }
         Err(e) => failed(req.log(), mcf, ctx, reply.zone, zone, &e, ask),

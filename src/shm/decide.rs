@@ -37,10 +37,14 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
 
 /// What a line the decision did not charge reports: what its state has
 /// left when it admits the request (rl-core's `Outcome::uncharged`), and,
-/// when `next`, the wait for one more unit when it rejects it.
+/// when `next`, the wait for one more unit (which costs a second check).
 fn not_charged(limit: &Limit, res: &mut LineResult, state: &[u64], now_us: u64, next: bool) {
     if res.admitted() {
-        res.decision.outcome = res.decision.outcome.uncharged(&limit.left(state, now_us));
+        let left = match next {
+            true => limit.left(state, now_us),
+            false => limit.check(state, now_us, 0),
+        };
+        res.decision.outcome = res.decision.outcome.uncharged(&left);
     } else if next {
         res.decision.outcome.next_us = limit.next_us(state, now_us);
     }
@@ -117,27 +121,29 @@ fn decide_lines(
 
     // Every enforced line admits: charge them all, and each dry-run line
     // that admits, as if it were enforced.
-    for (line, res) in ctx
-        .staged_mut(lines)
-        .filter(|(l, res)| admitted && res.active && res.admitted() && !l.charge_after && l.backend.shm().is_some())
-    {
-        let Some(locked) = locks.get_mut(res.lock) else {
-            continue;
-        };
-        let Some(state) = locked.state(res.slot, res.hash, &line.limit) else {
-            continue;
-        };
-        // (`res.limit(line)`, without holding `res`, whose verdict is written below)
-        let limit = res.var_limit.unwrap_or(&line.limit);
-        let o = limit.check(state, now_us, res.cost);
-        res.decision.charge = limit.commit(state, now_us, res.cost);
-        res.decision.outcome.remaining = o.remaining;
-        res.decision.outcome.reset_us = o.reset_us;
-        if next {
-            res.decision.outcome.next_us = limit.next_us(state, now_us);
+    if admitted {
+        for (line, res) in ctx
+            .staged_mut(lines)
+            .filter(|(l, res)| res.active && res.admitted() && !l.charge_after && l.backend.shm().is_some())
+        {
+            let Some(locked) = locks.get_mut(res.lock) else {
+                continue;
+            };
+            let Some(state) = locked.state(res.slot, res.hash, &line.limit) else {
+                continue;
+            };
+            // (`res.limit(line)`, without holding `res`, whose verdict is written below)
+            let limit = res.var_limit.unwrap_or(&line.limit);
+            let o = limit.check(state, now_us, res.cost);
+            res.decision.charge = limit.commit(state, now_us, res.cost);
+            res.decision.outcome.remaining = o.remaining;
+            res.decision.outcome.reset_us = o.reset_us;
+            if next {
+                res.decision.outcome.next_us = limit.next_us(state, now_us);
+            }
+            res.charged = true;
+            locked.charged(res.slot, now_us, o.reset_us);
         }
-        res.charged = true;
-        locked.charged(res.slot, now_us, o.reset_us);
     }
 
     // The lines not charged.
@@ -241,6 +247,7 @@ fn decide_state(line: &Line, res: &mut LineResult, state: &mut [u64], idle: &mut
 /// (the zone was full) has nothing to give back.
 pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
     let now_us = crate::shm::now_us();
+    let next = ctx.headers.draft();
     let mut locks = Locks::new();
     for (line, res) in ctx.staged_mut(lines).filter(|(_, res)| res.active && res.charged) {
         let Some(z) = line.backend.shm() else { continue };
@@ -260,11 +267,10 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
         let Some(state) = locked.state(res.slot, res.hash, &line.limit) else {
             continue;
         };
-        let limit = res.limit(line);
+        let limit = res.var_limit.unwrap_or(&line.limit);
         limit.refund(state, res.charge(), now_us);
-        let left = limit.left(state, now_us);
-        res.decision.outcome = res.decision.outcome.uncharged(&left);
-        locked.charged(res.slot, now_us, left.reset_us);
+        not_charged(limit, res, state, now_us, next);
+        locked.charged(res.slot, now_us, res.reset_us());
     }
 }
 
