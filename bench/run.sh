@@ -3,17 +3,19 @@
 # would run instead (stock limit_req, Lua + Redis), on this machine, in one run.
 #
 #   bench/run.sh            full run: warm-up, 5 interleaved rounds of 5 s,
-#                           memory test; writes bench/RESULTS.md (~13 min)
+#                           memory test, scrape, callgrind profile; writes
+#                           bench/RESULTS.md (~35 min on 2 cores)
 #   QUICK=1 bench/run.sh    smoke test: 1 round of 1 s, small zones; writes
 #                           bench/RESULTS.quick.md; exits non-zero if broken
 #
 # Environment (all optional): RL_MODULE (the module, default
 # build/debian/ngx_http_rl_module.so), NGINX (/usr/sbin/nginx), BENCH_ROUNDS,
 # BENCH_SECS, BENCH_WARM, BENCH_CONNS, BENCH_THREADS, BENCH_MEMZ (zone size
-# of the memory test), BENCH_ONLY (regex on scenario ids), BENCH_NO_MEM=1,
+# of the memory test), BENCH_ONLY (regex on scenario ids: only those rows;
+# it skips the memory test, the scrape and the profile too, unless
+# BENCH_MEM=1, BENCH_SCRAPE=1, BENCH_PROFILE=1), BENCH_NO_MEM=1,
 # BENCH_OUT (report path; the raw files go beside it), BENCH_KEEP=1 (keep the temp dir with the logs),
-# BENCH_NO_SCRAPE=1 (skip bench/scrape.sh; BENCH_ONLY skips it too unless
-# BENCH_SCRAPE=1).
+# BENCH_NO_SCRAPE=1 (skip bench/scrape.sh), BENCH_NO_PROFILE=1 (skip bench/profile.sh).
 #
 # See bench/README.md for the method.
 
@@ -342,8 +344,10 @@ run_one() {
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$phase" "$id" "$secs" "$vt" \
         "$((c1 - c0))" "$((r1 - r0))" "$status" "${reason:--}" "$(cut -d' ' -f1 /proc/loadavg)" "$kbusy" >>"$TMP/raw.tsv"
     if [[ $phase != warm ]]; then
-        awk -v id="$id" -v r="$req" -v d="${v[1]}" -v p="${v[3]}" -v c="$((c1 - c0))" -v k="$kbusy" 'BEGIN {
-            printf "  %-24s %9.0f req/s  p99 %7.2f ms  %6.2f us/req  client CPU %3.0f%%\n", id, r / (d / 1e6), p / 1000, c / r / 1000, k / 10 }' >&2
+        awk -v id="$id" -v r="$req" -v d="${v[1]}" -v p50="${v[2]}" -v p="${v[3]}" -v c="$((c1 - c0))" -v rc="$((r1 - r0))" -v k="$kbusy" 'BEGIN {
+            printf "  %-28s %9.0f req/s  p50 %7.2f ms  p99 %7.2f ms  %6.2f us/req", id, r / (d / 1e6), p50 / 1000, p / 1000, c / r / 1000
+            if (rc > 0) printf "  redis %6.2f us/req", rc / r / 1000
+            printf "  client CPU %3.0f%%\n", k / 10 }' >&2
     fi
 }
 
@@ -492,7 +496,7 @@ main() {
         for id in $(printf '%s\n' "${run_ids[@]}" | shuf); do run_one "$r" "$id" "$SECS"; done
     done
 
-    if [[ -z ${BENCH_NO_MEM:-} ]]; then
+    if [[ -z ${BENCH_NO_MEM:-} && (-z $ONLY || -n ${BENCH_MEM:-}) ]]; then
         log "memory test: zones of $MEMZ"
         memory_test
     fi
@@ -508,7 +512,7 @@ main() {
 
     # Instructions per request under callgrind: deterministic where the
     # numbers above are at the mercy of the machine's other load.
-    if [[ (-z $QUICK && -z ${BENCH_NO_PROFILE:-}) || -n ${BENCH_PROFILE:-} ]]; then
+    if [[ (-z $QUICK && -z $ONLY && -z ${BENCH_NO_PROFILE:-}) || -n ${BENCH_PROFILE:-} ]]; then
         log "instructions per request: bench/profile.sh (callgrind)"
         RL_MODULE=$MODULE RL_MODULE_NAME=$MODULE_SRC NGINX=$NGINX PROFILE_OUT=$TMP/PROFILE.md \
             "$BENCH/profile.sh" 3000 >"$TMP/profile.log" 2>&1 ||
@@ -532,6 +536,7 @@ main() {
         echo "load	load average $load0 at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
         echo "elapsed	${elapsed}s"
         echo "memz	$MEMZ"
+        echo "conns	$CONNS"
         echo "lr_nomem	$(cat "$TMP/mem.lr_nomem" 2>/dev/null || echo -)"
         echo "skip_redis	$SKIP_REDIS"
         echo "wakeup	${wake:--}"
