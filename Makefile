@@ -82,7 +82,7 @@ help:
 	@echo "make check        cargo fmt --check and clippy -D warnings on both crates"
 	@echo "make unittest     rl-core's tests (no nginx)"
 	@echo "make test         build both targets, unit and integration tests, make's own (a rebuild under a running nginx, make run with every recipe), the package (root), a build for nginx 1.28 as nginx.org packages it, a quick bench"
-	@echo "make bench        nginx-rl against limit_req and Lua + Redis (bench/RESULTS.md, ~30 min)"
+	@echo "make bench        nginx-rl against limit_req and Lua + Redis (bench/RESULTS.md, ~35 min)"
 	@echo "make soak         the reliability suite in minutes: a million-key soak, reload storm, kill -9 (~10 min; SOAK_QUICK=1: ~1 min)"
 	@echo "make clean        remove build outputs"
 
@@ -269,7 +269,7 @@ test-dist: dist build-debian
 	@echo "the tarball built offline: $(BUILD)/dist-check/$(DIST_NAME)/target/release/libngx_http_rl_module.so"
 
 # nginx-rl against the no-limiter baseline, limit_req and Lua + Redis:
-# bench/RESULTS.md (about 30 minutes); QUICK=1: one short round, a smoke test.
+# bench/RESULTS.md (about 35 minutes); QUICK=1: one short round, a smoke test.
 bench: build-debian
 	@$(MODULES_ENABLED) > $(BUILD)/modules-enabled.before
 	QUICK=$(QUICK) RL_MODULE=$(DEBIAN_SO) bash bench/run.sh
