@@ -35,6 +35,9 @@ pub struct MainConf {
     /// The index of the variable that carries a request's context across
     /// internal redirects (set in postconfiguration).
     pub ctx_var: Option<ngx_uint_t>,
+    /// The `http` block's `resolver` and its `resolver_timeout`, if it has
+    /// one: Redis zones resolve their host names with it.
+    pub resolver: Option<(core::ptr::NonNull<ngx::ffi::ngx_resolver_t>, ngx::ffi::ngx_msec_t)>,
 }
 
 impl MainConf {

@@ -228,8 +228,8 @@ extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     Status::NGX_OK.into()
 }
 
-/// Starts the worker's Redis I/O thread, if any zone uses Redis (workers
-/// only: nginx calls this after forking, never in the master).
+/// Sets up the worker's Redis zones, if any (workers only: nginx calls this
+/// after forking, never in the master).
 extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     // SAFETY: nginx passes the running cycle.
     let Some(mcf) = (unsafe { cycle.as_ref() }).and_then(Module::main_conf) else {
@@ -237,13 +237,18 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     };
     shm::init_clock();
     metrics::init_worker(mcf);
-    match redis_zone::init_worker(cycle, &mcf.redis, eval::redis::on_reply, eval::redis::on_lost, charge::on_failed) {
+    let hooks = redis_zone::Hooks {
+        on_reply: eval::redis::on_reply,
+        on_lost: eval::redis::on_lost,
+        on_charge_failed: charge::on_failed,
+    };
+    match redis_zone::init_worker(cycle, &mcf.redis, mcf.resolver, hooks) {
         Ok(()) => Status::NGX_OK.into(),
-        Err(()) => Status::NGX_ERROR.into(),
+        Err(_) => Status::NGX_ERROR.into(),
     }
 }
 
-/// Stops the Redis I/O thread and closes its eventfd.
+/// Closes the worker's Redis connections.
 extern "C" fn exit_process(_cycle: *mut ngx_cycle_t) {
     redis_zone::exit_worker();
 }

@@ -177,7 +177,7 @@ fn error_kind(e: &RedisError) -> usize {
         RedisError::Timeout | RedisError::Late => ERR_TIMEOUT,
         RedisError::Io(_) | RedisError::NotConnected { .. } => ERR_CONNECTION,
         RedisError::Server(_) | RedisError::Malformed(_) => ERR_SCRIPT,
-        RedisError::Overloaded | RedisError::NoThread | RedisError::NoZone => ERR_REFUSED,
+        RedisError::Overloaded | RedisError::Unanswered | RedisError::NotSent | RedisError::NoZone => ERR_REFUSED,
     }
 }
 

@@ -1,17 +1,25 @@
 //! Redis zones (`rl_zone NAME redis=URL ...`): what a zone is at run time,
-//! and the two sides of its I/O: the worker's event loop ([`worker`]:
-//! submitting jobs, suspending and resuming requests) and the I/O thread
-//! ([`thread`], with its connections, script calls, Cluster and Sentinel).
+//! and its I/O, all on the worker's own event loop (no thread, no tokio
+//! runtime): the requests' side ([`worker`]: submitting jobs, suspending
+//! and resuming requests), the calls ([`calls`], as `ngx::async_` tasks),
+//! and the connections (nginx connections: [`peer`], [`open`], [`conn`],
+//! [`zone_conn`]; Cluster and Sentinel).
 //!
 //! Nothing here reads the configuration module: `directives::redis` builds a
 //! [`RedisZone`] and the phase handlers (`access`) hand jobs in.
 
+mod calls;
 mod clock;
 mod cluster;
+mod cluster_link;
 mod conn;
+mod inbox;
+mod open;
+mod peer;
 mod script;
 mod sentinel;
-mod thread;
+mod timers;
+mod tls;
 mod worker;
 mod zone_conn;
 
@@ -27,7 +35,7 @@ use rl_core::redis::RequestReply;
 use smallvec::SmallVec;
 
 pub use self::conn::{client, Target};
-pub use self::worker::{charge, exit_worker, init_worker, resume, submit, suspend};
+pub use self::worker::{charge, exit_worker, init_worker, resume, submit, suspend, Hooks};
 
 /// A Redis zone as configured.
 pub struct RedisZone {
@@ -110,11 +118,15 @@ pub enum RedisError {
     /// (what is wrong, for the log).
     Malformed(String),
     /// Too many of this worker's requests wait for the zone's Redis (see
-    /// `thread::MAX_WAITING`): `on_error` at once.
+    /// `calls::MAX_WAITING`): `on_error` at once.
     Overloaded,
-    /// The worker's I/O thread is not running, or did not answer in time.
-    NoThread,
-    /// The job named a zone the I/O thread does not have.
+    /// The call did not end in time (the backstop: a call always ends by
+    /// the zone's timeout).
+    Unanswered,
+    /// The job could not be handed in (the worker's zones are not running,
+    /// or nginx had no memory for the request's cleanup).
+    NotSent,
+    /// The job named a zone the worker does not have.
     NoZone,
 }
 
@@ -134,8 +146,9 @@ impl fmt::Display for RedisError {
             RedisError::Late => f.write_str("timed out (Redis ran the call past its deadline and wrote nothing)"),
             RedisError::Malformed(what) if what.is_empty() => f.write_str("malformed script reply"),
             RedisError::Malformed(what) => write!(f, "malformed script reply: {what}"),
-            RedisError::Overloaded => write!(f, "too many requests waiting ({} per worker)", thread::MAX_WAITING),
-            RedisError::NoThread => f.write_str("no reply from the I/O thread"),
+            RedisError::Overloaded => write!(f, "too many requests waiting ({} per worker)", calls::MAX_WAITING),
+            RedisError::Unanswered => f.write_str("no reply in time"),
+            RedisError::NotSent => f.write_str("the call could not be sent"),
             RedisError::NoZone => f.write_str("no such zone"),
         }
     }

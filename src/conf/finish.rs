@@ -111,7 +111,24 @@ extern "C" fn unmap(data: *mut c_void) {
 pub fn finish(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
     // SAFETY: cf is the http{} configuration being finished; its log is the cycle's.
     let log = unsafe { (*cf).log };
+    mcf.resolver = http_resolver(cf);
     after_parsing(log, resolve(cf, mcf))
+}
+
+/// The `http` block's `resolver`, with its `resolver_timeout` (nginx's
+/// default, 30 s, where none is set), if it has one: nginx gives every
+/// block a resolver object, one with no name server where none is set.
+fn http_resolver(cf: *mut ngx_conf_t) -> Option<(core::ptr::NonNull<ngx::ffi::ngx_resolver_t>, ngx::ffi::ngx_msec_t)> {
+    use ngx::http::{HttpModuleLocationConf, NgxHttpCoreModule};
+    // SAFETY: cf is the http{} configuration: its location configuration is the block's own.
+    let clcf = unsafe { NgxHttpCoreModule::location_conf(&*cf) }?;
+    let resolver = core::ptr::NonNull::new(clcf.resolver).filter(|r| r.as_ptr() as isize != -1)?;
+    // SAFETY: a set resolver pointer is a resolver nginx created for this configuration.
+    if unsafe { resolver.as_ref() }.connections.nelts == 0 {
+        return None;
+    }
+    let timeout = if clcf.resolver_timeout == ngx::ffi::ngx_msec_t::MAX { 30_000 } else { clcf.resolver_timeout };
+    Some((resolver, timeout))
 }
 
 fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {

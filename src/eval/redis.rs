@@ -91,7 +91,7 @@ pub fn send(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ask: Ask)
             sent += 1;
             ctx.awaited |= 1 << z;
         } else {
-            failed(log, mcf, ctx, z, zone, &RedisError::NoThread, ask);
+            failed(log, mcf, ctx, z, zone, &RedisError::NotSent, ask);
         }
     }
     if sent == 0 {
@@ -168,7 +168,7 @@ pub fn on_lost(r: *mut ngx_http_request_t) {
     let ask = Ask::of(req);
     for (z, zone) in mcf.redis.iter().enumerate() {
         if ctx.awaited & (1 << z) != 0 {
-            failed(req.log(), mcf, ctx, z, zone, &RedisError::NoThread, ask);
+            failed(req.log(), mcf, ctx, z, zone, &RedisError::Unanswered, ask);
         }
     }
     ctx.awaited = 0;

@@ -17,16 +17,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ngx::async_::{spawn, Task};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::cluster_async::ClusterConnection;
-use redis::io::tcp::TcpSettings;
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates,
     Value,
 };
 use rl_core::url::RedisUrl;
+use rustls::ClientConfig;
 use tokio::sync::Notify;
 
+use super::cluster_link::ClusterLink;
+use super::open::open;
+use super::timers::{sleep, timeout};
 use super::RedisError;
 
 /// Where a zone's Redis is.
@@ -54,7 +57,7 @@ pub struct Conn {
 #[derive(Clone)]
 enum Link {
     Plain(MultiplexedConnection),
-    Cluster(ClusterConnection),
+    Cluster(ClusterLink),
 }
 
 /// What the zone knows of one connection.
@@ -72,6 +75,9 @@ struct Health {
     gone: Notify,
     /// Why it was given up on.
     why: Mutex<String>,
+    /// The task that reads and writes the connection: dropped (and the
+    /// connection closed) when the connection is given up.
+    driver: Mutex<Option<Task<()>>>,
 }
 
 /// A command in flight on a connection (counted while it lives).
@@ -84,8 +90,9 @@ impl Drop for Busy<'_> {
 }
 
 impl Health {
-    fn new() -> Health {
+    fn new(driver: Option<Task<()>>) -> Health {
         Health {
+            driver: Mutex::new(driver),
             opened: Instant::now(),
             pending: AtomicUsize::new(0),
             progress_ms: AtomicU64::new(0),
@@ -131,6 +138,9 @@ impl Health {
         }
         if !self.abandoned.swap(true, Ordering::AcqRel) {
             self.gone.notify_waiters();
+            // Closes the socket now, not when the last call on it ends.
+            let driver = self.driver.lock().map(|mut d| d.take()).unwrap_or_default();
+            drop(driver);
         }
     }
 
@@ -172,41 +182,32 @@ const SERVED: Duration = Duration::from_secs(1);
 
 impl Conn {
     /// Opens a connection to the server at `url` (a node, or the master
-    /// the sentinels named).
-    pub async fn open(url: &str, tls: &Option<TlsCertificates>, stall: Duration) -> Result<Conn, RedisError> {
-        let info = url.into_connection_info().map_err(io)?.set_tcp_settings(tcp());
-        let client = client(info, tls).map_err(io)?;
-        let c = client.get_multiplexed_async_connection_with_config(&data_config(stall)).await.map_err(io)?;
-        Ok(Conn::new(Link::Plain(c), stall))
+    /// the sentinels named), within `stall`.
+    pub async fn open(url: &str, tls: Option<&Arc<ClientConfig>>, stall: Duration) -> Result<Conn, RedisError> {
+        let info = url.into_connection_info().map_err(io)?;
+        let opened = timeout(stall, open(&info, tls, data_config()))
+            .await
+            .map_err(|_| RedisError::Io(format!("connecting timed out ({} ms)", stall.as_millis())))??;
+        Ok(Conn::new(Link::Plain(opened.conn), opened.driver, stall))
     }
 
     /// Opens a connection to the cluster of `nodes`.
     pub async fn open_cluster(
         nodes: &[String],
-        tls: &Option<TlsCertificates>,
+        tls: Option<&Arc<ClientConfig>>,
         stall: Duration,
     ) -> Result<Conn, RedisError> {
-        // The client's own timeouts per node and request: a node that
-        // stops answering fails its calls (while the other nodes' replies
-        // keep the connection as a whole from looking silent).
-        let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
-            .tcp_settings(tcp())
-            .connection_timeout(stall)
-            .response_timeout(stall);
-        if let Some(certs) = tls {
-            builder = builder.certs(certs.clone());
-        }
-        let client = builder.build().map_err(io)?;
-        Ok(Conn::new(Link::Cluster(client.get_async_connection().await.map_err(io)?), stall))
+        let cluster = ClusterLink::open(nodes, tls, stall).await?;
+        Ok(Conn::new(Link::Cluster(cluster), None, stall))
     }
 
     /// A connection just opened, watched until it is dropped or given up.
-    fn new(link: Link, stall: Duration) -> Conn {
-        let health = Arc::new(Health::new());
+    fn new(link: Link, driver: impl Into<Option<Task<()>>>, stall: Duration) -> Conn {
+        let health = Arc::new(Health::new(driver.into()));
         let watched = Arc::downgrade(&health);
-        tokio::spawn(async move {
+        spawn(async move {
             loop {
-                tokio::time::sleep(STALL_CHECK).await;
+                sleep(STALL_CHECK).await;
                 let Some(h) = watched.upgrade() else { return };
                 if h.abandoned() {
                     return;
@@ -216,7 +217,8 @@ impl Conn {
                     return;
                 }
             }
-        });
+        })
+        .detach();
         Conn { link, health }
     }
 
@@ -305,15 +307,9 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// TCP settings of the data connections: `TCP_NODELAY`, as Redis clients and
-/// nginx's own upstream connections use, so that a call sent while another
-/// is in flight is not held back by Nagle's algorithm until the first reply.
-fn tcp() -> TcpSettings {
-    TcpSettings::default().set_nodelay(true)
-}
-
 /// A client for one server (a node or a sentinel), with the zone's
-/// certificates if it has any (then its URLs are all `rediss`).
+/// certificates if it has any (then its URLs are all `rediss`): what
+/// `nginx -t` checks a zone's settings with.
 pub fn client(info: ConnectionInfo, tls: &Option<TlsCertificates>) -> redis::RedisResult<Client> {
     match tls {
         Some(certs) => Client::build_with_tls(info, certs.clone()),
@@ -321,11 +317,12 @@ pub fn client(info: ConnectionInfo, tls: &Option<TlsCertificates>) -> redis::Red
     }
 }
 
-/// The data connections' settings: an attempt (connect, TLS, setup) may take
-/// the stall limit; a reply has no timeout of its own (the zone's timeout
-/// answers the requests, the watchdog gives a silent connection up).
-fn data_config(stall: Duration) -> AsyncConnectionConfig {
-    AsyncConnectionConfig::new().set_connection_timeout(Some(stall)).set_response_timeout(None)
+/// The connections' settings: no timeouts of the client's own, which would
+/// need a tokio runtime (the caller bounds an attempt by the stall limit;
+/// the zone's timeout answers the requests, the watchdog gives a silent
+/// connection up).
+pub fn data_config() -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new().set_connection_timeout(None).set_response_timeout(None)
 }
 
 /// A client error while opening a connection: a URL or a TLS setting the

@@ -1,36 +1,52 @@
-//! The nginx side of the Redis I/O thread, in the worker's event loop:
-//! submitting jobs (one batch per loop iteration), suspending a request and
-//! resuming it when the eventfd says its reply is in.
+//! A worker's Redis zones in its event loop: submitting jobs (one batch
+//! per loop iteration, sent by [`super::calls`]), suspending a request and
+//! resuming it when its reply is in ([`super::inbox`]).
 
 use core::cell::RefCell;
 use core::ffi::c_void;
-use core::ptr;
+use core::ptr::{self, NonNull};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::rc::Rc;
 
 use ngx::ffi::{
-    ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_cycle, ngx_cycle_t, ngx_del_timer,
-    ngx_delete_posted_event, ngx_event_t, ngx_get_connection, ngx_handle_read_event, ngx_http_block_reading,
+    ngx_add_timer, ngx_cycle, ngx_cycle_t, ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_block_reading,
     ngx_http_core_run_phases, ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading, ngx_log_t,
-    ngx_msec_t, ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, NGX_LOG_ALERT, NGX_LOG_ERR,
+    ngx_msec_t, ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, ngx_resolver_t, NGX_LOG_ALERT,
 };
 use ngx::ngx_log_error;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
-use super::thread::{self, Shared};
+use super::calls::Calls;
+use super::conn::Target;
+use super::{inbox, open, peer};
 use super::{Job, RedisError, RedisZone, Reply, ZoneSpec, CHARGE_ID};
+
+/// What the worker calls back with replies, in its event loop.
+pub struct Hooks {
+    /// With each reply, for the request it belongs to.
+    pub on_reply: fn(*mut ngx_http_request_t, Reply),
+    /// For a request whose replies did not come in time.
+    pub on_lost: fn(*mut ngx_http_request_t),
+    /// For each line of a `charge=after` charge that failed, with the zone
+    /// and why.
+    pub on_charge_failed: fn(usize, &RedisError),
+}
+
+/// Why a request could not be handed to its zone.
+#[derive(Debug)]
+pub enum SubmitError {
+    /// The worker has no Redis zones running (not started, or exiting).
+    NotRunning,
+    /// nginx could not allocate the request's cleanup.
+    NoMemory,
+}
 
 /// What a worker keeps while it has Redis zones.
 struct Worker {
-    tx: Option<UnboundedSender<Vec<Job>>>,
+    calls: Rc<Calls>,
     /// Jobs of this event-loop iteration, sent together by `flush_ev` (one
-    /// wake-up of the I/O thread per iteration, not per request).
+    /// batch per zone and iteration, not one call per request).
     outbox: Vec<Job>,
     flush_ev: Box<ngx_event_t>,
-    shared: Arc<Shared>,
-    conn: *mut ngx_connection_t,
-    thread: Option<JoinHandle<()>>,
     /// Suspended requests by job id.
     pending: HashMap<u64, *mut ngx_http_request_t>,
     next_id: u64,
@@ -42,12 +58,12 @@ struct Worker {
     /// the zone and why.
     on_charge_failed: fn(usize, &RedisError),
     /// How long a suspended request waits at most (the longest zone timeout
-    /// plus a margin): a backstop should the I/O thread not answer, and a
-    /// timer that keeps a gracefully exiting worker alive while requests wait.
+    /// plus a margin): a backstop should a call never end, and a timer that
+    /// keeps a gracefully exiting worker alive while requests wait.
     backstop_ms: u64,
 }
 
-/// Added to the longest zone timeout for the nginx-side backstop timer.
+/// Added to the longest zone timeout for the backstop timer.
 const BACKSTOP_MARGIN_MS: u64 = 500;
 
 thread_local! {
@@ -77,52 +93,29 @@ fn cycle_log() -> *mut ngx_log_t {
     unsafe { (*ngx_cycle).log }
 }
 
-/// Starts the I/O thread (in a worker, never in the master) if there are Redis zones.
+/// Sets up the worker's Redis zones (in a worker, never in the master), if
+/// there are any: host names are resolved now, connections opened at the
+/// first call.
 pub fn init_worker(
     cycle: *mut ngx_cycle_t,
     zones: &[Box<RedisZone>],
-    on_reply: fn(*mut ngx_http_request_t, Reply),
-    on_lost: fn(*mut ngx_http_request_t),
-    on_charge_failed: fn(usize, &RedisError),
-) -> Result<(), ()> {
+    resolver: Option<(NonNull<ngx_resolver_t>, ngx_msec_t)>,
+    hooks: Hooks,
+) -> Result<(), SubmitError> {
     if zones.is_empty() {
         return Ok(());
     }
-    // SAFETY: plain syscall; the fd is owned by the worker from here on.
-    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    let Hooks { on_reply, on_lost, on_charge_failed } = hooks;
+    open::use_resolver(resolver);
     // SAFETY: the cycle is valid in init_process.
     let log = unsafe { (*cycle).log };
-    if efd < 0 {
-        ngx_log_error!(NGX_LOG_ERR, log, "rl: eventfd() failed");
-        return Err(());
-    }
-    // SAFETY: registers the eventfd as an nginx connection so the event loop watches it.
-    let conn = unsafe { ngx_get_connection(efd, log) };
-    if conn.is_null() {
-        // SAFETY: not registered anywhere.
-        unsafe { libc::close(efd) };
-        return Err(());
-    }
-    // SAFETY: conn and its read event were just set up by ngx_get_connection; nginx's own
-    // ngx_handle_read_event registers it as every event method wants (edge-triggered with epoll:
-    // on_notify reads the whole eventfd counter each time, and the I/O thread writes on every
-    // empty-to-non-empty transition of the queue, so no wake-up is lost).
-    unsafe {
-        let rev = (*conn).read;
-        (*rev).handler = Some(on_notify);
-        (*rev).log = log;
-        (*conn).log = log;
-        if ngx_handle_read_event(rev, 0) != 0 {
-            ngx_log_error!(NGX_LOG_ERR, log, "rl: cannot watch the Redis I/O thread's eventfd");
-            ngx_close_connection(conn);
-            return Err(());
-        }
-    }
-    let shared = Arc::new(Shared { replies: Mutex::new(Vec::new()), efd });
-    let (tx, rx) = unbounded_channel();
     let specs: Vec<ZoneSpec> = zones.iter().map(|z| z.spec.clone()).collect();
-    let sh = shared.clone();
-    let thread = std::thread::Builder::new().name("rl-redis".into()).spawn(move || thread::run(specs, rx, sh)).ok();
+    open::resolve_at_start(specs.iter().flat_map(|s| match &s.target {
+        Target::Single(u) => vec![u.as_str()],
+        Target::Sentinel { sentinels, .. } => sentinels.iter().map(String::as_str).collect(),
+        Target::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
+    }));
+    inbox::open(on_inbox);
     // SAFETY: a zeroed event is nginx's initial state for a posted-only event.
     let mut flush_ev: Box<ngx_event_t> = Box::new(unsafe { core::mem::zeroed() });
     flush_ev.handler = Some(flush);
@@ -130,12 +123,9 @@ pub fn init_worker(
     let installed = WORKER.with(|w| {
         let Ok(mut w) = w.try_borrow_mut() else { return false };
         *w = Some(Worker {
-            tx: Some(tx),
+            calls: Rc::new(Calls::new(specs)),
             outbox: Vec::new(),
             flush_ev,
-            shared,
-            conn,
-            thread,
             pending: HashMap::new(),
             next_id: 1,
             on_charge_failed,
@@ -148,38 +138,30 @@ pub fn init_worker(
     });
     if !installed {
         ngx_log_error!(NGX_LOG_ALERT, log, "rl: Redis worker state in use at start");
-        return Err(());
+        return Err(SubmitError::NotRunning);
     }
     Ok(())
 }
 
-/// Stops the I/O thread and closes the eventfd (exit_process).
+/// Closes the zones' connections (exit_process: the event loop has ended,
+/// and nginx checks that no socket is left open).
 pub fn exit_worker() {
     let Ok(w) = WORKER.with(|w| w.try_borrow_mut().map(|mut w| w.take())) else {
         ngx_log_error!(NGX_LOG_ALERT, cycle_log(), "rl: Redis worker state in use at exit");
         return;
     };
-    let Some(mut w) = w else { return };
-    if w.flush_ev.posted() != 0 {
-        // SAFETY: the event is in the posted queue; remove it before it is freed.
-        unsafe { ngx_delete_posted_event(&mut *w.flush_ev) };
+    if let Some(mut w) = w {
+        if w.flush_ev.posted() != 0 {
+            // SAFETY: the event is in the posted queue; remove it before it is freed.
+            unsafe { ngx_delete_posted_event(&mut *w.flush_ev) };
+        }
     }
-    // Charges still queued go before the thread stops (it finishes them
-    // before it returns); decisions have no request left to answer.
-    let charges: Vec<Job> = w.outbox.drain(..).filter(|j| j.charge).collect();
-    if let (Some(tx), false) = (&w.tx, charges.is_empty()) {
-        let _ = tx.send(charges);
-    }
-    w.tx = None;
-    if let Some(t) = w.thread.take() {
-        let _ = t.join();
-    }
-    // SAFETY: the connection was created in init_worker and is closed once.
-    unsafe { ngx_close_connection(w.conn) };
+    inbox::close();
+    peer::close_all();
 }
 
 /// Sends a job for a request; the request is resumed when its reply arrives.
-pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), ()> {
+pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), SubmitError> {
     // SAFETY: r is the live request being processed.
     let log = unsafe { (*(*r).connection).log };
     with_worker(log, |w| {
@@ -188,12 +170,9 @@ pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), ()> {
         job.id = id;
         // Forget the request if it goes away before the reply (client closed it).
         // SAFETY: the request pool is valid; the cleanup entry lives as long as the pool.
-        let cln = unsafe { ngx_pool_cleanup_add((*r).pool, 0).as_mut() }.ok_or(())?;
+        let cln = unsafe { ngx_pool_cleanup_add((*r).pool, 0).as_mut() }.ok_or(SubmitError::NoMemory)?;
         cln.handler = Some(forget_request);
         cln.data = id as usize as *mut c_void;
-        if w.tx.is_none() {
-            return Err(());
-        }
         w.outbox.push(job);
         w.pending.insert(id, r);
         if w.flush_ev.posted() == 0 {
@@ -203,16 +182,13 @@ pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), ()> {
         }
         Ok(())
     })
-    .unwrap_or(Err(()))
+    .unwrap_or(Err(SubmitError::NotRunning))
 }
 
 /// Queues a `charge=after` charge of a line on zone `zone`: it goes with
 /// the jobs of this event-loop iteration, and no request waits for it.
 pub fn charge(log: *mut ngx_log_t, zone: usize, line: super::JobLine) {
     with_worker(log, |w| {
-        if w.tx.is_none() {
-            return;
-        }
         // One job per zone and iteration: the charges go in one call.
         match w.outbox.iter_mut().find(|j| j.charge && j.zone == zone) {
             Some(job) => job.lines.push(line),
@@ -229,17 +205,14 @@ pub fn charge(log: *mut ngx_log_t, zone: usize, line: super::JobLine) {
     });
 }
 
-/// Sends the jobs of this event-loop iteration to the I/O thread at once.
+/// Sends the jobs of this event-loop iteration.
 extern "C" fn flush(ev: *mut ngx_event_t) {
     // SAFETY: nginx passes the posted event, whose log init_worker set.
     let log = unsafe { (*ev).log };
-    with_worker(log, |w| {
-        let jobs = std::mem::take(&mut w.outbox);
-        if let Some(tx) = &w.tx {
-            // The receiver lives until exit_worker drops the sender.
-            let _ = tx.send(jobs);
-        }
-    });
+    // The calls start (and may run) outside the worker's state.
+    if let Some((calls, jobs)) = with_worker(log, |w| (w.calls.clone(), std::mem::take(&mut w.outbox))) {
+        calls.send(jobs);
+    }
 }
 
 /// A request's pool is freed: its reply, if it comes, has no request to go
@@ -313,24 +286,14 @@ pub fn resume(r: *mut ngx_http_request_t) {
     }
 }
 
-/// The eventfd is readable: dispatch every reply to its request.
-extern "C" fn on_notify(ev: *mut ngx_event_t) {
-    // SAFETY: nginx passes the eventfd connection's read event, whose log init_worker set.
+/// Replies are in: dispatch each to its request.
+extern "C" fn on_inbox(ev: *mut ngx_event_t) {
+    // SAFETY: nginx passes the inbox's posted event, whose log inbox::open set.
     let log = unsafe { (*ev).log };
-    let Some((shared, on_reply)) = with_worker(log, |w| (w.shared.clone(), w.on_reply)) else {
+    let Some(on_reply) = with_worker(log, |w| w.on_reply) else {
         return;
     };
-    let mut buf = 0u64;
-    // SAFETY: reading the 8-byte eventfd counter resets it; EAGAIN is harmless. The event is
-    // ready again only when the I/O thread writes (edge-triggered with epoll).
-    unsafe {
-        libc::read(shared.efd, (&mut buf as *mut u64).cast(), 8);
-        (*ev).set_ready(0);
-    }
-    let replies = match shared.replies.lock() {
-        Ok(mut q) => std::mem::take(&mut *q),
-        Err(_) => return,
-    };
+    let replies = inbox::take();
     let freed = FREED.with(|f| f.try_borrow_mut().map(|mut f| std::mem::take(&mut *f)).unwrap_or_default());
     if !freed.is_empty() {
         let forgotten = with_worker(log, |w| {

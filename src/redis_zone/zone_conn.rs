@@ -9,14 +9,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use redis::TlsCertificates;
 use rl_core::redis::{write_state_key, RequestReply};
+use rustls::ClientConfig;
 
 use super::clock::Clock;
 use super::conn::{Conn, Target, MIN_STALL};
 use super::script::{call, charge, Code, Via};
 use super::sentinel::{sentinel_master, subscribe_switches, Sentinels, MASTER_CHECK};
+use super::timers::sleep;
+use super::tls::client_config;
 use super::{Job, JobLine, RedisError, ZoneSpec};
 use crate::metrics::store::RedisSlot;
 
@@ -33,6 +34,8 @@ pub struct ZoneConn {
     pub waiting: AtomicUsize,
     /// This worker's counters of the zone (`rl_metrics`).
     pub metrics: Option<&'static RedisSlot>,
+    /// The TLS client of a zone with `rediss` URLs (or why there is none).
+    pub tls: Option<Result<Arc<ClientConfig>, RedisError>>,
 }
 
 pub struct ConnState {
@@ -57,7 +60,6 @@ fn backoff(failures: u32) -> Duration {
 impl ZoneConn {
     pub fn new(spec: ZoneSpec) -> ZoneConn {
         ZoneConn {
-            spec,
             state: tokio::sync::Mutex::new(ConnState {
                 conn: None,
                 failures: 0,
@@ -69,6 +71,17 @@ impl ZoneConn {
             clock: Clock::new(),
             waiting: AtomicUsize::new(0),
             metrics: None,
+            tls: uses_tls(&spec).then(|| client_config(&spec.tls)),
+            spec,
+        }
+    }
+
+    /// The TLS client, for a zone that has one.
+    fn tls(&self) -> Result<Option<&Arc<ClientConfig>>, RedisError> {
+        match &self.tls {
+            None => Ok(None),
+            Some(Ok(c)) => Ok(Some(c)),
+            Some(Err(e)) => Err(e.clone()),
         }
     }
 
@@ -94,7 +107,14 @@ impl ZoneConn {
         if st.next_try.is_some_and(|t| Instant::now() < t) {
             return Err(RedisError::NotConnected { last: st.last_error.clone() });
         }
-        match connect(&self.spec.target, &self.spec.tls, self.stall_limit()).await {
+        let tls = match self.tls() {
+            Ok(t) => t,
+            Err(e) => {
+                st.last_error = e.to_string();
+                return Err(e);
+            }
+        };
+        match connect(&self.spec.target, tls, self.stall_limit()).await {
             Ok((c, master)) => {
                 if let Some(m) = self.metrics {
                     m.connected(master.as_ref().map(|(h, p)| format!("{h}:{p}")).as_deref());
@@ -252,7 +272,7 @@ impl ConnState {
 /// Opens a connection; for a sentinel zone, also says which master it went to.
 async fn connect(
     target: &Target,
-    tls: &Option<TlsCertificates>,
+    tls: Option<&Arc<ClientConfig>>,
     stall: Duration,
 ) -> Result<(Conn, Option<(String, u16)>), RedisError> {
     match target {
@@ -282,6 +302,17 @@ fn by_key_slot(lines: &[JobLine], prefix: &str) -> Vec<Vec<JobLine>> {
     groups.into_iter().map(|(_, v)| v).collect()
 }
 
+/// Whether a zone connects with TLS (its URLs are `rediss`).
+fn uses_tls(spec: &ZoneSpec) -> bool {
+    let tls = |u: &str| u.starts_with("rediss");
+    spec.tls.is_some()
+        || match &spec.target {
+            Target::Single(u) => tls(u),
+            Target::Sentinel { sentinels, url, .. } => sentinels.iter().any(|u| tls(u)) || tls(&url.to_string()),
+            Target::Cluster(nodes) => nodes.iter().any(|u| tls(u)),
+        }
+}
+
 /// A failover that leaves the old master running (SENTINEL FAILOVER, a
 /// network split) breaks no connection: follow the sentinels'
 /// `+switch-master` announcements (milliseconds after a switch), and check
@@ -291,39 +322,49 @@ pub async fn watch_master(zc: Arc<ZoneConn>) {
     let Target::Sentinel { sentinels, master, .. } = &zc.spec.target else {
         return;
     };
+    let Ok(tls) = zc.tls() else { return };
     let mut announcements = None;
     let mut asker = Sentinels::default();
     loop {
         if announcements.is_none() {
-            announcements = subscribe_switches(sentinels, &zc.spec.tls).await;
+            announcements = subscribe_switches(sentinels, tls).await;
         }
-        let switched = match announcements.as_mut() {
-            Some(pubsub) => {
-                let mut stream = pubsub.on_message();
-                tokio::select! {
-                    msg = stream.next() => match msg {
-                        Some(m) => m.get_payload_bytes().starts_with(format!("{master} ").as_bytes()),
-                        None => {
-                            drop(stream);
-                            announcements = None;
-                            false
-                        }
-                    },
-                    _ = tokio::time::sleep(MASTER_CHECK) => false,
+        let heard = match announcements.as_mut() {
+            Some(sw) => {
+                let wait = core::pin::pin!(sleep(MASTER_CHECK));
+                let next = core::pin::pin!(sw.pushes.recv());
+                match futures_util::future::select(next, wait).await {
+                    futures_util::future::Either::Left((Some(push), _)) => Some(is_switch_of(&push, master)),
+                    // The sentinel's connection ended: subscribe again.
+                    futures_util::future::Either::Left((None, _)) => None,
+                    futures_util::future::Either::Right(_) => Some(false),
                 }
             }
             None => {
-                tokio::time::sleep(MASTER_CHECK).await;
-                false
+                sleep(MASTER_CHECK).await;
+                Some(false)
             }
         };
+        if heard.is_none() {
+            announcements = None;
+        }
+        let switched = heard.unwrap_or(false);
         let current = zc.state.lock().await.master.clone();
         let Some(current) = current else { continue };
-        let moved = switched || asker.master(sentinels, master, &zc.spec.tls).await.is_ok_and(|now| now != current);
+        let moved = switched || asker.master(sentinels, master, tls).await.is_ok_and(|now| now != current);
         if moved {
             let mut st = zc.state.lock().await;
             st.conn = None;
             st.master = None;
         }
     }
+}
+
+/// A `+switch-master` message about `master`.
+fn is_switch_of(push: &redis::PushInfo, master: &str) -> bool {
+    push.kind == redis::PushKind::Message
+        && push.data.get(1).is_some_and(|v| match v {
+            redis::Value::BulkString(b) => b.starts_with(format!("{master} ").as_bytes()),
+            _ => false,
+        })
 }

@@ -1,0 +1,166 @@
+//! A worker's script calls: the jobs of one event-loop iteration, by zone,
+//! go to Redis as tasks of the worker's event loop (`ngx::async_`), on the
+//! zone's connection (multiplexed, so calls in flight are pipelined). The
+//! jobs of a batch on one zone go in one script call (each job still
+//! all-or-nothing), so `FCALL`, `TIME` and the round trip are paid once
+//! per batch (see [`super::script`]); on a Cluster, where a call's keys
+//! must share a slot, see [`super::cluster`]. Replies are left in the
+//! [`super::inbox`].
+//!
+//! A batch is answered by the zone's timeout at the latest; the requests of
+//! a zone waiting for Redis are bounded ([`MAX_WAITING`]).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ngx::async_::spawn;
+
+use super::clock::script_deadline;
+use super::conn::Target;
+use super::inbox;
+use super::script::Code;
+use super::timers::{timeout, Hold};
+use super::zone_conn::{watch_master, ZoneConn};
+use super::{Job, RedisError, Reply, ZoneSpec, CHARGE_ID};
+use crate::metrics::store::redis_slot;
+
+/// Jobs per script call at most; a larger batch is split into several calls
+/// (pipelined on the connection), so that no call runs long in Redis.
+const MAX_BATCH: usize = 64;
+
+/// Requests of one zone whose script call has not come back, per worker, at
+/// most: beyond, `on_error` applies at once. A request answered by the
+/// timeout still counts until its call is answered or its connection given
+/// up, so that a server that answers, but too slowly, cannot make the calls
+/// queued for it (and the client's memory for them) grow without bound. A
+/// healthy Redis leaves a few dozen waiting at tens of thousands of requests
+/// a second.
+pub const MAX_WAITING: usize = 1024;
+
+/// How long a worker that exits waits for its last charges beyond twice the
+/// longest zone timeout (a reconnection and a call).
+const CHARGE_GRACE: Duration = Duration::from_millis(500);
+
+/// A worker's zones, as its calls use them.
+pub struct Calls {
+    conns: Vec<Arc<ZoneConn>>,
+    code: Arc<Code>,
+}
+
+/// Counts `n` requests as waiting on a zone while it lives.
+struct Waiting<'a>(&'a AtomicUsize, usize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::Relaxed);
+    }
+}
+
+impl Calls {
+    /// The zones' connections (opened at the first call); Sentinel zones
+    /// start following their master.
+    pub fn new(zones: Vec<ZoneSpec>) -> Calls {
+        let conns: Vec<Arc<ZoneConn>> = zones
+            .into_iter()
+            .enumerate()
+            .map(|(i, z)| Arc::new(ZoneConn { metrics: redis_slot(i), ..ZoneConn::new(z) }))
+            .collect();
+        for zc in &conns {
+            if matches!(zc.spec.target, Target::Sentinel { .. }) {
+                spawn(watch_master(zc.clone())).detach();
+            }
+        }
+        Calls { conns, code: Arc::new(Code::new()) }
+    }
+
+    /// Sends the jobs of one event-loop iteration.
+    pub fn send(&self, jobs: Vec<Job>) {
+        let mut by_zone: Vec<Vec<Job>> = Vec::new();
+        for job in jobs {
+            let Some(zc) = self.conns.get(job.zone) else {
+                if job.charge {
+                    charge_failed(job.zone, job.lines.len(), RedisError::NoZone);
+                } else {
+                    inbox::put([Reply { id: job.id, zone: job.zone, result: Err(RedisError::NoZone) }]);
+                }
+                continue;
+            };
+            if job.charge {
+                spawn(charge(zc.clone(), self.code.clone(), job)).detach();
+                continue;
+            }
+            if by_zone.len() <= job.zone {
+                by_zone.resize_with(job.zone + 1, Vec::new);
+            }
+            by_zone[job.zone].push(job);
+        }
+        for (z, jobs) in by_zone.into_iter().enumerate() {
+            // Decisions and reads (`rl_quota`) go in calls of their own.
+            let (charges, reads): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.commit);
+            for (mut jobs, commit) in [(charges, true), (reads, false)] {
+                while !jobs.is_empty() {
+                    let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
+                    let zc = self.conns[z].clone();
+                    if zc.waiting.load(Ordering::Relaxed) + jobs.len() > MAX_WAITING {
+                        inbox::put(jobs.iter().map(|job| Reply {
+                            id: job.id,
+                            zone: job.zone,
+                            result: Err(RedisError::Overloaded),
+                        }));
+                    } else {
+                        zc.waiting.fetch_add(jobs.len(), Ordering::Relaxed);
+                        spawn(serve(zc, self.code.clone(), jobs, commit)).detach();
+                    }
+                    jobs = rest;
+                }
+            }
+        }
+    }
+}
+
+/// Charges the `charge=after` costs of one event-loop iteration on a zone
+/// (one call per slot on a cluster); the lines not charged are reported to
+/// be logged and counted. A worker that exits gracefully waits for it.
+async fn charge(zc: Arc<ZoneConn>, code: Arc<Code>, job: Job) {
+    let _hold = Hold::new(2 * zc.spec.timeout + CHARGE_GRACE);
+    for (n, e) in zc.run_charge(&code, &job.lines).await {
+        charge_failed(job.zone, n, e);
+    }
+}
+
+/// Reports `n` lines of a charge on zone `zone` as failed.
+fn charge_failed(zone: usize, n: usize, e: RedisError) {
+    inbox::put((0..n).map(|_| Reply { id: CHARGE_ID, zone, result: Err(e.clone()) }));
+}
+
+/// Runs one script call for `jobs` and answers them, by the zone's timeout
+/// at the latest. The call itself goes on after the timeout (the requests
+/// still count as waiting) until Redis answers it or its connection is
+/// given up. `commit`: the jobs' [`Job::commit`]; reads (`rl_quota`) are
+/// left out of the metrics.
+async fn serve(zc: Arc<ZoneConn>, code: Arc<Code>, jobs: Vec<Job>, commit: bool) {
+    let _waiting = Waiting(&zc.waiting, jobs.len());
+    let started = Instant::now();
+    let deadline = started + zc.spec.timeout;
+    let counted = |zc: &ZoneConn| {
+        if let Some(m) = zc.metrics.filter(|_| commit) {
+            m.call(jobs.len(), started.elapsed().as_micros().min(u128::from(u64::MAX)) as u64);
+        }
+    };
+    // Redis must not run the call after `until`; nginx waits a little
+    // longer (until `deadline`), for the reply.
+    let until = script_deadline(zc.spec.timeout);
+    let mut work = core::pin::pin!(zc.run(&code, &jobs, commit, deadline, until));
+    let results = match timeout(zc.spec.timeout, &mut work).await {
+        Ok(results) => results,
+        Err(_) => {
+            inbox::put(jobs.iter().map(|job| Reply { id: job.id, zone: job.zone, result: Err(RedisError::Timeout) }));
+            let _ = work.await;
+            counted(&zc);
+            return;
+        }
+    };
+    counted(&zc);
+    inbox::put(jobs.iter().zip(results).map(|(job, result)| Reply { id: job.id, zone: job.zone, result }));
+}
