@@ -22,8 +22,7 @@ use redis::cluster_routing::Slot;
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 use rustls::ClientConfig;
 
-use super::conn::data_config;
-use super::open::open;
+use super::open::{data_config, open};
 use super::timers::timeout;
 use super::RedisError;
 

@@ -19,16 +19,13 @@ use std::time::{Duration, Instant};
 
 use ngx::async_::{spawn, Task};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates,
-    Value,
-};
+use redis::{Client, Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, Value};
 use rl_core::url::RedisUrl;
 use rustls::ClientConfig;
 use tokio::sync::Notify;
 
 use super::cluster_link::ClusterLink;
-use super::open::open;
+use super::open::{data_config, open};
 use super::timers::{sleep, timeout};
 use super::RedisError;
 
@@ -315,14 +312,6 @@ pub fn client(info: ConnectionInfo, tls: &Option<TlsCertificates>) -> redis::Red
         Some(certs) => Client::build_with_tls(info, certs.clone()),
         None => Client::open(info),
     }
-}
-
-/// The connections' settings: no timeouts of the client's own, which would
-/// need a tokio runtime (the caller bounds an attempt by the stall limit;
-/// the zone's timeout answers the requests, the watchdog gives a silent
-/// connection up).
-pub fn data_config() -> AsyncConnectionConfig {
-    AsyncConnectionConfig::new().set_connection_timeout(None).set_response_timeout(None)
 }
 
 /// A client error while opening a connection: a URL or a TLS setting the

@@ -167,6 +167,14 @@ fn known_addr(host: &str, port: u16) -> Result<SocketAddr, RedisError> {
     Ok(found)
 }
 
+/// The connections' settings: no timeouts of the client's own, which would
+/// need a tokio runtime (the caller bounds an attempt by the stall limit;
+/// the zone's timeout answers the requests, the watchdog gives a silent
+/// connection up).
+pub fn data_config() -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new().set_connection_timeout(None).set_response_timeout(None)
+}
+
 /// An open connection and the task that drives it (reads replies, writes
 /// calls): dropping the task closes the connection.
 pub struct Opened {

@@ -11,8 +11,7 @@ use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo};
 use rustls::ClientConfig;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::conn::data_config;
-use super::open::{open, Opened};
+use super::open::{data_config, open, Opened};
 use super::timers::timeout;
 use super::RedisError;
 
