@@ -29,8 +29,8 @@ use super::tls::handshake;
 use super::RedisError;
 
 thread_local! {
-    /// Host names resolved so far, with the address used.
-    static RESOLVED: RefCell<HashMap<(String, u16), SocketAddr>> = RefCell::new(HashMap::new());
+    /// Host names resolved so far, with their addresses.
+    static RESOLVED: RefCell<HashMap<(String, u16), Vec<SocketAddr>>> = RefCell::new(HashMap::new());
     /// The `http` block's `resolver` and `resolver_timeout`, if it has one.
     static RESOLVER: Cell<Option<(NonNull<ngx_resolver_t>, ngx_msec_t)>> = const { Cell::new(None) };
 }
@@ -64,11 +64,12 @@ fn host_port(a: &ConnectionAddr) -> Option<(&str, u16)> {
     }
 }
 
-/// The socket address of `host:port` (see the module's comment for names).
-pub async fn addr(host: &str, port: u16) -> Result<SocketAddr, RedisError> {
+/// The socket addresses of `host:port`, tried in turn (see the module's
+/// comment for names).
+pub async fn addrs(host: &str, port: u16) -> Result<Vec<SocketAddr>, RedisError> {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     if let Ok(ip) = bare.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, port));
+        return Ok(vec![SocketAddr::new(ip, port)]);
     }
     match RESOLVER.with(Cell::get) {
         Some((resolver, timeout)) => OnWorkerThread(resolve(resolver, timeout, bare, port)).await,
@@ -82,18 +83,22 @@ async fn resolve(
     timeout: ngx_msec_t,
     host: &str,
     port: u16,
-) -> Result<SocketAddr, RedisError> {
+) -> Result<Vec<SocketAddr>, RedisError> {
     let pool = TempPool::new().ok_or_else(|| RedisError::Io("no memory to resolve a host name".into()))?;
     let name = ngx_str_t { len: host.len(), data: host.as_ptr().cast_mut() };
     let found = Resolver::from_resolver(resolver, timeout)
         .resolve_name(&name, &pool.0)
         .await
         .map_err(|e| RedisError::Io(format!("{host} could not be resolved ({e})")))?;
-    found
+    let all: Vec<SocketAddr> = found
         .iter()
         // SAFETY: the resolver's addresses point into the pool, alive until it is dropped below.
-        .find_map(|a| unsafe { socket_addr(a.sockaddr.cast_const().cast(), port) })
-        .ok_or_else(|| RedisError::Io(format!("{host} could not be resolved (no address)")))
+        .filter_map(|a| unsafe { socket_addr(a.sockaddr.cast_const().cast(), port) })
+        .collect();
+    if all.is_empty() {
+        return Err(RedisError::Io(format!("{host} could not be resolved (no address)")));
+    }
+    Ok(all)
 }
 
 /// A future of nginx's (the resolver's) inside one the `redis` crate wants
@@ -153,17 +158,17 @@ unsafe fn socket_addr(sa: *const libc::sockaddr, port: u16) -> Option<SocketAddr
 }
 
 /// `host:port` from the worker's own resolution (at start, or now, once).
-fn known_addr(host: &str, port: u16) -> Result<SocketAddr, RedisError> {
+fn known_addr(host: &str, port: u16) -> Result<Vec<SocketAddr>, RedisError> {
     let key = (host.to_string(), port);
-    if let Some(a) = RESOLVED.with(|r| r.try_borrow().ok().and_then(|r| r.get(&key).copied())) {
+    if let Some(a) = RESOLVED.with(|r| r.try_borrow().ok().and_then(|r| r.get(&key).cloned())) {
         return Ok(a);
     }
-    let found = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| RedisError::Io(format!("host {host} not found: {e}")))?
-        .next()
-        .ok_or_else(|| RedisError::Io(format!("host {host} not found")))?;
-    RESOLVED.with(|r| r.try_borrow_mut().map(|mut r| r.insert(key, found)).ok());
+    let found: Vec<SocketAddr> =
+        (host, port).to_socket_addrs().map_err(|e| RedisError::Io(format!("host {host} not found: {e}")))?.collect();
+    if found.is_empty() {
+        return Err(RedisError::Io(format!("host {host} not found")));
+    }
+    RESOLVED.with(|r| r.try_borrow_mut().map(|mut r| r.insert(key, found.clone())).ok());
     Ok(found)
 }
 
@@ -173,6 +178,26 @@ fn known_addr(host: &str, port: u16) -> Result<SocketAddr, RedisError> {
 /// connection up).
 pub fn data_config() -> AsyncConnectionConfig {
     AsyncConnectionConfig::new().set_connection_timeout(None).set_response_timeout(None)
+}
+
+/// A TCP connection to the first of `addrs` that takes one (as nginx tries
+/// an upstream's addresses).
+async fn connect(addrs: &[SocketAddr]) -> Result<PeerStream, RedisError> {
+    let mut last = RedisError::Io("no address".into());
+    for &sa in addrs {
+        let mut stream = match PeerStream::connect(sa) {
+            Ok(s) => s,
+            Err(e) => {
+                last = RedisError::Io(e.to_string());
+                continue;
+            }
+        };
+        match stream.connected().await {
+            Ok(()) => return Ok(stream),
+            Err(e) => last = RedisError::Io(format!("connect() to {sa} failed: {e}")),
+        }
+    }
+    Err(last)
 }
 
 /// An open connection and the task that drives it (reads replies, writes
@@ -190,9 +215,7 @@ pub async fn open(
     config: AsyncConnectionConfig,
 ) -> Result<Opened, RedisError> {
     let (host, port) = host_port(info.addr()).ok_or_else(|| RedisError::Io("not a TCP address".into()))?;
-    let sa = addr(host, port).await?;
-    let mut stream = PeerStream::connect(sa).map_err(|e| RedisError::Io(e.to_string()))?;
-    stream.connected().await.map_err(|e| RedisError::Io(format!("connect() to {sa} failed: {e}")))?;
+    let stream = connect(&addrs(host, port).await?).await?;
     let setup = |e: redis::RedisError| RedisError::Io(e.to_string());
     let (conn, driver) = match (info.addr(), tls) {
         (ConnectionAddr::TcpTls { .. }, Some(tls)) => {
