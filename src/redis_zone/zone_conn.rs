@@ -114,7 +114,9 @@ impl ZoneConn {
                 return Err(e);
             }
         };
-        match connect(&self.spec.target, tls, self.stall_limit()).await {
+        // Boxed: the state of a connection attempt (TLS, setup) is large and rarely
+        // needed; every call's future would carry it inline.
+        match Box::pin(connect(&self.spec.target, tls, self.stall_limit())).await {
             Ok((c, master)) => {
                 if let Some(m) = self.metrics {
                     m.connected(master.as_ref().map(|(h, p)| format!("{h}:{p}")).as_deref());
