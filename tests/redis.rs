@@ -1002,3 +1002,52 @@ fn default_key_is_binary_remote_addr_for_every_address_family() {
     }
     assert_eq!(keys.len(), 6, "three clients, two lines: {keys:?}");
 }
+
+// ---------------------------------------------------------------------------
+// Connections as nginx connections: closed by workers that exit.
+// ---------------------------------------------------------------------------
+
+/// The connections Redis has from nginx (every client but `redis-cli`'s own).
+fn nginx_clients(redis: &Redis) -> usize {
+    redis.cli(&["CLIENT", "LIST"]).lines().filter(|l| !l.contains("cmd=client")).count()
+}
+
+/// A zone's connections belong to its worker: a reload's old workers close
+/// theirs as they exit (nginx would log an `[alert]` for a socket left
+/// open), the new ones open their own at their first call, and a stopped
+/// nginx leaves none.
+#[test]
+fn workers_that_exit_close_their_connections() {
+    let redis = Redis::start();
+    let mut ngx = Nginx::start(&server(
+        &format!("rl_zone r redis={} timeout=1s;", redis.url()),
+        "location = /a.html { rl_limit zone=r key=$http_x_k rate=100r/s; }",
+    ));
+    let used = |ngx: &Nginx| {
+        for _ in 0..50 {
+            let rs = ngx.concurrent(20, "/a.html", &[("X-K", "k")]);
+            assert!(rs.iter().all(|r| r.status == 200), "{:?}", statuses(&rs));
+            if nginx_clients(&redis) == WORKERS {
+                return;
+            }
+        }
+        panic!("{} connections from {WORKERS} workers", nginx_clients(&redis));
+    };
+    used(&ngx);
+    ngx.reload();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while nginx_clients(&redis) > 0 {
+        assert!(Instant::now() < deadline, "old workers left {} connections open", nginx_clients(&redis));
+        thread::sleep(Duration::from_millis(20));
+    }
+    used(&ngx);
+    let log = ngx.error_log();
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+    assert!(!log.contains("open socket"), "{log}");
+    drop(ngx);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while nginx_clients(&redis) > 0 {
+        assert!(Instant::now() < deadline, "a stopped nginx left {} connections open", nginx_clients(&redis));
+        thread::sleep(Duration::from_millis(20));
+    }
+}
