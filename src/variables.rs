@@ -110,7 +110,11 @@ unsafe extern "C" fn get(r: *mut ngx_http_request_t, v: *mut ngx_http_variable_v
     // SAFETY: as above.
     let req = unsafe { Request::from_ngx_http_request(main) };
     let value = match (get_ctx(req), Module::main_conf(req)) {
-        (Some(ctx), Some(mcf)) if ctx.phase == Phase::Decided => value(r, ctx, &mcf.lines, var),
+        // A delayed request was decided before its sleep: a client that leaves meanwhile is
+        // logged DELAYED, as limit_req logs it and as the metrics counted it.
+        (Some(ctx), Some(mcf)) if matches!(ctx.phase, Phase::Decided | Phase::Delayed) => {
+            value(r, ctx, &mcf.lines, var)
+        }
         _ => None,
     };
     // SAFETY: nginx passes the value to fill.

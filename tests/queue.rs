@@ -151,8 +151,9 @@ fn unlimited_location_answers_while_requests_wait() {
 /// alert, and its place stays taken (as in limit_req).
 #[test]
 fn client_gone_while_delayed() {
-    let body = "location / { rl_limit zone=z rate=1r/s burst=1 queue=1 algorithm=gcra; }";
-    let ngx = Nginx::start(&server("rl_zone z size=1m;", body));
+    let body = "location / { rl_limit zone=z rate=1r/s burst=1 queue=1 algorithm=gcra; \
+                access_log {ROOT}/../rl.log rl; }";
+    let ngx = Nginx::start(&server("rl_zone z size=1m;\nlog_format rl '$status $rl_status';", body));
     assert_eq!(ngx.get("/index.html", &[]).status, 200);
     let gone = send_only(ngx.port, "/index.html");
     std::thread::sleep(Duration::from_millis(100));
@@ -166,6 +167,12 @@ fn client_gone_while_delayed() {
     assert!(t0.elapsed() < TOLERANCE * 4);
     let log = ngx.error_log();
     assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+    // One truth for the gone client: delayed, in the access log (as
+    // $limit_req_status says) as in the metrics.
+    let access = std::fs::read_to_string(ngx.prefix.join("rl.log")).unwrap_or_default();
+    let lines: Vec<&str> = access.lines().collect();
+    assert_eq!(lines.len(), 4, "{access}");
+    assert!(lines[1].ends_with(" DELAYED"), "the gone client's line: {access}");
 }
 
 #[test]
