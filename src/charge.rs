@@ -8,8 +8,8 @@
 //! registration, and this module registers after nginx's own).
 //!
 //! Shared-memory lines are charged on the spot. Redis lines are queued and
-//! go to the I/O thread with the jobs of the event-loop iteration, without
-//! holding the request (see [`crate::redis_zone::charge`]).
+//! go to Redis with the calls of the event-loop iteration, without holding
+//! the request (see [`crate::redis_zone::charge`]).
 
 use ngx::core::Status;
 use ngx::ffi::{ngx_cycle, ngx_http_request_t, ngx_log_t, NGX_LOG_ERR};
@@ -75,16 +75,17 @@ fn charge(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &Ctx, log: *mut ngx_l
     }
 }
 
-/// A Redis line's charge failed: logged (a few lines a second per zone)
-/// and counted, not retried.
+/// A Redis line's charge failed: logged (a few lines a second per zone,
+/// apart from the requests' failures) and counted, as not charged where
+/// that is known, else as of unknown outcome; not retried.
 pub fn on_failed(zone: usize, e: &RedisError) {
     // SAFETY: in a worker, ngx_cycle is the running cycle, whose log is valid.
     let Some(cycle) = (unsafe { ngx_cycle.as_ref() }) else { return };
     let Some(mcf) = Module::main_conf(cycle) else { return };
     if let Some(z) = mcf.redis.get(zone) {
-        z.failed_doing(cycle.log, e, "the cost of a request is not charged");
+        z.charge_failed(cycle.log, e, 1);
     }
-    metrics::charge_failed(mcf, zone, 1);
+    metrics::charge_failed(mcf, zone, 1, e.not_applied());
 }
 
 /// Charges a shared-memory line, under its zone's lock. A state dropped

@@ -164,10 +164,13 @@ pub fn redis_failed(mcf: &MainConf, ctx: &Ctx, zone: usize, allow: bool, e: &Red
     }
 }
 
-/// A `charge=after` charge of `lines` lines on Redis zone `zone` failed.
-pub fn charge_failed(mcf: &MainConf, zone: usize, lines: usize) {
+/// A `charge=after` charge of `lines` lines on Redis zone `zone` failed:
+/// known not charged (`lost`), or of unknown outcome.
+pub fn charge_failed(mcf: &MainConf, zone: usize, lines: usize, lost: bool) {
     if let Some(Some(row)) = mcf.metrics.layout.redis.get(zone) {
-        row.mine().charge_failures.fetch_add(lines as u64, Ordering::Relaxed);
+        let slot = row.mine();
+        let counter = if lost { &slot.charge_failures } else { &slot.charge_unknown };
+        counter.fetch_add(lines as u64, Ordering::Relaxed);
     }
 }
 
@@ -175,7 +178,7 @@ pub fn charge_failed(mcf: &MainConf, zone: usize, lines: usize) {
 fn error_kind(e: &RedisError) -> usize {
     match e {
         RedisError::Timeout | RedisError::Late => ERR_TIMEOUT,
-        RedisError::Io(_) | RedisError::NotConnected { .. } => ERR_CONNECTION,
+        RedisError::Io(_) | RedisError::NotConnected { .. } | RedisError::Unreachable(_) => ERR_CONNECTION,
         RedisError::Server(_) | RedisError::Malformed(_) => ERR_SCRIPT,
         RedisError::Overloaded | RedisError::Unanswered | RedisError::NotSent | RedisError::NoZone => ERR_REFUSED,
     }
@@ -254,6 +257,7 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
                 add(&mut r.on_error_allowed, &slot.on_error[0]);
                 add(&mut r.on_error_denied, &slot.on_error[1]);
                 add(&mut r.charge_failures, &slot.charge_failures);
+                add(&mut r.charge_unknown, &slot.charge_unknown);
                 add(&mut r.connects, &slot.connects);
                 if let Some(master) = slot.master() {
                     r.masters.push(master);

@@ -49,6 +49,10 @@ pub struct RedisZone {
     /// Log throttling: the second of the last message and messages in it.
     log_second: Cell<i64>,
     log_count: Cell<u32>,
+    /// The same for `charge=after` charges, apart: a storm of failed
+    /// requests does not hide that charges failed.
+    charge_log_second: Cell<i64>,
+    charge_log_count: Cell<u32>,
 }
 
 /// Messages a zone logs per second at most.
@@ -64,6 +68,8 @@ impl RedisZone {
             errors: Cell::new(0),
             log_second: Cell::new(0),
             log_count: Cell::new(0),
+            charge_log_second: Cell::new(0),
+            charge_log_count: Cell::new(0),
         }
     }
 
@@ -75,26 +81,54 @@ impl RedisZone {
     /// [`RedisZone::failed`], saying what is done instead (`action`).
     pub fn failed_doing(&self, log: *mut ngx_log_t, e: &RedisError, action: &str) {
         self.errors.set(self.errors.get() + 1);
-        let now = ngx_time() as i64;
-        if self.log_second.get() != now {
-            self.log_second.set(now);
-            self.log_count.set(0);
-        }
-        if self.log_count.get() < LOG_PER_SECOND {
-            self.log_count.set(self.log_count.get() + 1);
-            let e = Shown(e, self.spec.timeout);
-            ngx_log_error!(
-                NGX_LOG_ERR,
-                log,
-                "rl_zone \"{}\" redis {} failed: {}, {} ({} errors so far)",
-                self.name,
-                self.shown,
-                e,
-                action,
-                self.errors.get()
-            );
+        if budget(&self.log_second, &self.log_count) {
+            self.log_failure(log, e, action);
         }
     }
+
+    /// A `charge=after` charge failed (`lines` lines): logged within a
+    /// budget of its own, saying whether the cost is known not charged.
+    pub fn charge_failed(&self, log: *mut ngx_log_t, e: &RedisError, lines: usize) {
+        self.errors.set(self.errors.get() + 1);
+        if budget(&self.charge_log_second, &self.charge_log_count) {
+            let action = match (e.not_applied(), lines) {
+                (true, 1) => "the cost of a request is not charged".to_string(),
+                (true, n) => format!("the costs of {n} requests are not charged"),
+                (false, 1) => "the cost of a request may or may not be charged".to_string(),
+                (false, n) => format!("the costs of {n} requests may or may not be charged"),
+            };
+            self.log_failure(log, e, &action);
+        }
+    }
+
+    fn log_failure(&self, log: *mut ngx_log_t, e: &RedisError, action: &str) {
+        let e = Shown(e, self.spec.timeout);
+        ngx_log_error!(
+            NGX_LOG_ERR,
+            log,
+            "rl_zone \"{}\" redis {} failed: {}, {} ({} errors so far)",
+            self.name,
+            self.shown,
+            e,
+            action,
+            self.errors.get()
+        );
+    }
+}
+
+/// Takes one line of a budget of [`LOG_PER_SECOND`] (`second`: the second
+/// of the last line, `count`: lines in it); false when it is spent.
+fn budget(second: &Cell<i64>, count: &Cell<u32>) -> bool {
+    let now = ngx_time() as i64;
+    if second.get() != now {
+        second.set(now);
+        count.set(0);
+    }
+    let left = count.get() < LOG_PER_SECOND;
+    if left {
+        count.set(count.get() + 1);
+    }
+    left
 }
 
 /// Why a zone could not decide a request. The kind decides what happens to
@@ -106,6 +140,8 @@ pub enum RedisError {
     Io(String),
     /// Waiting out the back-off after a failed connection attempt.
     NotConnected { last: String },
+    /// A connection attempt failed (nothing of the call was sent).
+    Unreachable(String),
     /// No reply within the zone's `timeout`.
     Timeout,
     /// Redis ran the call after its deadline (see [`clock`]), so it did
@@ -135,12 +171,29 @@ impl RedisError {
     pub fn is_io(&self) -> bool {
         matches!(self, RedisError::Io(_))
     }
+
+    /// The call is known not to have changed anything in Redis: it was not
+    /// sent, or Redis refused it with an error reply. Else (a timeout, a
+    /// connection broken or given up with the call on it, a reply that is
+    /// not the script's) Redis may have run it.
+    pub fn not_applied(&self) -> bool {
+        matches!(
+            self,
+            RedisError::NotConnected { .. }
+                | RedisError::Unreachable(_)
+                | RedisError::Server(_)
+                | RedisError::Late
+                | RedisError::Overloaded
+                | RedisError::NotSent
+                | RedisError::NoZone
+        )
+    }
 }
 
 impl fmt::Display for RedisError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RedisError::Io(e) | RedisError::Server(e) => f.write_str(e),
+            RedisError::Io(e) | RedisError::Server(e) | RedisError::Unreachable(e) => f.write_str(e),
             RedisError::NotConnected { last } => write!(f, "not connected, reconnecting after: {last}"),
             RedisError::Timeout => f.write_str("timed out"),
             RedisError::Late => f.write_str("timed out (Redis ran the call past its deadline and wrote nothing)"),

@@ -186,6 +186,61 @@ fn charge_failure_is_logged_and_counted() {
     assert!(log.contains("the cost of a request is not charged"), "{log}");
 }
 
+/// A charge whose call gets no reply (Redis paused past the connection's
+/// stall limit, which gives the connection up) may or may not have been
+/// run by Redis: it is counted apart, in `nginx_rl_charge_unknown_total`,
+/// and logged as such, not as a charge lost.
+#[test]
+fn charge_without_reply_is_of_unknown_outcome() {
+    use std::io::{Read, Write};
+    let redis = Redis::start();
+    // A backend that answers when the test says so: the request is decided
+    // (Redis answers), then waits for its response while Redis is paused.
+    let backend = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let backend_port = backend.local_addr().unwrap().port();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let served = thread::spawn(move || {
+        let (mut c, _) = backend.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        let _ = c.read(&mut buf);
+        wait.recv().unwrap();
+        c.write_all(b"HTTP/1.1 200 OK\r\nX-Tokens-Used: 5\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
+            .unwrap();
+    });
+    let ngx = plans(
+        &format!("rl_zone z redis={} timeout=200ms;", redis.url()),
+        &format!(
+            "location /llm/ {{ rl_limit zone=z rate=100r/s burst=100 algorithm=token_bucket \
+                 cost=$upstream_http_x_tokens_used charge=after; proxy_pass http://127.0.0.1:{backend_port}/; }}\n\
+             location = /metrics {{ rl_metrics; }}"
+        ),
+    );
+    let port = ngx.port;
+    let client = thread::spawn(move || get(port, "/llm/", &[]));
+    // The request is in the backend's hands once the backend has read it.
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "3000", "ALL"]), "OK");
+    go.send(()).unwrap();
+    assert_eq!(client.join().unwrap().status, 200);
+    served.join().unwrap();
+    let metric = |text: &str, name: &str| {
+        text.lines().find_map(|l| l.strip_prefix(&format!("{name}{{zone=\"z\"}} "))).unwrap_or("?").to_string()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = ngx.get("/metrics", &[]).body;
+        if metric(&text, "nginx_rl_charge_unknown_total") == "1" {
+            assert_eq!(metric(&text, "nginx_rl_charge_failures_total"), "0", "{text}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no charge of unknown outcome counted:\n{text}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let log = ngx.error_log();
+    assert!(log.contains("the cost of a request may or may not be charged"), "{log}");
+    assert!(!log.contains("is not charged"), "{log}");
+}
+
 /// Only the 401s count: 10 good logins pass, then 5 failed ones pass as
 /// 401s, and the 6th failed one, and any login after it, is limited.
 fn failed_logins(zone: &str) {

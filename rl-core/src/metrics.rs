@@ -112,8 +112,12 @@ pub struct RedisZoneSample {
     pub on_error_denied: u64,
     /// Connections opened.
     pub connects: u64,
-    /// `charge=after` charges that failed.
+    /// `charge=after` charges known not charged (the call was not sent, or
+    /// Redis refused it).
     pub charge_failures: u64,
+    /// `charge=after` charges whose outcome is unknown (no reply: Redis
+    /// may have run the call).
+    pub charge_unknown: u64,
     /// For a Sentinel zone: the masters the workers' connections go to
     /// (`host:port`, distinct, sorted).
     pub masters: Vec<String>,
@@ -303,10 +307,19 @@ fn redis_prometheus(zones: &[RedisZoneSample], out: &mut String) {
         out,
         "nginx_rl_charge_failures_total",
         "counter",
-        "Costs of charge=after lines a Redis zone failed to charge (logged, not retried).",
+        "Costs of charge=after lines a Redis zone did not charge: the call was not sent, or Redis refused it (logged, not retried).",
     );
     for z in zones {
         sample(out, "nginx_rl_charge_failures_total", &[("zone", &z.zone)], z.charge_failures);
+    }
+    family(
+        out,
+        "nginx_rl_charge_unknown_total",
+        "counter",
+        "Costs of charge=after lines whose call got no reply: Redis may or may not have charged them (logged, not retried).",
+    );
+    for z in zones {
+        sample(out, "nginx_rl_charge_unknown_total", &[("zone", &z.zone)], z.charge_unknown);
     }
     family(
         out,
@@ -409,7 +422,11 @@ pub fn json(s: &Snapshot, out: &mut String) {
         json_object(out, ERROR_KINDS.iter().copied().zip(z.errors));
         out.push_str(",\"on_error\":");
         json_object(out, [("allowed", z.on_error_allowed), ("denied", z.on_error_denied)]);
-        let _ = write!(out, ",\"charge_failures\":{},\"connects\":{},\"masters\":[", z.charge_failures, z.connects);
+        let _ = write!(
+            out,
+            ",\"charge_failures\":{},\"charge_unknown\":{},\"connects\":{},\"masters\":[",
+            z.charge_failures, z.charge_unknown, z.connects
+        );
         for (i, m) in z.masters.iter().enumerate() {
             if i > 0 {
                 out.push(',');

@@ -33,6 +33,7 @@ fn snapshot() -> Snapshot {
             on_error_denied: 6,
             connects: 2,
             charge_failures: 3,
+            charge_unknown: 4,
             masters: vec!["127.0.0.1:6380".into()],
         }],
     }
@@ -72,6 +73,7 @@ fn prometheus_text() {
     assert!(out.contains(&format!("nginx_rl_limit{{zone=\"z\",{line},param=\"burst\"}} 5\n")));
     assert!(out.contains("# TYPE nginx_rl_requests_total counter\n"));
     assert!(out.contains("nginx_rl_charge_failures_total{zone=\"r\"} 3\n"), "{out}");
+    assert!(out.contains("nginx_rl_charge_unknown_total{zone=\"r\"} 4\n"), "{out}");
     assert!(out.contains("nginx_rl_zone_evictions_total{zone=\"z\",state=\"limited\"} 9\n"));
     assert!(out.contains("nginx_rl_zone_capacity_keys{zone=\"z\"} 17000\n"));
     // Cumulative buckets, bounds in seconds, the sum exact.
@@ -110,7 +112,7 @@ fn json_has_the_same_numbers() {
     assert!(out.contains(r#""evictions":{"idle":8,"limited":9}"#));
     assert!(out.contains(r#""0.001":2"#) && out.contains(r#""+Inf":3},"sum":2.00075,"count":3}"#), "{out}");
     assert!(out.contains(
-        r#""on_error":{"allowed":5,"denied":6},"charge_failures":3,"connects":2,"masters":["127.0.0.1:6380"]"#
+        r#""on_error":{"allowed":5,"denied":6},"charge_failures":3,"charge_unknown":4,"connects":2,"masters":["127.0.0.1:6380"]"#
     ));
 }
 

@@ -42,8 +42,10 @@ pub struct RedisSlot {
     /// `on_error` let through, rejected.
     pub on_error: [AtomicU64; 2],
     pub connects: AtomicU64,
-    /// `charge=after` charges that failed (written by the nginx thread).
+    /// `charge=after` charges known not charged, and charges of unknown
+    /// outcome (the call may have run).
     pub charge_failures: AtomicU64,
+    pub charge_unknown: AtomicU64,
     /// The Sentinel master, `host:port`, under a sequence lock (odd while
     /// being written): length, then up to 48 bytes.
     master_seq: AtomicU64,

@@ -131,7 +131,7 @@ impl ZoneConn {
                 st.failures = st.failures.saturating_add(1);
                 st.next_try = Some(Instant::now() + backoff(st.failures));
                 st.last_error = e.to_string();
-                Err(e)
+                Err(RedisError::Unreachable(e.to_string()))
             }
         }
     }
