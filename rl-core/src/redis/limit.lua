@@ -147,8 +147,11 @@ local reply, nreply
 
 -- The call's distinct keys: slot[key] = j, names[j] = key, in order of first
 -- use; cur[j] the string MGET read (false: missing, or of another type; nil:
--- read it again, after a sliding_log line used the key).
-local slot, names, cur, nslots
+-- read it again, after a sliding_log line used the key; cur1 is cur for a
+-- call of one key). In a library these tables outlive a call, each call
+-- clearing the previous one's entries: in Redis' Lua a table built, grown
+-- and collected costs more than a few entries cleared.
+local slot, names, cur, cur1, nslots = {}, {}, nil, {}, 0
 -- A key that only one line of the call uses is written at once. The others'
 -- states are kept as numbers and SET once at the end (with the last write's
 -- value and expiry, as if each request had written it): slot j's record is
@@ -158,7 +161,7 @@ local slot, names, cur, nslots
 -- slot before its first write. (One flat table: in Redis' Lua a table per
 -- key, or a C function call such as type(), costs about as much as the
 -- rest of a line's work.)
-local R
+local R = {}
 
 -- Stored form: a 0 byte, then the state's words and the key's expiry (ms of
 -- the Redis clock) as little-endian doubles, exact below 2^53 (struct's C
@@ -956,14 +959,17 @@ end
 
 -- A call's start: binds the library functions, and sets the clock from
 -- `t` (the call's now argument; "" = Redis TIME).
+local old_redis
 local function start(t)
   if not pack then
     floor, pack, unpack_ = math.floor, struct.pack, struct.unpack
-  end
-  if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
     -- Redis 3.2-4.x: allow writes after TIME (effects replication; later
     -- versions always do this, and from 7.0, which has REDIS_VERSION_NUM,
-    -- the call is a no-op).
+    -- the call is a no-op). Asked once per library: looking it up costs
+    -- a call about a thousand instructions.
+    old_redis = redis.replicate_commands and not redis.REDIS_VERSION_NUM
+  end
+  if old_redis then
     pcall(redis.replicate_commands)
   end
   -- The clock.
@@ -989,8 +995,19 @@ end
 
 -- Reads every distinct key of the call, and clears the call's records.
 local function read(KEYS)
-  slot, names, cur, nslots = {}, {}, nil, 0
-  R = {}
+  -- (an entry is cleared only where there is one: in Lua 5.1 t[k] = nil
+  -- for an absent k adds k, and grows the table)
+  if nslots > 1 or #KEYS > 1 then
+    slot, names, R = {}, {}, {}
+  else
+    for j = 1, nslots do
+      slot[names[j]] = nil
+      local o = 7 * j
+      if R[o] ~= nil then R[o] = nil end
+      if R[o - 6] ~= nil then R[o - 6] = nil end
+    end
+  end
+  cur, nslots = nil, 0
   sx = 0
   if nspecs > 64 then
     -- (a library keeps the parsed lines from call to call: a few)
@@ -999,8 +1016,15 @@ local function read(KEYS)
 
   -- Read every distinct key with MGET, 256 at a time (one call instead of a
   -- GET each; MGET answers nil for a key of another type, which GET reads as
-  -- fresh too).
+  -- fresh too). A call of one key leaves it to `state`'s GET, which costs
+  -- Redis less than MGET.
   local nkeys, n = #KEYS, 0
+  if nkeys == 1 then
+    local key = KEYS[1]
+    slot[key], names[1], nslots, cur = 1, key, 1, cur1
+    if cur1[1] ~= nil then cur1[1] = nil end
+    return
+  end
   for i = 1, nkeys + 1 do
     local key = KEYS[i]
     if key then
@@ -1063,7 +1087,10 @@ local function limit(KEYS, ARGV)
 
   commit = ARGV[1] == '1'
   local nargs = #ARGV
-  reply, nreply = { now }, 1
+  -- (sized for a request of one line: a table grown entry by entry costs
+  -- Redis' Lua a resize at 2, 3 and 5 entries; the unused ones are cleared
+  -- at the end)
+  reply, nreply = { now, 0, 0, 0, 0, 0 }, 1
   read(KEYS)
   -- The next ARGV and KEYS to read; the requests left in a run, their line,
   -- and how far a line advances ARGV (0 in a run).
@@ -1208,6 +1235,9 @@ local function limit(KEYS, ARGV)
   end
 
   flush_all()
+  for i = nreply + 1, 6 do
+    reply[i] = nil
+  end
   return reply
 end
 
