@@ -162,6 +162,8 @@ local slot, names, cur, cur1, nslots = {}, {}, nil, {}, 0
 -- key, or a C function call such as type(), costs about as much as the
 -- rest of a line's work.)
 local R = {}
+-- Whether a key of the call is shared by several lines (then R holds records).
+local shared = false
 
 -- Stored form: a 0 byte, then the state's words and the key's expiry (ms of
 -- the Redis clock) as little-endian doubles, exact below 2^53 (struct's C
@@ -229,11 +231,27 @@ local function state(j, alg, n)
   end
   if #v == 9 + 8 * n then
     local m, w1, w2, w3, w4, x
+    -- (the shapes of one and two words, checked alone: the checks of the
+    -- zero words cost Redis' Lua more than the branch)
     if n == 2 then
       m, w1, w2, x = unpack_('<Bddd', v)
+      if m == 0 then
+        if 0 < x then sx = x end
+        if 0 <= w1 and 0 <= w2 and w1 <= TWO53 and w2 <= TWO53 and w1 % 1 == 0 and w2 % 1 == 0 then
+          return w1, w2, 0, 0
+        end
+        return clamp(w1), clamp(w2), 0, 0
+      end
       w3, w4 = 0, 0
     elseif n == 1 then
       m, w1, x = unpack_('<Bdd', v)
+      if m == 0 then
+        if 0 < x then sx = x end
+        if 0 <= w1 and w1 <= TWO53 and w1 % 1 == 0 then
+          return w1, 0, 0, 0
+        end
+        return clamp(w1), 0, 0, 0
+      end
       w2, w3, w4 = 0, 0, 0
     elseif n == 3 then
       m, w1, w2, w3, x = unpack_('<Bdddd', v)
@@ -509,10 +527,9 @@ end
 
 -- fixed
 local function fixed(lim, j, key, cost)
-  local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
+  local b, W = lim[4], lim[6]
   local ok, adm, rem, rst, rty, val, v1, v2, v3, dly, nxt = false, false, 0, 0, -1, nil, 0, 0, 0, 0, 0
   -- W = ceil(burst*period/count)
-  local W = K
   -- state {k + 1, used}; windows [k*W, (k+1)*W).
   if W then
     ok = true
@@ -1007,7 +1024,7 @@ local function read(KEYS)
       if R[o - 6] ~= nil then R[o - 6] = nil end
     end
   end
-  cur, nslots = nil, 0
+  cur, nslots, shared = nil, 0, false
   sx = 0
   if nspecs > 64 then
     -- (a library keeps the parsed lines from call to call: a few)
@@ -1034,7 +1051,7 @@ local function read(KEYS)
         slot[key], names[nslots] = nslots, key
         n = n + 1
       else
-        R[7 * j] = true
+        R[7 * j], shared = true, true
       end
     end
     if n == 256 or (i > nkeys and n > 0) then
@@ -1052,8 +1069,12 @@ local function read(KEYS)
   cur = cur or {}
 end
 
--- Writes the records of the keys several lines of the call shared.
+-- Writes the records of the keys several lines of the call shared (none
+-- unless a key is: `shared`).
 local function flush_all()
+  if not shared then
+    return
+  end
   for j = 1, nslots do
     if R[7 * j - 6] then
       flush(j)
@@ -1127,109 +1148,135 @@ local function limit(KEYS, ARGV)
         end
       end
     end
-    -- reply[at ...]: per line 5 values.
-    local at = nreply + 1
-    nreply = nreply + 5 * nlines
-    -- Several lines: all enforced lines admitted so far, and the pending
-    -- writes (the lines that admit, dry-run or not) as (slot,
-    -- what, reset_us, algorithm, v1, v2, v3, expiry read) tuples (see `val`
-    -- below).
-    local all, pending, npending = 1, nil, 0
-    -- (and, for what they have left if they are not charged, the lines that
-    -- admit it as (reply index, line, slot) triples)
-    local admits, nadmits = nil, 0
-
-    for i = 1, nlines do
-      -- The line's limit (already known for a request of one line).
-      if i > 1 or nlines ~= 1 then
-        lim = line(ARGV[argi])
-      end
+    if nlines == 1 then
+      -- The usual request, one line: committed at once (a lone dry-run
+      -- line admits the request, and is committed iff it admits it too).
+      -- (Its own path: what a request of several lines keeps, and checks
+      -- once all are read, costs Redis' Lua a few thousand instructions a
+      -- request.)
       argi = argi + step
-      local alg, b, cost, K, QK
-      if lim then
-        alg, b, cost, K, QK = lim[1], lim[4], lim[5], lim[6], lim[8]
-        if lim[14] then
-          -- a charge=after line's check: one unit left admits
-          cost = 1
-        end
-      end
       k = k + 1
       local key = KEYS[k]
-      local j = slot[key]
-      -- The line's outcome; `val` says what to write if admitted and
-      -- committing: true for the words v1, v2, v3, or for sliding_log a
-      -- function that pushes the entries (`put` writes either).
-      local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
-      -- (the delay: a queued line's admission beyond the burst; the wait
-      -- for one more unit, if the line reports it)
-      local dly, nxt = 0, 0
-
+      local n = nreply + 1
+      nreply = n + 4
       if key and lim and lim[10] and now <= E then
-        ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, cost)
-        if lim[14] then
-          -- a charge=after line: its cost is charged later, by `charge`
-          val = nil
+        local cost, after = lim[5], lim[14]
+        if after then
+          -- a charge=after line's check: one unit left admits; its cost
+          -- is charged later, by `charge`
+          cost = 1
         end
+        local j = slot[key]
+        local ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, cost)
         if ok and cost == 0 then
           -- charges nothing: passes at once even over the limit, and writes
           -- nothing
           adm, rty, val, dly = true, -1, nil, 0
         end
-      end
-
-      local n = at + 5 * i - 5
-      if nlines == 1 then
-        -- The usual case: committed at once (a lone dry-run line admits the
-        -- request, and is committed iff it admits it too).
-        if adm and val then
-          put(j, lim, val, v1, v2, v3, sx, rst)
-        end
         if adm then
+          if val and not after then
+            put(j, lim, val, v1, v2, v3, sx, rst)
+          end
           reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, -2, dly, nxt
-          if commit and lim[14] then
+          if commit and after then
             -- a charge=after line's check, not charged: what it has left
             left(n, lim, j, key)
           end
         else
           reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
         end
-      elseif adm then
-        reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, -2, dly, nxt
-        if val then
-          pending = pending or {}
-          local q = npending
-          pending[q + 1], pending[q + 2], pending[q + 3], pending[q + 4] = j, val, rst, lim
-          pending[q + 5], pending[q + 6], pending[q + 7], pending[q + 8] = v1, v2, v3, sx
-          npending = q + 8
-        end
-        if commit and lim then
-          admits = admits or {}
-          admits[nadmits + 1], admits[nadmits + 2], admits[nadmits + 3] = n, lim, j
-          nadmits = nadmits + 3
-        end
       else
-        reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
-        if not (lim and lim[9]) then
-          all = 0
+        -- no key, a malformed line, an unknown algorithm, or beyond 2^52
+        -- us: fails closed
+        reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = 0, 0, -1, 0, 0
+      end
+    else
+      -- reply[at ...]: per line 5 values.
+      local at = nreply + 1
+      nreply = nreply + 5 * nlines
+      -- Several lines: all enforced lines admitted so far, and the pending
+      -- writes (the lines that admit, dry-run or not) as (slot,
+      -- what, reset_us, algorithm, v1, v2, v3, expiry read) tuples (see `val`
+      -- below).
+      local all, pending, npending = 1, nil, 0
+      -- (and, for what they have left if they are not charged, the lines that
+      -- admit it as (reply index, line, slot) triples)
+      local admits, nadmits = nil, 0
+
+      for i = 1, nlines do
+        lim = line(ARGV[argi])
+        argi = argi + step
+        local alg, b, cost, K, QK
+        if lim then
+          alg, b, cost, K, QK = lim[1], lim[4], lim[5], lim[6], lim[8]
+          if lim[14] then
+            -- a charge=after line's check: one unit left admits
+            cost = 1
+          end
+        end
+        k = k + 1
+        local key = KEYS[k]
+        local j = slot[key]
+        -- The line's outcome; `val` says what to write if admitted and
+        -- committing: true for the words v1, v2, v3, or for sliding_log a
+        -- function that pushes the entries (`put` writes either).
+        local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
+        -- (the delay: a queued line's admission beyond the burst; the wait
+        -- for one more unit, if the line reports it)
+        local dly, nxt = 0, 0
+
+        if key and lim and lim[10] and now <= E then
+          ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, cost)
+          if lim[14] then
+            -- a charge=after line: its cost is charged later, by `charge`
+            val = nil
+          end
+          if ok and cost == 0 then
+            -- charges nothing: passes at once even over the limit, and writes
+            -- nothing
+            adm, rty, val, dly = true, -1, nil, 0
+          end
+        end
+
+        local n = at + 5 * i - 5
+        if adm then
+          reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, -2, dly, nxt
+          if val then
+            pending = pending or {}
+            local q = npending
+            pending[q + 1], pending[q + 2], pending[q + 3], pending[q + 4] = j, val, rst, lim
+            pending[q + 5], pending[q + 6], pending[q + 7], pending[q + 8] = v1, v2, v3, sx
+            npending = q + 8
+          end
+          if commit and lim then
+            admits = admits or {}
+            admits[nadmits + 1], admits[nadmits + 2], admits[nadmits + 3] = n, lim, j
+            nadmits = nadmits + 3
+          end
+        else
+          reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
+          if not (lim and lim[9]) then
+            all = 0
+          end
         end
       end
-    end
 
-    -- The lines that admit the request but are not charged (all of them if
-    -- it is rejected, else the charge=after lines' checks) report what
-    -- they have left.
-    for q = 1, nadmits, 3 do
-      local lim = admits[q + 1]
-      if all == 0 or lim[14] then
-        local j = admits[q + 2]
-        left(admits[q], lim, j, names[j])
+      -- The lines that admit the request but are not charged (all of them if
+      -- it is rejected, else the charge=after lines' checks) report what
+      -- they have left.
+      for q = 1, nadmits, 3 do
+        local lim = admits[q + 1]
+        if all == 0 or lim[14] then
+          local j = admits[q + 2]
+          left(admits[q], lim, j, names[j])
+        end
       end
-    end
 
-    if all == 1 then
-      for q = 1, npending, 8 do
-        put(pending[q], pending[q + 3], pending[q + 1], pending[q + 4], pending[q + 5], pending[q + 6],
-          pending[q + 7], pending[q + 2])
+      if all == 1 then
+        for q = 1, npending, 8 do
+          put(pending[q], pending[q + 3], pending[q + 1], pending[q + 4], pending[q + 5], pending[q + 6],
+            pending[q + 7], pending[q + 2])
+        end
       end
     end
   end
