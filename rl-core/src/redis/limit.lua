@@ -326,10 +326,16 @@ local function put(j, lim, val, v1, v2, v3, x0, rst)
     end
   end
   local o = 7 * j
-  local a = R[o - 6]
-  if a == nil and not R[o] then
+  local a = nil
+  if shared then a = R[o - 6] end
+  if a == nil and not (shared and R[o]) then
     -- The call's only line on this key: written at once.
-    local v = packed(n, v1, v2, v3, v4, x)
+    local v
+    if n == 2 then
+      v = pack('<Bddd', 0, v1, v2, x)
+    else
+      v = packed(n, v1, v2, v3, v4, x)
+    end
     if x == x0 then
       redis.call('SETRANGE', names[j], '0', v)
     else
@@ -474,7 +480,7 @@ end
 
 -- gcra
 local function gcra(lim, j, key, cost)
-  local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
+  local b, K, QK = lim[4], lim[6], lim[8]
   local ok, adm, rem, rst, rty, val, v1, v2, v3, dly, nxt = false, false, 0, 0, -1, nil, 0, 0, 0, 0, 0
   -- state {TAT}; T = ceil(period/count); admitted at once iff
   -- max(TAT, now) + cost*T - now <= B*T, else delayed by the excess
