@@ -135,6 +135,33 @@ sed -n '/^local FIXED = \[\[$/,/^\]\]$/p' "$BENCH/lua/rlpeer.lua" | sed '1d;$d' 
 PEER_SHA=$(sha1sum "$TMP/peer.lua" | cut -d' ' -f1)
 
 "$CALLS" library >"$TMP/library.lua"
+# Floors: the same FCALLs (keys and arguments) of a function that does
+# nothing, and of a throwaway one that does only what the fixed row needs
+# (TIME, GET, the window, SETRANGE, the reply; no checks of the stored state,
+# no expiry, no shared keys), on keys of their own.
+cat >"$TMP/floor.lua" <<'LUA'
+#!lua name=rl_floor
+local pack, unpack_
+redis.register_function('rl_floor_call', function(keys, args) return 1 end)
+redis.register_function('rl_floor_fixed', function(keys, args)
+  if not pack then pack, unpack_ = struct.pack, struct.unpack end
+  local t = redis.call('TIME')
+  local now = t[1] * 1000000 + t[2]
+  local v = redis.call('GET', keys[1])
+  local s1, s2, x = 0, 0, 0
+  if v and #v == 33 then
+    local m
+    m, s1, s2, x = unpack_('<Bddd', v)
+  end
+  local W = 656
+  local k = now / W
+  k = k - k % 1
+  local used = 0
+  if s1 >= 1 and s1 - 1 >= k then used = s2 end
+  redis.call('SETRANGE', keys[1], '0', pack('<Bddd', 0, k + 1, used + 1, x))
+  return { now, 65536 - used - 1, (k + 1) * W - now, -2, 0, 0 }
+end)
+LUA
 # The calls: ours with one request (fixed, gcra), with 64 (fixed, gcra); the
 # peer's EVALSHA (its arguments as bench/conf/lua.conf gives them).
 "$CALLS" fcall fixed 1 "$CLIENTS" "$N" "$HITS" >"$TMP/fixed_1.txt"
@@ -142,6 +169,10 @@ PEER_SHA=$(sha1sum "$TMP/peer.lua" | cut -d' ' -f1)
 B=$((N / 64 < 64 ? 64 : N / 64))
 "$CALLS" fcall fixed 64 "$CLIENTS" "$B" "$HITS" >"$TMP/fixed_64.txt"
 "$CALLS" fcall gcra 64 "$CLIENTS" "$B" "$HITS" >"$TMP/gcra_64.txt"
+FN=$(sed -n 's/^#!lua name=//p' "$TMP/library.lua")
+for f in call fixed; do
+    sed "s/^FCALL\t$FN\t/FCALL\trl_floor_$f\t/; s/\trl:{/\tfl:{/" "$TMP/fixed_1.txt" >"$TMP/floor_$f.txt"
+done
 awk -v n="$N" -v k="$CLIENTS" -v h="$HITS" -v sha="$PEER_SHA" \
     'BEGIN { for (i = 0; i < n; i++) printf "EVALSHA\t%s\t1\trlpeer:fw:user-%d\t1000000000000\t1000\n", sha, int(i / h) % k }' >"$TMP/peer.txt"
 
@@ -159,6 +190,7 @@ for _ in $(seq 300); do
 done
 redis-cli -p "$PORT" ping >/dev/null 2>&1 || die "redis-server under valgrind does not answer"
 redis-cli -p "$PORT" -x function load replace <"$TMP/library.lua" >/dev/null || die "FUNCTION LOAD failed"
+redis-cli -p "$PORT" -x function load replace <"$TMP/floor.lua" >/dev/null || die "FUNCTION LOAD of the floors failed"
 [[ $(redis-cli -p "$PORT" -x script load <"$TMP/peer.lua") == "$PEER_SHA" ]] || die "SCRIPT LOAD of the peer's script"
 
 # measure ID CALLS ARGS...: "ID<TAB>calls<TAB>total instructions" of the
@@ -191,6 +223,8 @@ measure gcra_1 "$N" "$TMP/gcra_1.txt" >>"$TMP/ir.tsv"
 measure fixed_64 "$B" "$TMP/fixed_64.txt" >>"$TMP/ir.tsv"
 measure gcra_64 "$B" "$TMP/gcra_64.txt" >>"$TMP/ir.tsv"
 measure peer "$N" "$TMP/peer.txt" >>"$TMP/ir.tsv"
+measure floor_call "$N" "$TMP/floor_call.txt" >>"$TMP/ir.tsv"
+measure floor_fixed "$N" "$TMP/floor_fixed.txt" >>"$TMP/ir.tsv"
 
 # The functions of a row by self cost per request, less the PING's.
 functions() { # id requests-per-call
@@ -217,7 +251,10 @@ functions() { # id requests-per-call
     echo
     echo "Ours: FCALL of the function library, as nginx-rl sends it (rl-core's write_args: Redis' clock, a deadline,"
     echo "committing), the admit path of bench/conf/rlredis.conf (\`rate=100000000r/s burst=65536\`). Peer:"
-    echo "EVALSHA of bench/lua/rlpeer.lua's fixed window (INCR, PEXPIRE on a window's first hit)."
+    echo "EVALSHA of bench/lua/rlpeer.lua's fixed window (INCR, PEXPIRE on a window's first hit). Floors: \`fixed_1\`'s"
+    echo "FCALLs (the same keys and arguments) of a function that returns at once (\`floor_call\`: what FCALL and its"
+    echo "arguments cost), and of a throwaway one that does only what the \`fixed\` row needs (\`floor_fixed\`: TIME, GET,"
+    echo "the window, SETRANGE, the same reply; no checks of the stored state, no expiry, no shared keys)."
     echo
     echo "| row | calls | requests a call | instructions a call | less a PING | per request | commands a call |"
     echo "|---|--:|--:|--:|--:|--:|---|"
