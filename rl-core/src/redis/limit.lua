@@ -988,19 +988,17 @@ local function start(t)
     floor, pack, unpack_ = math.floor, struct.pack, struct.unpack
     -- Redis 3.2-4.x: allow writes after TIME (effects replication; later
     -- versions always do this, and from 7.0, which has REDIS_VERSION_NUM,
-    -- the call is a no-op). Asked once per library: looking it up costs
-    -- a call about a thousand instructions.
+    -- the call is a no-op). Asked once per library: two lookups in the
+    -- `redis` table cost a call more than the rest of its start.
     old_redis = redis.replicate_commands and not redis.REDIS_VERSION_NUM
   end
   if old_redis then
     pcall(redis.replicate_commands)
   end
   -- The clock.
-  now, ms = t, nil
-  if now == '' then
-    now = nil
-  else
-    now = tonumber(now)
+  now = nil
+  if t ~= '' then
+    now = tonumber(t)
   end
   if now and now >= 1 then
     now = floor(now)
@@ -1022,12 +1020,12 @@ local function read(KEYS)
   -- for an absent k adds k, and grows the table)
   if nslots > 1 or #KEYS > 1 then
     slot, names, R = {}, {}, {}
-  else
-    for j = 1, nslots do
-      slot[names[j]] = nil
-      local o = 7 * j
-      if R[o] ~= nil then R[o] = nil end
-      if R[o - 6] ~= nil then R[o - 6] = nil end
+  elseif nslots == 1 then
+    slot[names[1]] = nil
+    if shared then
+      -- (R holds a record only in a call that shares a key)
+      if R[7] ~= nil then R[7] = nil end
+      if R[1] ~= nil then R[1] = nil end
     end
   end
   cur, nslots, shared = nil, 0, false
