@@ -126,10 +126,15 @@
 -- same results on the finite values they see); a state is unpacked and
 -- packed by one struct call each. A key that only one line of the call
 -- uses is written at once; a key several lines share is kept as numbers and
--- written once, at the end.
+-- written once, at the end. A request of one line (the usual one) takes a
+-- path of its own, without what a request of several lines keeps until all
+-- its lines are read; a call of one key keeps its tables, and its reply's,
+-- from call to call (bench/README.md, bench/redis_profile.sh: what each of
+-- these saves, and what Redis itself costs a call).
 -- Redis calls: TIME (unless now is given) and MGET of the distinct keys once
--- per call, then per written key one SETRANGE (or SET ... PX about once a
--- second; sliding_log: LLEN, LINDEX, LPUSH, LTRIM, PEXPIRE per line).
+-- per call (GET for a call of one key), then per written key one SETRANGE
+-- (or SET ... PX about once a second; sliding_log: LLEN, LINDEX, LPUSH,
+-- LTRIM, PEXPIRE per line).
 
 local TWO53 = 9007199254740992
 local E = 4503599627370496
