@@ -235,7 +235,7 @@ functions() { # id requests-per-call
         $2 ~ /^[0-9,]+$/ && NF >= 3 { x = $2; gsub(/,/, "", x); s = $1; $1 = ""; $2 = ""; sub(/^ *(\([ 0-9.]+%\))? */, "")
             v[$0] += (s == "+") ? x / calls / per : -x / pc / per }
         END { for (f in v) if (f != "PROGRAM TOTALS" && (v[f] >= 100 || v[f] <= -100)) printf "%.0f\t%s\n", v[f], f }' |
-        sort -k1,1nr | head -20
+        sort -k1,1nr | awk 'NR <= 20'
 }
 
 {
