@@ -270,9 +270,13 @@ test-dist: dist build-debian
 
 # nginx-rl against the no-limiter baseline, limit_req and Lua + Redis:
 # bench/RESULTS.md (about 35 minutes); QUICK=1: one short round, a smoke test.
+# Then, as bench/run.sh runs bench/profile.sh (not with QUICK=1, nor with
+# BENCH_NO_PROFILE=1), what the Redis script costs redis-server under
+# callgrind: bench/REDIS_PROFILE.md (a few minutes).
 bench: build-debian
 	@$(MODULES_ENABLED) > $(BUILD)/modules-enabled.before
 	QUICK=$(QUICK) RL_MODULE=$(DEBIAN_SO) bash bench/run.sh
+	$(if $(QUICK)$(BENCH_NO_PROFILE),,CARGO=$(CARGO) bash bench/redis_profile.sh)
 	@$(MODULES_ENABLED) | diff -u --label before --label after $(BUILD)/modules-enabled.before - || \
 		{ echo "bench: /etc/nginx/modules-enabled changed: the system's nginx would load other modules"; exit 1; }
 

@@ -126,10 +126,15 @@
 -- same results on the finite values they see); a state is unpacked and
 -- packed by one struct call each. A key that only one line of the call
 -- uses is written at once; a key several lines share is kept as numbers and
--- written once, at the end.
+-- written once, at the end. A request of one line (the usual one) takes a
+-- path of its own, without what a request of several lines keeps until all
+-- its lines are read; a call of one key keeps its tables, and its reply's,
+-- from call to call (bench/README.md, bench/redis_profile.sh: what each of
+-- these saves, and what Redis itself costs a call).
 -- Redis calls: TIME (unless now is given) and MGET of the distinct keys once
--- per call, then per written key one SETRANGE (or SET ... PX about once a
--- second; sliding_log: LLEN, LINDEX, LPUSH, LTRIM, PEXPIRE per line).
+-- per call (GET for a call of one key), then per written key one SETRANGE
+-- (or SET ... PX about once a second; sliding_log: LLEN, LINDEX, LPUSH,
+-- LTRIM, PEXPIRE per line).
 
 local TWO53 = 9007199254740992
 local E = 4503599627370496
@@ -147,8 +152,11 @@ local reply, nreply
 
 -- The call's distinct keys: slot[key] = j, names[j] = key, in order of first
 -- use; cur[j] the string MGET read (false: missing, or of another type; nil:
--- read it again, after a sliding_log line used the key).
-local slot, names, cur, nslots
+-- read it again, after a sliding_log line used the key; cur1 is cur for a
+-- call of one key). In a library these tables outlive a call, each call
+-- clearing the previous one's entries: in Redis' Lua a table built, grown
+-- and collected costs more than a few entries cleared.
+local slot, names, cur, cur1, nslots = {}, {}, nil, {}, 0
 -- A key that only one line of the call uses is written at once. The others'
 -- states are kept as numbers and SET once at the end (with the last write's
 -- value and expiry, as if each request had written it): slot j's record is
@@ -158,7 +166,9 @@ local slot, names, cur, nslots
 -- slot before its first write. (One flat table: in Redis' Lua a table per
 -- key, or a C function call such as type(), costs about as much as the
 -- rest of a line's work.)
-local R
+local R = {}
+-- Whether a key of the call is shared by several lines (then R holds records).
+local shared = false
 
 -- Stored form: a 0 byte, then the state's words and the key's expiry (ms of
 -- the Redis clock) as little-endian doubles, exact below 2^53 (struct's C
@@ -226,11 +236,27 @@ local function state(j, alg, n)
   end
   if #v == 9 + 8 * n then
     local m, w1, w2, w3, w4, x
+    -- (the shapes of one and two words, checked alone: the checks of the
+    -- zero words cost Redis' Lua more than the branch)
     if n == 2 then
       m, w1, w2, x = unpack_('<Bddd', v)
+      if m == 0 then
+        if 0 < x then sx = x end
+        if 0 <= w1 and 0 <= w2 and w1 <= TWO53 and w2 <= TWO53 and w1 % 1 == 0 and w2 % 1 == 0 then
+          return w1, w2, 0, 0
+        end
+        return clamp(w1), clamp(w2), 0, 0
+      end
       w3, w4 = 0, 0
     elseif n == 1 then
       m, w1, x = unpack_('<Bdd', v)
+      if m == 0 then
+        if 0 < x then sx = x end
+        if 0 <= w1 and w1 <= TWO53 and w1 % 1 == 0 then
+          return w1, 0, 0, 0
+        end
+        return clamp(w1), 0, 0, 0
+      end
       w2, w3, w4 = 0, 0, 0
     elseif n == 3 then
       m, w1, w2, w3, x = unpack_('<Bdddd', v)
@@ -305,10 +331,16 @@ local function put(j, lim, val, v1, v2, v3, x0, rst)
     end
   end
   local o = 7 * j
-  local a = R[o - 6]
-  if a == nil and not R[o] then
+  local a = nil
+  if shared then a = R[o - 6] end
+  if a == nil and not (shared and R[o]) then
     -- The call's only line on this key: written at once.
-    local v = packed(n, v1, v2, v3, v4, x)
+    local v
+    if n == 2 then
+      v = pack('<Bddd', 0, v1, v2, x)
+    else
+      v = packed(n, v1, v2, v3, v4, x)
+    end
     if x == x0 then
       redis.call('SETRANGE', names[j], '0', v)
     else
@@ -453,7 +485,7 @@ end
 
 -- gcra
 local function gcra(lim, j, key, cost)
-  local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
+  local b, K, QK = lim[4], lim[6], lim[8]
   local ok, adm, rem, rst, rty, val, v1, v2, v3, dly, nxt = false, false, 0, 0, -1, nil, 0, 0, 0, 0, 0
   -- state {TAT}; T = ceil(period/count); admitted at once iff
   -- max(TAT, now) + cost*T - now <= B*T, else delayed by the excess
@@ -506,10 +538,9 @@ end
 
 -- fixed
 local function fixed(lim, j, key, cost)
-  local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
+  local b, W = lim[4], lim[6]
   local ok, adm, rem, rst, rty, val, v1, v2, v3, dly, nxt = false, false, 0, 0, -1, nil, 0, 0, 0, 0, 0
   -- W = ceil(burst*period/count)
-  local W = K
   -- state {k + 1, used}; windows [k*W, (k+1)*W).
   if W then
     ok = true
@@ -956,22 +987,23 @@ end
 
 -- A call's start: binds the library functions, and sets the clock from
 -- `t` (the call's now argument; "" = Redis TIME).
+local old_redis
 local function start(t)
   if not pack then
     floor, pack, unpack_ = math.floor, struct.pack, struct.unpack
-  end
-  if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
     -- Redis 3.2-4.x: allow writes after TIME (effects replication; later
     -- versions always do this, and from 7.0, which has REDIS_VERSION_NUM,
-    -- the call is a no-op).
+    -- the call is a no-op). Asked once per library: two lookups in the
+    -- `redis` table cost a call more than the rest of its start.
+    old_redis = redis.replicate_commands and not redis.REDIS_VERSION_NUM
+  end
+  if old_redis then
     pcall(redis.replicate_commands)
   end
   -- The clock.
-  now, ms = t, nil
-  if now == '' then
-    now = nil
-  else
-    now = tonumber(now)
+  now = nil
+  if t ~= '' then
+    now = tonumber(t)
   end
   if now and now >= 1 then
     now = floor(now)
@@ -989,8 +1021,19 @@ end
 
 -- Reads every distinct key of the call, and clears the call's records.
 local function read(KEYS)
-  slot, names, cur, nslots = {}, {}, nil, 0
-  R = {}
+  -- (an entry is cleared only where there is one: in Lua 5.1 t[k] = nil
+  -- for an absent k adds k, and grows the table)
+  if nslots > 1 or #KEYS > 1 then
+    slot, names, R = {}, {}, {}
+  elseif nslots == 1 then
+    slot[names[1]] = nil
+    if shared then
+      -- (R holds a record only in a call that shares a key)
+      if R[7] ~= nil then R[7] = nil end
+      if R[1] ~= nil then R[1] = nil end
+    end
+  end
+  cur, nslots, shared = nil, 0, false
   sx = 0
   if nspecs > 64 then
     -- (a library keeps the parsed lines from call to call: a few)
@@ -999,8 +1042,15 @@ local function read(KEYS)
 
   -- Read every distinct key with MGET, 256 at a time (one call instead of a
   -- GET each; MGET answers nil for a key of another type, which GET reads as
-  -- fresh too).
+  -- fresh too). A call of one key leaves it to `state`'s GET, which costs
+  -- Redis less than MGET.
   local nkeys, n = #KEYS, 0
+  if nkeys == 1 then
+    local key = KEYS[1]
+    slot[key], names[1], nslots, cur = 1, key, 1, cur1
+    if cur1[1] ~= nil then cur1[1] = nil end
+    return
+  end
   for i = 1, nkeys + 1 do
     local key = KEYS[i]
     if key then
@@ -1010,7 +1060,7 @@ local function read(KEYS)
         slot[key], names[nslots] = nslots, key
         n = n + 1
       else
-        R[7 * j] = true
+        R[7 * j], shared = true, true
       end
     end
     if n == 256 or (i > nkeys and n > 0) then
@@ -1028,8 +1078,12 @@ local function read(KEYS)
   cur = cur or {}
 end
 
--- Writes the records of the keys several lines of the call shared.
+-- Writes the records of the keys several lines of the call shared (none
+-- unless a key is: `shared`).
 local function flush_all()
+  if not shared then
+    return
+  end
   for j = 1, nslots do
     if R[7 * j - 6] then
       flush(j)
@@ -1063,7 +1117,10 @@ local function limit(KEYS, ARGV)
 
   commit = ARGV[1] == '1'
   local nargs = #ARGV
-  reply, nreply = { now }, 1
+  -- (sized for a request of one line: a table grown entry by entry costs
+  -- Redis' Lua a resize at 2, 3 and 5 entries; the unused ones are cleared
+  -- at the end)
+  reply, nreply = { now, 0, 0, 0, 0, 0 }, 1
   read(KEYS)
   -- The next ARGV and KEYS to read; the requests left in a run, their line,
   -- and how far a line advances ARGV (0 in a run).
@@ -1100,114 +1157,143 @@ local function limit(KEYS, ARGV)
         end
       end
     end
-    -- reply[at ...]: per line 5 values.
-    local at = nreply + 1
-    nreply = nreply + 5 * nlines
-    -- Several lines: all enforced lines admitted so far, and the pending
-    -- writes (the lines that admit, dry-run or not) as (slot,
-    -- what, reset_us, algorithm, v1, v2, v3, expiry read) tuples (see `val`
-    -- below).
-    local all, pending, npending = 1, nil, 0
-    -- (and, for what they have left if they are not charged, the lines that
-    -- admit it as (reply index, line, slot) triples)
-    local admits, nadmits = nil, 0
-
-    for i = 1, nlines do
-      -- The line's limit (already known for a request of one line).
-      if i > 1 or nlines ~= 1 then
-        lim = line(ARGV[argi])
-      end
+    if nlines == 1 then
+      -- The usual request, one line: committed at once (a lone dry-run
+      -- line admits the request, and is committed iff it admits it too).
+      -- (Its own path: what a request of several lines keeps, and checks
+      -- once all are read, costs Redis' Lua a few thousand instructions a
+      -- request.)
       argi = argi + step
-      local alg, b, cost, K, QK
-      if lim then
-        alg, b, cost, K, QK = lim[1], lim[4], lim[5], lim[6], lim[8]
-        if lim[14] then
-          -- a charge=after line's check: one unit left admits
-          cost = 1
-        end
-      end
       k = k + 1
       local key = KEYS[k]
-      local j = slot[key]
-      -- The line's outcome; `val` says what to write if admitted and
-      -- committing: true for the words v1, v2, v3, or for sliding_log a
-      -- function that pushes the entries (`put` writes either).
-      local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
-      -- (the delay: a queued line's admission beyond the burst; the wait
-      -- for one more unit, if the line reports it)
-      local dly, nxt = 0, 0
-
+      local n = nreply + 1
+      nreply = n + 4
       if key and lim and lim[10] and now <= E then
-        ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, cost)
-        if lim[14] then
-          -- a charge=after line: its cost is charged later, by `charge`
-          val = nil
+        local cost, after = lim[5], lim[14]
+        if after then
+          -- a charge=after line's check: one unit left admits; its cost
+          -- is charged later, by `charge`
+          cost = 1
         end
+        local j = slot[key]
+        local ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, cost)
         if ok and cost == 0 then
           -- charges nothing: passes at once even over the limit, and writes
           -- nothing
           adm, rty, val, dly = true, -1, nil, 0
         end
-      end
-
-      local n = at + 5 * i - 5
-      if nlines == 1 then
-        -- The usual case: committed at once (a lone dry-run line admits the
-        -- request, and is committed iff it admits it too).
-        if adm and val then
-          put(j, lim, val, v1, v2, v3, sx, rst)
-        end
         if adm then
+          if val and not after then
+            put(j, lim, val, v1, v2, v3, sx, rst)
+          end
           reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, -2, dly, nxt
-          if commit and lim[14] then
+          if commit and after then
             -- a charge=after line's check, not charged: what it has left
             left(n, lim, j, key)
           end
         else
           reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
         end
-      elseif adm then
-        reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, -2, dly, nxt
-        if val then
-          pending = pending or {}
-          local q = npending
-          pending[q + 1], pending[q + 2], pending[q + 3], pending[q + 4] = j, val, rst, lim
-          pending[q + 5], pending[q + 6], pending[q + 7], pending[q + 8] = v1, v2, v3, sx
-          npending = q + 8
-        end
-        if commit and lim then
-          admits = admits or {}
-          admits[nadmits + 1], admits[nadmits + 2], admits[nadmits + 3] = n, lim, j
-          nadmits = nadmits + 3
-        end
       else
-        reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
-        if not (lim and lim[9]) then
-          all = 0
+        -- no key, a malformed line, an unknown algorithm, or beyond 2^52
+        -- us: fails closed
+        reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = 0, 0, -1, 0, 0
+      end
+    else
+      -- reply[at ...]: per line 5 values.
+      local at = nreply + 1
+      nreply = nreply + 5 * nlines
+      -- Several lines: all enforced lines admitted so far, and the pending
+      -- writes (the lines that admit, dry-run or not) as (slot,
+      -- what, reset_us, algorithm, v1, v2, v3, expiry read) tuples (see `val`
+      -- below).
+      local all, pending, npending = 1, nil, 0
+      -- (and, for what they have left if they are not charged, the lines that
+      -- admit it as (reply index, line, slot) triples)
+      local admits, nadmits = nil, 0
+
+      for i = 1, nlines do
+        lim = line(ARGV[argi])
+        argi = argi + step
+        local alg, b, cost, K, QK
+        if lim then
+          alg, b, cost, K, QK = lim[1], lim[4], lim[5], lim[6], lim[8]
+          if lim[14] then
+            -- a charge=after line's check: one unit left admits
+            cost = 1
+          end
+        end
+        k = k + 1
+        local key = KEYS[k]
+        local j = slot[key]
+        -- The line's outcome; `val` says what to write if admitted and
+        -- committing: true for the words v1, v2, v3, or for sliding_log a
+        -- function that pushes the entries (`put` writes either).
+        local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
+        -- (the delay: a queued line's admission beyond the burst; the wait
+        -- for one more unit, if the line reports it)
+        local dly, nxt = 0, 0
+
+        if key and lim and lim[10] and now <= E then
+          ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, cost)
+          if lim[14] then
+            -- a charge=after line: its cost is charged later, by `charge`
+            val = nil
+          end
+          if ok and cost == 0 then
+            -- charges nothing: passes at once even over the limit, and writes
+            -- nothing
+            adm, rty, val, dly = true, -1, nil, 0
+          end
+        end
+
+        local n = at + 5 * i - 5
+        if adm then
+          reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, -2, dly, nxt
+          if val then
+            pending = pending or {}
+            local q = npending
+            pending[q + 1], pending[q + 2], pending[q + 3], pending[q + 4] = j, val, rst, lim
+            pending[q + 5], pending[q + 6], pending[q + 7], pending[q + 8] = v1, v2, v3, sx
+            npending = q + 8
+          end
+          if commit and lim then
+            admits = admits or {}
+            admits[nadmits + 1], admits[nadmits + 2], admits[nadmits + 3] = n, lim, j
+            nadmits = nadmits + 3
+          end
+        else
+          reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
+          if not (lim and lim[9]) then
+            all = 0
+          end
         end
       end
-    end
 
-    -- The lines that admit the request but are not charged (all of them if
-    -- it is rejected, else the charge=after lines' checks) report what
-    -- they have left.
-    for q = 1, nadmits, 3 do
-      local lim = admits[q + 1]
-      if all == 0 or lim[14] then
-        local j = admits[q + 2]
-        left(admits[q], lim, j, names[j])
+      -- The lines that admit the request but are not charged (all of them if
+      -- it is rejected, else the charge=after lines' checks) report what
+      -- they have left.
+      for q = 1, nadmits, 3 do
+        local lim = admits[q + 1]
+        if all == 0 or lim[14] then
+          local j = admits[q + 2]
+          left(admits[q], lim, j, names[j])
+        end
       end
-    end
 
-    if all == 1 then
-      for q = 1, npending, 8 do
-        put(pending[q], pending[q + 3], pending[q + 1], pending[q + 4], pending[q + 5], pending[q + 6],
-          pending[q + 7], pending[q + 2])
+      if all == 1 then
+        for q = 1, npending, 8 do
+          put(pending[q], pending[q + 3], pending[q + 1], pending[q + 4], pending[q + 5], pending[q + 6],
+            pending[q + 7], pending[q + 2])
+        end
       end
     end
   end
 
   flush_all()
+  for i = nreply + 1, 6 do
+    reply[i] = nil
+  end
   return reply
 end
 
