@@ -95,13 +95,13 @@ impl Calls {
             }
             by_zone[job.zone].push(job);
         }
-        for (z, jobs) in by_zone.into_iter().enumerate() {
+        for (jobs, zc) in by_zone.into_iter().zip(&self.conns) {
             // Decisions and reads (`rl_quota`) go in calls of their own.
             let (charges, reads): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.commit);
             for (mut jobs, commit) in [(charges, true), (reads, false)] {
                 while !jobs.is_empty() {
                     let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
-                    let zc = self.conns[z].clone();
+                    let zc = zc.clone();
                     if zc.waiting.load(Ordering::Relaxed) + jobs.len() > MAX_WAITING {
                         inbox::put(jobs.iter().map(|job| Reply {
                             id: job.id,
