@@ -25,16 +25,17 @@ mod zone_conn;
 
 use core::cell::Cell;
 use core::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ngx::ffi::{ngx_log_t, ngx_time, NGX_LOG_ERR};
 use ngx::ngx_log_error;
-use redis::TlsCertificates;
 use rl_core::limit::Limit;
 use rl_core::redis::RequestReply;
 use smallvec::SmallVec;
 
-pub use self::conn::{client, Target};
+pub use self::conn::Target;
+pub use self::tls::client_config as tls_config;
 pub use self::worker::{charge, exit_worker, init_worker, resume, submit, suspend, Hooks};
 
 /// A Redis zone as configured.
@@ -224,16 +225,17 @@ impl fmt::Display for Shown<'_> {
     }
 }
 
-/// What the I/O thread needs to know of a zone.
+/// What a zone's connections need to know of it.
 #[derive(Clone)]
 pub struct ZoneSpec {
     pub target: Target,
     pub timeout: Duration,
     /// Prepended to every state key.
     pub prefix: String,
-    /// For `rediss` URLs: the trusted CA certificates (else the public
-    /// roots) and the client certificate, from the zone's `ssl_*` parameters.
-    pub tls: Option<TlsCertificates>,
+    /// For `rediss` URLs: the TLS client, which trusts the zone's
+    /// `ssl_trusted_certificate` (else the public roots) and shows its
+    /// `ssl_certificate`.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// The id of a charge job, and of its replies (requests' ids start at 1).

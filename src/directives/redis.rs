@@ -67,7 +67,13 @@ pub fn parse<'a>(
         (None, Some(_)) => return Err("\"ssl_certificate_key\" needs \"ssl_certificate\"".into()),
         (None, None) => None,
     };
-    let tls = tls_files(&parsed, get("ssl_trusted_certificate"), client, conf_prefix)?;
+    let certs = tls_files(&parsed, get("ssl_trusted_certificate"), client, conf_prefix)?;
+    // The TLS client every connection of the zone uses, made once (its
+    // certificates parsed as a connection uses them).
+    let tls = match parsed.tls() {
+        true => Some(redis_zone::tls_config(&certs).map_err(|e| e.to_string())?),
+        false => None,
+    };
     let target = target(&parsed).map_err(|e| invalid(&e))?;
     Ok(RedisZone::new(name, shown, ZoneSpec { target, timeout, prefix, tls }, allow))
 }
@@ -155,11 +161,7 @@ fn tls_files(
         }
         None => None,
     };
-    let certs = TlsCertificates { client_tls, root_cert };
-    // Parses them as a connection will (it connects to nothing).
-    let probe = "rediss://127.0.0.1:6379".into_connection_info().map_err(|e| e.to_string())?;
-    redis_zone::client(probe, &Some(certs.clone())).map_err(|e| e.to_string())?;
-    Ok(Some(certs))
+    Ok(Some(TlsCertificates { client_tls, root_cert }))
 }
 
 /// A file an `ssl_*` parameter names, by its full path; displays as

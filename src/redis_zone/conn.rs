@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use ngx::async_::{spawn, Task};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{Client, Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, Value};
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 use rl_core::url::RedisUrl;
 use rustls::ClientConfig;
 use tokio::sync::Notify;
@@ -301,16 +301,6 @@ impl ConnectionLike for Conn {
             Link::Plain(c) => c.get_db(),
             Link::Cluster(c) => c.get_db(),
         }
-    }
-}
-
-/// A client for one server (a node or a sentinel), with the zone's
-/// certificates if it has any (then its URLs are all `rediss`): what
-/// `nginx -t` checks a zone's settings with.
-pub fn client(info: ConnectionInfo, tls: &Option<TlsCertificates>) -> redis::RedisResult<Client> {
-    match tls {
-        Some(certs) => Client::build_with_tls(info, certs.clone()),
-        None => Client::open(info),
     }
 }
 

@@ -17,7 +17,6 @@ use super::conn::{Conn, Target, MIN_STALL};
 use super::script::{call, charge, Code, Via};
 use super::sentinel::{sentinel_master, subscribe_switches, Sentinels, MASTER_CHECK};
 use super::timers::sleep;
-use super::tls::client_config;
 use super::{Job, JobLine, RedisError, ZoneSpec};
 use crate::metrics::store::RedisSlot;
 
@@ -34,8 +33,6 @@ pub struct ZoneConn {
     pub waiting: AtomicUsize,
     /// This worker's counters of the zone (`rl_metrics`).
     pub metrics: Option<&'static RedisSlot>,
-    /// The TLS client of a zone with `rediss` URLs (or why there is none).
-    pub tls: Option<Result<Arc<ClientConfig>, RedisError>>,
 }
 
 pub struct ConnState {
@@ -60,6 +57,7 @@ fn backoff(failures: u32) -> Duration {
 impl ZoneConn {
     pub fn new(spec: ZoneSpec) -> ZoneConn {
         ZoneConn {
+            spec,
             state: tokio::sync::Mutex::new(ConnState {
                 conn: None,
                 failures: 0,
@@ -71,17 +69,6 @@ impl ZoneConn {
             clock: Clock::new(),
             waiting: AtomicUsize::new(0),
             metrics: None,
-            tls: uses_tls(&spec).then(|| client_config(&spec.tls)),
-            spec,
-        }
-    }
-
-    /// The TLS client, for a zone that has one.
-    fn tls(&self) -> Result<Option<&Arc<ClientConfig>>, RedisError> {
-        match &self.tls {
-            None => Ok(None),
-            Some(Ok(c)) => Ok(Some(c)),
-            Some(Err(e)) => Err(e.clone()),
         }
     }
 
@@ -107,13 +94,7 @@ impl ZoneConn {
         if st.next_try.is_some_and(|t| Instant::now() < t) {
             return Err(RedisError::NotConnected { last: st.last_error.clone() });
         }
-        let tls = match self.tls() {
-            Ok(t) => t,
-            Err(e) => {
-                st.last_error = e.to_string();
-                return Err(e);
-            }
-        };
+        let tls = self.spec.tls.as_ref();
         // Boxed: the state of a connection attempt (TLS, setup) is large and rarely
         // needed; every call's future would carry it inline.
         match Box::pin(connect(&self.spec.target, tls, self.stall_limit())).await {
@@ -304,17 +285,6 @@ fn by_key_slot(lines: &[JobLine], prefix: &str) -> Vec<Vec<JobLine>> {
     groups.into_iter().map(|(_, v)| v).collect()
 }
 
-/// Whether a zone connects with TLS (its URLs are `rediss`).
-fn uses_tls(spec: &ZoneSpec) -> bool {
-    let tls = |u: &str| u.starts_with("rediss");
-    spec.tls.is_some()
-        || match &spec.target {
-            Target::Single(u) => tls(u),
-            Target::Sentinel { sentinels, url, .. } => sentinels.iter().any(|u| tls(u)) || tls(&url.to_string()),
-            Target::Cluster(nodes) => nodes.iter().any(|u| tls(u)),
-        }
-}
-
 /// A failover that leaves the old master running (SENTINEL FAILOVER, a
 /// network split) breaks no connection: follow the sentinels'
 /// `+switch-master` announcements (milliseconds after a switch), and check
@@ -324,7 +294,7 @@ pub async fn watch_master(zc: Arc<ZoneConn>) {
     let Target::Sentinel { sentinels, master, .. } = &zc.spec.target else {
         return;
     };
-    let Ok(tls) = zc.tls() else { return };
+    let tls = zc.spec.tls.as_ref();
     let mut announcements = None;
     let mut asker = Sentinels::default();
     loop {
