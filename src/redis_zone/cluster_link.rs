@@ -22,7 +22,7 @@ use redis::cluster_routing::Slot;
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 use rustls::ClientConfig;
 
-use super::open::{data_config, open};
+use super::open::{data_config, host_port, open};
 use super::timers::timeout;
 use super::RedisError;
 
@@ -256,10 +256,7 @@ fn slot_ranges(v: &Value) -> Option<Vec<(u16, u16, String)>> {
 
 /// A seed's `host:port`.
 fn seed_addr(info: &ConnectionInfo) -> Arc<str> {
-    match info.addr() {
-        ConnectionAddr::Tcp(h, p) | ConnectionAddr::TcpTls { host: h, port: p, .. } => format!("{h}:{p}").into(),
-        _ => "".into(),
-    }
+    host_port(info.addr()).map(|(h, p)| format!("{h}:{p}")).unwrap_or_default().into()
 }
 
 fn to_redis(e: RedisError) -> redis::RedisError {

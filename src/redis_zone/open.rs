@@ -57,7 +57,8 @@ pub fn resolve_at_start<'a>(urls: impl IntoIterator<Item = &'a str>) {
     }
 }
 
-fn host_port(a: &ConnectionAddr) -> Option<(&str, u16)> {
+/// The host and port of a TCP (or TLS) address.
+pub fn host_port(a: &ConnectionAddr) -> Option<(&str, u16)> {
     match a {
         ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => Some((host, *port)),
         _ => None,

@@ -21,6 +21,7 @@ use super::{inbox, open, peer};
 use super::{Job, RedisError, RedisZone, Reply, ZoneSpec, CHARGE_ID};
 
 /// What the worker calls back with replies, in its event loop.
+#[derive(Clone, Copy)]
 pub struct Hooks {
     /// With each reply, for the request it belongs to.
     pub on_reply: fn(*mut ngx_http_request_t, Reply),
@@ -31,9 +32,9 @@ pub struct Hooks {
     pub on_charge_failed: fn(usize, &RedisError),
 }
 
-/// Why a request could not be handed to its zone.
+/// Why the worker's Redis zones could not start, or take a request.
 #[derive(Debug)]
-pub enum SubmitError {
+pub enum WorkerError {
     /// The worker has no Redis zones running (not started, or exiting).
     NotRunning,
     /// nginx could not allocate the request's cleanup.
@@ -50,13 +51,7 @@ struct Worker {
     /// Suspended requests by job id.
     pending: HashMap<u64, *mut ngx_http_request_t>,
     next_id: u64,
-    /// Called with each reply, for the request it belongs to.
-    on_reply: fn(*mut ngx_http_request_t, Reply),
-    /// Called for a request whose replies did not come in time.
-    on_lost: fn(*mut ngx_http_request_t),
-    /// Called for each line of a `charge=after` charge that failed, with
-    /// the zone and why.
-    on_charge_failed: fn(usize, &RedisError),
+    hooks: Hooks,
     /// How long a suspended request waits at most (the longest zone timeout
     /// plus a margin): a backstop should a call never end, and a timer that
     /// keeps a gracefully exiting worker alive while requests wait.
@@ -101,11 +96,10 @@ pub fn init_worker(
     zones: &[Box<RedisZone>],
     resolver: Option<(NonNull<ngx_resolver_t>, ngx_msec_t)>,
     hooks: Hooks,
-) -> Result<(), SubmitError> {
+) -> Result<(), WorkerError> {
     if zones.is_empty() {
         return Ok(());
     }
-    let Hooks { on_reply, on_lost, on_charge_failed } = hooks;
     open::use_resolver(resolver);
     // SAFETY: the cycle is valid in init_process.
     let log = unsafe { (*cycle).log };
@@ -128,9 +122,7 @@ pub fn init_worker(
             flush_ev,
             pending: HashMap::new(),
             next_id: 1,
-            on_charge_failed,
-            on_reply,
-            on_lost,
+            hooks,
             backstop_ms: zones.iter().map(|z| z.spec.timeout.as_millis() as u64).max().unwrap_or(0)
                 + BACKSTOP_MARGIN_MS,
         });
@@ -138,7 +130,7 @@ pub fn init_worker(
     });
     if !installed {
         ngx_log_error!(NGX_LOG_ALERT, log, "rl: Redis worker state in use at start");
-        return Err(SubmitError::NotRunning);
+        return Err(WorkerError::NotRunning);
     }
     Ok(())
 }
@@ -161,7 +153,7 @@ pub fn exit_worker() {
 }
 
 /// Sends a job for a request; the request is resumed when its reply arrives.
-pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), SubmitError> {
+pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), WorkerError> {
     // SAFETY: r is the live request being processed.
     let log = unsafe { (*(*r).connection).log };
     with_worker(log, |w| {
@@ -170,7 +162,7 @@ pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), SubmitErro
         job.id = id;
         // Forget the request if it goes away before the reply (client closed it).
         // SAFETY: the request pool is valid; the cleanup entry lives as long as the pool.
-        let cln = unsafe { ngx_pool_cleanup_add((*r).pool, 0).as_mut() }.ok_or(SubmitError::NoMemory)?;
+        let cln = unsafe { ngx_pool_cleanup_add((*r).pool, 0).as_mut() }.ok_or(WorkerError::NoMemory)?;
         cln.handler = Some(forget_request);
         cln.data = id as usize as *mut c_void;
         w.outbox.push(job);
@@ -182,7 +174,7 @@ pub fn submit(r: *mut ngx_http_request_t, mut job: Job) -> Result<(), SubmitErro
         }
         Ok(())
     })
-    .unwrap_or(Err(SubmitError::NotRunning))
+    .unwrap_or(Err(WorkerError::NotRunning))
 }
 
 /// Queues a `charge=after` charge of a line on zone `zone`: it goes with
@@ -264,7 +256,7 @@ extern "C" fn on_backstop(r: *mut ngx_http_request_t) {
     let log = unsafe { (*(*r).connection).log };
     let on_lost = with_worker(log, |w| {
         w.pending.retain(|_, p| *p != r);
-        w.on_lost
+        w.hooks.on_lost
     });
     if let Some(on_lost) = on_lost {
         on_lost(r);
@@ -290,7 +282,7 @@ pub fn resume(r: *mut ngx_http_request_t) {
 extern "C" fn on_inbox(ev: *mut ngx_event_t) {
     // SAFETY: nginx passes the inbox's posted event, whose log inbox::open set.
     let log = unsafe { (*ev).log };
-    let Some(on_reply) = with_worker(log, |w| w.on_reply) else {
+    let Some(on_reply) = with_worker(log, |w| w.hooks.on_reply) else {
         return;
     };
     let replies = inbox::take();
@@ -308,7 +300,7 @@ extern "C" fn on_inbox(ev: *mut ngx_event_t) {
     for reply in replies {
         // Id 0: a charge (request ids start at 1), answered only when it failed.
         if reply.id == CHARGE_ID {
-            if let (Some(on_failed), Err(e)) = (with_worker(log, |w| w.on_charge_failed), &reply.result) {
+            if let (Some(on_failed), Err(e)) = (with_worker(log, |w| w.hooks.on_charge_failed), &reply.result) {
                 on_failed(reply.zone, e);
             }
             continue;
