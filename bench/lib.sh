@@ -1,5 +1,5 @@
-# Helpers the bench scripts share (sourced by run.sh, scrape.sh, soak.sh and
-# profile.sh after they set BENCH).
+# Helpers the bench scripts share (sourced by run.sh, scrape.sh, soak.sh,
+# profile.sh and redis_profile.sh after they set BENCH).
 
 # A loopback port no socket uses, below the kernel's ephemeral range (a port
 # in that range may be taken at any time as the local end of a connection),
@@ -60,4 +60,29 @@ assign_row_ports() {
 row_url() {
     local p=${ROWPORT[$1/${2#/}]:-}
     if [[ -n $p ]]; then echo "http://127.0.0.1:$p/f"; else echo "http://127.0.0.1:${PORT[$1]}$2"; fi
+}
+
+# What the two callgrind scripts (profile.sh, redis_profile.sh) start with:
+# log and die under the name $1, valgrind installed, and a temp dir TMP
+# whose processes (PIDS) are stopped at exit, and which is removed then
+# unless PROFILE_KEEP is set or the script failed.
+callgrind_workspace() {
+    PROFILE_NAME=$1
+    log() { printf '[%s %s] %s\n' "$PROFILE_NAME" "$(date +%T)" "$*" >&2; }
+    die() { log "ERROR: $*"; exit 1; }
+    command -v valgrind >/dev/null || { apt-get install -y -qq valgrind >/dev/null || die "valgrind missing"; }
+    TMP=$(mktemp -d "/tmp/nginx-rl-${PROFILE_NAME//_/-}.XXXXXX")
+    PIDS=()
+    trap callgrind_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+
+callgrind_cleanup() {
+    local rc=$? p
+    set +e
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+    [[ -n ${PROFILE_KEEP:-} || $rc -ne 0 ]] && log "files kept in $TMP" || rm -rf "$TMP"
+    exit "$rc"
 }

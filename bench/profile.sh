@@ -35,24 +35,8 @@ MODULE_SRC=${RL_MODULE:-$ROOT/build/debian/ngx_http_rl_module.so}
 N=${1:-3000}
 OUT=${PROFILE_OUT:-$BENCH/PROFILE.md}
 
-log() { printf '[profile %s] %s\n' "$(date +%T)" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-command -v valgrind >/dev/null || { apt-get install -y -qq valgrind >/dev/null || die "valgrind missing"; }
-
-TMP=$(mktemp -d /tmp/nginx-rl-profile.XXXXXX)
+callgrind_workspace profile
 chmod 755 "$TMP"
-PIDS=()
-cleanup() {
-    local rc=$? p
-    set +e
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-    [[ -n ${PROFILE_KEEP:-} || $rc -ne 0 ]] && log "files kept in $TMP" || rm -rf "$TMP"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 cp "$MODULE_SRC" "$TMP/ngx_http_rl_module.so"
 MODULE=$TMP/ngx_http_rl_module.so

@@ -44,24 +44,8 @@ CLIENTS=1000
 HITS=8
 OUT=${REDIS_PROFILE_OUT:-$BENCH/REDIS_PROFILE.md}
 
-log() { printf '[redis_profile %s] %s\n' "$(date +%T)" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-command -v valgrind >/dev/null || { apt-get install -y -qq valgrind >/dev/null || die "valgrind missing"; }
+callgrind_workspace redis_profile
 [[ -x $REDIS_SERVER ]] || die "no $REDIS_SERVER (apt-get install redis-server)"
-
-TMP=$(mktemp -d /tmp/nginx-rl-redis-profile.XXXXXX)
-PIDS=()
-cleanup() {
-    local rc=$? p
-    set +e
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-    [[ -n ${PROFILE_KEEP:-} || $rc -ne 0 ]] && log "files kept in $TMP" || rm -rf "$TMP"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 log "building rl-core/examples/redis_calls"
 (cd "$ROOT" && "$CARGO" build -q -p rl-core --release --example redis_calls) || die "cargo build failed"
