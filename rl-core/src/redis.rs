@@ -149,6 +149,29 @@ pub fn charge_function_name() -> String {
     format!("{}_charge", function_name())
 }
 
+/// The undo call as a script (for `SCRIPT LOAD` / `EVALSHA`): the same
+/// body, its last line calling the undo.
+pub fn undo_script() -> String {
+    format!("{}return undo(KEYS, ARGV)\n", script_body())
+}
+
+/// The undo call's function in the library ([`function_library`]).
+pub fn undo_function_name() -> String {
+    format!("{}_undo", function_name())
+}
+
+/// Appends to `out` the memo key of a call whose first state key is
+/// `first_key`, named `id` (unique to the call, whatever nginx sent it):
+/// the state key and a suffix, so that it hashes to the same Cluster slot
+/// (state keys carry a hash tag). The script keeps there what the call did
+/// (see the script's header), so that a copy sent again after a lost reply
+/// is not applied twice, and an undo can take the call back.
+pub fn write_memo_key(out: &mut String, first_key: &str, id: (u64, u64)) {
+    out.push_str(first_key);
+    // Writing to a String cannot fail.
+    let _ = write!(out, ":c:{:016x}{:x}", id.0, id.1);
+}
+
 /// The script's name as a Redis function (library and function): `rl_` and
 /// a hash of its text, so that nginx servers running different versions of
 /// the module on one Redis each call their own.
@@ -164,13 +187,15 @@ pub fn function_name() -> String {
 /// the library, rather than on every call, and the parsed lines stay from
 /// call to call: a call costs Redis about a third less when it carries one
 /// request, 8% less with nine.
-/// It also registers the charge call, [`charge_function_name`].
+/// It also registers the charge call, [`charge_function_name`], and the
+/// undo call, [`undo_function_name`].
 pub fn function_library() -> String {
     let name = function_name();
     let body = script_body();
     format!(
         "#!lua name={name}\n{body}redis.register_function('{name}', limit)\n\
-         redis.register_function('{name}_charge', charge)\n"
+         redis.register_function('{name}_charge', charge)\n\
+         redis.register_function('{name}_undo', undo)\n"
     )
 }
 
@@ -253,6 +278,9 @@ pub struct Call {
     pub now_us: Option<u64>,
     /// Redis time (µs) after which the call must do nothing.
     pub deadline_us: Option<u64>,
+    /// A commit whose last key is its memo (see [`write_memo_key`]): mode
+    /// "2" rather than "1".
+    pub memo: bool,
 }
 
 /// One line of a request as the script takes it: the limit, the
@@ -296,7 +324,11 @@ where
     L::IntoIter: ExactSizeIterator,
     T: Into<LineArg>,
 {
-    emit(Arg::Str(if call.commit { "1" } else { "0" }));
+    emit(Arg::Str(match (call.commit, call.memo) {
+        (true, true) => "2",
+        (true, false) => "1",
+        (false, _) => "0",
+    }));
     for t in [call.now_us, call.deadline_us] {
         match t {
             Some(t) => emit(Arg::Int(t)),

@@ -776,6 +776,8 @@ local function sliding_log(lim, j, key, cost)
         nxt = math.max(1, oldest + W - now)
       end
       if commit then
+        -- (v1: the stamp, for a refund)
+        v1 = stamp
         val = function()
           if wrongtype then
             redis.call('DEL', key)
@@ -1099,9 +1101,111 @@ local function left(n, lim, j, key)
   reply[n], reply[n + 1], reply[n + 4] = rem, rst, nxt
 end
 
+-- A call's memo (mode "2" of `limit`, and `charge` given one more key):
+-- the key (the call's last KEYS entry, which names the call), and what the
+-- call committed: per line charged, its index in KEYS and the words v1, v2
+-- its algorithm returned (from which `refund_line` finds the charge).
+local memo, done, ndone = nil, {}, 0
+-- How long a memo outlives its call's deadline (ms): a re-sent copy, or
+-- the undo of a call nginx gave up on, comes within it.
+local MEMO_MS = 10000
+-- How long the mark of an undone (or never run) call lives (ms): longer
+-- than any call's deadline (a timeout is at most 60 s), so that a copy
+-- still on its way cannot apply it after its undo.
+local UNDONE_MS = '70000'
+-- struct formats of n doubles, kept.
+local fmts = {}
+local function doubles(n)
+  local f = fmts[n]
+  if f == nil then
+    f = '<' .. string.rep('d', n)
+    fmts[n] = f
+  end
+  return f
+end
+-- t[1 .. n] packed as doubles (256 at a time: a C function's arguments
+-- are bounded), appended to parts.
+local function pack_all(parts, t, n)
+  local i = 0
+  while i < n do
+    local c = n - i
+    if c > 256 then c = 256 end
+    parts[#parts + 1] = pack(doubles(c), unpack(t, i + 1, i + c))
+    i = i + c
+  end
+end
+-- n doubles of v from pos on, as a table; and the position after them.
+local function unpack_all(v, pos, n)
+  local t, i = {}, 0
+  while i < n do
+    local c = n - i
+    if c > 256 then c = 256 end
+    local got = { unpack_(doubles(c), v, pos) }
+    for q = 1, c do
+      t[i + q] = got[q]
+    end
+    pos = got[c + 1]
+    i = i + c
+  end
+  return t, pos
+end
+-- Stores the memo of a call that replies out[1 .. nout], for ms ms: two
+-- doubles (nout, ndone), the reply, then `done`.
+local function remember(out, nout, ms)
+  local parts = { pack('<dd', nout, ndone) }
+  pack_all(parts, out, nout)
+  pack_all(parts, done, ndone)
+  redis.call('SET', memo, table.concat(parts), 'PX', ttl(ms))
+end
+-- A memo read back: the reply, and `done`; nil if v is none (the mark of
+-- an undone call, or not ours).
+local function recall(v)
+  if #v < 16 then
+    return nil
+  end
+  local nout, nd = unpack_('<dd', v)
+  if not (nout >= 1 and nd >= 0 and #v == 16 + 8 * (nout + nd)) then
+    return nil
+  end
+  local out, pos = unpack_all(v, 17, nout)
+  return out, (unpack_all(v, pos, nd))
+end
+-- The memo key of the call: popped from KEYS, and looked up. Returns the
+-- reply to give at once: the memo's reply for a repeat; for an undone
+-- call, as for a late one, {-1, now}; nil to run the call.
+local function repeat_of(KEYS)
+  local n = #KEYS
+  memo, ndone = KEYS[n], 0
+  KEYS[n] = nil
+  local v = redis.call('GET', memo)
+  if not v then
+    return nil
+  end
+  local out = recall(v)
+  if out then
+    return out
+  end
+  return { -1, now }
+end
+
 -- Checks (and commits) the requests of one call: the script's body.
 local function limit(KEYS, ARGV)
   start(ARGV[2])
+
+  -- Mode "2": a commit that names itself by its last key (its memo). A
+  -- repeat of a call that ran (its reply lost on the way) answers what
+  -- the call did, whatever the deadline.
+  local mode = ARGV[1]
+  memo = nil
+  if mode == '2' then
+    if #KEYS < 2 then
+      return redis.error_reply('rl: malformed arguments')
+    end
+    local again = repeat_of(KEYS)
+    if again then
+      return again
+    end
+  end
 
   -- The deadline: checked before anything is read.
   local deadline = ARGV[3]
@@ -1113,9 +1217,11 @@ local function limit(KEYS, ARGV)
     if now > deadline then
       return { -1, now }
     end
+  else
+    deadline = now
   end
 
-  commit = ARGV[1] == '1'
+  commit = mode == '1' or mode == '2'
   local nargs = #ARGV
   -- (sized for a request of one line: a table grown entry by entry costs
   -- Redis' Lua a resize at 2, 3 and 5 entries; the unused ones are cleared
@@ -1185,6 +1291,10 @@ local function limit(KEYS, ARGV)
         if adm then
           if val and not after then
             put(j, lim, val, v1, v2, v3, sx, rst)
+            if memo then
+              done[ndone + 1], done[ndone + 2], done[ndone + 3] = k, v1, v2
+              ndone = ndone + 3
+            end
           end
           reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, -2, dly, nxt
           if commit and after then
@@ -1255,7 +1365,8 @@ local function limit(KEYS, ARGV)
             local q = npending
             pending[q + 1], pending[q + 2], pending[q + 3], pending[q + 4] = j, val, rst, lim
             pending[q + 5], pending[q + 6], pending[q + 7], pending[q + 8] = v1, v2, v3, sx
-            npending = q + 8
+            pending[q + 9] = k
+            npending = q + 9
           end
           if commit and lim then
             admits = admits or {}
@@ -1282,9 +1393,13 @@ local function limit(KEYS, ARGV)
       end
 
       if all == 1 then
-        for q = 1, npending, 8 do
+        for q = 1, npending, 9 do
           put(pending[q], pending[q + 3], pending[q + 1], pending[q + 4], pending[q + 5], pending[q + 6],
             pending[q + 7], pending[q + 2])
+          if memo then
+            done[ndone + 1], done[ndone + 2], done[ndone + 3] = pending[q + 8], pending[q + 4], pending[q + 5]
+            ndone = ndone + 3
+          end
         end
       end
     end
@@ -1293,6 +1408,9 @@ local function limit(KEYS, ARGV)
   flush_all()
   for i = nreply + 1, 6 do
     reply[i] = nil
+  end
+  if memo then
+    remember(reply, nreply, MEMO_MS + floor((deadline - now) / 1000))
   end
   return reply
 end
@@ -1432,6 +1550,15 @@ end
 -- call's body.
 local function charge(KEYS, ARGV)
   start(ARGV[1])
+  -- One key more than lines: the last is the call's memo, and a repeat of
+  -- a charge that ran answers what it did.
+  memo = nil
+  if #KEYS == #ARGV and #KEYS >= 2 then
+    local again = repeat_of(KEYS)
+    if again then
+      return again
+    end
+  end
   if #ARGV ~= #KEYS + 1 then
     return redis.error_reply('rl: malformed arguments')
   end
@@ -1456,7 +1583,134 @@ local function charge(KEYS, ARGV)
     out[i + 1] = done
   end
   flush_all()
+  if memo then
+    remember(out, #KEYS + 1, MEMO_MS)
+  end
   return out
+end
+
+-- Takes back, on slot j (key `key`), the charge of `cost` that a line
+-- `lim` committed leaving the words v1, v2 (rl-core's Limit::refund, the
+-- charge found from them: the window k + 1 = v1 for fixed and sliding,
+-- the stamp v1 for sliding_log, at = v2 and below = v1 - cost*period for
+-- the buckets, at = v1 - cost*T for gcra). A varying line's state must
+-- still be in its own scale (its tag), and the buckets' charged last
+-- then. Returns whether it took anything back.
+local function refund_line(lim, j, key, cost, v1, v2)
+  local alg, K = lim[1], lim[6]
+  if cost == 0 or not K then
+    return false
+  end
+  if alg == 'sliding_log' then
+    if R[7 * j - 6] then
+      flush(j)
+    end
+    cur[j] = nil
+    local n = redis.pcall('LREM', key, cost, string.format('%.0f', v1))
+    return type(n) == 'number' and n > 0
+  end
+  local n, tag = lim[12], lim[13]
+  local s1, s2, s3, s4 = state(j, lim[11], n)
+  local x0 = sx
+  if tag then
+    local tg = s4
+    if n == 2 then
+      tg = s2
+    elseif n == 3 then
+      tg = s3
+    end
+    if tg ~= tag then
+      return false
+    end
+  end
+  local rst
+  if alg == 'fixed' then
+    if s1 ~= v1 then
+      return false
+    end
+    s2 = s2 - cost
+    if s2 < 0 then s2 = 0 end
+    rst = s1 * K - now
+  elseif alg == 'sliding' then
+    if s1 == v1 then
+      s2 = s2 - cost
+      if s2 < 0 then s2 = 0 end
+    elseif s1 == v1 + 1 then
+      s3 = s3 - cost
+      if s3 < 0 then s3 = 0 end
+    else
+      return false
+    end
+    rst = (s1 + 1) * K - now
+  elseif alg == 'token_bucket' or alg == 'leaky_bucket' then
+    local c, p = lim[2], lim[3]
+    if s2 < v2 then
+      return false
+    end
+    local lost = (s2 - v2) * c - (v1 - cost * p)
+    if not (0 < lost) then lost = 0 end
+    local back = cost * p - lost
+    if not (0 < back) then
+      return false
+    end
+    s1 = s1 - back
+    if s1 < 0 then s1 = 0 end
+    local lag = s2 - now
+    if not (0 < lag) then lag = 0 end
+    rst = drain(s1, c, lag)
+  elseif alg == 'gcra' then
+    local lost = now - (v1 - cost * K)
+    if not (0 < lost) then lost = 0 end
+    local back = cost * K - lost
+    if not (0 < back) or s1 == 0 then
+      return false
+    end
+    s1 = s1 - back
+    if s1 < 0 then s1 = 0 end
+    rst = s1 - now
+  else
+    return false
+  end
+  if not (0 < rst) then rst = 0 end
+  put(j, lim, true, s1, s2, s3, x0, rst)
+  return true
+end
+
+-- Takes back what a call named by its memo (the last key) committed: the
+-- undo of a call whose requests nginx answered without its reply
+-- (`on_error`). ARGV: now (as `charge`), then the call's lines, one
+-- argument each as `charge` takes them (with the cost each request put on
+-- it), in the order of the call's KEYS, which come before the memo. A call
+-- that has not run (yet) is marked so that it never will; one undone
+-- already is left as it is. Returns {now, 1 if it took the call back, 0 if
+-- the call had not run, 2 if it was undone already (or its memo is gone)}.
+local function undo(KEYS, ARGV)
+  start(ARGV[1])
+  if #KEYS < 2 or #ARGV ~= #KEYS then
+    return redis.error_reply('rl: malformed arguments')
+  end
+  memo = KEYS[#KEYS]
+  KEYS[#KEYS] = nil
+  local v = redis.call('GET', memo)
+  if not v then
+    redis.call('SET', memo, 'u', 'PX', UNDONE_MS)
+    return { now, 0 }
+  end
+  local out, d = recall(v)
+  if not out then
+    return { now, 2 }
+  end
+  read(KEYS)
+  for q = 1, #d - 2, 3 do
+    local k = d[q]
+    local key, lim = KEYS[k], line(ARGV[k + 1])
+    if key and lim and now <= E then
+      refund_line(lim, slot[key], key, lim[5], d[q + 1], d[q + 2])
+    end
+  end
+  flush_all()
+  redis.call('SET', memo, 'u', 'KEEPTTL')
+  return { now, 1 }
 end
 
 return limit(KEYS, ARGV)
