@@ -20,8 +20,9 @@
 # A small client (python3, one connection) sends each row's calls one at a
 # time, each after the reply to the one before, as a worker whose requests
 # come one at a time does. Each row runs once to warm up (its keys exist,
-# as in the bench's steady state), then again between `callgrind_control
-# -z` and `-d`; the row's cost is the dump's total less that of as many
+# as in the bench's steady state; its calls named apart, so that the
+# measured ones are not repeats answered from the script's memo), then
+# again between `callgrind_control -z` and `-d`; the row's cost is the dump's total less that of as many
 # PINGs sent the same way (the request's read, dispatch and reply that any
 # command costs), divided by the requests.
 
@@ -102,14 +103,24 @@ class Conn:
         return self.reply()
 
 c = Conn(int(sys.argv[1]))
-if sys.argv[2] == "-ping":
-    for _ in range(int(sys.argv[3])):
+args = sys.argv[2:]
+# -warm: the warm-up run, whose calls are named apart (a memo key, ":c:",
+# gets a suffix), so that the measured run's calls are not repeats of them
+# (the script answers a repeat from its memo, writing nothing).
+warm = args[:1] == ["-warm"]
+if warm:
+    args = args[1:]
+if args[0] == "-ping":
+    for _ in range(int(args[1])):
         c.call(["PING"])
 else:
-    for f in sys.argv[2:]:
+    for f in args:
         with open(f) as fh:
             for l in fh:
-                c.call(l.rstrip("\n").split("\t"))
+                words = l.rstrip("\n").split("\t")
+                if warm:
+                    words = [w + "w" if ":c:" in w else w for w in words]
+                c.call(words)
 EOF
 
 # The peer's fixed window: the text between rlpeer.lua's `local FIXED = [[`
@@ -183,7 +194,7 @@ measure() {
     local id=$1 calls=$2 f total
     shift 2
     callgrind_control -i on "$VPID" >/dev/null 2>&1
-    "$PYTHON" "$TMP/client.py" "$PORT" "$@" || die "$id: warm-up failed"
+    "$PYTHON" "$TMP/client.py" "$PORT" -warm "$@" || die "$id: warm-up failed"
     redis-cli -p "$PORT" config resetstat >/dev/null
     callgrind_control -z "$VPID" >/dev/null 2>&1
     "$PYTHON" "$TMP/client.py" "$PORT" "$@" || die "$id: the client failed"

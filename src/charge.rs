@@ -88,6 +88,17 @@ pub fn on_failed(zone: usize, e: &RedisError) {
     metrics::charge_failed(mcf, zone, 1, e.not_applied());
 }
 
+/// The undo of a call whose requests were answered per `on_error` failed:
+/// logged (one request's worth), within the charges' budget.
+pub fn on_undo_failed(zone: usize, e: &RedisError) {
+    // SAFETY: in a worker, ngx_cycle is the running cycle, whose log is valid.
+    let Some(cycle) = (unsafe { ngx_cycle.as_ref() }) else { return };
+    let Some(mcf) = Module::main_conf(cycle) else { return };
+    if let Some(z) = mcf.redis.get(zone) {
+        z.undo_failed(cycle.log, e);
+    }
+}
+
 /// Charges a shared-memory line, under its zone's lock. A state dropped
 /// since the decision (the zone was full) is created again with the charge.
 fn charge_shm(mcf: &MainConf, z: usize, line: &Line, res: &LineResult, cost: u64, now_us: u64, log: *mut ngx_log_t) {

@@ -241,6 +241,7 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
         on_reply: eval::redis::on_reply,
         on_lost: eval::redis::on_lost,
         on_charge_failed: charge::on_failed,
+        on_undo_failed: charge::on_undo_failed,
     };
     match redis_zone::init_worker(cycle, &mcf.redis, mcf.resolver, hooks) {
         Ok(()) => Status::NGX_OK.into(),

@@ -102,6 +102,15 @@ impl RedisZone {
         }
     }
 
+    /// The undo of a call whose requests were answered per `on_error`
+    /// failed (for one of its requests): logged within the charges' budget.
+    pub fn undo_failed(&self, log: *mut ngx_log_t, e: &RedisError) {
+        self.errors.set(self.errors.get() + 1);
+        if budget(&self.charge_log_second, &self.charge_log_count) {
+            self.log_failure(log, e, "a request answered per on_error may have been charged");
+        }
+    }
+
     fn log_failure(&self, log: *mut ngx_log_t, e: &RedisError, action: &str) {
         let e = Shown(e, self.spec.timeout);
         ngx_log_error!(
@@ -240,6 +249,10 @@ pub struct ZoneSpec {
 
 /// The id of a charge job, and of its replies (requests' ids start at 1).
 pub const CHARGE_ID: u64 = 0;
+
+/// The id of the replies that report an undo that failed (one per request
+/// of the call; requests' ids never reach it).
+pub const UNDO_ID: u64 = u64::MAX;
 
 /// One request's lines on one Redis zone: to decide, or (`charge`) to
 /// charge after the response, in full and with no reply awaited.

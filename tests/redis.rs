@@ -857,6 +857,16 @@ fn state_keys_have_ttl_and_expire() {
     let pttl: i64 = redis.cli(&["PTTL", &pkeys[0]]).parse().unwrap();
     assert!(pttl > 0 && pttl <= 3000, "PTTL of {}: {pttl}", pkeys[0]);
 
+    // Each call that charged left a memo beside the state it wrote (in its
+    // hash slot), for 10 s beyond the call's deadline (3/4 of the timeout).
+    let memos = redis.memo_keys("rl:*");
+    assert_eq!(memos.len(), 3 * ALGORITHMS.len(), "one memo per call: {memos:?}");
+    for m in &memos {
+        assert!(keys.iter().any(|k| m.starts_with(&format!("{k}:c:"))), "memo {m:?} of no state key");
+        let pttl: i64 = redis.cli(&["PTTL", m]).parse().unwrap();
+        assert!(pttl > 9000 && pttl <= 10750, "PTTL of {m}: {pttl}");
+    }
+
     thread::sleep(Duration::from_millis(max_ttl.max(pttl) as u64 + 300));
     assert_eq!(redis.keys("rl:*"), Vec::<String>::new(), "keys left after their TTL");
     assert_eq!(redis.keys("myapp:*"), Vec::<String>::new(), "keys left after their TTL");

@@ -14,15 +14,18 @@
 //!
 //! The keys and arguments are written by rl-core's own `write_state_key`
 //! and `write_args`, as src/redis_zone/script.rs writes them: Redis' clock
-//! (no `now`), committing, with a deadline a day from now (a microsecond
-//! later each call, as nginx's deadlines differ from call to call).
+//! (no `now`), committing under a memo key of its own (mode "2"), with a
+//! deadline a day from now (a microsecond later each call, as nginx's
+//! deadlines differ from call to call).
 
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
-use rl_core::redis::{function_library, function_name, tag_of, write_args, write_state_key, Arg, Call, LineArg};
+use rl_core::redis::{
+    function_library, function_name, tag_of, write_args, write_memo_key, write_state_key, Arg, Call, LineArg,
+};
 
 /// The module's default key prefix.
 const PREFIX: &str = "rl:";
@@ -70,14 +73,19 @@ fn fcalls(limit: Limit, requests: u64, clients: u64, calls: u64, hits: u64) {
     let name = function_name();
     let line = LineArg::from((limit, 1));
     for c in 0..calls {
-        let call = Call { commit: true, now_us: None, deadline_us: Some(now_us + day_us + c) };
-        let mut words = vec!["FCALL".to_owned(), name.clone(), requests.to_string()];
+        let call = Call { commit: true, now_us: None, deadline_us: Some(now_us + day_us + c), memo: true };
+        let mut words = vec!["FCALL".to_owned(), name.clone(), (requests + 1).to_string()];
         for r in 0..requests {
             let client = (c / hits * requests + r) % clients;
             let mut key = String::new();
             write_state_key(&mut key, PREFIX, tag_of(format!("user-{client}").as_bytes()), LINE_ID);
             words.push(key);
         }
+        // The call's memo key, after the state keys, as nginx names it (a
+        // name per run: each row's calls are new calls).
+        let mut memo = String::new();
+        write_memo_key(&mut memo, &words[3], (now_us, c));
+        words.push(memo);
         let batch = (0..requests).map(|_| [line]);
         write_args(batch, call, |a| {
             words.push(match a {

@@ -21,8 +21,8 @@ use super::conn::Target;
 use super::inbox;
 use super::script::Code;
 use super::timers::{timeout, Hold};
-use super::zone_conn::{watch_master, ZoneConn};
-use super::{Job, RedisError, Reply, ZoneSpec, CHARGE_ID};
+use super::zone_conn::{watch_master, Fate, Undo, ZoneConn};
+use super::{Job, RedisError, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
 use crate::metrics::store::redis_slot;
 
 /// Jobs per script call at most; a larger batch is split into several calls
@@ -151,16 +151,39 @@ async fn serve(zc: Arc<ZoneConn>, code: Arc<Code>, jobs: Vec<Job>, commit: bool)
     // Redis must not run the call after `until`; nginx waits a little
     // longer (until `deadline`), for the reply.
     let until = script_deadline(zc.spec.timeout);
-    let mut work = core::pin::pin!(zc.run(&code, &jobs, commit, deadline, until));
-    let results = match timeout(zc.spec.timeout, &mut work).await {
-        Ok(results) => results,
-        Err(_) => {
-            inbox::put(jobs.iter().map(|job| Reply { id: job.id, zone: job.zone, result: Err(RedisError::Timeout) }));
-            let _ = work.await;
-            counted(&zc);
-            return;
+    let fate = Fate::default();
+    {
+        let mut work = core::pin::pin!(zc.run(&code, &jobs, commit, deadline, until, &fate));
+        match timeout(zc.spec.timeout, &mut work).await {
+            Ok(results) => {
+                counted(&zc);
+                inbox::put(jobs.iter().zip(results).map(|(job, result)| Reply { id: job.id, zone: job.zone, result }));
+            }
+            Err(_) => {
+                inbox::put(jobs.iter().map(|job| Reply { id: job.id, zone: job.zone, result: Err(RedisError::Timeout) }));
+                fate.answered.set(true);
+                let _ = work.await;
+                counted(&zc);
+            }
         }
-    };
-    counted(&zc);
-    inbox::put(jobs.iter().zip(results).map(|(job, result)| Reply { id: job.id, zone: job.zone, result }));
+    }
+    let zone = jobs.first().map_or(0, |j| j.zone);
+    for u in fate.take() {
+        spawn(take_back(zc.clone(), code.clone(), u, zone)).detach();
+    }
+}
+
+/// How long the undo of a call is tried: within the time Redis keeps what
+/// the call did (10 s beyond its deadline; see the script).
+const UNDO_FOR: Duration = Duration::from_secs(8);
+
+/// Takes back a call whose requests were answered per `on_error` without
+/// its reply, which Redis may have applied (a request answered per
+/// `on_error` is never charged). A worker that exits gracefully waits for
+/// it as for a charge.
+async fn take_back(zc: Arc<ZoneConn>, code: Arc<Code>, u: Undo, zone: usize) {
+    let _hold = Hold::new(2 * zc.spec.timeout + CHARGE_GRACE);
+    if let Err(e) = zc.take_back(&code, &u, Instant::now() + UNDO_FOR).await {
+        inbox::put((0..u.requests).map(|_| Reply { id: UNDO_ID, zone, result: Err(e.clone()) }));
+    }
 }

@@ -16,8 +16,8 @@ use rl_core::limit::Outcome;
 use rl_core::redis::{write_state_key, Lines, RequestReply};
 
 use super::conn::Conn;
-use super::script::{call_one, Code};
-use super::zone_conn::ZoneConn;
+use super::script::{call_one, CallId, Code};
+use super::zone_conn::{Fate, ZoneConn};
 use super::{Job, JobLine, RedisError};
 
 impl ZoneConn {
@@ -30,12 +30,16 @@ impl ZoneConn {
         commit: bool,
         deadline: Instant,
         until: Instant,
+        fate: &Fate,
     ) -> Vec<Result<RequestReply, RedisError>> {
         let (groups, singles) = by_slot(jobs, &self.spec.prefix);
-        let batches = groups.iter().map(|g| self.run_batch(code, g.iter().map(|&i| &jobs[i]), commit, deadline, until));
+        let batches =
+            groups.iter().map(|g| self.run_batch(code, g.iter().map(|&i| &jobs[i]), commit, deadline, until, fate));
         let each = singles.iter().map(|&i| {
             let job = &jobs[i];
-            self.retrying(deadline, move |conn| self.run_job(conn, code, job, until))
+            // (the names of its commits, one per slot at most, the same in every attempt)
+            let ids = CallId::reserve(job.lines.len());
+            self.retrying(deadline, move |conn| self.run_job(conn, code, job, until, ids))
         });
         let (batches, each) =
             futures_util::future::join(futures_util::future::join_all(batches), futures_util::future::join_all(each))
@@ -57,20 +61,27 @@ impl ZoneConn {
     /// One job on a cluster: one script call when its lines share a slot;
     /// else the lines are checked first, then committed, group by group
     /// (only checked, for a job that does not commit).
-    async fn run_job(&self, conn: Conn, code: &Code, job: &Job, until: Instant) -> Result<RequestReply, RedisError> {
+    async fn run_job(
+        &self,
+        conn: Conn,
+        code: &Code,
+        job: &Job,
+        until: Instant,
+        ids: CallId,
+    ) -> Result<RequestReply, RedisError> {
         let prefix = &self.spec.prefix;
         let via = self.via(code, until);
         let tags: Vec<u64> = job.lines.iter().map(|l| l.tag).collect();
         let Some(groups) = groups(&tags) else {
-            return call_one(conn, via, prefix, &job.lines, job.commit).await;
+            return call_one(conn, via, prefix, &job.lines, job.commit, Some(ids)).await;
         };
         let mut lines: Lines = smallvec::smallvec![Outcome::default(); job.lines.len()];
         let mut all = true;
         for commit in [false, true] {
-            let calls = groups.iter().map(|g| {
+            let calls = groups.iter().enumerate().map(|(n, g)| {
                 let sub: Vec<JobLine> = g.iter().map(|&i| job.lines[i]).collect();
                 let conn = conn.clone();
-                async move { call_one(conn, via, prefix, &sub, commit).await }
+                async move { call_one(conn, via, prefix, &sub, commit, Some(ids.nth(n))).await }
             });
             for (g, r) in groups.iter().zip(futures_util::future::join_all(calls).await) {
                 let (ok, res) = r?;

@@ -1,20 +1,61 @@
 //! The limit script on the wire: its arguments and keys, `FCALL` of the
 //! library (Redis 7+) or `EVALSHA`/`EVAL`, and the reply.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Script, Value};
 use rl_core::redis::{
     charge_function_name, charge_script, check_line, function_library, function_name, parse_charge_reply, parse_reply,
-    write_args, write_charge_args, write_state_key, Arg, Call, LineArg, RequestReply, ScriptReply, LIMIT_SCRIPT,
-    REPLY_PER_LINE,
+    undo_function_name, undo_script, write_args, write_charge_args, write_memo_key, write_state_key, Arg, Call,
+    LineArg, RequestReply, ScriptReply, LIMIT_SCRIPT, REPLY_PER_LINE,
 };
 
 use super::clock::Clock;
 use super::conn::{broken, Conn};
 use super::{JobLine, JobShape, RedisError};
+
+/// The name of a call that changes state: the script keeps what the call
+/// did under it (its memo), so that a copy sent again after a lost reply
+/// answers what the first did rather than applying twice, and an undo can
+/// take the call back. Unique to the call whatever nginx sent it: a
+/// worker's random number, then its count of calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallId(u64, u64);
+
+impl CallId {
+    /// `n` names in a row, the first returned ([`CallId::nth`] the others).
+    pub fn reserve(n: usize) -> CallId {
+        static WORKER: AtomicU64 = AtomicU64::new(0);
+        static CALLS: AtomicU64 = AtomicU64::new(0);
+        let mut worker = WORKER.load(Ordering::Relaxed);
+        if worker == 0 {
+            // Drawn in the worker (not in the master, before the fork that
+            // would give every worker the same one): std's random keys, the
+            // process and the time.
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u32(std::process::id());
+            h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+            worker = h.finish() | 1;
+            WORKER.store(worker, Ordering::Relaxed);
+        }
+        CallId(worker, CALLS.fetch_add(n as u64, Ordering::Relaxed))
+    }
+
+    /// The i-th of the names reserved with this one.
+    pub fn nth(self, i: usize) -> CallId {
+        CallId(self.0, self.1.wrapping_add(i as u64))
+    }
+}
+
+/// Adds to `cmd` the memo key of a call whose first state key is `first`.
+fn memo_arg(cmd: &mut Cmd, first: &str, id: CallId) {
+    let mut key = String::with_capacity(first.len() + 40);
+    write_memo_key(&mut key, first, (id.0, id.1));
+    cmd.arg(key.as_str());
+}
 
 /// One script call for `requests` (each a request's lines) on keys under
 /// `prefix` (see [`invoke`] for how), with the deadline `via.until`: a
@@ -30,7 +71,9 @@ pub async fn call(
     prefix: &str,
     requests: &[&[JobLine]],
     commit: bool,
+    memo: Option<CallId>,
 ) -> Result<Vec<RequestReply>, RedisError> {
+    let memo = memo.filter(|_| commit);
     if !via.clock.known() {
         via.clock.sync(&conn).await;
     }
@@ -41,12 +84,20 @@ pub async fn call(
             How::Evalsha => redis::cmd("EVALSHA").arg(via.code.script.get_hash()).to_owned(),
             How::Eval => redis::cmd("EVAL").arg(LIMIT_SCRIPT).to_owned(),
         };
-        cmd.arg(requests.iter().map(|r| r.len()).sum::<usize>());
+        let lines = requests.iter().map(|r| r.len()).sum::<usize>();
+        cmd.arg(lines + usize::from(memo.is_some()));
         let mut key = String::new();
+        let mut first = None;
         for line in requests.iter().flat_map(|r| r.iter()) {
             key.clear();
             write_state_key(&mut key, prefix, line.tag, line.line_id);
             cmd.arg(key.as_str());
+            if first.is_none() {
+                first = Some(key.clone());
+            }
+        }
+        if let (Some(id), Some(first)) = (memo, &first) {
+            memo_arg(&mut cmd, first, id);
         }
         let lines = requests.iter().map(|r| {
             r.iter().map(|l| LineArg {
@@ -57,7 +108,7 @@ pub async fn call(
                 next: l.next,
             })
         });
-        write_args(lines, Call { commit, now_us: None, deadline_us }, |a| {
+        write_args(lines, Call { commit, now_us: None, deadline_us, memo: memo.is_some() }, |a| {
             match a {
                 Arg::Str(s) => cmd.arg(s),
                 Arg::Int(i) => cmd.arg(i),
@@ -128,8 +179,9 @@ pub async fn call_one(
     prefix: &str,
     lines: &[JobLine],
     commit: bool,
+    memo: Option<CallId>,
 ) -> Result<RequestReply, RedisError> {
-    let mut replies = call(conn, via, prefix, &[lines], commit).await?;
+    let mut replies = call(conn, via, prefix, &[lines], commit, memo).await?;
     replies.pop().ok_or_else(|| RedisError::Malformed("no request in the reply".into()))
 }
 
@@ -137,20 +189,16 @@ pub async fn call_one(
 /// full, beyond its burst if need be, with no deadline (a charge is owed
 /// whenever it runs). Returns how many lines the script refused (out of
 /// the range it computes exactly), which it wrote nothing for.
-pub async fn charge(mut conn: Conn, via: Via<'_>, prefix: &str, lines: &[JobLine]) -> Result<usize, RedisError> {
+pub async fn charge(
+    mut conn: Conn,
+    via: Via<'_>,
+    prefix: &str,
+    lines: &[JobLine],
+    memo: CallId,
+) -> Result<usize, RedisError> {
     let command = |how: How| {
-        let mut cmd = match how {
-            How::Fcall => redis::cmd("FCALL").arg(&via.code.charge_function).to_owned(),
-            How::Evalsha => redis::cmd("EVALSHA").arg(via.code.charge_script.get_hash()).to_owned(),
-            How::Eval => redis::cmd("EVAL").arg(&via.code.charge_text).to_owned(),
-        };
-        cmd.arg(lines.len());
-        let mut key = String::new();
-        for line in lines {
-            key.clear();
-            write_state_key(&mut key, prefix, line.tag, line.line_id);
-            cmd.arg(key.as_str());
-        }
+        let mut cmd = via.code.charge.command(how);
+        keys_and_memo(&mut cmd, prefix, lines, memo);
         write_charge_args(lines.iter().map(|l| (l.limit, l.cost)), None, |a| {
             match a {
                 Arg::Str(s) => cmd.arg(s),
@@ -167,29 +215,108 @@ pub async fn charge(mut conn: Conn, via: Via<'_>, prefix: &str, lines: &[JobLine
     Ok(reply.charged.iter().filter(|c| !**c).count())
 }
 
+/// Adds to `cmd` the number of keys, the state keys of `lines` and the
+/// call's memo key.
+fn keys_and_memo(cmd: &mut Cmd, prefix: &str, lines: &[JobLine], memo: CallId) {
+    cmd.arg(lines.len() + 1);
+    let mut key = String::new();
+    let mut first = String::new();
+    for line in lines {
+        key.clear();
+        write_state_key(&mut key, prefix, line.tag, line.line_id);
+        cmd.arg(key.as_str());
+        if first.is_empty() {
+            first.push_str(&key);
+        }
+    }
+    memo_arg(cmd, &first, memo);
+}
+
+/// What an undo did (see [`undo`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Undone {
+    /// The call had run: what it charged is taken back.
+    TakenBack,
+    /// The call had not run: it never will.
+    NotRun,
+    /// Undone before (or its memo is gone).
+    Already,
+}
+
+/// The undo of the call `memo` on `lines` (its requests' lines, in its
+/// order): what it committed is taken back, or, if it has not run, it is
+/// marked never to. For the requests of a call that nginx answered without
+/// its reply (per `on_error`), which are then never charged.
+pub async fn undo(
+    mut conn: Conn,
+    via: Via<'_>,
+    prefix: &str,
+    lines: &[JobLine],
+    memo: CallId,
+) -> Result<Undone, RedisError> {
+    let command = |how: How| {
+        let mut cmd = via.code.undo.command(how);
+        keys_and_memo(&mut cmd, prefix, lines, memo);
+        write_charge_args(lines.iter().map(|l| (l.limit, l.cost)), None, |a| {
+            match a {
+                Arg::Str(s) => cmd.arg(s),
+                Arg::Int(i) => cmd.arg(i),
+                Arg::Neg(n) => cmd.arg(-(n as i64)),
+            };
+        });
+        cmd
+    };
+    match integers(invoke(&mut conn, via, command).await?)?.as_slice() {
+        [_, 1] => Ok(Undone::TakenBack),
+        [_, 0] => Ok(Undone::NotRun),
+        [_, 2] => Ok(Undone::Already),
+        other => Err(RedisError::Malformed(format!("{} integers where an undo's 2 were expected", other.len()))),
+    }
+}
+
 /// The limit script: as a Redis function library, and as a script.
 pub struct Code {
     script: Script,
-    /// The charge call's script (`EVALSHA`/`EVAL`), its text and function.
-    charge_script: Script,
-    charge_text: String,
-    charge_function: String,
     /// The library's function (and library) name.
     function: String,
     /// The library's text, for `FUNCTION LOAD`.
     library: String,
+    /// The charge call, and the undo.
+    charge: Entry,
+    undo: Entry,
+}
+
+/// One of the library's other functions: its name, and the script that
+/// runs it (`EVALSHA`/`EVAL`) and its text.
+struct Entry {
+    function: String,
+    script: Script,
+    text: String,
+}
+
+impl Entry {
+    fn new(function: String, text: String) -> Entry {
+        Entry { function, script: Script::new(&text), text }
+    }
+
+    /// The command that calls it, before its keys.
+    fn command(&self, how: How) -> Cmd {
+        match how {
+            How::Fcall => redis::cmd("FCALL").arg(&self.function).to_owned(),
+            How::Evalsha => redis::cmd("EVALSHA").arg(self.script.get_hash()).to_owned(),
+            How::Eval => redis::cmd("EVAL").arg(&self.text).to_owned(),
+        }
+    }
 }
 
 impl Code {
     pub fn new() -> Code {
-        let charge_text = charge_script();
         Code {
             script: Script::new(LIMIT_SCRIPT),
             function: function_name(),
             library: function_library(),
-            charge_script: Script::new(&charge_text),
-            charge_text,
-            charge_function: charge_function_name(),
+            charge: Entry::new(charge_function_name(), charge_script()),
+            undo: Entry::new(undo_function_name(), undo_script()),
         }
     }
 }

@@ -18,7 +18,7 @@ use ngx::ngx_log_error;
 use super::calls::Calls;
 use super::conn::Target;
 use super::{inbox, open, peer};
-use super::{Job, RedisError, RedisZone, Reply, ZoneSpec, CHARGE_ID};
+use super::{Job, RedisError, RedisZone, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
 
 /// What the worker calls back with replies, in its event loop.
 #[derive(Clone, Copy)]
@@ -30,6 +30,9 @@ pub struct Hooks {
     /// For each line of a `charge=after` charge that failed, with the zone
     /// and why.
     pub on_charge_failed: fn(usize, &RedisError),
+    /// For each request of a call answered per `on_error` whose undo
+    /// failed, with the zone and why.
+    pub on_undo_failed: fn(usize, &RedisError),
 }
 
 /// Why the worker's Redis zones could not start, or take a request.
@@ -301,6 +304,12 @@ extern "C" fn on_inbox(ev: *mut ngx_event_t) {
         // Id 0: a charge (request ids start at 1), answered only when it failed.
         if reply.id == CHARGE_ID {
             if let (Some(on_failed), Err(e)) = (with_worker(log, |w| w.hooks.on_charge_failed), &reply.result) {
+                on_failed(reply.zone, e);
+            }
+            continue;
+        }
+        if reply.id == UNDO_ID {
+            if let (Some(on_failed), Err(e)) = (with_worker(log, |w| w.hooks.on_undo_failed), &reply.result) {
                 on_failed(reply.zone, e);
             }
             continue;

@@ -4,6 +4,7 @@
 //! given up when the master moves ([`watch_master`]). The zone's script
 //! calls go through it.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
@@ -14,11 +15,41 @@ use rustls::ClientConfig;
 
 use super::clock::Clock;
 use super::conn::{Conn, Target, MIN_STALL};
-use super::script::{call, charge, Code, Via};
+use super::script::{call, charge, undo, CallId, Code, Undone, Via};
 use super::sentinel::{sentinel_master, subscribe_switches, Sentinels, MASTER_CHECK};
 use super::timers::sleep;
 use super::{Job, JobLine, RedisError, ZoneSpec};
 use crate::metrics::store::RedisSlot;
+
+/// What became of a batch's requests, as its calls need to know it:
+/// whether nginx answered them without their reply (the zone's timeout),
+/// and the calls to take back (see [`ZoneConn::take_back`]).
+#[derive(Default)]
+pub struct Fate {
+    pub answered: Cell<bool>,
+    undos: Cell<Vec<Undo>>,
+}
+
+/// A call to undo: its name, its requests' lines in its order, and its
+/// number of requests.
+pub struct Undo {
+    pub id: CallId,
+    pub lines: Vec<JobLine>,
+    pub requests: usize,
+}
+
+impl Fate {
+    fn undo(&self, u: Undo) {
+        let mut undos = self.undos.take();
+        undos.push(u);
+        self.undos.set(undos);
+    }
+
+    /// The calls to undo.
+    pub fn take(&self) -> Vec<Undo> {
+        self.undos.take()
+    }
+}
 
 /// A zone's connection, reconnected with backoff after failures.
 pub struct ZoneConn {
@@ -45,6 +76,9 @@ pub struct ConnState {
     /// For a sentinel zone: the master the connection goes to.
     pub master: Option<(String, u16)>,
 }
+
+/// The first wait before an undo is tried again.
+const UNDO_RETRY: Duration = Duration::from_millis(25);
 
 /// Longest wait between two connection attempts: Redis coming back is noticed within this.
 const MAX_BACKOFF: Duration = Duration::from_millis(400);
@@ -133,6 +167,7 @@ impl ZoneConn {
     /// answered by the timeout: no new attempt starts after it; Redis must
     /// not run the calls after `until`.
     /// `commit`: the jobs' [`Job::commit`], the same for all of them.
+    /// `fate` learns which calls to undo.
     pub async fn run(
         &self,
         code: &Code,
@@ -140,10 +175,11 @@ impl ZoneConn {
         commit: bool,
         deadline: Instant,
         until: Instant,
+        fate: &Fate,
     ) -> Vec<Result<RequestReply, RedisError>> {
         match self.spec.target {
-            Target::Cluster(_) => self.run_cluster(code, jobs, commit, deadline, until).await,
-            _ => self.run_batch(code, jobs.iter(), commit, deadline, until).await,
+            Target::Cluster(_) => self.run_cluster(code, jobs, commit, deadline, until, fate).await,
+            _ => self.run_batch(code, jobs.iter(), commit, deadline, until, fate).await,
         }
     }
 
@@ -156,9 +192,12 @@ impl ZoneConn {
             Target::Cluster(_) => by_key_slot(lines, &self.spec.prefix),
             _ => vec![lines.to_vec()],
         };
-        let calls = groups.iter().map(|g| {
+        let ids = CallId::reserve(groups.len());
+        let calls = groups.iter().enumerate().map(|(i, g)| {
             let via = self.via(code, until);
-            self.retrying(until, move |conn| charge(conn, via, &self.spec.prefix, g))
+            // (one name whatever the attempt: a charge sent again is applied once)
+            let id = ids.nth(i);
+            self.retrying(until, move |conn| charge(conn, via, &self.spec.prefix, g, id))
         });
         let mut failed = Vec::new();
         for (g, r) in groups.iter().zip(futures_util::future::join_all(calls).await) {
@@ -180,6 +219,10 @@ impl ZoneConn {
     }
 
     /// Jobs in one script call (their keys must share a slot on a cluster).
+    /// A commit is named once for all its attempts, so that Redis applies
+    /// it at most once; one whose requests are answered without its reply
+    /// (its outcome unknown, or known after the timeout answered them) is
+    /// to be undone (`fate`).
     pub async fn run_batch<'a>(
         &self,
         code: &Code,
@@ -187,12 +230,42 @@ impl ZoneConn {
         commit: bool,
         deadline: Instant,
         until: Instant,
+        fate: &Fate,
     ) -> Vec<Result<RequestReply, RedisError>> {
         let requests: Vec<&[JobLine]> = jobs.map(|j| j.lines.as_slice()).collect();
         let via = self.via(code, until);
-        match self.retrying(deadline, |conn| call(conn, via, &self.spec.prefix, &requests, commit)).await {
+        let id = commit.then(|| CallId::reserve(1));
+        let result = self.retrying(deadline, |conn| call(conn, via, &self.spec.prefix, &requests, commit, id)).await;
+        if let Some(id) = id {
+            let taken_back = match &result {
+                Ok(replies) => fate.answered.get() && replies.iter().any(|(admitted, _)| *admitted),
+                Err(e) => !e.not_applied(),
+            };
+            if taken_back {
+                let lines = requests.iter().flat_map(|r| r.iter().copied()).collect();
+                fate.undo(Undo { id, lines, requests: requests.len() });
+            }
+        }
+        match result {
             Ok(replies) => replies.into_iter().map(Ok).collect(),
             Err(e) => requests.iter().map(|_| Err(e.clone())).collect(),
+        }
+    }
+
+    /// Undoes the call `u`, until `give_up`: retried (it is idempotent)
+    /// while Redis cannot be reached or does not answer.
+    pub async fn take_back(&self, code: &Code, u: &Undo, give_up: Instant) -> Result<Undone, RedisError> {
+        let mut wait = UNDO_RETRY;
+        loop {
+            let via = self.via(code, give_up);
+            let r = self.retrying(give_up, |conn| undo(conn, via, &self.spec.prefix, &u.lines, u.id)).await;
+            match r {
+                Err(e) if !matches!(e, RedisError::Server(_) | RedisError::Malformed(_)) && Instant::now() + wait < give_up => {
+                    sleep(wait).await;
+                    wait = (wait * 2).min(MAX_BACKOFF);
+                }
+                r => return r,
+            }
         }
     }
 

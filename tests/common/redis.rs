@@ -154,7 +154,18 @@ impl Redis {
     }
 
     /// Every key matching `pattern` (`redis-cli --scan`), sorted.
+    /// The state keys matching `pattern` (not the calls' memo keys: see
+    /// [`Redis::memo_keys`]).
     pub fn keys(&self, pattern: &str) -> Vec<String> {
+        self.all_keys(pattern).into_iter().filter(|k| !is_memo(k)).collect()
+    }
+
+    /// The memo keys (one per call that changed state, for a few seconds).
+    pub fn memo_keys(&self, pattern: &str) -> Vec<String> {
+        self.all_keys(pattern).into_iter().filter(|k| is_memo(k)).collect()
+    }
+
+    fn all_keys(&self, pattern: &str) -> Vec<String> {
         let mut keys: Vec<String> = self
             .cli(&["--scan", "--pattern", pattern])
             .lines()
@@ -397,7 +408,7 @@ impl Cluster {
                     .map(String::from)
                     .collect::<Vec<_>>()
             })
-            .filter(|l| !l.trim().is_empty())
+            .filter(|l| !l.trim().is_empty() && !is_memo(l))
             .collect();
         keys.sort();
         keys
@@ -633,4 +644,9 @@ impl Drop for Sentinel {
         }
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A call's memo key: a state key, then `:c:` and the call's name.
+pub fn is_memo(key: &str) -> bool {
+    key.contains(":c:")
 }
