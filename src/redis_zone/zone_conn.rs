@@ -271,7 +271,10 @@ impl ZoneConn {
 
     /// Runs `f` on the zone's connection. A connection that died while idle
     /// (Redis restarted) fails its first command: then give it up and run
-    /// `f` once more on a new one, if `deadline` has not passed.
+    /// `f` once more on a new one, if `deadline` has not passed. (A call
+    /// that changes state is named, so that Redis applies it once: see
+    /// [`CallId`].) The error is the first attempt's unless the second
+    /// reached Redis.
     pub async fn retrying<T, F, Fut>(&self, deadline: Instant, f: F) -> Result<T, RedisError>
     where
         F: Fn(Conn) -> Fut,
@@ -287,8 +290,11 @@ impl ZoneConn {
             Err(again) => Err(again),
         };
         match again {
-            // Still in backoff after a failed connect: report the original cause.
-            Err(RedisError::NotConnected { .. }) => Err(e),
+            // Not sent again (still in backoff after a failed connect, or the
+            // new connection failed), or refused: the first attempt's error
+            // says that the call may have been applied. (A copy Redis ran
+            // late says it was not: it would have found the first's memo.)
+            Err(again) if again.not_applied() && !matches!(again, RedisError::Late) => Err(e),
             r => r,
         }
     }
