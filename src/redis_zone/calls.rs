@@ -167,9 +167,10 @@ async fn serve(zc: Arc<ZoneConn>, code: Arc<Code>, jobs: Vec<Job>, commit: bool)
             }
         }
     }
-    let zone = jobs.first().map_or(0, |j| j.zone);
-    for u in fate.take() {
-        spawn(take_back(zc.clone(), code.clone(), u, zone)).detach();
+    let undos = fate.take();
+    if !undos.is_empty() {
+        let zone = jobs.first().map_or(0, |j| j.zone);
+        take_back(&zc, &code, undos, zone);
     }
 }
 
@@ -177,13 +178,54 @@ async fn serve(zc: Arc<ZoneConn>, code: Arc<Code>, jobs: Vec<Job>, commit: bool)
 /// the call did (10 s beyond its deadline; see the script).
 const UNDO_FOR: Duration = Duration::from_secs(8);
 
-/// Takes back a call whose requests were answered per `on_error` without
-/// its reply, which Redis may have applied (a request answered per
-/// `on_error` is never charged). A worker that exits gracefully waits for
-/// it as for a charge.
-async fn take_back(zc: Arc<ZoneConn>, code: Arc<Code>, u: Undo, zone: usize) {
-    let _hold = Hold::new(2 * zc.spec.timeout + CHARGE_GRACE);
-    if let Err(e) = zc.take_back(&code, &u, Instant::now() + UNDO_FOR).await {
-        inbox::put((0..u.requests).map(|_| Reply { id: UNDO_ID, zone, result: Err(e.clone()) }));
+/// Requests of calls to undo that a zone keeps at most, per worker: beyond,
+/// an undo is given up at once (and logged), so that a Redis that stops
+/// answering, whose calls all end without a reply, cannot make them grow
+/// (the calls in flight when a Redis fails are usually far fewer).
+const MAX_UNDOS: usize = 128;
+
+/// Queues the undo of calls whose requests were answered per `on_error`
+/// without their reply, which Redis may have applied (a request answered
+/// per `on_error` is never charged), and starts the zone's undoing task if
+/// it is not running.
+fn take_back(zc: &Arc<ZoneConn>, code: &Arc<Code>, undos: Vec<Undo>, zone: usize) {
+    let mut queue = zc.undos.take();
+    let mut queued: usize = queue.iter().map(|(u, _)| u.requests).sum();
+    let give_up = Instant::now() + UNDO_FOR;
+    for u in undos {
+        if queued + u.requests <= MAX_UNDOS {
+            queued += u.requests;
+            queue.push_back((u, give_up));
+        } else {
+            undo_failed(zone, &u, RedisError::Overloaded);
+        }
     }
+    zc.undos.set(queue);
+    if !zc.undoing.replace(true) {
+        spawn(undo_all(zc.clone(), code.clone(), zone)).detach();
+    }
+}
+
+/// The zone's undoing task: undoes the queued calls one after another,
+/// until none is left. A worker that exits gracefully waits for it as for
+/// a charge.
+async fn undo_all(zc: Arc<ZoneConn>, code: Arc<Code>, zone: usize) {
+    let _hold = Hold::new(2 * zc.spec.timeout + CHARGE_GRACE);
+    loop {
+        let mut queue = zc.undos.take();
+        let next = queue.pop_front();
+        zc.undos.set(queue);
+        let Some((u, give_up)) = next else {
+            zc.undoing.set(false);
+            return;
+        };
+        if let Err(e) = zc.take_back(&code, &u, give_up).await {
+            undo_failed(zone, &u, e);
+        }
+    }
+}
+
+/// Reports the undo of `u` as failed, one report per request.
+fn undo_failed(zone: usize, u: &Undo, e: RedisError) {
+    inbox::put((0..u.requests).map(|_| Reply { id: UNDO_ID, zone, result: Err(e.clone()) }));
 }

@@ -244,6 +244,11 @@ impl Conn {
         self.health.proven.store(true, Ordering::Relaxed);
     }
 
+    /// It has answered a script call well.
+    pub fn proven(&self) -> bool {
+        self.health.proven.load(Ordering::Relaxed)
+    }
+
     /// Healthy long enough that its failure says nothing of the next one.
     pub fn served(&self) -> bool {
         self.health.served()

@@ -5,6 +5,7 @@
 //! calls go through it.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
@@ -64,6 +65,11 @@ pub struct ZoneConn {
     pub waiting: AtomicUsize,
     /// This worker's counters of the zone (`rl_metrics`).
     pub metrics: Option<&'static RedisSlot>,
+    /// Calls to undo, in order, each with when it is given up; and whether
+    /// a task is undoing them (one per zone, so that an outage cannot pile
+    /// up tasks that each wait for the connection).
+    pub undos: Cell<VecDeque<(Undo, Instant)>>,
+    pub undoing: Cell<bool>,
 }
 
 pub struct ConnState {
@@ -103,6 +109,8 @@ impl ZoneConn {
             clock: Clock::new(),
             waiting: AtomicUsize::new(0),
             metrics: None,
+            undos: Cell::new(VecDeque::new()),
+            undoing: Cell::new(false),
         }
     }
 
@@ -257,6 +265,19 @@ impl ZoneConn {
     pub async fn take_back(&self, code: &Code, u: &Undo, give_up: Instant) -> Result<Undone, RedisError> {
         let mut wait = UNDO_RETRY;
         loop {
+            // Sent once Redis answers again: on a connection that has answered
+            // a call (the requests' calls open them; an undo opening its own
+            // to a Redis that still does not answer would only keep more
+            // connections and calls in flight).
+            let waiting = !self.state.lock().await.conn.as_ref().is_some_and(|c| c.proven() && !c.abandoned());
+            if waiting {
+                if Instant::now() + wait >= give_up {
+                    return Err(RedisError::NotConnected { last: "no connection answers".into() });
+                }
+                sleep(wait).await;
+                wait = (wait * 2).min(MAX_BACKOFF);
+                continue;
+            }
             let via = self.via(code, give_up);
             let r = self.retrying(give_up, |conn| undo(conn, via, &self.spec.prefix, &u.lines, u.id)).await;
             match r {

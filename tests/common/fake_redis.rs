@@ -170,8 +170,15 @@ fn answer(s: &mut TcpStream, cmd: &[Vec<u8>], b: &Behaviour, calls: &AtomicUsize
             left -= step;
         }
     }
-    // FCALL name numkeys key... arg...: one line per key.
-    let lines: usize = cmd.get(2).and_then(|n| String::from_utf8_lossy(n).parse().ok()).unwrap_or(0);
+    // FCALL name numkeys key... arg...: one line per key, but the call's
+    // memo key, the last (see rl_core::redis::write_memo_key).
+    let keys: usize = cmd.get(2).and_then(|n| String::from_utf8_lossy(n).parse().ok()).unwrap_or(0);
+    let memo = keys > 0 && cmd.get(2 + keys).is_some_and(|k| String::from_utf8_lossy(k).contains(":c:"));
+    let lines = keys - usize::from(memo);
+    // The undo of a call (whose reply went missing): taken back.
+    if cmd.get(1).is_some_and(|f| f.ends_with(b"_undo")) && matches!(b, Behaviour::Healthy | Behaviour::Slow(_)) {
+        return s.write_all(b"*2\r\n:0\r\n:1\r\n");
+    }
     let reply = match b {
         Behaviour::Healthy | Behaviour::Slow(_) => integers(lines, (0, 1000, -2)),
         Behaviour::Lines(rem, reset, retry) => integers(lines, (*rem, *reset, *retry)),
