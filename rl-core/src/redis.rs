@@ -162,12 +162,14 @@ pub fn undo_function_name() -> String {
 
 /// Appends to `out` the memo key of a call whose first state key is
 /// `first_key`, named `id` (unique to the call, whatever nginx sent it):
-/// the state key and a suffix, so that it hashes to the same Cluster slot
-/// (state keys carry a hash tag). The script keeps there what the call did
-/// (see the script's header), so that a copy sent again after a lost reply
-/// is not applied twice, and an undo can take the call back.
+/// the state key up to its hash tag (`prefix{tag}`: the whole key if it has
+/// none), then `:c:` and the name, so that it hashes to the same Cluster
+/// slot, and no state key has its form. The script keeps there what the
+/// call did (see the script's header), so that a copy sent again after a
+/// lost reply is not applied twice, and an undo can take the call back.
 pub fn write_memo_key(out: &mut String, first_key: &str, id: (u64, u64)) {
-    out.push_str(first_key);
+    let tagged = first_key.find('{').and_then(|open| first_key[open..].find('}').map(|close| open + close + 1));
+    out.push_str(&first_key[..tagged.unwrap_or(first_key.len())]);
     // Writing to a String cannot fail.
     let _ = write!(out, ":c:{:016x}{:x}", id.0, id.1);
 }

@@ -7,7 +7,8 @@
 -- retry-after as rl-core's `Limit::check` / `Limit::acquire`.
 --
 -- ARGV[1]  "1": check every line of a request, commit all of them iff all
---          admit; else check only (never writes).
+--          admit; "2": the same, the call named by its last key, its memo
+--          (see "Applied once" below); else check only (never writes).
 -- ARGV[2]  now in microseconds; "" or "0" = Redis TIME.
 -- ARGV[3]  the call's deadline, in microseconds of the same clock; "" =
 --          none. A call that runs later (now > deadline) checks nothing,
@@ -60,6 +61,29 @@
 -- the state beyond 2^52 (the buckets: used*period; gcra: TAT - now), past
 -- which the script would no longer be exact}. The key's TTL covers the
 -- overdraft's repayment, as a decision's write does.
+--
+-- Applied once. A call that commits (mode "2"), and a charge given one key
+-- more than its lines, name themselves by their last key, the memo key
+-- (rl_core::redis::write_memo_key: unique to the call, in its first state
+-- key's hash slot), which nginx keeps for every copy of the call it sends.
+-- The memo is looked up first, before the deadline: a call that finds one
+-- is a copy of one that ran (whose reply was lost on the way), and returns
+-- what that one returned, writing nothing; one that finds the mark "u" of
+-- an undone call returns as a late call does ({-1, now}), writing nothing.
+-- A call that charged something leaves its memo for 10 s beyond its
+-- deadline (a charge: 10 s): two doubles (the reply's length n, and d),
+-- the reply's n integers, then d numbers: per line charged, its index in
+-- KEYS and the words v1, v2 its algorithm returned, from which `undo` finds
+-- the charge. A call that charged nothing leaves none: run again, it is
+-- still applied once.
+-- The undo call (`undo`: the library's NAME_undo) takes back what a call
+-- did, for requests nginx answered without its reply (per `on_error`):
+-- KEYS the call's state keys then its memo key; ARGV now ("" = TIME) then
+-- one line per key, as the charge call takes them. With a memo: every line
+-- charged is refunded (rl-core's Limit::refund) and the memo becomes "u";
+-- without one: the call has not run, and "u" (for 70 s, beyond any
+-- deadline) makes sure it never will; "u": nothing (undone before).
+-- Returns {now, 1 taken back | 0 had not run | 2 undone before}.
 --
 -- A varying line (rl-core's Limit::varying: its rate and burst change from
 -- request to request) keeps one more state word, its tag: the scale its
@@ -134,7 +158,8 @@
 -- Redis calls: TIME (unless now is given) and MGET of the distinct keys once
 -- per call (GET for a call of one key), then per written key one SETRANGE
 -- (or SET ... PX about once a second; sliding_log: LLEN, LINDEX, LPUSH,
--- LTRIM, PEXPIRE per line).
+-- LTRIM, PEXPIRE per line); a named call GET and (if it charged) SET ... PX
+-- of its memo; an undo also LREM (sliding_log).
 
 local TWO53 = 9007199254740992
 local E = 4503599627370496
