@@ -70,7 +70,7 @@ fn fcalls(limit: Limit, requests: u64, clients: u64, calls: u64, hits: u64) {
     let name = function_name();
     let line = LineArg::from((limit, 1));
     for c in 0..calls {
-        let call = Call { commit: true, now_us: None, deadline_us: Some(now_us + day_us + c) };
+        let call = Call { commit: true, now_us: None, deadline_us: Some(now_us + day_us + c), memo: false };
         let mut words = vec!["FCALL".to_owned(), name.clone(), requests.to_string()];
         for r in 0..requests {
             let client = (c / hits * requests + r) % clients;

@@ -208,7 +208,7 @@ impl Redis {
         deadline_us: Option<u64>,
     ) -> Option<Vec<(bool, Vec<Outcome>)>> {
         self.set_now(now);
-        let call = Call { commit, now_us: (!use_time).then_some(now), deadline_us };
+        let call = Call { commit, now_us: (!use_time).then_some(now), deadline_us, memo: false };
         let args = script_args(requests.iter().copied(), call);
         let reply = self.eval(keys, &args);
         let shapes: Vec<Vec<bool>> =
