@@ -1644,7 +1644,10 @@ local function refund_line(lim, j, key, cost, v1, v2)
     rst = (s1 + 1) * K - now
   elseif alg == 'token_bucket' or alg == 'leaky_bucket' then
     local c, p = lim[2], lim[3]
-    if s2 < v2 then
+    -- (older than the charge: a state created afresh since; a varying
+    -- line's, once another request has charged it since, which may have
+    -- drained it at another rate: rl-core's vary::refund)
+    if s2 < v2 or (tag and s2 ~= v2) then
       return false
     end
     local lost = (s2 - v2) * c - (v1 - cost * p)
