@@ -1703,6 +1703,12 @@ local function undo(KEYS, ARGV)
   if not out then
     return { now, 2 }
   end
+  -- Marked undone first, as a call undone before it runs, for longer than
+  -- any copy of the call can still come in time (not SET ... KEEPTTL,
+  -- which Redis before 6.0 refuses: the undo would fail after its refunds,
+  -- leave the memo, and each retry refund the call again; marked first, an
+  -- undo that fails half-way refunds less, never twice).
+  redis.call('SET', memo, 'u', 'PX', UNDONE_MS)
   read(KEYS)
   for q = 1, #d - 2, 3 do
     local k = d[q]
@@ -1712,7 +1718,6 @@ local function undo(KEYS, ARGV)
     end
   end
   flush_all()
-  redis.call('SET', memo, 'u', 'KEEPTTL')
   return { now, 1 }
 end
 

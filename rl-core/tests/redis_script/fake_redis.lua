@@ -1,6 +1,8 @@
 -- The fake Redis the tests run the script against (see the doc of
 -- FAKE_REDIS in harness.rs), loaded after `struct` (struct_lib.rs).
-fake = { now = 0, data = {}, writes = 0, calls = 0, expired = 0, count = {} }
+-- (version: the Redis version it answers as, major only: before 6 it
+-- knows no SET ... KEEPTTL)
+fake = { now = 0, data = {}, writes = 0, calls = 0, expired = 0, count = {}, version = 7 }
 
 local function live(key)
   local e = fake.data[key]
@@ -61,6 +63,7 @@ function commands.SET(key, value, opt, ms, extra)
     exp = fake.now + ms * 1000
   else
     assert(opt == 'KEEPTTL' and ms == nil, 'SET: PX ms or KEEPTTL')
+    if fake.version < 6 then error({ err = 'ERR syntax error' }) end
     local e = live(key)
     exp = e and e.exp
   end
