@@ -762,7 +762,7 @@ fn tls_cluster() {
 fn least_privilege_acl_user() {
     let redis = Redis::start();
     let acl = "on >acl-pw ~rl:* +fcall +function|load +evalsha +eval +time +mget +get +set +setrange +del +llen \
-               +lindex +lpush +ltrim +pexpire +select";
+               +lindex +lpush +ltrim +lrem +pexpire +select";
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(

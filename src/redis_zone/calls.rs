@@ -160,7 +160,11 @@ async fn serve(zc: Arc<ZoneConn>, code: Arc<Code>, jobs: Vec<Job>, commit: bool)
                 inbox::put(jobs.iter().zip(results).map(|(job, result)| Reply { id: job.id, zone: job.zone, result }));
             }
             Err(_) => {
-                inbox::put(jobs.iter().map(|job| Reply { id: job.id, zone: job.zone, result: Err(RedisError::Timeout) }));
+                inbox::put(jobs.iter().map(|job| Reply {
+                    id: job.id,
+                    zone: job.zone,
+                    result: Err(RedisError::Timeout),
+                }));
                 fate.answered.set(true);
                 let _ = work.await;
                 counted(&zc);
@@ -189,7 +193,12 @@ const MAX_UNDOS: usize = 128;
 /// per `on_error` is never charged), and starts the zone's undoing task if
 /// it is not running.
 fn take_back(zc: &Arc<ZoneConn>, code: &Arc<Code>, undos: Vec<Undo>, zone: usize) {
-    let mut queue = zc.undos.take();
+    // (one thread: the lock is never contended, nor poisoned, there being no
+    // panic while it is held)
+    let Ok(mut queue) = zc.undos.lock() else {
+        undos.iter().for_each(|u| undo_failed(zone, u, RedisError::NotSent));
+        return;
+    };
     let mut queued: usize = queue.iter().map(|(u, _)| u.requests).sum();
     let give_up = Instant::now() + UNDO_FOR;
     for u in undos {
@@ -200,8 +209,8 @@ fn take_back(zc: &Arc<ZoneConn>, code: &Arc<Code>, undos: Vec<Undo>, zone: usize
             undo_failed(zone, &u, RedisError::Overloaded);
         }
     }
-    zc.undos.set(queue);
-    if !zc.undoing.replace(true) {
+    drop(queue);
+    if !zc.undoing.swap(true, Ordering::Relaxed) {
         spawn(undo_all(zc.clone(), code.clone(), zone)).detach();
     }
 }
@@ -212,11 +221,9 @@ fn take_back(zc: &Arc<ZoneConn>, code: &Arc<Code>, undos: Vec<Undo>, zone: usize
 async fn undo_all(zc: Arc<ZoneConn>, code: Arc<Code>, zone: usize) {
     let _hold = Hold::new(2 * zc.spec.timeout + CHARGE_GRACE);
     loop {
-        let mut queue = zc.undos.take();
-        let next = queue.pop_front();
-        zc.undos.set(queue);
+        let next = zc.undos.lock().ok().and_then(|mut q| q.pop_front());
         let Some((u, give_up)) = next else {
-            zc.undoing.set(false);
+            zc.undoing.store(false, Ordering::Relaxed);
             return;
         };
         if let Err(e) = zc.take_back(&code, &u, give_up).await {

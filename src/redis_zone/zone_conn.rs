@@ -68,8 +68,8 @@ pub struct ZoneConn {
     /// Calls to undo, in order, each with when it is given up; and whether
     /// a task is undoing them (one per zone, so that an outage cannot pile
     /// up tasks that each wait for the connection).
-    pub undos: Cell<VecDeque<(Undo, Instant)>>,
-    pub undoing: Cell<bool>,
+    pub undos: std::sync::Mutex<VecDeque<(Undo, Instant)>>,
+    pub undoing: AtomicBool,
 }
 
 pub struct ConnState {
@@ -109,8 +109,8 @@ impl ZoneConn {
             clock: Clock::new(),
             waiting: AtomicUsize::new(0),
             metrics: None,
-            undos: Cell::new(VecDeque::new()),
-            undoing: Cell::new(false),
+            undos: std::sync::Mutex::new(VecDeque::new()),
+            undoing: AtomicBool::new(false),
         }
     }
 
@@ -281,7 +281,10 @@ impl ZoneConn {
             let via = self.via(code, give_up);
             let r = self.retrying(give_up, |conn| undo(conn, via, &self.spec.prefix, &u.lines, u.id)).await;
             match r {
-                Err(e) if !matches!(e, RedisError::Server(_) | RedisError::Malformed(_)) && Instant::now() + wait < give_up => {
+                Err(e)
+                    if !matches!(e, RedisError::Server(_) | RedisError::Malformed(_))
+                        && Instant::now() + wait < give_up =>
+                {
                     sleep(wait).await;
                     wait = (wait * 2).min(MAX_BACKOFF);
                 }

@@ -1680,7 +1680,10 @@ local function refund_line(lim, j, key, cost, v1, v2)
     rst = (s1 + 1) * K - now
   elseif alg == 'token_bucket' or alg == 'leaky_bucket' then
     local c, p = lim[2], lim[3]
-    if s2 < v2 then
+    -- (older than the charge: a state created afresh since; a varying
+    -- line's, once another request has charged it since, which may have
+    -- drained it at another rate: rl-core's vary::refund)
+    if s2 < v2 or (tag and s2 ~= v2) then
       return false
     end
     local lost = (s2 - v2) * c - (v1 - cost * p)
@@ -1736,6 +1739,12 @@ local function undo(KEYS, ARGV)
   if not out then
     return { now, 2 }
   end
+  -- Marked undone first, as a call undone before it runs, for longer than
+  -- any copy of the call can still come in time (not SET ... KEEPTTL,
+  -- which Redis before 6.0 refuses: the undo would fail after its refunds,
+  -- leave the memo, and each retry refund the call again; marked first, an
+  -- undo that fails half-way refunds less, never twice).
+  redis.call('SET', memo, 'u', 'PX', UNDONE_MS)
   read(KEYS)
   for q = 1, #d - 2, 3 do
     local k = d[q]
@@ -1745,7 +1754,6 @@ local function undo(KEYS, ARGV)
     end
   end
   flush_all()
-  redis.call('SET', memo, 'u', 'KEEPTTL')
   return { now, 1 }
 end
 

@@ -546,11 +546,11 @@ fn rust_interface() {
         ]
     );
     assert_eq!(
-        script_args::<(Limit, u64)>([], Call { commit: false, now_us: Some(42), deadline_us: None }),
+        script_args::<(Limit, u64)>([], Call { commit: false, now_us: Some(42), deadline_us: None, memo: false }),
         ["0", "42", ""]
     );
     assert_eq!(
-        script_args::<(Limit, u64)>([], Call { commit: true, now_us: None, deadline_us: Some(43) }),
+        script_args::<(Limit, u64)>([], Call { commit: true, now_us: None, deadline_us: Some(43), memo: false }),
         ["1", "", "43"]
     );
     let ok = [5, 2, 3, -2, 0, 0, 0, 9, 4, 0, 6, 7, 8, -2, 300, 0, 0, 1, -1, 0, 0];

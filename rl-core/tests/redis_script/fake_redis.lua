@@ -1,6 +1,8 @@
 -- The fake Redis the tests run the script against (see the doc of
 -- FAKE_REDIS in harness.rs), loaded after `struct` (struct_lib.rs).
-fake = { now = 0, data = {}, writes = 0, calls = 0, expired = 0, count = {} }
+-- (version: the Redis version it answers as, major only: before 6 it
+-- knows no SET ... KEEPTTL)
+fake = { now = 0, data = {}, writes = 0, calls = 0, expired = 0, count = {}, version = 7 }
 
 local function live(key)
   local e = fake.data[key]
@@ -49,11 +51,23 @@ function commands.MGET(...)
   return out
 end
 
-function commands.SET(key, value, px, ms, extra)
-  assert(px == 'PX' and extra == nil, 'the script always sets PX')
-  local ms = int_arg(ms)
-  if ms <= 0 then error({ err = 'ERR invalid expire time in set' }) end
-  fake.data[key] = { kind = 'string', v = value, exp = fake.now + ms * 1000 }
+-- SET key value PX ms, or SET key value KEEPTTL (the script sets no
+-- other form): the key becomes a string, with that expiry, or the one it
+-- had (none if it had none, or did not exist).
+function commands.SET(key, value, opt, ms, extra)
+  assert(extra == nil, 'SET: one option')
+  local exp
+  if opt == 'PX' then
+    ms = int_arg(ms)
+    if ms <= 0 then error({ err = 'ERR invalid expire time in set' }) end
+    exp = fake.now + ms * 1000
+  else
+    assert(opt == 'KEEPTTL' and ms == nil, 'SET: PX ms or KEEPTTL')
+    if fake.version < 6 then error({ err = 'ERR syntax error' }) end
+    local e = live(key)
+    exp = e and e.exp
+  end
+  fake.data[key] = { kind = 'string', v = value, exp = exp }
   fake.writes = fake.writes + 1
   return { ok = 'OK' }
 end
@@ -127,6 +141,36 @@ function commands.LINDEX(key, i)
   if not e then return false end
   local x = e.v[index(#e.v, int_arg(i)) + 1]
   return x or false
+end
+
+-- LREM key count value: removes the first `count` entries equal to value
+-- from the head (count > 0), from the tail (count < 0), or all (0); a list
+-- left empty is deleted.
+function commands.LREM(key, count, value)
+  local e = typed(key, 'list')
+  count = int_arg(count)
+  fake.writes = fake.writes + 1
+  if not e then return 0 end
+  local n, kept, removed = #e.v, {}, 0
+  local from, to, step = 1, n, 1
+  if count < 0 then from, to, step = n, 1, -1 end
+  local limit = math.abs(count)
+  for i = from, to, step do
+    local x = e.v[i]
+    if x == value and (limit == 0 or removed < limit) then
+      removed = removed + 1
+    else
+      kept[#kept + 1] = x
+    end
+  end
+  if step < 0 then
+    local r = {}
+    for i = #kept, 1, -1 do r[#r + 1] = kept[i] end
+    kept = r
+  end
+  e.v = kept
+  if #kept == 0 then fake.data[key] = nil end
+  return removed
 end
 
 function commands.LLEN(key)
@@ -206,15 +250,33 @@ function fake.stored_expiry(key)
   return x or false
 end
 
+-- A memo as the script stores it: nout, ndone, the reply, then `done`
+-- (per line charged: its index in KEYS, v1, v2), as a sequence of numbers;
+-- or its raw value if it is not one (the mark "u" of an undone call).
+function fake.memo(key)
+  local e = live(key)
+  if not (e and e.kind == 'string') then return false end
+  local v = e.v
+  if #v < 16 then return v end
+  local nout, nd = struct.unpack('<dd', v)
+  if #v ~= 16 + 8 * (nout + nd) then return v end
+  local out = {}
+  for i = 1, 2 + nout + nd do
+    out[i] = (struct.unpack('<d', v, 8 * i - 7))
+  end
+  return out
+end
+
 function fake.kind(key)
   local e = live(key)
   return e and e.kind or false
 end
 
-function fake.snapshot()
+-- Every live key, its kind, value and expiry, sorted (but `except`).
+function fake.snapshot(except)
   local keys = {}
   for k, e in pairs(fake.data) do
-    if not (e.exp and fake.now >= e.exp) then keys[#keys + 1] = k end
+    if not (e.exp and fake.now >= e.exp) and k ~= except then keys[#keys + 1] = k end
   end
   table.sort(keys)
   local out = {}
@@ -225,7 +287,12 @@ function fake.snapshot()
       v = table.concat(v, ',')
     else
       local w, x = decode(v)
-      if w then v = w .. '#' .. string.format('%.0f', x) end
+      if w then
+        v = w .. '#' .. string.format('%.0f', x)
+      elseif string.find(v, '[^\t\n\r -~]') then
+        -- (a memo, or other bytes: as hex)
+        v = 'hex:' .. string.gsub(v, '.', function(c) return string.format('%02x', string.byte(c)) end)
+      end
     end
     out[#out + 1] = k .. '=' .. e.kind .. ':' .. v .. '@' .. tostring(e.exp)
   end

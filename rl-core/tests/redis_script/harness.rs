@@ -8,7 +8,8 @@ use mlua::{Function, Lua, Table, Value};
 use rl_core::limit::Limit;
 use rl_core::redis::{
     charge_args, charge_function_name, charge_script, function_library, function_name, parse_charge_reply, parse_reply,
-    script_args, Call, ChargeReply, LineArg, ScriptReply, LIMIT_SCRIPT,
+    script_args, undo_function_name, undo_script, write_memo_key, Call, ChargeReply, LineArg, ScriptReply,
+    LIMIT_SCRIPT,
 };
 use rl_core::verdict::Outcome;
 
@@ -39,6 +40,8 @@ pub(crate) struct Redis {
     script: Function,
     /// The charge call: the library's function, or its script.
     charge: Function,
+    /// The undo call: the library's function, or its script.
+    undo: Function,
     mode: Mode,
     pub(crate) fake: Table,
 }
@@ -53,21 +56,23 @@ impl Redis {
         let lua = Lua::new();
         lua.globals().set("struct", struct_lib(&lua)).unwrap();
         lua.load(FAKE_REDIS).set_name("fake_redis").exec().unwrap();
-        let (script, charge) = match mode {
+        let (script, charge, undo) = match mode {
             Mode::Eval => (
                 lua.load(LIMIT_SCRIPT).set_name("limit.lua").into_function().unwrap(),
                 lua.load(charge_script()).set_name("charge.lua").into_function().unwrap(),
+                lua.load(undo_script()).set_name("undo.lua").into_function().unwrap(),
             ),
             Mode::Function => {
-                let (name, f, c): (String, Function, Function) =
+                let (name, f, c, u): (String, Function, Function, Function) =
                     lua.load(LOAD_LIBRARY).set_name("load_library").call(function_library()).unwrap();
                 assert_eq!(name, function_name());
                 assert_eq!(format!("{name}_charge"), charge_function_name());
-                (f, c)
+                assert_eq!(format!("{name}_undo"), undo_function_name());
+                (f, c, u)
             }
         };
         let fake = lua.globals().raw_get("fake").unwrap();
-        Redis { lua, script, charge, mode, fake }
+        Redis { lua, script, charge, undo, mode, fake }
     }
 
     pub(crate) fn set_now(&self, now_us: u64) {
@@ -86,6 +91,11 @@ impl Redis {
 
     pub(crate) fn snapshot(&self) -> String {
         self.fake.get::<Function>("snapshot").unwrap().call(()).unwrap()
+    }
+
+    /// [`Redis::snapshot`] but for the key `except` (a memo).
+    pub(crate) fn snapshot_except(&self, except: &str) -> String {
+        self.fake.get::<Function>("snapshot").unwrap().call(except.to_owned()).unwrap()
     }
 
     fn helper(&self, name: &str, key: &str) -> Value {
@@ -145,7 +155,17 @@ impl Redis {
         self.call_table(&self.charge, keys, args)
     }
 
-    /// `f` (the script or the charge) called as FCALL or EVALSHA.
+    /// The undo call's raw reply (see [`Redis::eval`]).
+    pub(crate) fn eval_undo(&self, keys: &[String], args: &[String]) -> Vec<i64> {
+        integers(self.call_undo_table(keys, args))
+    }
+
+    /// The undo call's reply table as the script returns it.
+    pub(crate) fn call_undo_table(&self, keys: &[String], args: &[String]) -> Table {
+        self.call_table(&self.undo, keys, args)
+    }
+
+    /// `f` (the script, the charge or the undo) called as FCALL or EVALSHA.
     fn call_table(&self, f: &Function, keys: &[String], args: &[String]) -> Table {
         let keys = self.lua.create_sequence_from(keys.to_vec()).unwrap();
         let args = self.lua.create_sequence_from(args.to_vec()).unwrap();
@@ -208,7 +228,7 @@ impl Redis {
         deadline_us: Option<u64>,
     ) -> Option<Vec<(bool, Vec<Outcome>)>> {
         self.set_now(now);
-        let call = Call { commit, now_us: (!use_time).then_some(now), deadline_us };
+        let call = Call { commit, now_us: (!use_time).then_some(now), deadline_us, memo: false };
         let args = script_args(requests.iter().copied(), call);
         let reply = self.eval(keys, &args);
         let shapes: Vec<Vec<bool>> =
@@ -220,6 +240,160 @@ impl Redis {
             ScriptReply::Done { requests, .. } => Some(requests.into_iter().map(|(a, l)| (a, l.to_vec())).collect()),
             ScriptReply::Late { .. } => None,
         }
+    }
+}
+
+/// The memo key of a call on `keys` named `id`.
+pub(crate) fn memo_key(keys: &[String], id: (u64, u64)) -> String {
+    let mut out = String::new();
+    write_memo_key(&mut out, &keys[0], id);
+    out
+}
+
+/// What a memo key holds: the memo of a call that ran (its reply, and per
+/// line charged its index in KEYS, 1-based, and the words v1, v2), the
+/// mark of an undone call, or something else.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Memo {
+    Ran { reply: Vec<i64>, done: Vec<(usize, u64, u64)> },
+    Undone,
+    Other(Vec<u8>),
+}
+
+/// What the undo call answered (its reply's second integer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Undone {
+    /// The call had not run: it never will.
+    NotRun = 0,
+    /// The call was taken back.
+    TakenBack = 1,
+    /// Undone already (or its memo is gone).
+    Already = 2,
+}
+
+impl Redis {
+    /// A mode "2" call (a commit that names itself by its memo key) for
+    /// several requests at `now` (`keys`: every line's key, request by
+    /// request; `memo`: the memo key, sent last): the raw reply.
+    pub(crate) fn call_memo<T: Copy + Into<LineArg>>(
+        &self,
+        keys: &[String],
+        requests: &[&[T]],
+        now: u64,
+        use_time: bool,
+        deadline_us: Option<u64>,
+        memo: &str,
+    ) -> Vec<i64> {
+        self.set_now(now);
+        let call = Call { commit: true, now_us: (!use_time).then_some(now), deadline_us, memo: true };
+        let args = script_args(requests.iter().copied(), call);
+        assert_eq!(args[0], "2");
+        let mut keys = keys.to_vec();
+        keys.push(memo.to_owned());
+        self.eval(&keys, &args)
+    }
+
+    /// A charge call with a memo key (sent after the lines' keys): the raw
+    /// reply.
+    pub(crate) fn call_charge_memo(
+        &self,
+        keys: &[String],
+        lines: &[(Limit, u64)],
+        now: u64,
+        use_time: bool,
+        memo: &str,
+    ) -> Vec<i64> {
+        self.set_now(now);
+        let args = charge_args(lines.iter().copied(), (!use_time).then_some(now));
+        let mut keys = keys.to_vec();
+        keys.push(memo.to_owned());
+        self.eval_charge(&keys, &args)
+    }
+
+    /// The undo of the call named `memo` on `keys` (the call's keys, in
+    /// its order), each line's limit and the cost its request put on it:
+    /// the reply's time and what it did.
+    pub(crate) fn undo(
+        &self,
+        keys: &[String],
+        lines: &[(Limit, u64)],
+        now: u64,
+        use_time: bool,
+        memo: &str,
+    ) -> (u64, Undone) {
+        assert_eq!(keys.len(), lines.len());
+        self.set_now(now);
+        let args = charge_args(lines.iter().copied(), (!use_time).then_some(now));
+        let mut keys = keys.to_vec();
+        keys.push(memo.to_owned());
+        let reply = self.eval_undo(&keys, &args);
+        let code = match reply[..] {
+            [_, 0] => Undone::NotRun,
+            [_, 1] => Undone::TakenBack,
+            [_, 2] => Undone::Already,
+            _ => panic!("undo reply {reply:?}"),
+        };
+        (reply[0] as u64, code)
+    }
+
+    /// What the memo key holds, if anything.
+    pub(crate) fn memo(&self, key: &str) -> Option<Memo> {
+        let v: Value = self.fake.get::<Function>("memo").unwrap().call(key.to_owned()).unwrap();
+        match v {
+            Value::Boolean(false) => None,
+            Value::String(s) if &s.as_bytes()[..] == b"u" => Some(Memo::Undone),
+            Value::String(s) => Some(Memo::Other(s.as_bytes().to_vec())),
+            Value::Table(t) => {
+                let xs: Vec<f64> = t.sequence_values::<f64>().map(Result::unwrap).collect();
+                assert!(xs.iter().all(|x| x.fract() == 0.0), "non-integral memo {xs:?}");
+                let (nout, nd) = (xs[0] as usize, xs[1] as usize);
+                assert_eq!(xs.len(), 2 + nout + nd);
+                assert_eq!(nd % 3, 0, "done: triples");
+                let reply = xs[2..2 + nout].iter().map(|&x| x as i64).collect();
+                let done = xs[2 + nout..].chunks(3).map(|c| (c[0] as usize, c[1] as u64, c[2] as u64)).collect();
+                Some(Memo::Ran { reply, done })
+            }
+            v => panic!("memo {v:?}"),
+        }
+    }
+}
+
+/// Requests' outcomes as a call answers them: admitted, and each line's.
+pub(crate) type Replies = Vec<(bool, Vec<Outcome>)>;
+
+/// The store as a call found it, for [`Redis::unchanged_since`]: every
+/// key but `except` (the call's memo key, or none), and the writes so far.
+pub(crate) struct Before {
+    pub(crate) snap: String,
+    pub(crate) writes: u64,
+    pub(crate) except: String,
+}
+
+impl Redis {
+    pub(crate) fn before(&self, except: &str) -> Before {
+        Before { snap: self.snapshot_except(except), writes: self.writes(), except: except.to_owned() }
+    }
+
+    /// Asserts that nothing but `b`'s memo key changed since `b`, and
+    /// that `extra` writes (the memo's) came since.
+    pub(crate) fn unchanged_since(&self, b: &Before, extra: u64, what: &str) {
+        assert_eq!(self.writes(), b.writes + extra, "{what}: writes");
+        assert_eq!(self.snapshot_except(&b.except), b.snap, "{what}: the store changed");
+    }
+}
+
+/// A script reply for `requests` parsed: its time, and the requests'
+/// outcomes (`None`: late).
+pub(crate) fn parse_script_reply<T: Copy + Into<LineArg>>(reply: &[i64], requests: &[&[T]]) -> (u64, Option<Replies>) {
+    let shapes: Vec<Vec<bool>> =
+        requests.iter().map(|r| r.iter().map(|&l| Into::<LineArg>::into(l).dry_run).collect()).collect();
+    let shapes: Vec<&[bool]> = shapes.iter().map(Vec::as_slice).collect();
+    let reply = parse_reply(reply, &shapes).expect("well-formed reply");
+    match reply {
+        ScriptReply::Done { now_us, requests } => {
+            (now_us, Some(requests.into_iter().map(|(a, l)| (a, l.to_vec())).collect()))
+        }
+        ScriptReply::Late { now_us } => (now_us, None),
     }
 }
 

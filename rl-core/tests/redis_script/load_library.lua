@@ -1,6 +1,7 @@
 -- Redis 7's FUNCTION LOAD for the tests (see the doc of LOAD_LIBRARY in
 -- harness.rs): called with the library's text, returns its name, its
--- function of that name and its charge function (NAME_charge).
+-- function of that name, its charge function (NAME_charge) and its undo
+-- function (NAME_undo).
 local text = ...
 local real = _G
 local loading, registered = true, {}
@@ -29,4 +30,8 @@ chunk()
 loading = false
 assert(registered[name], 'the library registers a function of its own name')
 assert(registered[name .. '_charge'], 'the library registers its charge function')
-return name, registered[name], registered[name .. '_charge']
+assert(registered[name .. '_undo'], 'the library registers its undo function')
+local n = 0
+for _ in pairs(registered) do n = n + 1 end
+assert(n == 3, 'the library registers its three functions, no more')
+return name, registered[name], registered[name .. '_charge'], registered[name .. '_undo']

@@ -16,12 +16,16 @@
 //! - `pair.rs`: [`pair::Pair`], one call on both sides, compared.
 //! - `fixtures.rs`: limits, keys and times the tests share.
 //! - `cases.rs`: table-driven and example tests.
+//! - `memo.rs`: calls applied at most once (mode "2", the charge with a
+//!   memo key), their repeats and their undo (`NAME_undo`), by hand and
+//!   with [`memo::Batches`], calls of several requests on both sides.
 //! - `props.rs`: proptests (failures persist in
 //!   `props.proptest-regressions`, next to it).
 
 mod cases;
 mod fixtures;
 mod harness;
+mod memo;
 mod model;
 mod pair;
 mod props;

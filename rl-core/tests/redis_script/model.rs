@@ -2,7 +2,7 @@
 //! `Limit::commit` over a whole call, its answers in the script's terms, its
 //! state as the script stores it.
 
-use rl_core::limit::{Algorithm, Limit, Outcome};
+use rl_core::limit::{Algorithm, Charge, Limit, Outcome};
 use rl_core::redis::{exact, LineArg, MAX_EXACT};
 use rl_core::verdict::combine;
 
@@ -27,7 +27,19 @@ pub(crate) fn model<T: Copy + Into<LineArg>>(
     now: u64,
     commit: bool,
 ) -> (bool, Vec<Outcome>) {
+    model_charged(lines, states, now, commit).0
+}
+
+/// [`model`], and what it charged: per line, `Limit::commit`'s `Charge`
+/// (`Charge::NONE` for a line not charged), for a refund.
+pub(crate) fn model_charged<T: Copy + Into<LineArg>>(
+    lines: &[T],
+    states: &mut [Vec<u64>],
+    now: u64,
+    commit: bool,
+) -> ((bool, Vec<Outcome>), Vec<Charge>) {
     let lines: Vec<LineArg> = lines.iter().map(|&l| l.into()).collect();
+    let mut charges = vec![Charge::NONE; lines.len()];
     let mut outs: Vec<Outcome> = lines
         .iter()
         .zip(states.iter())
@@ -41,16 +53,16 @@ pub(crate) fn model<T: Copy + Into<LineArg>>(
         .collect();
     let d = combine(outs.iter().zip(&lines).map(|(o, a)| (o, a.dry_run)));
     if commit {
-        for ((a, s), o) in lines.iter().zip(states.iter_mut()).zip(outs.iter_mut()) {
+        for (((a, s), o), c) in lines.iter().zip(states.iter_mut()).zip(outs.iter_mut()).zip(charges.iter_mut()) {
             if d.charges(o) && !a.check_only {
-                a.limit.commit(s, now, a.cost);
+                *c = a.limit.commit(s, now, a.cost);
             } else if o.admitted {
                 let left = a.limit.left(s, now);
                 *o = o.uncharged(&Outcome { next_us: if a.next { left.next_us } else { 0 }, ..left });
             }
         }
     }
-    (d.admitted, outs)
+    ((d.admitted, outs), charges)
 }
 
 /// The `next_us` a line reports with its check's outcome `o`: none unless
@@ -158,21 +170,6 @@ pub(crate) fn model_charge(lines: &[(Limit, u64)], states: &mut [Vec<u64>], now:
             true
         })
         .collect()
-}
-
-/// The model of a call's deadline: a call that runs after it does nothing
-/// (`None`), else it is [`model`].
-pub(crate) fn model_until<T: Copy + Into<LineArg>>(
-    lines: &[T],
-    states: &mut [Vec<u64>],
-    now: u64,
-    commit: bool,
-    deadline: Option<u64>,
-) -> Option<(bool, Vec<Outcome>)> {
-    if late(now, deadline) {
-        return None;
-    }
-    Some(model(lines, states, now, commit))
 }
 
 /// Whether a call that runs at `now` is past its deadline.

@@ -15,8 +15,9 @@ use rl_core::verdict::Outcome;
 
 use crate::fixtures::{case_limit, keys, limit, T0};
 use crate::harness::{Mode, Redis};
+use crate::memo::{Batches, Req};
 use crate::model::{late, model, stored};
-use crate::pair::Pair;
+use crate::pair::{stats, MemoStats, Pair, MEMO_MS};
 
 /// A raw step: (selector, fraction, cost selector).
 type Raw = (u8, u16, u8);
@@ -281,6 +282,216 @@ fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], star
         let check_only = charges && sel & 8 == 8;
         let line = [LineArg { limit: l, cost, dry_run: dry, check_only, next: sel & 16 == 16 }];
         prev = p.step(&line, now, commit, flags & 1 == 1).1[0];
+    }
+}
+
+/// What was sent under a name (a memo's id).
+type Named<T> = ((u64, u64), T);
+
+/// A memo call's deadline by selector: none, just past (late: it does
+/// nothing, leaves no memo), right at, or a little after `now`.
+fn memo_deadline(now: u64, sel: u8, f: u16) -> Option<u64> {
+    match sel % 4 {
+        0 => None,
+        1 => now.checked_sub(1),
+        2 => Some(now),
+        _ => Some(now + u64::from(f % 5000)),
+    }
+}
+
+/// Replays `ops` with calls named by memos: each step a mode "2" call of a
+/// new name, a repeat of a name sent before (with its lines), an undo of a
+/// call sent before (or of one not sent yet, which a later repeat then
+/// sends), a mode "1" or "0" call, or a charge (with a memo key or not, or
+/// a charge sent before again). The lines: every limit of `limits` on its
+/// key, or with `varying` one key under the limit each step picks. The
+/// pair holds every answer, state and TTL to the model, every undo to
+/// `Limit::refund` of what the call charged, in order, and a repeat to
+/// the first reply (nothing read or written).
+fn replay_memo(limits: &[Limit], kinds: &[u8], varying: bool, ops: &[(Raw, Vec<u8>)], start: u64, mode: Mode) {
+    let w = limits.iter().map(Limit::window_us).max().unwrap();
+    let kind =
+        |l: Limit, k: u8| LineArg { limit: l, cost: 1, dry_run: k & 1 == 1, check_only: k & 2 == 2, next: k & 4 == 4 };
+    let base: Vec<LineArg> = match varying {
+        true => vec![kind(limits[0], kinds[0])],
+        false => limits.iter().zip(kinds).map(|(l, k)| kind(*l, *k)).collect(),
+    };
+    let mut p = Pair::with(mode, &base);
+    // The names sent (or undone before), with their lines; the charges'.
+    let mut sent: Vec<Named<Vec<LineArg>>> = Vec::new();
+    let mut charged: Vec<Named<Vec<(Limit, u64)>>> = Vec::new();
+    let mut names = 0u64;
+    let mut name = || {
+        names += 1;
+        (0x5eed, names)
+    };
+    let (mut t, mut prev) = (start, Outcome::default());
+    for ((sel, f, flags), picks) in ops {
+        let (sel, f, flags) = (*sel, *f, *flags);
+        // (mostly within a memo's life, 10 s, so that repeats and undos
+        // find it)
+        t = t.saturating_add(match sel % 8 {
+            0 | 1 => 0,
+            2 => 1 + u64::from(f % 3),
+            3 => prev.retry_after_us.unwrap_or(0),
+            4 => prev.reset_us.min(u64::from(f) * 100),
+            5 => frac(w.min(MEMO_MS * 1000), f % 1000),
+            6 => u64::from(f) * 50,
+            _ => frac(w, f % 3000),
+        });
+        if t > MAX_EXACT {
+            break;
+        }
+        let pick = usize::from(picks.first().copied().unwrap_or(0));
+        // A name sent before: one of the last three, mostly.
+        let earlier = |n: usize| match pick >> 6 {
+            0 => pick % n,
+            _ => n - 1 - (pick >> 2) % n.min(3),
+        };
+        let cost_of = |b: u64, c: u8| match c % 10 {
+            0 => 0,
+            7 => 1 + u64::from(f) % b,
+            8 => b,
+            9 => b + 1,
+            _ => 1,
+        };
+        let lines: Vec<LineArg> = match varying {
+            true => {
+                let l = limits[pick % limits.len()];
+                vec![LineArg { limit: l, cost: cost_of(l.burst(), picks[0] >> 3), ..base[0] }]
+            }
+            false => {
+                base.iter().zip(picks).map(|(a, c)| LineArg { cost: cost_of(a.limit.burst(), *c), ..*a }).collect()
+            }
+        };
+        let use_time = flags & 1 == 1;
+        let deadline = memo_deadline(t, flags >> 3, f);
+        let out = match (flags >> 1) % 8 {
+            0..=2 => {
+                let id = name();
+                sent.push((id, lines.clone()));
+                p.step_memo(&lines, t, use_time, deadline, id)
+            }
+            3 if !sent.is_empty() => {
+                let (id, l) = sent[earlier(sent.len())].clone();
+                p.step_memo(&l, t, use_time, deadline, id)
+            }
+            4 | 5 => {
+                if sent.is_empty() || pick % 4 == 0 {
+                    let id = name();
+                    p.undo(&lines, t, use_time, id);
+                    sent.push((id, lines));
+                } else {
+                    let (id, l) = sent[earlier(sent.len())].clone();
+                    p.undo(&l, t, use_time, id);
+                }
+                None
+            }
+            7 => {
+                let ls: Vec<(Limit, u64)> =
+                    lines.iter().zip(picks).map(|(a, c)| (a.limit, charge_cost(&a.limit, f, *c))).collect();
+                match pick % 3 {
+                    0 => {
+                        p.charge(&ls, t, use_time);
+                    }
+                    1 => {
+                        let id = name();
+                        p.charge_memo(&ls, t, use_time, id);
+                        charged.push((id, ls));
+                    }
+                    _ => {
+                        if let Some((id, ls)) = charged.last().cloned() {
+                            p.charge_memo(&ls, t, use_time, id);
+                        }
+                    }
+                }
+                None
+            }
+            _ => p.step_until(&lines, t, sel >> 5 != 7, use_time, deadline),
+        };
+        if let Some((_, out)) = out {
+            // Drive the clock by the first line that rejected, else the first.
+            prev = out.iter().copied().find(|o| !o.admitted).unwrap_or(out[0]);
+        }
+    }
+}
+
+/// Replays `batches` on three keys, each with its limits of `ls` (one,
+/// or a varying key's several, one picked per line), with
+/// [`Batches`]: each batch some requests on some of the keys (several
+/// requests on one key, runs of one-line requests, dry-run lines), sent in
+/// mode "2" under a new name, or in mode "1", or again under a name sent
+/// before; or an undo of a name sent before (or not yet). Every answer and
+/// state as the model's, request by request, every undo as its refunds.
+/// A raw batch: (time step, requests as (key mask, cost selectors), what
+/// to do).
+type RawBatch = (u16, Vec<(u8, Vec<u8>)>, u8);
+
+fn replay_memo_batches(ls: &[Vec<Limit>], batches: &[RawBatch], start: u64, mode: Mode) {
+    let w = ls.iter().flatten().map(Limit::window_us).max().unwrap();
+    let firsts: Vec<Limit> = ls.iter().map(|l| l[0]).collect();
+    let mut b = Batches::new(mode, &firsts);
+    let mut sent: Vec<Named<Vec<Req>>> = Vec::new();
+    let mut now = start;
+    for (n, (f, reqs, sel)) in batches.iter().enumerate() {
+        // (mostly within a memo's life, 10 s)
+        now += match f % 4 {
+            0 => 0,
+            1 => u64::from(*f) * 10,
+            2 => frac(w.min(MEMO_MS * 1000), f % 1000),
+            _ => frac(w, f % 1500),
+        };
+        if now > MAX_EXACT {
+            break;
+        }
+        let requests: Vec<Req> = reqs
+            .iter()
+            .map(|(mask, costs)| {
+                (0..3)
+                    .filter(|i| mask & (1 << i) != 0)
+                    .map(|i| {
+                        let l = ls[i][usize::from(costs[i] >> 3) % ls[i].len()];
+                        let bu = l.burst();
+                        let cost = match costs[i] % 8 {
+                            0 => 0,
+                            6 => bu,
+                            7 => bu + 1,
+                            _ => 1,
+                        };
+                        let a = LineArg { limit: l, cost, dry_run: costs[i] >= 224, check_only: false, next: i == 1 };
+                        (i, a)
+                    })
+                    .collect()
+            })
+            .collect();
+        let id = (0xba7c, n as u64);
+        // A name sent before: one of the last three, mostly.
+        let pick = match sel >> 6 {
+            0 => usize::from(*f) % sent.len().max(1),
+            _ => sent.len().saturating_sub(1 + usize::from(*f >> 4) % 3.min(sent.len().max(1))),
+        };
+        let deadline = memo_deadline(now, *sel, *f);
+        match sel % 16 {
+            0..=5 => {
+                b.call(&requests, now, deadline, Some(id));
+                sent.push((id, requests));
+            }
+            6 => {
+                b.call(&requests, now, deadline, None);
+            }
+            7..=9 if !sent.is_empty() => {
+                let (id, r) = sent[pick].clone();
+                b.call(&r, now, deadline, Some(id));
+            }
+            10..=14 if !sent.is_empty() => {
+                let (id, r) = sent[pick].clone();
+                b.undo(&r, now, id);
+            }
+            _ => {
+                b.undo(&requests, now, id);
+                sent.push((id, requests));
+            }
+        }
     }
 }
 
@@ -606,4 +817,158 @@ fn replay_coverage() {
     }
     assert!(seen.values().all(|n| *n > 10) && seen.len() == 3, "{seen:?}");
     assert!(expired >= 6, "{expired}");
+}
+
+// Calls named by memos (mode "2", charges with a memo key), their repeats
+// and undos.
+proptest! {
+    #![proptest_config(ProptestConfig {
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::with_cases(160)
+    })]
+
+    /// One line of any kind: mode "2" calls, repeats, undos, mode "1"
+    /// calls and charges mixed: the script equals the model, each undo its
+    /// refund of the call's charges.
+    #[test]
+    fn prop_memo_single_line(
+        l in small_limit(),
+        kind in 0u8..8,
+        ops in ops(1, 48),
+        t in start(),
+        eval in any::<bool>(),
+    ) {
+        let mode = if eval { Mode::Eval } else { Mode::Function };
+        replay_memo(&[l], &[kind], false, &ops, t, mode);
+    }
+
+    /// Large parameters and times.
+    #[test]
+    fn prop_memo_single_line_big(l in big_limit(), kind in 0u8..8, ops in ops(1, 24), t in start()) {
+        replay_memo(&[l], &[kind], false, &ops, t, Mode::Function);
+    }
+
+    /// Two or three lines of any kind (each on its key): an undo refunds
+    /// each line the call charged.
+    #[test]
+    fn prop_memo_multi_line(
+        ls in prop::collection::vec(small_limit(), 2..=3),
+        kinds in prop::collection::vec(0u8..8, 3),
+        ops in ops(3, 40),
+        t in start(),
+        eval in any::<bool>(),
+    ) {
+        let mode = if eval { Mode::Eval } else { Mode::Function };
+        replay_memo(&ls, &kinds, false, &ops, t, mode);
+    }
+
+    /// One key whose rate and burst change from request to request: an
+    /// undo refunds only in the line's own scale (the buckets' only while
+    /// no request has charged since), as the model.
+    #[test]
+    fn prop_memo_varying(
+        ls in varying_limits(),
+        kind in 0u8..8,
+        ops in ops(1, 48),
+        t in start(),
+        eval in any::<bool>(),
+    ) {
+        let mode = if eval { Mode::Eval } else { Mode::Function };
+        replay_memo(&ls, &[kind], true, &ops, t, mode);
+    }
+
+    /// Batches in mode "2" (requests sharing keys, runs, several lines a
+    /// request), mode "1", repeats and undos: every request as the model's,
+    /// an undo refunding each request's charges in order.
+    #[test]
+    fn prop_memo_batches(
+        ls in prop::collection::vec(small_limit(), 3),
+        batches in prop::collection::vec(
+            (any::<u16>(), prop::collection::vec((1u8..8, prop::collection::vec(any::<u8>(), 3)), 1..12), any::<u8>()),
+            1..16,
+        ),
+        t in start(),
+        eval in any::<bool>(),
+    ) {
+        let mode = if eval { Mode::Eval } else { Mode::Function };
+        let ls: Vec<Vec<Limit>> = ls.into_iter().map(|l| vec![l]).collect();
+        replay_memo_batches(&ls, &batches, t, mode);
+    }
+
+    /// Batches on three varying keys (each request's line under one of its
+    /// key's limits; not `sliding_log`, whose key lives by its last
+    /// writer's window): an undo refunds each request's charges in order,
+    /// only in their own scale.
+    #[test]
+    fn prop_memo_batches_varying(
+        ls in prop::collection::vec(
+            varying_limits().prop_filter("sliding_log", |ls| ls[0].algorithm() != Algorithm::SlidingLog),
+            3,
+        ),
+        batches in prop::collection::vec(
+            (any::<u16>(), prop::collection::vec((1u8..8, prop::collection::vec(any::<u8>(), 3)), 1..12), any::<u8>()),
+            1..16,
+        ),
+        t in start(),
+        eval in any::<bool>(),
+    ) {
+        let mode = if eval { Mode::Eval } else { Mode::Function };
+        replay_memo_batches(&ls, &batches, t, mode);
+    }
+}
+
+/// Sanity: the memo replays reach every path often enough to mean
+/// something: calls run and repeated, calls undone before they run (and
+/// then answered late), undos that take charges back, undos that find
+/// nothing left to take (expired windows, drained buckets, a varying
+/// state converted or charged since), second undos.
+#[test]
+fn memo_replay_coverage() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let mut draw = |s: &dyn Fn(&mut TestRunner)| {
+        for _ in 0..60 {
+            s(&mut runner);
+        }
+    };
+    let seen = |what: &str, s: MemoStats, least: u64| {
+        let all = [s.runs, s.repeats, s.late_undone, s.undo_not_run, s.undo_already, s.undo_refunded, s.undo_kept];
+        assert!(all.iter().all(|&n| n >= least), "{what}: {s:?}");
+    };
+    let before = stats();
+    draw(&|r| {
+        let (l, k, ops, t) = (small_limit(), 0u8..8, ops(1, 48), start()).new_tree(r).unwrap().current();
+        replay_memo(&[l], &[k], false, &ops, t, Mode::Function);
+    });
+    seen("single line", diff(stats(), before), 3);
+    let before = stats();
+    draw(&|r| {
+        let (ls, k, ops, t) = (varying_limits(), 0u8..8, ops(1, 48), start()).new_tree(r).unwrap().current();
+        replay_memo(&ls, &[k], true, &ops, t, Mode::Function);
+    });
+    seen("varying", diff(stats(), before), 15);
+    let before = stats();
+    draw(&|r| {
+        let batches = prop::collection::vec(
+            (any::<u16>(), prop::collection::vec((1u8..8, prop::collection::vec(any::<u8>(), 3)), 1..12), any::<u8>()),
+            1..16,
+        );
+        let (ls, b, t) = (prop::collection::vec(small_limit(), 3), batches, start()).new_tree(r).unwrap().current();
+        let ls: Vec<Vec<Limit>> = ls.into_iter().map(|l| vec![l]).collect();
+        replay_memo_batches(&ls, &b, t, Mode::Function);
+    });
+    seen("batches", diff(stats(), before), 1);
+}
+
+fn diff(a: MemoStats, b: MemoStats) -> MemoStats {
+    MemoStats {
+        runs: a.runs - b.runs,
+        repeats: a.repeats - b.repeats,
+        late_undone: a.late_undone - b.late_undone,
+        undo_not_run: a.undo_not_run - b.undo_not_run,
+        undo_already: a.undo_already - b.undo_already,
+        undo_refunded: a.undo_refunded - b.undo_refunded,
+        undo_kept: a.undo_kept - b.undo_kept,
+    }
 }
