@@ -198,23 +198,27 @@ pub async fn charge(
     lines: &[JobLine],
     memo: CallId,
 ) -> Result<usize, RedisError> {
-    let command = |how: How| {
-        let mut cmd = via.code.charge.command(how);
-        keys_and_memo(&mut cmd, prefix, lines, memo);
-        write_charge_args(lines.iter().map(|l| (l.limit, l.cost)), None, |a| {
-            match a {
-                Arg::Str(s) => cmd.arg(s),
-                Arg::Int(i) => cmd.arg(i),
-                Arg::Neg(n) => cmd.arg(-(n as i64)),
-            };
-        });
-        cmd
-    };
+    let command = |how: How| lines_command(&via.code.charge, how, prefix, lines, memo);
     let reply = integers(invoke(&mut conn, via, command).await?)?;
     let Some(reply) = parse_charge_reply(&reply, lines.len()) else {
         return Err(RedisError::Malformed(format!("{} integers for a charge of {} lines", reply.len(), lines.len())));
     };
     Ok(reply.charged.iter().filter(|c| !**c).count())
+}
+
+/// The charge call's or the undo's command (`entry`'s) for `lines`, each
+/// with its cost, named `memo`: the arguments the two take.
+fn lines_command(entry: &Entry, how: How, prefix: &str, lines: &[JobLine], memo: CallId) -> Cmd {
+    let mut cmd = entry.command(how);
+    keys_and_memo(&mut cmd, prefix, lines, memo);
+    write_charge_args(lines.iter().map(|l| (l.limit, l.cost)), None, |a| {
+        match a {
+            Arg::Str(s) => cmd.arg(s),
+            Arg::Int(i) => cmd.arg(i),
+            Arg::Neg(n) => cmd.arg(-(n as i64)),
+        };
+    });
+    cmd
 }
 
 /// Adds to `cmd` the number of keys, the state keys of `lines` and the
@@ -256,18 +260,7 @@ pub async fn undo(
     lines: &[JobLine],
     memo: CallId,
 ) -> Result<Undone, RedisError> {
-    let command = |how: How| {
-        let mut cmd = via.code.undo.command(how);
-        keys_and_memo(&mut cmd, prefix, lines, memo);
-        write_charge_args(lines.iter().map(|l| (l.limit, l.cost)), None, |a| {
-            match a {
-                Arg::Str(s) => cmd.arg(s),
-                Arg::Int(i) => cmd.arg(i),
-                Arg::Neg(n) => cmd.arg(-(n as i64)),
-            };
-        });
-        cmd
-    };
+    let command = |how: How| lines_command(&via.code.undo, how, prefix, lines, memo);
     match integers(invoke(&mut conn, via, command).await?)?.as_slice() {
         [_, 1] => Ok(Undone::TakenBack),
         [_, 0] => Ok(Undone::NotRun),
