@@ -107,7 +107,7 @@ impl RedisZone {
     pub fn undo_failed(&self, log: *mut ngx_log_t, e: &RedisError) {
         self.errors.set(self.errors.get() + 1);
         if budget(&self.charge_log_second, &self.charge_log_count) {
-            self.log_failure(log, e, "a request answered per on_error may have been charged");
+            self.log_failure(log, e, "a request refused or answered per on_error may have been charged");
         }
     }
 

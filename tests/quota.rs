@@ -169,6 +169,40 @@ fn cluster_two_slots_read_twice() {
     assert_eq!(cluster.keys("rl:*"), keys, "a read wrote nothing");
 }
 
+/// A Redis Cluster, concurrent requests of one user and one team (two
+/// slots): each request is checked on both slots, then committed slot by
+/// slot, so the team's commit can refuse a request whose user commit went
+/// through (another request took the team's last unit in between). That
+/// commit is taken back: the user's line is left charged with the admitted
+/// requests only, as `rl_quota` reads it.
+#[test]
+fn cluster_two_slots_commit_refused_taken_back() {
+    let cluster = Cluster::start(3);
+    let l = "rl_limit zone=c key=$http_x_user rate=100r/d burst=100 algorithm=fixed name=user;\n\
+             rl_limit zone=c key=$http_x_team rate=5r/d burst=5 algorithm=fixed name=team;";
+    let body = format!("location /api/ {{ {l} }}\nlocation = /quota {{ rl_quota; {l} }}");
+    let ngx = Nginx::setup(&server(&format!("rl_zone c redis={} timeout=1s;", cluster.url()), &body))
+        .file("html/api/index.html", "ok\n")
+        .start();
+    let who = [("X-User", "u1"), ("X-Team", "t1")];
+    let rs = ngx.concurrent(60, "/api/", &who);
+    assert_eq!(statuses(&rs), counts(&[(200, 5), (429, 55)]), "{rs:?}");
+    // The undos run after the requests are answered: read until they landed.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let user = loop {
+        let q = parse(&ngx.get("/quota", &who).body);
+        let user = field(&q, "user", "remaining").to_string();
+        assert_eq!(field(&q, "team", "remaining"), "0", "{q:?}");
+        if user == "95" || std::time::Instant::now() > until {
+            break user;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(user, "95", "the user's line charged by requests the team's commit refused");
+    let log = ngx.error_log();
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+}
+
 /// A Redis zone that is down: 503 with a JSON body, whatever `on_error`
 /// says, logged with the zone's name; no rate-limit fields.
 #[test]

@@ -6,10 +6,12 @@
 //! commits of a job across slots too; but those commits are separate calls,
 //! so one can be in time and another late (or rejected, when another client
 //! took the last of a limit between the check and the commit): the job is
-//! then answered as failed, or rejected, with its lines on the slots that
-//! committed charged. The zone keeps one offset for all the masters, so a
-//! deadline can also be late by the skew between their clocks.
+//! then answered as failed, or rejected, and the commits that went through
+//! (or may have) are undone, as a call answered per `on_error` is. The zone
+//! keeps one offset for all the masters, so a deadline can also be late by
+//! the skew between their clocks.
 
+use std::cell::Cell;
 use std::time::Instant;
 
 use rl_core::limit::Outcome;
@@ -17,7 +19,7 @@ use rl_core::redis::{write_state_key, Lines, RequestReply};
 
 use super::conn::Conn;
 use super::script::{call_one, CallId, Code};
-use super::zone_conn::{Fate, ZoneConn};
+use super::zone_conn::{Fate, Undo, ZoneConn};
 use super::{Job, JobLine, RedisError};
 
 impl ZoneConn {
@@ -39,7 +41,14 @@ impl ZoneConn {
             let job = &jobs[i];
             // (the names of its commits, one per slot at most, the same in every attempt)
             let ids = CallId::reserve(job.lines.len());
-            self.retrying(deadline, move |conn| self.run_job(conn, code, job, until, ids))
+            async move {
+                let committed = Cell::new(0);
+                let r = self.retrying(deadline, |conn| self.run_job(conn, code, job, until, ids, &committed)).await;
+                if !matches!(r, Ok((true, _))) || fate.answered.get() {
+                    undo_groups(job, ids, committed.get(), fate);
+                }
+                r
+            }
         });
         let (batches, each) =
             futures_util::future::join(futures_util::future::join_all(batches), futures_util::future::join_all(each))
@@ -60,7 +69,9 @@ impl ZoneConn {
 
     /// One job on a cluster: one script call when its lines share a slot;
     /// else the lines are checked first, then committed, group by group
-    /// (only checked, for a job that does not commit).
+    /// (only checked, for a job that does not commit). `committed` gains
+    /// the bit of each group (the first 63; bit 63 for the others) whose
+    /// commit Redis applied or may have.
     async fn run_job(
         &self,
         conn: Conn,
@@ -68,6 +79,7 @@ impl ZoneConn {
         job: &Job,
         until: Instant,
         ids: CallId,
+        committed: &Cell<u64>,
     ) -> Result<RequestReply, RedisError> {
         let prefix = &self.spec.prefix;
         let via = self.via(code, until);
@@ -83,7 +95,15 @@ impl ZoneConn {
                 let conn = conn.clone();
                 async move { call_one(conn, via, prefix, &sub, commit, Some(ids.nth(n))).await }
             });
-            for (g, r) in groups.iter().zip(futures_util::future::join_all(calls).await) {
+            let results = futures_util::future::join_all(calls).await;
+            if commit {
+                let applied = results.iter().enumerate().filter(|(_, r)| match r {
+                    Ok((ok, _)) => *ok,
+                    Err(e) => !e.not_applied(),
+                });
+                committed.set(applied.fold(committed.get(), |m, (n, _)| m | group_bit(n)));
+            }
+            for (g, r) in groups.iter().zip(results) {
                 let (ok, res) = r?;
                 all &= ok;
                 for (i, l) in g.iter().zip(res) {
@@ -95,6 +115,27 @@ impl ZoneConn {
             }
         }
         Ok((all, lines))
+    }
+}
+
+/// The bit of group `n` in a job's mask of committed groups.
+fn group_bit(n: usize) -> u64 {
+    1 << n.min(63)
+}
+
+/// Queues the undo of the commits of `job`'s groups in `committed` (named
+/// from `ids`), whose job was answered without them all: refused by one
+/// slot, failed, or answered by the timeout.
+fn undo_groups(job: &Job, ids: CallId, committed: u64, fate: &Fate) {
+    if committed == 0 {
+        return;
+    }
+    let tags: Vec<u64> = job.lines.iter().map(|l| l.tag).collect();
+    for (n, g) in groups(&tags).unwrap_or_default().iter().enumerate() {
+        if committed & group_bit(n) != 0 {
+            let lines = g.iter().map(|&i| job.lines[i]).collect();
+            fate.undo(Undo { id: ids.nth(n), lines, requests: 1 });
+        }
     }
 }
 

@@ -40,7 +40,7 @@ pub struct Undo {
 }
 
 impl Fate {
-    fn undo(&self, u: Undo) {
+    pub fn undo(&self, u: Undo) {
         let mut undos = self.undos.take();
         undos.push(u);
         self.undos.set(undos);
