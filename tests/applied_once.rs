@@ -431,6 +431,33 @@ fn charge_after_calls_are_applied_once() {
     assert_eq!(by_status(&results), counts(&[(200, results.len())]), "every request admitted; proxy: {stats:?}");
 }
 
+/// A charge whose reply is lost late: Redis ran it, and its connection
+/// breaks 11 s later, with `timeout=20s`. Its memo (10 s) is gone by then,
+/// so a copy sent now would charge again: nginx does not send one (a
+/// charge goes again only within 5 s of the first); Redis holds the cost
+/// once.
+#[test]
+fn charge_lost_late_is_not_sent_again() {
+    let redis = Redis::start();
+    let proxy = CuttingProxy::start(redis.port);
+    let ngx = nginx(&proxy, "timeout=20s", &format!("{LINE} charge=after"));
+    proxy.only_calls(Some(charge_calls()));
+    proxy.hold_before_cut(Duration::from_secs(11));
+    proxy.cut_every(1);
+    let r = ngx.get("/index.html", &[("X-Cost", "7")]);
+    assert_eq!(r.status, 200, "{r:?}");
+    let until = Instant::now() + Duration::from_secs(15);
+    while proxy.stats().cuts == 0 {
+        assert!(Instant::now() < until, "no charge cut: {:?}", proxy.stats());
+        thread::sleep(Duration::from_millis(50));
+    }
+    proxy.stop_cutting();
+    let in_redis = settled(&redis, &proxy, Duration::from_millis(500));
+    let stats = proxy.stats();
+    assert_sane(&stats, &ngx);
+    assert_eq!(in_redis, 7, "a cost of 7 charged, as Redis holds it; proxy: {stats:?}");
+}
+
 // ---------------------------------------------------------------------------
 // 3. Requests answered per on_error.
 // ---------------------------------------------------------------------------

@@ -83,6 +83,12 @@ pub struct ConnState {
     pub master: Option<(String, u16)>,
 }
 
+/// A charge whose connection broke is sent again only this soon after
+/// the first copy: the script keeps what a charge did for 10 s from when
+/// it ran (a charge has no deadline), and a copy that runs after that
+/// would charge again.
+const CHARGE_AGAIN_WITHIN: Duration = Duration::from_secs(5);
+
 /// The first wait before an undo is tried again.
 const UNDO_RETRY: Duration = Duration::from_millis(25);
 
@@ -194,8 +200,10 @@ impl ZoneConn {
     /// The charges of one event-loop iteration: one call, or on a cluster
     /// one per slot. Returns the lines not charged, each group with why.
     pub async fn run_charge(&self, code: &Code, lines: &[JobLine]) -> Vec<(usize, RedisError)> {
-        // No deadline for Redis; this one only bounds a reconnection's retry.
+        // No deadline for Redis; this one only bounds the wait for a reply.
         let until = Instant::now() + self.spec.timeout;
+        // A copy is sent only while the first's memo surely outlives it.
+        let again_until = Instant::now() + self.spec.timeout.min(CHARGE_AGAIN_WITHIN);
         let groups = match self.spec.target {
             Target::Cluster(_) => by_key_slot(lines, &self.spec.prefix),
             _ => vec![lines.to_vec()],
@@ -205,7 +213,7 @@ impl ZoneConn {
             let via = self.via(code, until);
             // (one name whatever the attempt: a charge sent again is applied once)
             let id = ids.nth(i);
-            self.retrying(until, move |conn| charge(conn, via, &self.spec.prefix, g, id))
+            self.retrying(again_until, move |conn| charge(conn, via, &self.spec.prefix, g, id))
         });
         let mut failed = Vec::new();
         for (g, r) in groups.iter().zip(futures_util::future::join_all(calls).await) {

@@ -86,6 +86,8 @@ struct Shared {
     lone_only: AtomicBool,
     /// Cut only on a connection open at least this long (ms).
     min_age_ms: AtomicU64,
+    /// Hold a reply to cut this long (ms) before dropping it.
+    hold_ms: AtomicU64,
     filter: RwLock<Option<Filter>>,
     /// After each cut, block new connections this long, so.
     block_after_cut: Mutex<Option<(Duration, Block)>>,
@@ -119,6 +121,7 @@ impl CuttingProxy {
             rng: Mutex::new(0),
             lone_only: AtomicBool::new(false),
             min_age_ms: AtomicU64::new(0),
+            hold_ms: AtomicU64::new(0),
             filter: RwLock::new(None),
             block_after_cut: Mutex::new(None),
             blocked: Mutex::new(None),
@@ -177,6 +180,12 @@ impl CuttingProxy {
     /// lost after it served, replaced at once).
     pub fn only_connections_older_than(&self, d: Duration) {
         self.shared.min_age_ms.store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Hold each reply to cut for `d` (the connection open, nothing more
+    /// forwarded to nginx on it) before dropping it: a reply lost late.
+    pub fn hold_before_cut(&self, d: Duration) {
+        self.shared.hold_ms.store(d.as_millis() as u64, Ordering::SeqCst);
     }
 
     /// After each cut, block new connections for `d` as `how` says
@@ -465,6 +474,7 @@ fn downstream(link: &Link, shared: &Shared) -> io::Result<()> {
             to.write_all(&buf[..used])?;
         }
         if cut {
+            thread::sleep(Duration::from_millis(shared.hold_ms.load(Ordering::SeqCst)));
             shared.counters.cuts.fetch_add(1, Ordering::SeqCst);
             // The block starts before nginx can see the connection end.
             if let Some((d, how)) = *shared.block_after_cut.lock().unwrap() {
