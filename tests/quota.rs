@@ -140,18 +140,26 @@ fn redis_budget_read_twice() {
     assert_eq!(redis.keys("*").len(), 4, "{:?}", redis.keys("*"));
 }
 
+/// nginx on `cluster`: `/api/` and `/quota` with a line per user (a budget
+/// of `user` a day) and one per team (`team`), named so.
+fn on_cluster(cluster: &Cluster, user: u32, team: u32) -> Nginx {
+    let l = format!(
+        "rl_limit zone=c key=$http_x_user rate={user}r/d burst={user} algorithm=fixed name=user;\n\
+         rl_limit zone=c key=$http_x_team rate={team}r/d burst={team} algorithm=fixed name=team;"
+    );
+    let body = format!("location /api/ {{ {l} }}\nlocation = /quota {{ rl_quota; {l} }}");
+    Nginx::setup(&server(&format!("rl_zone c redis={} timeout=1s;", cluster.url()), &body))
+        .file("html/api/index.html", "ok\n")
+        .start()
+}
+
 /// A Redis Cluster, a request of two lines on two keys (most likely two
 /// slots: read slot by slot, checked only): what the requests left, twice,
 /// and nothing written.
 #[test]
 fn cluster_two_slots_read_twice() {
     let cluster = Cluster::start(3);
-    let l = "rl_limit zone=c key=$http_x_user rate=5r/d burst=5 algorithm=fixed name=user;\n\
-             rl_limit zone=c key=$http_x_team rate=3r/d burst=3 algorithm=fixed name=team;";
-    let body = format!("location /api/ {{ {l} }}\nlocation = /quota {{ rl_quota; {l} }}");
-    let ngx = Nginx::setup(&server(&format!("rl_zone c redis={} timeout=1s;", cluster.url()), &body))
-        .file("html/api/index.html", "ok\n")
-        .start();
+    let ngx = on_cluster(&cluster, 5, 3);
     let who = [("X-User", "u1"), ("X-Team", "t1")];
     for _ in 0..2 {
         assert_eq!(ngx.get("/api/", &who).status, 200);
@@ -178,12 +186,7 @@ fn cluster_two_slots_read_twice() {
 #[test]
 fn cluster_two_slots_commit_refused_taken_back() {
     let cluster = Cluster::start(3);
-    let l = "rl_limit zone=c key=$http_x_user rate=100r/d burst=100 algorithm=fixed name=user;\n\
-             rl_limit zone=c key=$http_x_team rate=5r/d burst=5 algorithm=fixed name=team;";
-    let body = format!("location /api/ {{ {l} }}\nlocation = /quota {{ rl_quota; {l} }}");
-    let ngx = Nginx::setup(&server(&format!("rl_zone c redis={} timeout=1s;", cluster.url()), &body))
-        .file("html/api/index.html", "ok\n")
-        .start();
+    let ngx = on_cluster(&cluster, 100, 5);
     let who = [("X-User", "u1"), ("X-Team", "t1")];
     let rs = ngx.concurrent(60, "/api/", &who);
     assert_eq!(statuses(&rs), counts(&[(200, 5), (429, 55)]), "{rs:?}");
