@@ -2,6 +2,8 @@
 //!
 //! - [`habits`]: the nginx-rl form of a `limit_req` parameter that
 //!   `rl_zone` or `rl_limit` refuses, for the refusal to name.
+//! - [`lease`]: leases (escrow) of a line's budget: granted by the exact
+//!   line, spent by one node alone, never more than the line admits.
 //! - [`limit`]: the rate-limiting algorithms as pure state transitions over
 //!   integer time (microseconds, passed in by the caller).
 //! - [`metrics`]: the verdicts `rl_metrics` counts and their rendering
@@ -18,6 +20,7 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod habits;
+pub mod lease;
 pub mod limit;
 pub mod metrics;
 pub mod parse;

@@ -687,6 +687,28 @@ impl Limit {
         }
     }
 
+    /// Takes back the last `unspent` units of `charge` (a charge of a
+    /// static line), as [`Limit::refund`] takes back a whole one: the units
+    /// spent are taken to be the first ones charged (the buckets' lower
+    /// part of the charge, `gcra`'s earlier part of its TAT), the ones given
+    /// back the last. `unspent` of the charge's cost or more refunds it all.
+    pub fn refund_part(&self, state: &mut [u64], charge: &Charge, unspent: u64, now: u64) {
+        let unspent = unspent.min(charge.cost);
+        let spent = charge.cost - unspent;
+        let part = match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => Charge {
+                cost: unspent,
+                below: charge.below.saturating_add(spent.saturating_mul(self.rate.period_us)),
+                ..*charge
+            },
+            Algorithm::Gcra => {
+                Charge { cost: unspent, at: charge.at.saturating_add(spent.saturating_mul(self.interval)), ..*charge }
+            }
+            _ => Charge { cost: unspent, ..*charge },
+        };
+        self.refund(state, &part, now);
+    }
+
     /// [`Limit::check`], then [`Limit::commit`] if admitted.
     pub fn acquire(&self, state: &mut [u64], now: u64, cost: u64) -> Outcome {
         self.acquire_charged(state, now, cost).0

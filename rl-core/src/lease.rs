@@ -1,0 +1,215 @@
+//! Leases (escrow): a node takes part of a key's budget from the exact
+//! line (the state all nodes share, in Redis), charged there at once as a
+//! request of that cost would be, then spends it alone, with no round trip,
+//! and gives back what it did not spend.
+//!
+//! The bound: whatever the nodes, their leases, the order of grants, spends
+//! and give-backs, and whatever is lost (a node that dies with its lease, a
+//! give-back that never arrives), the units the nodes admit, in the order
+//! they admit them, are units the configured line itself would admit. A
+//! lease can only take less: units granted and not spent before the lease
+//! ends are wasted until given back or, for the window algorithms, until
+//! their window ends.
+//!
+//! Why it holds:
+//! - A grant is the largest cost up to what the node asks for that the line
+//!   admits at once at that instant, committed as one request.
+//! - `fixed` and `sliding`: a lease ends with the window it was granted in,
+//!   so every unit is admitted in the window that counts it; admitted
+//!   units are a part of the units granted, which the line admitted.
+//! - The buckets and `gcra` count time, not windows: a unit granted at t0
+//!   and spent at t1 > t0 was admitted by the line at t0, and spending it
+//!   later can bunch it with units the line admitted after t0, by as much
+//!   as the rate refills in a lease's life. So the line that grants them
+//!   has the configured burst less that refill, ⌈life · count / period⌉
+//!   units: over any
+//!   span, the units spent are at most the units granted over that span
+//!   and the lease life before it, which the smaller burst keeps within
+//!   what the configured burst admits over the span alone.
+//! - `sliding_log`, which stores one timestamp per unit, cannot be leased,
+//!   nor a line with a queue (a lease admits at once or not at all), nor a
+//!   varying line (its rate changes from request to request).
+//!
+//! Pure: times are the caller's (integer µs), state is the caller's.
+
+use core::fmt;
+
+use crate::limit::{Algorithm, Charge, Limit};
+
+/// Why a line cannot be leased.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseError {
+    /// `sliding_log` keeps a timestamp per unit: a lease has none to give.
+    SlidingLog,
+    /// A line that delays (`queue=`): a lease admits at once or not at all.
+    Queue,
+    /// A line whose rate and burst vary from request to request.
+    Varying,
+    /// A lease life of 0, or one past which its figures overflow.
+    Life,
+    /// The buckets and `gcra`: the burst is not above what the rate refills
+    /// in a lease's life, which the line that grants leases holds back.
+    Burst { burst: u64, held_back: u64 },
+}
+
+impl fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaseError::SlidingLog => {
+                write!(f, "algorithm=sliding_log cannot be leased: it keeps a timestamp per request")
+            }
+            LeaseError::Queue => write!(f, "a line with a queue cannot be leased: a lease admits at once"),
+            LeaseError::Varying => write!(f, "a line whose rate or burst varies cannot be leased"),
+            LeaseError::Life => write!(f, "invalid lease life"),
+            LeaseError::Burst { burst, held_back } => write!(
+                f,
+                "burst={burst} is too small to be leased: leases hold back {held_back} of it \
+                 (what the rate refills in a lease's life)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LeaseError {}
+
+/// How a line is leased: the line that grants leases (on the state all
+/// nodes share) and how long a lease lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leasing {
+    /// The configured line, for the buckets and `gcra` with its burst less
+    /// what the rate refills in `life`.
+    line: Limit,
+    /// How long a lease may be spent from, in µs (at most to the end of its
+    /// window, for `fixed` and `sliding`).
+    life: u64,
+}
+
+/// A node's lease: units granted at once, spent one request at a time
+/// until it ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    charge: Charge,
+    spent: u64,
+    /// When it ends: no unit is spent at or after this time.
+    until: u64,
+}
+
+impl Leasing {
+    /// `limit` leased for `life_us` at most a lease (for `fixed` and
+    /// `sliding` also to the end of the window it is granted in).
+    pub fn new(limit: Limit, life_us: u64) -> Result<Leasing, LeaseError> {
+        if limit.is_varying() {
+            return Err(LeaseError::Varying);
+        }
+        if limit.queue() > 0 {
+            return Err(LeaseError::Queue);
+        }
+        if life_us == 0 {
+            return Err(LeaseError::Life);
+        }
+        let line = match limit.algorithm() {
+            Algorithm::SlidingLog => return Err(LeaseError::SlidingLog),
+            Algorithm::Fixed | Algorithm::Sliding => limit,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
+                let held_back = held_back(&limit, life_us).ok_or(LeaseError::Life)?;
+                let burst = limit.burst();
+                if burst <= held_back {
+                    return Err(LeaseError::Burst { burst, held_back });
+                }
+                Limit::new(limit.algorithm(), limit.rate(), burst - held_back).map_err(|_| LeaseError::Life)?
+            }
+        };
+        Ok(Leasing { line, life: life_us })
+    }
+
+    /// The line that grants leases, on the state all nodes share.
+    pub fn line(&self) -> &Limit {
+        &self.line
+    }
+
+    /// Grants up to `want` units at `now`, charged on `state`: the most the
+    /// line admits at once as one request (none: a lease of 0 units).
+    pub fn grant(&self, state: &mut [u64], now: u64, want: u64) -> Lease {
+        let units = self.most_admitted(state, now, want);
+        let charge = match units {
+            0 => Charge::NONE,
+            n => self.line.commit(state, now, n),
+        };
+        Lease { charge, spent: 0, until: self.end(now) }
+    }
+
+    /// Gives back, at `now`, what `lease` has not spent: the line refunds it
+    /// as far as its state still holds it.
+    pub fn give_back(&self, state: &mut [u64], lease: &Lease, now: u64) {
+        let unspent = lease.left();
+        if unspent > 0 {
+            self.line.refund_part(state, &lease.charge, unspent, now);
+        }
+    }
+
+    /// The largest cost up to `want` that the line admits at once at `now`
+    /// (admission is monotone in the cost: a binary search).
+    fn most_admitted(&self, state: &[u64], now: u64, want: u64) -> u64 {
+        let at_once = |cost: u64| {
+            let o = self.line.check(state, now, cost);
+            o.admitted && o.delay_us == 0
+        };
+        let (mut lo, mut hi) = (0, want.min(self.line.burst()));
+        while lo < hi {
+            let mid = hi - (hi - lo) / 2;
+            if at_once(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
+    /// When a lease granted at `now` ends.
+    fn end(&self, now: u64) -> u64 {
+        let end = now.saturating_add(self.life);
+        match self.line.algorithm() {
+            Algorithm::Fixed | Algorithm::Sliding => {
+                let w = self.line.window_us();
+                end.min((now / w).saturating_add(1).saturating_mul(w))
+            }
+            _ => end,
+        }
+    }
+}
+
+/// What the rate refills in a lease's life, in units, rounded up (`gcra`,
+/// whose interval is rounded up, refills no faster); `None` on overflow.
+fn held_back(l: &Limit, life: u64) -> Option<u64> {
+    let r = l.rate();
+    let units = (u128::from(life) * u128::from(r.count)).div_ceil(u128::from(r.period_us));
+    u64::try_from(units).ok()
+}
+
+impl Lease {
+    /// Units granted.
+    pub fn granted(&self) -> u64 {
+        self.charge.cost()
+    }
+
+    /// Units not spent yet.
+    pub fn left(&self) -> u64 {
+        self.granted() - self.spent
+    }
+
+    /// When it ends: no unit is spent at or after this time.
+    pub fn until(&self) -> u64 {
+        self.until
+    }
+
+    /// Spends `cost` units at `now` if the lease has not ended and has them
+    /// left; whether it did.
+    pub fn spend(&mut self, now: u64, cost: u64) -> bool {
+        if now >= self.until || cost > self.left() {
+            return false;
+        }
+        self.spent += cost;
+        true
+    }
+}

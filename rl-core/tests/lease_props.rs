@@ -1,0 +1,259 @@
+//! Property tests of leases (`rl_core::lease`) on a fake clock (integer
+//! µs): several nodes take leases from one shared state (Redis', in the
+//! fleet), spend them alone, give back what is left; some die holding a
+//! lease, some give-backs or grants are lost on the way, some requests are
+//! decided on the shared state at once (a key with no lease yet). Whatever
+//! the interleaving:
+//! - the bound: the units the nodes admitted, replayed in time order on a
+//!   fresh state of the configured line, are all admitted there: the fleet
+//!   never admits what the exact line would not;
+//! - a grant is never more than asked for, nor than the line admits at
+//!   once; a lease spends nothing after it ends, nor more than it holds;
+//! - with one node that syncs before each request and gives back at once,
+//!   leases admit what the lease line admits exactly (nothing is lost to
+//!   leasing but the held-back refill).
+//! - lines that cannot be leased are refused, with the reason.
+
+use proptest::prelude::*;
+use proptest::sample::select;
+use rl_core::lease::{Lease, LeaseError, Leasing};
+use rl_core::limit::{Algorithm, Limit};
+use rl_core::parse::Rate;
+
+/// The algorithms a lease can take.
+const LEASED: [Algorithm; 5] =
+    [Algorithm::Fixed, Algorithm::Sliding, Algorithm::TokenBucket, Algorithm::LeakyBucket, Algorithm::Gcra];
+
+/// What happens next, on node `node % nodes`, `gap` µs after the last step.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// A request of `cost` on the node: spent from its lease if it has one
+    /// that covers it, else decided on the shared state (`exact`: as a key
+    /// with no lease is), else rejected.
+    Request { cost: u64, exact: bool },
+    /// The node's sync: gives back what its lease has left, takes a new one
+    /// of up to `want`. `lost`: 1 = the give-back never arrived (the
+    /// node's lease is gone, nothing refunded), 2 = the reply never came
+    /// (given back and granted on the shared state, the node never learns
+    /// of the new lease), 0 = neither.
+    Sync { want: u64, lost: u8 },
+    /// The node dies with its lease: nothing given back.
+    Die,
+}
+
+fn steps(max: usize) -> impl Strategy<Value = Vec<(u8, u64, Step)>> {
+    let step = prop_oneof![
+        6 => (1u64..=3, any::<bool>()).prop_map(|(cost, exact)| Step::Request { cost, exact }),
+        3 => (0u64..=12, prop_oneof![6 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8)])
+            .prop_map(|(want, lost)| Step::Sync { want, lost }),
+        1 => Just(Step::Die),
+    ];
+    prop::collection::vec((any::<u8>(), any::<u64>(), step), 1..max)
+}
+
+fn limits() -> impl Strategy<Value = Limit> {
+    let period = prop_oneof![1u64..=40, 1_000u64..=2_000_000, Just(1_000_000u64)];
+    (select(LEASED.to_vec()), 1u64..=12, period, 1u64..=40)
+        .prop_map(|(a, count, p, b)| Limit::new(a, Rate { count, period_us: p }, b).unwrap())
+}
+
+/// A lease life of `permille` of the line's window (at least 1 µs).
+fn life_of(l: &Limit, permille: u64) -> u64 {
+    (u128::from(l.window_us()) * u128::from(permille) / 1000).max(1) as u64
+}
+
+/// A gap between steps: often none, else up to a lease life or a window.
+fn gap(raw: u64, life: u64, w: u64) -> u64 {
+    match raw % 5 {
+        0 | 1 => 0,
+        2 => raw / 5 % 3,
+        3 => (raw / 5) % life.max(1),
+        _ => (raw / 5) % w.max(1).saturating_mul(2),
+    }
+}
+
+/// Runs `steps` on `nodes` nodes; returns the admitted (time, cost), in
+/// time order, after checking the grant and spend rules as it goes.
+fn run(leasing: &Leasing, life: u64, nodes: usize, start: u64, steps: &[(u8, u64, Step)]) -> Vec<(u64, u64)> {
+    let line = leasing.line();
+    let mut shared = vec![0u64; line.state_words()];
+    let mut leases: Vec<Option<Lease>> = vec![None; nodes];
+    let mut admitted = Vec::new();
+    let mut t = start;
+    for &(node, raw, step) in steps {
+        t += gap(raw, life, line.window_us());
+        let n = usize::from(node) % nodes;
+        match step {
+            Step::Request { cost, exact } => {
+                let spent = leases[n].as_mut().is_some_and(|l| {
+                    let (left, until) = (l.left(), l.until());
+                    let ok = l.spend(t, cost);
+                    assert_eq!(ok, t < until && cost <= left, "spend at {t} of {cost}, {left} left until {until}");
+                    ok
+                });
+                if spent || (exact && line.acquire(&mut shared, t, cost).admitted) {
+                    admitted.push((t, cost));
+                }
+            }
+            Step::Sync { want, lost } => {
+                if let Some(old) = leases[n].take() {
+                    if lost != 1 {
+                        leasing.give_back(&mut shared, &old, t);
+                    }
+                }
+                if lost == 1 {
+                    continue;
+                }
+                let before = line.check(&shared, t, 0);
+                let lease = leasing.grant(&mut shared, t, want);
+                let g = lease.granted();
+                assert!(g <= want, "granted {g} of {want}");
+                assert!(g <= before.remaining, "granted {g} with {} remaining at once", before.remaining);
+                assert!(lease.until() > t, "a lease that ends before it starts");
+                if lost == 0 {
+                    leases[n] = Some(lease);
+                }
+            }
+            Step::Die => leases[n] = None,
+        }
+    }
+    admitted
+}
+
+/// Replays `admitted` on a fresh state of `limit`: the first request it
+/// rejects, if any.
+fn first_rejected(limit: &Limit, admitted: &[(u64, u64)]) -> Option<(usize, u64, u64)> {
+    let mut s = vec![0u64; limit.state_words()];
+    admitted.iter().enumerate().find_map(|(i, &(t, c))| (!limit.acquire(&mut s, t, c).admitted).then_some((i, t, c)))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    /// The bound, for any interleaving of grants, spends, give-backs,
+    /// losses and deaths on 1 to 4 nodes, with leases that live up to half
+    /// the line's window (what the burst takes to refill).
+    #[test]
+    fn fleet_never_admits_more_than_the_line(
+        limit in limits(),
+        life in 1u64..=500,
+        nodes in 1usize..=4,
+        start in prop_oneof![Just(0u64), 0u64..=10_000_000, Just(1_700_000_000_000_000u64)],
+        steps in steps(120),
+    ) {
+        let life = life_of(&limit, life);
+        let leasing = match Leasing::new(limit, life) {
+            Ok(l) => l,
+            Err(LeaseError::Burst { .. }) => return Ok(()),
+            Err(e) => panic!("{limit:?} for {life} µs: {e}"),
+        };
+        let admitted = run(&leasing, life, nodes, start, &steps);
+        prop_assert_eq!(first_rejected(&limit, &admitted), None, "admitted {:?}", admitted);
+    }
+
+    /// One node, syncing before each request for exactly its cost, the
+    /// lease spent at once: it admits what the lease line admits.
+    #[test]
+    fn one_node_in_lockstep_is_the_lease_line(
+        limit in limits(),
+        life in 1u64..=500,
+        start in 0u64..=10_000_000,
+        reqs in prop::collection::vec((any::<u64>(), 1u64..=3), 1..60),
+    ) {
+        let life = life_of(&limit, life);
+        let Ok(leasing) = Leasing::new(limit, life) else { return Ok(()) };
+        let line = *leasing.line();
+        let (mut shared, mut exact) = (vec![0u64; line.state_words()], vec![0u64; line.state_words()]);
+        let mut t = start;
+        for (raw, cost) in reqs {
+            t += gap(raw, life, line.window_us());
+            let mut lease = leasing.grant(&mut shared, t, cost);
+            let leased = lease.granted() == cost && lease.spend(t, cost);
+            if !leased {
+                leasing.give_back(&mut shared, &lease, t);
+            }
+            prop_assert_eq!(leased, line.acquire(&mut exact, t, cost).admitted, "at {}, cost {}", t, cost);
+            prop_assert_eq!(line.check(&shared, t, 0), line.check(&exact, t, 0), "states apart at {}", t);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    /// A lease granted at t0 on a state a history left, `spent` of it spent,
+    /// the rest given back at t1 with nothing else in between: the state
+    /// reads, then and later, as if only the spent units had been charged
+    /// at t0.
+    #[test]
+    fn giving_back_leaves_what_was_spent(
+        limit in limits(),
+        history in prop::collection::vec((any::<u64>(), 1u64..=3), 0..20),
+        want in 1u64..=40,
+        spent_permille in 0u64..=1000,
+        life in 1u64..=500,
+        wait in any::<u64>(),
+        later in prop::collection::vec(any::<u64>(), 1..6),
+    ) {
+        let life = life_of(&limit, life);
+        let Ok(leasing) = Leasing::new(limit, life) else { return Ok(()) };
+        let line = *leasing.line();
+        let (mut s, mut t) = (vec![0u64; line.state_words()], 1_000_000u64);
+        for (raw, cost) in history {
+            t += gap(raw, life, line.window_us());
+            line.acquire(&mut s, t, cost);
+        }
+        let mut only_spent = s.clone();
+        let mut lease = leasing.grant(&mut s, t, want);
+        let spent = lease.granted() * spent_permille / 1000;
+        prop_assert!(lease.spend(t, spent));
+        if spent > 0 {
+            prop_assert!(line.acquire(&mut only_spent, t, spent).admitted);
+        }
+        let t1 = t + gap(wait, life, line.window_us()).min(lease.until() - t);
+        leasing.give_back(&mut s, &lease, t1);
+        for (i, raw) in later.into_iter().enumerate() {
+            let at = t1 + if i == 0 { 0 } else { gap(raw, life, line.window_us()) };
+            prop_assert_eq!(line.check(&s, at, 0), line.check(&only_spent, at, 0), "at {} (t0 {}, t1 {})", at, t, t1);
+        }
+    }
+}
+
+#[test]
+fn lines_that_cannot_be_leased() {
+    let rate = Rate { count: 10, period_us: 1_000_000 };
+    let log = Limit::new(Algorithm::SlidingLog, rate, 10).unwrap();
+    assert_eq!(Leasing::new(log, 100_000), Err(LeaseError::SlidingLog));
+    let queued = Limit::new(Algorithm::Gcra, rate, 10).unwrap().with_queue(5).unwrap();
+    assert_eq!(Leasing::new(queued, 100_000), Err(LeaseError::Queue));
+    let varying = Limit::new(Algorithm::Fixed, rate, 10).unwrap().varying();
+    assert_eq!(Leasing::new(varying, 100_000), Err(LeaseError::Varying));
+    let fixed = Limit::new(Algorithm::Fixed, rate, 10).unwrap();
+    assert_eq!(Leasing::new(fixed, 0), Err(LeaseError::Life));
+    // 10r/s refills 1 unit in 100 ms: a burst of 1 leaves nothing to lease.
+    let bucket = Limit::new(Algorithm::TokenBucket, rate, 1).unwrap();
+    assert_eq!(Leasing::new(bucket, 100_000), Err(LeaseError::Burst { burst: 1, held_back: 1 }));
+    assert_eq!(
+        Leasing::new(bucket, 100_000).unwrap_err().to_string(),
+        "burst=1 is too small to be leased: leases hold back 1 of it (what the rate refills in a lease's life)"
+    );
+    // The window algorithms hold nothing back: their leases end with the window.
+    assert_eq!(Leasing::new(fixed, 100_000).unwrap().line(), &fixed);
+    let gcra = Limit::new(Algorithm::Gcra, rate, 10).unwrap();
+    assert_eq!(Leasing::new(gcra, 100_000).unwrap().line().burst(), 9, "1 refilled in 100 ms held back");
+}
+
+/// A lease ends with its window (`fixed`): granted 1 µs before the window
+/// ends, it spends nothing in the next one, which the line counts afresh.
+#[test]
+fn a_window_lease_ends_with_its_window() {
+    let fixed = Limit::new(Algorithm::Fixed, Rate { count: 10, period_us: 1_000_000 }, 10).unwrap();
+    let leasing = Leasing::new(fixed, 500_000).unwrap();
+    let mut s = vec![0u64; fixed.state_words()];
+    let mut lease = leasing.grant(&mut s, 999_999, 10);
+    assert_eq!((lease.granted(), lease.until()), (10, 1_000_000));
+    assert!(lease.spend(999_999, 4));
+    assert!(!lease.spend(1_000_000, 1), "spent in the next window");
+    // The next window's whole budget is there for the next lease.
+    assert_eq!(leasing.grant(&mut s, 1_000_000, 20).granted(), 10);
+}
