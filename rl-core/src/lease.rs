@@ -30,11 +30,15 @@
 //!   nor a line with a queue (a lease admits at once or not at all), nor a
 //!   varying line (its rate changes from request to request).
 //!
+//! [`share`]: the line a node enforces alone when the shared state is out
+//! of reach, so that the fleet's nodes together stay within the line.
+//!
 //! Pure: times are the caller's (integer µs), state is the caller's.
 
 use core::fmt;
 
 use crate::limit::{Algorithm, Charge, Limit};
+use crate::parse::Rate;
 
 /// Why a line cannot be leased.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +189,35 @@ fn held_back(l: &Limit, life: u64) -> Option<u64> {
     let r = l.rate();
     let units = (u128::from(life) * u128::from(r.count)).div_ceil(u128::from(r.period_us));
     u64::try_from(units).ok()
+}
+
+/// The line one of `nodes` nodes enforces on its own when the shared
+/// state cannot be reached (`on_error=local`), so that the nodes together
+/// never admit what `limit` would not: each gets ⌊burst / nodes⌋ of the
+/// burst (and of the queue) and a `nodes`-th of the rate, over the same
+/// windows (`fixed`, `sliding`, `sliding_log`: the same window, so a
+/// window's units add up across nodes; `gcra`: an interval `nodes` times
+/// as long as the line's, which is rounded up). `None` when a node's share
+/// of the burst is nothing (more nodes than the burst has units): such a
+/// node admits nothing on its own.
+pub fn share(limit: &Limit, nodes: u64) -> Option<Limit> {
+    let nodes = nodes.max(1);
+    let burst = limit.burst() / nodes;
+    if burst == 0 {
+        return None;
+    }
+    let r = limit.rate();
+    let rate = match limit.algorithm() {
+        Algorithm::Fixed | Algorithm::Sliding | Algorithm::SlidingLog => {
+            Rate { count: burst, period_us: limit.window_us() }
+        }
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            Rate { count: r.count, period_us: r.period_us.checked_mul(nodes)? }
+        }
+        Algorithm::Gcra => Rate { count: 1, period_us: r.period_us.div_ceil(r.count).checked_mul(nodes)? },
+    };
+    let shared = Limit::new(limit.algorithm(), rate, burst).ok()?.with_queue(limit.queue() / nodes).ok()?;
+    Some(if limit.is_varying() { shared.varying() } else { shared })
 }
 
 impl Lease {

@@ -16,7 +16,7 @@
 
 use proptest::prelude::*;
 use proptest::sample::select;
-use rl_core::lease::{Lease, LeaseError, Leasing};
+use rl_core::lease::{share, Lease, LeaseError, Leasing};
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
 
@@ -219,6 +219,41 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    /// `on_error=local`: each of `nodes` nodes decides its requests alone on
+    /// its share of the line; what they admit together, replayed in time
+    /// order on the line, is all admitted there.
+    #[test]
+    fn shares_add_up_to_no_more_than_the_line(
+        algorithm in select(Algorithm::ALL.to_vec()),
+        count in 1u64..=12,
+        period in prop_oneof![1u64..=40, 1_000u64..=2_000_000],
+        burst in 1u64..=40,
+        queue in prop_oneof![Just(0u64), 1u64..=12],
+        nodes in 1u64..=5,
+        reqs in prop::collection::vec((any::<u8>(), any::<u64>(), 1u64..=3), 1..150),
+    ) {
+        let limit = Limit::new(algorithm, Rate { count, period_us: period }, burst).unwrap();
+        let limit = limit.with_queue(queue).unwrap_or(limit);
+        let Some(part) = share(&limit, nodes) else {
+            prop_assert!(burst < nodes);
+            return Ok(());
+        };
+        prop_assert_eq!(part.algorithm(), limit.algorithm());
+        let mut states = vec![vec![0u64; part.state_words()]; nodes as usize];
+        let (mut t, mut admitted) = (0u64, Vec::new());
+        for (node, raw, cost) in reqs {
+            t += gap(raw, limit.window_us() / 4 + 1, limit.window_us());
+            if part.acquire(&mut states[usize::from(node) % nodes as usize], t, cost).admitted {
+                admitted.push((t, cost));
+            }
+        }
+        prop_assert_eq!(first_rejected(&limit, &admitted), None, "share {:?}, admitted {:?}", part, admitted);
+    }
+}
+
 #[test]
 fn lines_that_cannot_be_leased() {
     let rate = Rate { count: 10, period_us: 1_000_000 };
@@ -256,4 +291,20 @@ fn a_window_lease_ends_with_its_window() {
     assert!(!lease.spend(1_000_000, 1), "spent in the next window");
     // The next window's whole budget is there for the next lease.
     assert_eq!(leasing.grant(&mut s, 1_000_000, 20).granted(), 10);
+}
+
+/// Shares, by hand: 3 nodes of `fixed` 10r/s burst 10 get 3 each over the
+/// same second; `gcra` 10r/s: one unit per 300 ms each; 11 nodes of a burst
+/// of 10 get nothing.
+#[test]
+fn shares_by_hand() {
+    let rate = Rate { count: 10, period_us: 1_000_000 };
+    let fixed = Limit::new(Algorithm::Fixed, rate, 10).unwrap();
+    let part = share(&fixed, 3).unwrap();
+    assert_eq!((part.burst(), part.window_us()), (3, 1_000_000));
+    let gcra = Limit::new(Algorithm::Gcra, rate, 10).unwrap();
+    let part = share(&gcra, 3).unwrap();
+    assert_eq!((part.burst(), part.rate()), (3, Rate { count: 1, period_us: 300_000 }));
+    assert_eq!(share(&fixed, 11), None);
+    assert_eq!(share(&fixed, 1), Some(fixed), "one node: the line itself");
 }
