@@ -160,6 +160,17 @@ pub fn undo_function_name() -> String {
     format!("{}_undo", function_name())
 }
 
+/// The lease call as a script (for `SCRIPT LOAD` / `EVALSHA`): the same
+/// body, its last line calling the lease.
+pub fn lease_script() -> String {
+    format!("{}return lease(KEYS, ARGV)\n", script_body())
+}
+
+/// The lease call's function in the library ([`function_library`]).
+pub fn lease_function_name() -> String {
+    format!("{}_lease", function_name())
+}
+
 /// Appends to `out` the memo key of a call whose first state key is
 /// `first_key`, named `id` (unique to the call, whatever nginx sent it):
 /// the state key up to its hash tag (`prefix{tag}`: the whole key if it has
@@ -197,7 +208,8 @@ pub fn function_library() -> String {
     format!(
         "#!lua name={name}\n{body}redis.register_function('{name}', limit)\n\
          redis.register_function('{name}_charge', charge)\n\
-         redis.register_function('{name}_undo', undo)\n"
+         redis.register_function('{name}_undo', undo)\n\
+         redis.register_function('{name}_lease', lease)\n"
     )
 }
 
@@ -489,6 +501,84 @@ pub fn parse_charge_reply(reply: &[i64], lines: usize) -> Option<ChargeReply> {
         })
         .collect::<Option<Vec<bool>>>()?;
     Some(ChargeReply { now_us: u64::try_from(now_us).ok()?, charged })
+}
+
+/// One key of a lease call: the line that grants leases (see
+/// [`crate::lease::Leasing::line`]), the units wanted, and what the node
+/// gives back of its last lease on the key: the units unspent and the
+/// words that lease's grant returned ([`LeaseGrant::words`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseArg {
+    pub line: Limit,
+    pub want: u64,
+    pub back: u64,
+    pub words: (u64, u64),
+}
+
+/// Emits the lease call's `ARGV` for `keys`, in the order of their `KEYS`
+/// (the memo key after them): `now_us` replaces Redis `TIME` (tests); a
+/// lease lives `life_us` at most.
+pub fn write_lease_args(keys: &[LeaseArg], now_us: Option<u64>, life_us: u64, mut emit: impl FnMut(Arg<'_>)) {
+    match now_us {
+        Some(t) => emit(Arg::Int(t)),
+        None => emit(Arg::Str("")),
+    }
+    emit(Arg::Int(life_us));
+    let mut spec = Spec::default();
+    for k in keys {
+        emit(Arg::Str(spec.of((k.line, 1).into())));
+        emit(Arg::Int(k.want));
+        emit(Arg::Int(k.back));
+        emit(Arg::Int(k.words.0));
+        emit(Arg::Int(k.words.1));
+    }
+}
+
+/// One key's lease, as the lease call grants it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// Units granted (0: none).
+    pub units: u64,
+    /// The words to give them back with ([`LeaseArg::words`]).
+    pub words: (u64, u64),
+    /// How long the lease lives from when Redis ran the call (µs).
+    pub life_us: u64,
+    /// What the line has left at once after the grant, and its reset (µs).
+    pub remaining: u64,
+    pub reset_us: u64,
+    /// The units given back were taken back.
+    pub taken_back: bool,
+}
+
+/// Integers per key in the lease call's reply.
+pub const LEASE_REPLY_PER_KEY: usize = 7;
+
+/// Parses the lease call's reply for `keys` keys: when Redis ran it (µs
+/// of its clock) and each key's lease; `None` if it is malformed.
+pub fn parse_lease_reply(reply: &[i64], keys: usize) -> Option<(u64, Vec<LeaseGrant>)> {
+    let (&now_us, rest) = reply.split_first()?;
+    if rest.len() != keys * LEASE_REPLY_PER_KEY {
+        return None;
+    }
+    let n = |v: i64| u64::try_from(v).ok();
+    let grants = rest
+        .chunks_exact(LEASE_REPLY_PER_KEY)
+        .map(|c| {
+            Some(LeaseGrant {
+                units: n(c[0])?,
+                words: (n(c[1])?, n(c[2])?),
+                life_us: n(c[3])?,
+                remaining: n(c[4])?,
+                reset_us: n(c[5])?,
+                taken_back: match c[6] {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((n(now_us)?, grants))
 }
 
 /// One request's lines' outcomes (inline up to two lines: no allocation for

@@ -7,9 +7,9 @@
 use mlua::{Function, Lua, Table, Value};
 use rl_core::limit::Limit;
 use rl_core::redis::{
-    charge_args, charge_function_name, charge_script, function_library, function_name, parse_charge_reply, parse_reply,
-    script_args, undo_function_name, undo_script, write_memo_key, Call, ChargeReply, LineArg, ScriptReply,
-    LIMIT_SCRIPT,
+    charge_args, charge_function_name, charge_script, function_library, function_name, lease_function_name,
+    lease_script, parse_charge_reply, parse_reply, script_args, undo_function_name, undo_script, write_memo_key, Call,
+    ChargeReply, LineArg, ScriptReply, LIMIT_SCRIPT,
 };
 use rl_core::verdict::Outcome;
 
@@ -42,6 +42,8 @@ pub(crate) struct Redis {
     charge: Function,
     /// The undo call: the library's function, or its script.
     undo: Function,
+    /// The lease call: the library's function, or its script.
+    lease: Function,
     mode: Mode,
     pub(crate) fake: Table,
 }
@@ -56,23 +58,25 @@ impl Redis {
         let lua = Lua::new();
         lua.globals().set("struct", struct_lib(&lua)).unwrap();
         lua.load(FAKE_REDIS).set_name("fake_redis").exec().unwrap();
-        let (script, charge, undo) = match mode {
+        let (script, charge, undo, lease) = match mode {
             Mode::Eval => (
                 lua.load(LIMIT_SCRIPT).set_name("limit.lua").into_function().unwrap(),
                 lua.load(charge_script()).set_name("charge.lua").into_function().unwrap(),
                 lua.load(undo_script()).set_name("undo.lua").into_function().unwrap(),
+                lua.load(lease_script()).set_name("lease.lua").into_function().unwrap(),
             ),
             Mode::Function => {
-                let (name, f, c, u): (String, Function, Function, Function) =
+                let (name, f, c, u, l): (String, Function, Function, Function, Function) =
                     lua.load(LOAD_LIBRARY).set_name("load_library").call(function_library()).unwrap();
                 assert_eq!(name, function_name());
                 assert_eq!(format!("{name}_charge"), charge_function_name());
                 assert_eq!(format!("{name}_undo"), undo_function_name());
-                (f, c, u)
+                assert_eq!(format!("{name}_lease"), lease_function_name());
+                (f, c, u, l)
             }
         };
         let fake = lua.globals().raw_get("fake").unwrap();
-        Redis { lua, script, charge, undo, mode, fake }
+        Redis { lua, script, charge, undo, lease, mode, fake }
     }
 
     pub(crate) fn set_now(&self, now_us: u64) {
@@ -165,7 +169,13 @@ impl Redis {
         self.call_table(&self.undo, keys, args)
     }
 
-    /// `f` (the script, the charge or the undo) called as FCALL or EVALSHA.
+    /// The lease call's raw reply (see [`Redis::eval`]).
+    pub(crate) fn eval_lease(&self, keys: &[String], args: &[String]) -> Vec<i64> {
+        integers(self.call_table(&self.lease, keys, args))
+    }
+
+    /// `f` (the script, the charge, the undo or the lease) called as FCALL
+    /// or EVALSHA.
     fn call_table(&self, f: &Function, keys: &[String], args: &[String]) -> Table {
         let keys = self.lua.create_sequence_from(keys.to_vec()).unwrap();
         let args = self.lua.create_sequence_from(args.to_vec()).unwrap();

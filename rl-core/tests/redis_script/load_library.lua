@@ -1,7 +1,7 @@
 -- Redis 7's FUNCTION LOAD for the tests (see the doc of LOAD_LIBRARY in
 -- harness.rs): called with the library's text, returns its name, its
--- function of that name, its charge function (NAME_charge) and its undo
--- function (NAME_undo).
+-- function of that name, its charge function (NAME_charge), its undo
+-- function (NAME_undo) and its lease function (NAME_lease).
 local text = ...
 local real = _G
 local loading, registered = true, {}
@@ -31,7 +31,8 @@ loading = false
 assert(registered[name], 'the library registers a function of its own name')
 assert(registered[name .. '_charge'], 'the library registers its charge function')
 assert(registered[name .. '_undo'], 'the library registers its undo function')
+assert(registered[name .. '_lease'], 'the library registers its lease function')
 local n = 0
 for _ in pairs(registered) do n = n + 1 end
-assert(n == 3, 'the library registers its three functions, no more')
-return name, registered[name], registered[name .. '_charge'], registered[name .. '_undo']
+assert(n == 4, 'the library registers its four functions, no more')
+return name, registered[name], registered[name .. '_charge'], registered[name .. '_undo'], registered[name .. '_lease']

@@ -19,12 +19,14 @@
 //! - `memo.rs`: calls applied at most once (mode "2", the charge with a
 //!   memo key), their repeats and their undo (`NAME_undo`), by hand and
 //!   with [`memo::Batches`], calls of several requests on both sides.
+//! - `lease.rs`: the lease call (`NAME_lease`) held to rl-core's lease model.
 //! - `props.rs`: proptests (failures persist in
 //!   `props.proptest-regressions`, next to it).
 
 mod cases;
 mod fixtures;
 mod harness;
+mod lease;
 mod memo;
 mod model;
 mod pair;

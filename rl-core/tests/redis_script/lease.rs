@@ -1,0 +1,208 @@
+//! The lease call (`NAME_lease`) held to rl-core's lease model
+//! (`rl_core::lease::Leasing`): nodes sync (give back what their lease on
+//! each key left, take a new one), spend their leases, requests decided on
+//! the shared state at once, calls sent again under the same name; the
+//! script and the model grant the same units for the same life, leave
+//! states that decide every request alike, and a copy of a call that ran
+//! answers what it did and changes nothing.
+
+use proptest::prelude::*;
+use proptest::sample::select;
+use rl_core::lease::{Lease, Leasing};
+use rl_core::limit::{Algorithm, Limit};
+use rl_core::parse::Rate;
+use rl_core::redis::{parse_lease_reply, write_lease_args, Arg, LeaseArg, LeaseGrant};
+
+use crate::fixtures::{keys, T0};
+use crate::harness::{memo_key, Mode, Redis};
+
+/// A node's lease on a key: the model's, and the words the script's grant
+/// returned (to give it back with).
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    lease: Lease,
+    words: (u64, u64),
+}
+
+/// Both sides: the script on the fake Redis, and the model's states.
+struct Both {
+    redis: Redis,
+    keys: Vec<String>,
+    leasing: Vec<Leasing>,
+    states: Vec<Vec<u64>>,
+    calls: u64,
+}
+
+impl Both {
+    fn new(leasing: Vec<Leasing>) -> Both {
+        Both::with(Mode::Function, leasing)
+    }
+
+    fn with(mode: Mode, leasing: Vec<Leasing>) -> Both {
+        let states = leasing.iter().map(|l| vec![0u64; l.line().state_words()]).collect();
+        Both { redis: Redis::with(mode), keys: keys(leasing.len()), leasing, states, calls: 0 }
+    }
+
+    /// One lease call at `now` for every key (`want` units each, giving
+    /// back `held`); the raw reply, named `id`.
+    fn call(&self, now: u64, life: u64, wants: &[u64], held: &[Option<Held>], id: (u64, u64)) -> Vec<i64> {
+        let args: Vec<LeaseArg> = (0..self.keys.len())
+            .map(|i| {
+                let (back, words) = held[i].map_or((0, (0, 0)), |h| (h.lease.left(), h.words));
+                LeaseArg { line: *self.leasing[i].line(), want: wants[i], back, words }
+            })
+            .collect();
+        let mut argv = Vec::new();
+        write_lease_args(&args, Some(now), life, |a| {
+            argv.push(match a {
+                Arg::Str(s) => s.to_owned(),
+                Arg::Int(i) => i.to_string(),
+                Arg::Neg(i) => format!("-{i}"),
+            })
+        });
+        let mut keys = self.keys.clone();
+        keys.push(memo_key(&self.keys, id));
+        self.redis.set_now(now);
+        self.redis.eval_lease(&keys, &argv)
+    }
+
+    /// A node's sync at `now`: the same call on both sides, compared; the
+    /// node's new leases.
+    fn sync(&mut self, now: u64, life: u64, wants: &[u64], held: &[Option<Held>]) -> Vec<Held> {
+        self.calls += 1;
+        let id = (7, self.calls);
+        let raw = self.call(now, life, wants, held, id);
+        let (at, grants) = parse_lease_reply(&raw, self.keys.len()).expect("a well-formed lease reply");
+        assert_eq!(at, now);
+        let mut out = Vec::new();
+        for (i, g) in grants.iter().enumerate() {
+            let (leasing, state) = (&self.leasing[i], &mut self.states[i]);
+            if let Some(h) = held[i] {
+                leasing.give_back(state, &h.lease, now);
+            }
+            let lease = leasing.grant(state, now, wants[i]);
+            let left = leasing.line().check(state, now, 0);
+            let want = LeaseGrant {
+                units: lease.granted(),
+                words: g.words,
+                life_us: if lease.granted() > 0 { lease.until() - now } else { 0 },
+                remaining: left.remaining,
+                reset_us: left.reset_us,
+                taken_back: g.taken_back,
+            };
+            assert_eq!(*g, want, "key {i} at {now}: the script's grant, the model's");
+            out.push(Held { lease, words: g.words });
+        }
+        // A copy of the call, sent again: what it answered, nothing changed.
+        let before = self.redis.snapshot();
+        assert_eq!(self.call(now + 1, life, wants, held, id), raw, "a copy of a lease call at {now}");
+        assert_eq!(self.redis.snapshot(), before, "a copy of a lease call changed the store");
+        out
+    }
+
+    /// Every key's view at `now` (a check of 1 unit), on both sides.
+    fn same_views(&self, now: u64) {
+        for (i, l) in self.leasing.iter().enumerate() {
+            let (_, got) = self.redis.run(&self.keys[i..=i], &[(*l.line(), 1)], now, false, false);
+            assert_eq!(got[0], l.line().check(&self.states[i], now, 1), "key {i} at {now}");
+        }
+    }
+
+    /// A request on key `i` decided on the shared state at `now`.
+    fn exact(&mut self, i: usize, now: u64, cost: u64) {
+        let line = *self.leasing[i].line();
+        let (_, got) = self.redis.run(&self.keys[i..=i], &[(line, cost)], now, true, false);
+        assert_eq!(got[0], line.acquire(&mut self.states[i], now, cost), "key {i} at {now}, cost {cost}");
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Sync { node: usize, wants: [u64; 3] },
+    Spend { node: usize, key: usize, cost: u64 },
+    Exact { key: usize, cost: u64 },
+    Die { node: usize },
+}
+
+fn steps() -> impl Strategy<Value = Vec<(u64, Step)>> {
+    let step = prop_oneof![
+        3 => (0usize..3, [0u64..=8, 0u64..=8, 0u64..=8]).prop_map(|(node, wants)| Step::Sync { node, wants }),
+        4 => (0usize..3, 0usize..3, 1u64..=3).prop_map(|(node, key, cost)| Step::Spend { node, key, cost }),
+        2 => (0usize..3, 1u64..=3).prop_map(|(key, cost)| Step::Exact { key, cost }),
+        1 => (0usize..3).prop_map(|node| Step::Die { node }),
+    ];
+    prop::collection::vec((0u64..1_500_000, step), 1..40)
+}
+
+fn leased() -> impl Strategy<Value = Limit> {
+    let algs = [Algorithm::Fixed, Algorithm::Sliding, Algorithm::TokenBucket, Algorithm::LeakyBucket, Algorithm::Gcra];
+    (select(algs.to_vec()), 1u64..=10, prop_oneof![Just(1_000_000u64), 1_000u64..=3_000_000], 1u64..=20)
+        .prop_map(|(a, count, period_us, burst)| Limit::new(a, Rate { count, period_us }, burst).unwrap())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// 1 to 3 keys, 3 nodes, any order of syncs, spends, exact requests and
+    /// deaths: the script grants what the model grants, and both states
+    /// decide alike.
+    #[test]
+    fn lease_calls_are_the_model(
+        limits in prop::collection::vec(leased(), 1..=3),
+        life_permille in 1u64..=400,
+        steps in steps(),
+    ) {
+        // (one life for the call: a part of the first line's window)
+        let life = (u128::from(limits[0].window_us()) * u128::from(life_permille) / 1000).max(1) as u64;
+        let leasing: Vec<Leasing> = limits.iter().filter_map(|l| Leasing::new(*l, life).ok()).collect();
+        if leasing.is_empty() {
+            return Ok(());
+        }
+        let n = leasing.len();
+        let mut both = Both::new(leasing);
+        let mut held: Vec<Vec<Option<Held>>> = vec![vec![None; n]; 3];
+        let mut t = T0;
+        for (dt, step) in steps {
+            t += dt;
+            match step {
+                Step::Sync { node, wants } => {
+                    let new = both.sync(t, life, &wants[..n], &held[node]);
+                    held[node] = new.into_iter().map(Some).collect();
+                }
+                Step::Spend { node, key, cost } => {
+                    if let Some(h) = held[node].get_mut(key % n).and_then(|h| h.as_mut()) {
+                        h.lease.spend(t, cost);
+                    }
+                }
+                Step::Exact { key, cost } => both.exact(key % n, t, cost),
+                Step::Die { node } => held[node] = vec![None; n],
+            }
+            both.same_views(t);
+        }
+    }
+}
+
+/// By hand, as a function and as a script: a `fixed` line of 10 a second;
+/// a node takes 6, spends 2, gives back 4 and takes 8 in the same call: 8
+/// granted, 2 left at once; its lease ends with the window.
+#[test]
+fn give_back_then_grant_by_hand() {
+    for mode in [Mode::Function, Mode::Eval] {
+        by_hand(mode);
+    }
+}
+
+fn by_hand(mode: Mode) {
+    let fixed = Limit::new(Algorithm::Fixed, Rate { count: 10, period_us: 1_000_000 }, 10).unwrap();
+    let leasing = Leasing::new(fixed, 300_000).unwrap();
+    let mut both = Both::with(mode, vec![leasing]);
+    let t = T0 + 900_000;
+    let mut held = both.sync(t, 300_000, &[6], &[None]);
+    assert_eq!((held[0].lease.granted(), held[0].lease.until()), (6, T0 + 1_000_000), "ends with the window");
+    assert!(held[0].lease.spend(t + 10, 2));
+    let again = both.sync(t + 20, 300_000, &[8], &[Some(held.remove(0))]);
+    assert_eq!(again[0].lease.granted(), 8, "4 given back, 8 of the 10 less the 2 spent");
+    let raw = both.call(t + 30, 300_000, &[0], &[None], (7, 99));
+    let (_, g) = parse_lease_reply(&raw, 1).unwrap();
+    assert_eq!((g[0].units, g[0].remaining), (0, 0), "{g:?}");
+}
