@@ -191,6 +191,52 @@ fn held_back(l: &Limit, life: u64) -> Option<u64> {
     u64::try_from(units).ok()
 }
 
+/// A node's demand for one key, for sizing its leases: an estimate of the
+/// units it spends in a sync interval (an average over the last few,
+/// weighted to the latest: a quarter each interval), in thousandths.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Demand {
+    milli: u64,
+}
+
+impl Demand {
+    /// Folds in one interval's demand: the units its requests asked for
+    /// (spent from a lease, or that found it empty).
+    pub fn observe(&mut self, units: u64) {
+        let x = units.saturating_mul(1000);
+        // (3 parts the old estimate, 1 the new, rounded: a steady demand of
+        // n settles within a few thousandths of n)
+        let sum = u128::from(self.milli) * 3 + u128::from(x) + 2;
+        self.milli = u64::try_from(sum / 4).unwrap_or(u64::MAX);
+    }
+
+    /// The units one interval's demand is estimated at, rounded.
+    pub fn per_interval(&self) -> u64 {
+        self.milli.saturating_add(500) / 1000
+    }
+
+    /// How many units to ask for: half again the demand of an interval
+    /// (a lease lives about that long; the half covers the demand's
+    /// growth and the sync's own delay), at least 1, and at most this
+    /// node's share of what the line had left at once (`remaining`, as of
+    /// the last grant, shared by `nodes`; at least 1): as the line runs
+    /// low, leases shrink to a unit each, and what they can hold unspent
+    /// with them.
+    pub fn want(&self, remaining: u64, nodes: u64) -> u64 {
+        let est = self.per_interval();
+        let want = est.saturating_add(est.div_ceil(2)).max(1);
+        want.min((remaining / nodes.max(1)).max(1))
+    }
+}
+
+impl Lease {
+    /// Whether the node should ask for more before the next sync: it has
+    /// spent three quarters of the lease (or all of a lease of up to 3).
+    pub fn low(&self) -> bool {
+        self.left().saturating_mul(4) <= self.granted()
+    }
+}
+
 /// The line one of `nodes` nodes enforces on its own when the shared
 /// state cannot be reached (`on_error=local`), so that the nodes together
 /// never admit what `limit` would not: each gets ⌊burst / nodes⌋ of the

@@ -16,7 +16,7 @@
 
 use proptest::prelude::*;
 use proptest::sample::select;
-use rl_core::lease::{share, Lease, LeaseError, Leasing};
+use rl_core::lease::{share, Demand, Lease, LeaseError, Leasing};
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
 
@@ -307,4 +307,45 @@ fn shares_by_hand() {
     assert_eq!((part.burst(), part.rate()), (3, Rate { count: 1, period_us: 300_000 }));
     assert_eq!(share(&fixed, 11), None);
     assert_eq!(share(&fixed, 1), Some(fixed), "one node: the line itself");
+}
+
+proptest! {
+    /// Lease sizes: a steady demand of n units an interval is asked for as
+    /// 1.5 n (n + ⌈n/2⌉) once the estimate has settled; never 0; never more
+    /// than the node's share of what the line has left, but 1.
+    #[test]
+    fn sizes_follow_demand_within_the_share(
+        n in 0u64..=100_000,
+        history in prop::collection::vec(0u64..=1_000_000, 0..20),
+        remaining in 0u64..=1_000_000,
+        nodes in 0u64..=10,
+    ) {
+        let mut d = Demand::default();
+        for h in history {
+            d.observe(h);
+        }
+        for _ in 0..64 {
+            d.observe(n);
+        }
+        prop_assert_eq!(d.per_interval(), n, "{:?}", d);
+        let want = d.want(u64::MAX, 1);
+        prop_assert_eq!(want, (n + n.div_ceil(2)).max(1));
+        let capped = d.want(remaining, nodes);
+        prop_assert!(capped >= 1);
+        prop_assert!(capped <= want);
+        prop_assert!(capped <= (remaining / nodes.max(1)).max(1));
+    }
+}
+
+/// A lease is low once three quarters of it are spent.
+#[test]
+fn a_lease_runs_low() {
+    let fixed = Limit::new(Algorithm::Fixed, Rate { count: 10, period_us: 1_000_000 }, 10).unwrap();
+    let leasing = Leasing::new(fixed, 500_000).unwrap();
+    let mut s = vec![0u64; fixed.state_words()];
+    let mut lease = leasing.grant(&mut s, 0, 8);
+    assert!(lease.spend(1, 5) && !lease.low(), "3 of 8 left");
+    assert!(lease.spend(2, 1) && lease.low(), "2 of 8 left");
+    let empty = leasing.grant(&mut s, 3, 0);
+    assert!(empty.low(), "a lease of nothing is low");
 }
