@@ -30,6 +30,9 @@
 //!   nor a line with a queue (a lease admits at once or not at all), nor a
 //!   varying line (its rate changes from request to request).
 //!
+//! [`Slot`]: one key's leases as a node keeps them, on its own clock,
+//! with syncs in flight while requests spend.
+//!
 //! [`share`]: the line a node enforces alone when the shared state is out
 //! of reach, so that the fleet's nodes together stay within the line.
 //!
@@ -234,6 +237,116 @@ impl Lease {
     /// spent three quarters of the lease (or all of a lease of up to 3).
     pub fn low(&self) -> bool {
         self.left().saturating_mul(4) <= self.granted()
+    }
+}
+
+/// A lease as a node holds it: units left and granted, the words to give
+/// it back with, and when it ends on the node's own clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    pub left: u64,
+    pub granted: u64,
+    pub words: (u64, u64),
+    pub ends: u64,
+}
+
+/// What a node's sync sends for one key: units wanted, and what it gives
+/// back of an ended lease (units and words; 0 units: nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncArg {
+    pub want: u64,
+    pub back: u64,
+    pub words: (u64, u64),
+}
+
+/// One key's leases as a node keeps them (all its workers, in shared
+/// memory), on the node's own clock: the lease being spent and, granted
+/// while it still runs, the next; an ended lease's units to give back; the
+/// demand that sizes the next.
+///
+/// Never spent twice, never given back twice: a lease is given back only
+/// once it has ended (what it left is final), and a give-back leaves the
+/// slot with the call that carries it, whatever becomes of the call (a
+/// call lost on the way loses it: units wasted, never granted twice). A
+/// lease ends on the node no later than where Redis ran the grant: its
+/// life counts from when the node sent the call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Slot {
+    held: [Held; 2],
+    back: Held,
+    demand: Demand,
+    /// Units this interval's requests asked for.
+    asked: u64,
+}
+
+impl Slot {
+    /// A request of `cost` at `now`: spent from one lease (the older first)
+    /// that has not ended and holds it all; whether it was.
+    pub fn spend(&mut self, now: u64, cost: u64) -> bool {
+        self.asked = self.asked.saturating_add(cost);
+        for h in self.held.iter_mut() {
+            if now < h.ends && cost <= h.left {
+                h.left -= cost;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The i-th lease held (0: the one spent first), if any.
+    pub fn held(&self, i: usize) -> Option<&Held> {
+        self.held.get(i).filter(|h| h.granted > 0)
+    }
+
+    /// The units the slot's leases hold, unended at `now`.
+    pub fn left(&self, now: u64) -> u64 {
+        self.held.iter().filter(|h| now < h.ends).map(|h| h.left).sum()
+    }
+
+    /// What the sync at `now` sends for this key, the next sync being at
+    /// `next`: what an ended lease left (moved out of the slot), and a
+    /// new lease if the key was asked for and the leases it holds run low
+    /// or end before the next sync (sized by [`Demand::want`] from
+    /// `remaining` and `nodes`). `None`: nothing to send.
+    pub fn sync(&mut self, now: u64, next: u64, remaining: u64, nodes: u64) -> Option<SyncArg> {
+        self.demand.observe(self.asked);
+        self.asked = 0;
+        for h in self.held.iter_mut() {
+            if h.granted > 0 && now >= h.ends {
+                if h.left > 0 && self.back.left == 0 {
+                    self.back = *h;
+                }
+                // (a second ended lease with units left, while one waits to
+                // go back: wasted, never given back twice)
+                *h = Held::default();
+            }
+        }
+        if self.held[0].granted == 0 {
+            self.held.swap(0, 1);
+        }
+        let live = self.held.iter().filter(|h| h.granted > 0).count();
+        let running_low =
+            self.held.iter().all(|h| h.granted == 0 || h.ends <= next || h.left.saturating_mul(4) <= h.granted);
+        let want = match live < 2 && running_low && self.demand.per_interval() > 0 {
+            true => self.demand.want(remaining, nodes),
+            false => 0,
+        };
+        let back = core::mem::take(&mut self.back);
+        (want > 0 || back.left > 0).then_some(SyncArg { want, back: back.left, words: back.words })
+    }
+
+    /// The lease a sync sent at `sent` brought: `units` for `life_us` from
+    /// when Redis ran the call, given back with `words`.
+    pub fn granted(&mut self, sent: u64, units: u64, words: (u64, u64), life_us: u64) {
+        if units == 0 {
+            return;
+        }
+        let h = Held { left: units, granted: units, words, ends: sent.saturating_add(life_us) };
+        // (two leases still held, when two syncs asked at once: the units
+        // are wasted, never spent beyond the bound)
+        if let Some(free) = self.held.iter_mut().find(|h| h.granted == 0) {
+            *free = h;
+        }
     }
 }
 

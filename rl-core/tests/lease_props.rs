@@ -16,7 +16,7 @@
 
 use proptest::prelude::*;
 use proptest::sample::select;
-use rl_core::lease::{share, Demand, Lease, LeaseError, Leasing};
+use rl_core::lease::{share, Demand, Lease, LeaseError, Leasing, Slot};
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
 
@@ -348,4 +348,164 @@ fn a_lease_runs_low() {
     assert!(lease.spend(2, 1) && lease.low(), "2 of 8 left");
     let empty = leasing.grant(&mut s, 3, 0);
     assert!(empty.low(), "a lease of nothing is low");
+}
+
+/// A call in flight: runs at, node, sent at, what it sends, the delay of
+/// its reply (`None`: lost).
+type Flight = (u64, usize, u64, rl_core::lease::SyncArg, Option<u64>);
+
+/// A reply on its way: arrives at, node, sent at, units, words, life.
+type Reply = (u64, usize, u64, u64, (u64, u64), u64);
+
+/// What becomes of a sync call.
+#[derive(Clone, Copy, Debug)]
+enum Fate {
+    /// Redis runs it `run` µs after it is sent, its reply comes `back` µs
+    /// after that.
+    Answered { run: u64, back: u64 },
+    /// Redis runs it; its reply is lost.
+    ReplyLost { run: u64 },
+    /// It never reaches Redis.
+    Lost,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Event {
+    Request { node: usize, cost: u64 },
+    Sync { node: usize, fate: Fate },
+}
+
+fn events() -> impl Strategy<Value = Vec<(u64, Event)>> {
+    let fate = prop_oneof![
+        6 => (any::<u64>(), any::<u64>()).prop_map(|(run, back)| Fate::Answered { run, back }),
+        1 => any::<u64>().prop_map(|run| Fate::ReplyLost { run }),
+        1 => Just(Fate::Lost),
+    ];
+    let event = prop_oneof![
+        5 => (0usize..4, 1u64..=3).prop_map(|(node, cost)| Event::Request { node, cost }),
+        2 => (0usize..4, fate).prop_map(|(node, fate)| Event::Sync { node, fate }),
+    ];
+    prop::collection::vec((any::<u64>(), event), 1..200)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Nodes keep their leases in `Slot`s, on their own clocks, and sync
+    /// while their requests go on spending: calls run at Redis some time
+    /// after they are sent, their replies come later still or never, some
+    /// never arrive. What the nodes admit, replayed on the configured
+    /// line, is all admitted there.
+    #[test]
+    fn slots_with_syncs_in_flight_stay_within_the_line(
+        limit in limits(),
+        life in 1u64..=500,
+        nodes in 1usize..=4,
+        events in events(),
+    ) {
+        let life = life_of(&limit, life);
+        let Ok(leasing) = Leasing::new(limit, life) else { return Ok(()) };
+        let mut shared = vec![0u64; leasing.line().state_words()];
+        let mut slots = vec![Slot::default(); nodes];
+        // The model's leases, by the words the nodes give them back with.
+        let mut leases: Vec<Lease> = Vec::new();
+        let mut flight: Vec<Flight> = Vec::new();
+        let mut replies: Vec<Reply> = Vec::new();
+        let (mut t, mut admitted, mut remaining) = (1_000_000u64, Vec::new(), vec![u64::MAX; nodes]);
+        // (times in parts of a lease's life: steps up to half of one, calls
+        // run and answered within a quarter)
+        let (step, delay) = (|r: u64| r % (life / 2 + 1), |r: u64| r % (life / 4 + 1));
+        for (dt, event) in events {
+            t += step(dt);
+            // What Redis runs, and what comes back, up to now, in time order.
+            loop {
+                let run = flight.iter().enumerate().min_by_key(|(_, f)| f.0).filter(|(_, f)| f.0 <= t).map(|(i, _)| i);
+                let reply = replies.iter().enumerate().min_by_key(|(_, r)| r.0).filter(|(_, r)| r.0 <= t).map(|(i, _)| i);
+                match (run, reply) {
+                    (Some(i), r) if r.is_none_or(|r| flight[i].0 <= replies[r].0) => {
+                        let (at, node, sent, arg, back) = flight.remove(i);
+                        if arg.back > 0 {
+                            let l = leases[arg.words.0 as usize];
+                            prop_assert_eq!(l.left(), arg.back, "given back what the node left");
+                            leasing.give_back(&mut shared, &l, at);
+                        }
+                        let l = leasing.grant(&mut shared, at, arg.want);
+                        leases.push(l);
+                        let words = (leases.len() as u64 - 1, 0);
+                        if let Some(back) = back {
+                            let life_left = if l.granted() > 0 { l.until() - at } else { 0 };
+                            replies.push((at + back, node, sent, l.granted(), words, life_left));
+                        }
+                        remaining[node] = leasing.line().check(&shared, at, 0).remaining;
+                    }
+                    (_, Some(r)) => {
+                        let (_, node, sent, units, words, life_left) = replies.remove(r);
+                        slots[node].granted(sent, units, words, life_left);
+                    }
+                    _ => break,
+                }
+            }
+            match event {
+                Event::Request { node, cost } => {
+                    let n = node % nodes;
+                    let before = slots[n];
+                    if slots[n].spend(t, cost) {
+                        admitted.push((t, cost));
+                        // The model's lease spent alike (the slot's held
+                        // leases mirror the model's, by their words).
+                        let spent = (0..2).find(|&i| held_left(&before, i, t) >= cost && held_left(&slots[n], i, t) + cost == held_left(&before, i, t));
+                        prop_assert!(spent.is_some());
+                        let w = held_words(&before, spent.unwrap());
+                        prop_assert!(leases[w.0 as usize].spend(t, cost), "the model's lease refuses what the node spent at {}", t);
+                    }
+                }
+                Event::Sync { node, fate } => {
+                    let n = node % nodes;
+                    if let Some(arg) = slots[n].sync(t, t + life / 2, remaining[n], nodes as u64) {
+                        match fate {
+                            Fate::Answered { run, back } => {
+                                flight.push((t + delay(run), n, t, arg, Some(delay(back))))
+                            }
+                            Fate::ReplyLost { run } => flight.push((t + delay(run), n, t, arg, None)),
+                            Fate::Lost => {}
+                        }
+                    }
+                }
+            }
+        }
+        prop_assert_eq!(first_rejected(&limit, &admitted), None, "admitted {:?}", admitted);
+    }
+}
+
+/// Units left in a slot's i-th held lease at `now` (0 once it ended).
+fn held_left(s: &Slot, i: usize, now: u64) -> u64 {
+    s.held(i).filter(|h| now < h.ends).map_or(0, |h| h.left)
+}
+
+fn held_words(s: &Slot, i: usize) -> (u64, u64) {
+    s.held(i).map_or((0, 0), |h| h.words)
+}
+
+/// A slot by hand: nothing asked, nothing sent; 8 units asked, the sync
+/// wants 3 (an estimate of 2 an interval, and half again); the lease ends
+/// 150 after the call was sent; what it left goes back at the next sync,
+/// and only then.
+#[test]
+fn a_slot_by_hand() {
+    let mut s = Slot::default();
+    assert_eq!(s.sync(0, 100, 1000, 1), None, "nothing asked for, nothing held");
+    assert!(!s.spend(10, 8), "no lease yet");
+    let arg = s.sync(100, 200, 1000, 1).expect("asked for");
+    assert_eq!((arg.want, arg.back), (3, 0));
+    s.granted(100, 3, (11, 22), 150);
+    assert_eq!(s.held(0).map(|h| h.ends), Some(250), "sent at 100, lives 150");
+    assert!(s.spend(120, 2));
+    assert!(!s.spend(130, 2), "1 left");
+    assert_eq!(s.left(240), 1);
+    assert!(!s.spend(250, 1), "ended");
+    let arg = s.sync(300, 400, 1000, 1).expect("a unit to give back");
+    assert_eq!((arg.want, arg.back, arg.words), (5, 1, (11, 22)), "5 units asked in the interval: an estimate of 3");
+    let arg = s.sync(400, 500, 1000, 1).expect("still wanted");
+    assert_eq!((arg.want, arg.back), (3, 0), "given back once");
+    assert_eq!(s.sync(500, 600, 4, 2).map(|a| a.want), Some(2), "at most a node's share of what is left");
 }
