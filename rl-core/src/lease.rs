@@ -277,6 +277,9 @@ pub struct Slot {
     demand: Demand,
     /// Units this interval's requests asked for.
     asked: u64,
+    /// A sync that asked for a lease has not been answered yet: the next
+    /// asks for none (two grants at once would waste one).
+    asking: bool,
 }
 
 impl Slot {
@@ -327,26 +330,34 @@ impl Slot {
         let live = self.held.iter().filter(|h| h.granted > 0).count();
         let running_low =
             self.held.iter().all(|h| h.granted == 0 || h.ends <= next || h.left.saturating_mul(4) <= h.granted);
-        let want = match live < 2 && running_low && self.demand.per_interval() > 0 {
+        let want = match !self.asking && live < 2 && running_low && self.demand.per_interval() > 0 {
             true => self.demand.want(remaining, nodes),
             false => 0,
         };
         let back = core::mem::take(&mut self.back);
+        self.asking |= want > 0;
         (want > 0 || back.left > 0).then_some(SyncArg { want, back: back.left, words: back.words })
     }
 
-    /// The lease a sync sent at `sent` brought: `units` for `life_us` from
-    /// when Redis ran the call, given back with `words`.
+    /// The lease a sync sent at `sent` brought: `units` (0: none) for
+    /// `life_us` from when Redis ran the call, given back with `words`.
     pub fn granted(&mut self, sent: u64, units: u64, words: (u64, u64), life_us: u64) {
+        self.asking = false;
         if units == 0 {
             return;
         }
         let h = Held { left: units, granted: units, words, ends: sent.saturating_add(life_us) };
-        // (two leases still held, when two syncs asked at once: the units
-        // are wasted, never spent beyond the bound)
+        // (two leases still held, when a call given up on was answered
+        // after all: the units are wasted, never spent beyond the bound)
         if let Some(free) = self.held.iter_mut().find(|h| h.granted == 0) {
             *free = h;
         }
+    }
+
+    /// A sync's call got no answer (failed, or given up on): the next sync
+    /// may ask again. What the call asked for, and gave back, is lost.
+    pub fn unanswered(&mut self) {
+        self.asking = false;
     }
 }
 

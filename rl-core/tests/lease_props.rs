@@ -354,8 +354,9 @@ fn a_lease_runs_low() {
 /// its reply (`None`: lost).
 type Flight = (u64, usize, u64, rl_core::lease::SyncArg, Option<u64>);
 
-/// A reply on its way: arrives at, node, sent at, units, words, life.
-type Reply = (u64, usize, u64, u64, (u64, u64), u64);
+/// A reply on its way: arrives at, node, sent at, units, words, life;
+/// `None`: the call is given up on (no reply by then).
+type Reply = (u64, usize, u64, Option<(u64, (u64, u64), u64)>);
 
 /// What becomes of a sync call.
 #[derive(Clone, Copy, Debug)]
@@ -432,15 +433,20 @@ proptest! {
                         let l = leasing.grant(&mut shared, at, arg.want);
                         leases.push(l);
                         let words = (leases.len() as u64 - 1, 0);
-                        if let Some(back) = back {
-                            let life_left = if l.granted() > 0 { l.until() - at } else { 0 };
-                            replies.push((at + back, node, sent, l.granted(), words, life_left));
+                        let life_left = if l.granted() > 0 { l.until() - at } else { 0 };
+                        match back {
+                            Some(back) => replies.push((at + back, node, sent, Some((l.granted(), words, life_left)))),
+                            None => replies.push((at + life, node, sent, None)),
                         }
                         remaining[node] = leasing.line().check(&shared, at, 0).remaining;
                     }
                     (_, Some(r)) => {
-                        let (_, node, sent, units, words, life_left) = replies.remove(r);
-                        slots[node].granted(sent, units, words, life_left);
+                        match replies.remove(r) {
+                            (_, node, sent, Some((units, words, life_left))) => {
+                                slots[node].granted(sent, units, words, life_left)
+                            }
+                            (_, node, _, None) => slots[node].unanswered(),
+                        }
                     }
                     _ => break,
                 }
@@ -467,7 +473,7 @@ proptest! {
                                 flight.push((t + delay(run), n, t, arg, Some(delay(back))))
                             }
                             Fate::ReplyLost { run } => flight.push((t + delay(run), n, t, arg, None)),
-                            Fate::Lost => {}
+                            Fate::Lost => replies.push((t + life, n, t, None)),
                         }
                     }
                 }
@@ -487,9 +493,9 @@ fn held_words(s: &Slot, i: usize) -> (u64, u64) {
 }
 
 /// A slot by hand: nothing asked, nothing sent; 8 units asked, the sync
-/// wants 3 (an estimate of 2 an interval, and half again); the lease ends
-/// 150 after the call was sent; what it left goes back at the next sync,
-/// and only then.
+/// wants 3 (an estimate of 2 an interval, and half again), and no more
+/// until it is answered; the lease ends 150 after the call was sent; what
+/// it left goes back at the next sync, and only then.
 #[test]
 fn a_slot_by_hand() {
     let mut s = Slot::default();
@@ -497,6 +503,8 @@ fn a_slot_by_hand() {
     assert!(!s.spend(10, 8), "no lease yet");
     let arg = s.sync(100, 200, 1000, 1).expect("asked for");
     assert_eq!((arg.want, arg.back), (3, 0));
+    assert!(!s.spend(105, 1));
+    assert_eq!(s.sync(110, 210, 1000, 1), None, "asked already, not answered yet");
     s.granted(100, 3, (11, 22), 150);
     assert_eq!(s.held(0).map(|h| h.ends), Some(250), "sent at 100, lives 150");
     assert!(s.spend(120, 2));
@@ -505,7 +513,9 @@ fn a_slot_by_hand() {
     assert!(!s.spend(250, 1), "ended");
     let arg = s.sync(300, 400, 1000, 1).expect("a unit to give back");
     assert_eq!((arg.want, arg.back, arg.words), (5, 1, (11, 22)), "5 units asked in the interval: an estimate of 3");
-    let arg = s.sync(400, 500, 1000, 1).expect("still wanted");
+    s.unanswered();
+    let arg = s.sync(400, 500, 1000, 1).expect("still wanted, the last call unanswered");
     assert_eq!((arg.want, arg.back), (3, 0), "given back once");
+    s.granted(400, 0, (0, 0), 0);
     assert_eq!(s.sync(500, 600, 4, 2).map(|a| a.want), Some(2), "at most a node's share of what is left");
 }
