@@ -22,19 +22,19 @@
 //!   later can bunch it with units the line admitted after t0, by as much
 //!   as the rate refills in a lease's life. So the line that grants them
 //!   has the configured burst less that refill, ⌈life · count / period⌉
-//!   units: over any
-//!   span, the units spent are at most the units granted over that span
-//!   and the lease life before it, which the smaller burst keeps within
-//!   what the configured burst admits over the span alone.
+//!   units: over any span, the units spent are at most the units granted
+//!   over that span and the lease life before it, which the smaller burst
+//!   keeps within what the configured burst admits over the span alone.
 //! - `sliding_log`, which stores one timestamp per unit, cannot be leased,
-//!   nor a line with a queue (a lease admits at once or not at all), nor a
-//!   varying line (its rate changes from request to request).
+//!   nor a line with a queue (a lease admits at once or not at all), nor,
+//!   yet, a varying line (its rate changes from request to request).
 //!
-//! [`Slot`]: one key's leases as a node keeps them, on its own clock,
-//! with syncs in flight while requests spend.
-//!
-//! [`share`]: the line a node enforces alone when the shared state is out
-//! of reach, so that the fleet's nodes together stay within the line.
+//! Also here: [`Slot`], one key's leases as a node keeps them, on its own
+//! clock, with syncs in flight while requests spend; [`Demand`], which
+//! sizes them; [`share`], the line a node enforces alone when the shared
+//! state is out of reach, so that the fleet's nodes together stay within
+//! the line. The script's lease call (`NAME_lease`) is this model on
+//! Redis, held to it by rl-core's tests.
 //!
 //! Pure: times are the caller's (integer µs), state is the caller's.
 
