@@ -129,6 +129,11 @@ pub use reply::{check_line, max_delay_us, max_reset_us, max_retry_after_us, OutO
 /// The Lua script (for `SCRIPT LOAD` / `EVALSHA`).
 pub const LIMIT_SCRIPT: &str = include_str!("redis/limit.lua");
 
+/// The lease call (`lease`), which the function library and
+/// [`lease_script`] append to the script's body: a decision's `EVAL` does
+/// without it.
+const LEASE_LUA: &str = include_str!("redis/lease.lua");
+
 /// The script's last line: as `EVAL` runs it, its body checks the call's
 /// `KEYS` and `ARGV`.
 const EVAL_TAIL: &str = "return limit(KEYS, ARGV)\n";
@@ -163,7 +168,7 @@ pub fn undo_function_name() -> String {
 /// The lease call as a script (for `SCRIPT LOAD` / `EVALSHA`): the same
 /// body, its last line calling the lease.
 pub fn lease_script() -> String {
-    format!("{}return lease(KEYS, ARGV)\n", script_body())
+    format!("{}{LEASE_LUA}return lease(KEYS, ARGV)\n", script_body())
 }
 
 /// The lease call's function in the library ([`function_library`]).
@@ -191,6 +196,7 @@ pub fn write_memo_key(out: &mut String, first_key: &str, id: (u64, u64)) {
 pub fn function_name() -> String {
     let mut h = SipHasher13::new_with_keys(0, 0);
     h.write(LIMIT_SCRIPT.as_bytes());
+    h.write(LEASE_LUA.as_bytes());
     format!("rl_{:016x}", h.finish())
 }
 
@@ -206,7 +212,7 @@ pub fn function_library() -> String {
     let name = function_name();
     let body = script_body();
     format!(
-        "#!lua name={name}\n{body}redis.register_function('{name}', limit)\n\
+        "#!lua name={name}\n{body}{LEASE_LUA}redis.register_function('{name}', limit)\n\
          redis.register_function('{name}_charge', charge)\n\
          redis.register_function('{name}_undo', undo)\n\
          redis.register_function('{name}_lease', lease)\n"
