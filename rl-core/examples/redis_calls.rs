@@ -24,7 +24,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
 use rl_core::redis::{
-    function_library, function_name, tag_of, write_args, write_memo_key, write_state_key, Arg, Call, LineArg,
+    function_library, function_name, tag_of, write_args, write_memo_key, write_state_key, Call, LineArg,
 };
 
 /// The module's default key prefix.
@@ -87,13 +87,7 @@ fn fcalls(limit: Limit, requests: u64, clients: u64, calls: u64, hits: u64) {
         write_memo_key(&mut memo, &words[3], (now_us, c));
         words.push(memo);
         let batch = (0..requests).map(|_| [line]);
-        write_args(batch, call, |a| {
-            words.push(match a {
-                Arg::Str(s) => s.to_owned(),
-                Arg::Int(i) => i.to_string(),
-                Arg::Neg(n) => format!("-{n}"),
-            })
-        });
+        write_args(batch, call, |a| words.push(a.to_string()));
         println!("{}", words.join("\t"));
     }
 }

@@ -289,6 +289,17 @@ pub enum Arg<'a> {
     Neg(u64),
 }
 
+impl std::fmt::Display for Arg<'_> {
+    /// As Redis receives it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Arg::Str(s) => f.write_str(s),
+            Arg::Int(i) => write!(f, "{i}"),
+            Arg::Neg(i) => write!(f, "-{i}"),
+        }
+    }
+}
+
 /// What a call is for, besides its requests: the script's `ARGV[1 ..= 3]`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Call {
@@ -440,13 +451,7 @@ pub fn script_args<'a, T: Copy + Into<LineArg> + 'a>(
 ) -> Vec<String> {
     let mut args = Vec::new();
     let requests = requests.into_iter().map(|r| r.iter().copied());
-    write_args(requests, call, |a| {
-        args.push(match a {
-            Arg::Str(s) => s.to_owned(),
-            Arg::Int(i) => i.to_string(),
-            Arg::Neg(i) => format!("-{i}"),
-        })
-    });
+    write_args(requests, call, |a| args.push(a.to_string()));
     args
 }
 
@@ -471,13 +476,7 @@ pub fn write_charge_args(
 /// [`write_charge_args`] as strings.
 pub fn charge_args(lines: impl IntoIterator<Item = (Limit, u64)>, now_us: Option<u64>) -> Vec<String> {
     let mut args = Vec::new();
-    write_charge_args(lines, now_us, |a| {
-        args.push(match a {
-            Arg::Str(s) => s.to_owned(),
-            Arg::Int(i) => i.to_string(),
-            Arg::Neg(i) => format!("-{i}"),
-        })
-    });
+    write_charge_args(lines, now_us, |a| args.push(a.to_string()));
     args
 }
 
@@ -538,6 +537,13 @@ pub fn write_lease_args(keys: &[LeaseArg], now_us: Option<u64>, life_us: u64, mu
         emit(Arg::Int(k.words.0));
         emit(Arg::Int(k.words.1));
     }
+}
+
+/// [`write_lease_args`] as strings.
+pub fn lease_args(keys: &[LeaseArg], now_us: Option<u64>, life_us: u64) -> Vec<String> {
+    let mut args = Vec::new();
+    write_lease_args(keys, now_us, life_us, |a| args.push(a.to_string()));
+    args
 }
 
 /// One key's lease, as the lease call grants it.

@@ -110,14 +110,7 @@ pub async fn call(
                 next: l.next,
             })
         });
-        write_args(lines, Call { commit, now_us: None, deadline_us, memo: memo.is_some() }, |a| {
-            match a {
-                Arg::Str(s) => cmd.arg(s),
-                Arg::Int(i) => cmd.arg(i),
-                // A run's length: at most a batch.
-                Arg::Neg(n) => cmd.arg(-(n as i64)),
-            };
-        });
+        write_args(lines, Call { commit, now_us: None, deadline_us, memo: memo.is_some() }, |a| push_arg(&mut cmd, a));
         cmd
     };
     let sent = Instant::now();
@@ -211,14 +204,18 @@ pub async fn charge(
 fn lines_command(entry: &Entry, how: How, prefix: &str, lines: &[JobLine], memo: CallId) -> Cmd {
     let mut cmd = entry.command(how);
     keys_and_memo(&mut cmd, prefix, lines, memo);
-    write_charge_args(lines.iter().map(|l| (l.limit, l.cost)), None, |a| {
-        match a {
-            Arg::Str(s) => cmd.arg(s),
-            Arg::Int(i) => cmd.arg(i),
-            Arg::Neg(n) => cmd.arg(-(n as i64)),
-        };
-    });
+    write_charge_args(lines.iter().map(|l| (l.limit, l.cost)), None, |a| push_arg(&mut cmd, a));
     cmd
+}
+
+/// Adds one script argument to `cmd`, numbers as Redis integers.
+fn push_arg(cmd: &mut Cmd, a: Arg<'_>) {
+    match a {
+        Arg::Str(s) => cmd.arg(s),
+        Arg::Int(i) => cmd.arg(i),
+        // A run's length: at most a batch.
+        Arg::Neg(n) => cmd.arg(-(n as i64)),
+    };
 }
 
 /// Adds to `cmd` the number of keys, the state keys of `lines` and the

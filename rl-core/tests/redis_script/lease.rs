@@ -11,7 +11,7 @@ use proptest::sample::select;
 use rl_core::lease::{Lease, Leasing};
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
-use rl_core::redis::{parse_lease_reply, write_lease_args, Arg, LeaseArg, LeaseGrant};
+use rl_core::redis::{lease_args, parse_lease_reply, LeaseArg, LeaseGrant};
 
 use crate::fixtures::{keys, T0};
 use crate::harness::{memo_key, Mode, Redis};
@@ -52,14 +52,7 @@ impl Both {
                 LeaseArg { line: *self.leasing[i].line(), want: wants[i], back, words }
             })
             .collect();
-        let mut argv = Vec::new();
-        write_lease_args(&args, Some(now), life, |a| {
-            argv.push(match a {
-                Arg::Str(s) => s.to_owned(),
-                Arg::Int(i) => i.to_string(),
-                Arg::Neg(i) => format!("-{i}"),
-            })
-        });
+        let argv = lease_args(&args, Some(now), life);
         let mut keys = self.keys.clone();
         keys.push(memo_key(&self.keys, id));
         self.redis.set_now(now);
