@@ -51,7 +51,9 @@ local function lease(KEYS, ARGV)
         end
       end
       commit = false
-      local ok, _, rem = lim[10](lim, j, key, 0)
+      local ok, _, rem, rst = lim[10](lim, j, key, 0)
+      -- (what the line has left if nothing is granted: no grant writes)
+      out[o + 4], out[o + 5] = rem, rst
       local g = 0
       if ok then
         g = want
@@ -78,10 +80,6 @@ local function lease(KEYS, ARGV)
         -- admit; fewer units then, halved)
         g = g - g % 2
         g = g / 2
-      end
-      if g < 1 then
-        local _, _, rem, rst = lim[10](lim, j, key, 0)
-        out[o + 4], out[o + 5] = rem, rst
       end
     end
   end
