@@ -12,36 +12,15 @@ use rl_core::redis::{undo_function_name, undo_script, write_memo_key, LineArg, M
 use crate::fixtures::{case_limit, keys, limit, T0};
 use crate::harness::{memo_key, parse_script_reply, Before, Memo, Mode, Redis, Replies, Undone};
 use crate::model::{late, model_charged, stored};
-use crate::pair::{count, Pair, MEMO_MS, UNDONE_MS};
+use crate::pair::{count, Called, Pair, MEMO_MS, UNDONE_MS};
 
 /// A request of a [`Batches`] call: per line, the key it counts on (an
 /// index into the driver's keys, whose limit it is) and its line.
 pub(crate) type Req = Vec<(usize, LineArg)>;
 
-/// What [`Batches`] knows of a call named by a memo.
-#[derive(Clone, Debug)]
-enum Called {
-    /// Its raw reply, its keys (by index) and lines in KEYS order, what the
-    /// model charged (key index, charge) in the order of commit, and when
-    /// its memo expires.
-    Ran {
-        reply: Vec<i64>,
-        lines: Vec<(usize, LineArg)>,
-        charges: Vec<(usize, Limit, Charge)>,
-        expiry: u64,
-    },
-    Undone {
-        expiry: u64,
-    },
-}
-
-impl Called {
-    fn expiry(&self) -> u64 {
-        match self {
-            Called::Ran { expiry, .. } | Called::Undone { expiry } => *expiry,
-        }
-    }
-}
+/// What [`Batches`] knows of a call named by a memo: its keyed lines, and
+/// its charges with their limit.
+type BatchCall = Called<(usize, LineArg), (usize, Limit, Charge)>;
 
 /// Calls of several requests each on a few keys, each key with its own
 /// limit (as `prop_batch`; a line may carry another of a varying key's
@@ -53,7 +32,7 @@ pub(crate) struct Batches {
     pub(crate) keys: Vec<String>,
     limits: Vec<Limit>,
     states: Vec<Vec<u64>>,
-    called: HashMap<(u64, u64), Called>,
+    called: HashMap<(u64, u64), BatchCall>,
 }
 
 impl Batches {

@@ -54,19 +54,21 @@ pub(crate) fn stats() -> MemoStats {
     STATS.with(|s| s.get())
 }
 
-/// What the pair knows of a call named by a memo, by its id.
+/// What a driver knows of a call named by a memo, by its id: lines `L`
+/// (the pair's, or a batch's keyed ones), charges `C` (what a refund takes
+/// back, with the line's index, and for a batch its limit).
 #[derive(Clone, Debug)]
-enum Called {
-    /// It ran (a mode "2" call, or a charge): its raw reply, its lines,
-    /// what the model charged that a refund takes back (line index and
-    /// charge, in the order of commit), and when its memo expires (µs).
-    Ran { reply: Vec<i64>, lines: Vec<LineArg>, charges: Vec<(usize, Charge)>, expiry: u64 },
+pub(crate) enum Called<L, C> {
+    /// It ran (a mode "2" call, or a charge): its raw reply, its lines in
+    /// KEYS order, what the model charged in the order of commit, and when
+    /// its memo expires (µs).
+    Ran { reply: Vec<i64>, lines: Vec<L>, charges: Vec<C>, expiry: u64 },
     /// Undone, before or after it ran; the mark expires at `expiry`.
     Undone { expiry: u64 },
 }
 
-impl Called {
-    fn expiry(&self) -> u64 {
+impl<L, C> Called<L, C> {
+    pub(crate) fn expiry(&self) -> u64 {
         match self {
             Called::Ran { expiry, .. } | Called::Undone { expiry } => *expiry,
         }
@@ -85,7 +87,7 @@ pub(crate) struct Pair {
     /// Whether a charge call has run: the states may hold overdrafts.
     overdrawn: bool,
     /// The calls named by a memo so far, by id.
-    called: HashMap<(u64, u64), Called>,
+    called: HashMap<(u64, u64), Called<LineArg, (usize, Charge)>>,
 }
 
 impl Pair {
