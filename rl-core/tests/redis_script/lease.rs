@@ -8,6 +8,7 @@
 
 use proptest::prelude::*;
 use proptest::sample::select;
+use proptest::test_runner::FileFailurePersistence;
 use rl_core::lease::{Lease, Leasing};
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
@@ -134,7 +135,11 @@ fn leased() -> impl Strategy<Value = Limit> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    // (failures persist next to this file, as props.rs's do)
+    #![proptest_config(ProptestConfig {
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::with_cases(300)
+    })]
 
     /// 1 to 3 keys, 3 nodes, any order of syncs, spends, exact requests and
     /// deaths: the script grants what the model grants, and both states
