@@ -201,9 +201,10 @@ impl ZoneConn {
     /// one per slot. Returns the lines not charged, each group with why.
     pub async fn run_charge(&self, code: &Code, lines: &[JobLine]) -> Vec<(usize, RedisError)> {
         // No deadline for Redis; this one only bounds the wait for a reply.
-        let until = Instant::now() + self.spec.timeout;
+        let now = Instant::now();
+        let until = now + self.spec.timeout;
         // A copy is sent only while the first's memo surely outlives it.
-        let again_until = Instant::now() + self.spec.timeout.min(CHARGE_AGAIN_WITHIN);
+        let again_until = now + self.spec.timeout.min(CHARGE_AGAIN_WITHIN);
         let groups = match self.spec.target {
             Target::Cluster(_) => by_key_slot(lines, &self.spec.prefix),
             _ => vec![lines.to_vec()],
