@@ -236,8 +236,13 @@ impl Lease {
     /// Whether the node should ask for more before the next sync: it has
     /// spent three quarters of the lease (or all of a lease of up to 3).
     pub fn low(&self) -> bool {
-        self.left().saturating_mul(4) <= self.granted()
+        runs_low(self.left(), self.granted())
     }
+}
+
+/// [`Lease::low`] of a lease with `left` of `granted` units left.
+fn runs_low(left: u64, granted: u64) -> bool {
+    left.saturating_mul(4) <= granted
 }
 
 /// A lease as a node holds it: units left and granted, the words to give
@@ -328,8 +333,7 @@ impl Slot {
             self.held.swap(0, 1);
         }
         let live = self.held.iter().filter(|h| h.granted > 0).count();
-        let running_low =
-            self.held.iter().all(|h| h.granted == 0 || h.ends <= next || h.left.saturating_mul(4) <= h.granted);
+        let running_low = self.held.iter().all(|h| h.granted == 0 || h.ends <= next || runs_low(h.left, h.granted));
         let want = match !self.asking && live < 2 && running_low && self.demand.per_interval() > 0 {
             true => self.demand.want(remaining, nodes),
             false => 0,
