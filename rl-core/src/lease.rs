@@ -38,8 +38,11 @@
 //!
 //! Pure: times are the caller's (integer µs), state is the caller's.
 
+mod kept;
+
 use core::fmt;
 
+pub use self::kept::{Kept, Local};
 use crate::limit::{Algorithm, Charge, Limit};
 use crate::parse::Rate;
 
@@ -255,6 +258,14 @@ pub struct Held {
     pub ends: u64,
 }
 
+/// Which lease a request's units came from ([`Slot::take`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Spent {
+    granted: u64,
+    ends: u64,
+    words: (u64, u64),
+}
+
 /// What a node's sync sends for one key: units wanted, and what it gives
 /// back of an ended lease (units and words; 0 units: nothing).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -291,14 +302,33 @@ impl Slot {
     /// A request of `cost` at `now`: spent from one lease (the older first)
     /// that has not ended and holds it all; whether it was.
     pub fn spend(&mut self, now: u64, cost: u64) -> bool {
+        self.take(now, cost).is_some()
+    }
+
+    /// [`Slot::spend`], saying which lease the units came from, for
+    /// [`Slot::put_back`].
+    pub fn take(&mut self, now: u64, cost: u64) -> Option<Spent> {
         self.asked = self.asked.saturating_add(cost);
         for h in self.held.iter_mut() {
             if now < h.ends && cost <= h.left {
                 h.left -= cost;
-                return true;
+                return Some(Spent { granted: h.granted, ends: h.ends, words: h.words });
             }
         }
-        false
+        None
+    }
+
+    /// Units `take` spent for a request that was then refused (by another
+    /// of its lines): back to their lease, wherever it is now (held, or
+    /// ended and waiting to be given back), or, if it is gone (given back
+    /// meanwhile), wasted: never put where they could be spent twice.
+    pub fn put_back(&mut self, spent: Spent, cost: u64) {
+        let same = |h: &Held| h.granted == spent.granted && h.ends == spent.ends && h.words == spent.words;
+        let lease = self.held.iter_mut().chain(core::iter::once(&mut self.back)).find(|h| h.granted > 0 && same(h));
+        if let Some(h) = lease {
+            h.left = h.left.saturating_add(cost).min(h.granted);
+        }
+        self.asked = self.asked.saturating_sub(cost);
     }
 
     /// The i-th lease held (0: the one spent first), if any.

@@ -336,6 +336,14 @@ impl<'a> Table<'a> {
         Some(Slot(i))
     }
 
+    /// Every live entry, with the hash it holds, in entry order (not the
+    /// LRU order, which it leaves as it is): for a caller that visits each
+    /// of its keys in turn.
+    pub fn live_entries(&self) -> impl Iterator<Item = (Slot, [u64; 2])> + '_ {
+        let end = (self.hdr.unused_next as usize).min(self.entries.len()) as u32;
+        (0..end).filter_map(|i| self.live(i).map(|e| (Slot(i), e.hash)))
+    }
+
     /// Finds the entry for `hash` without changing the LRU order.
     pub fn peek(&self, hash: [u64; 2]) -> Option<Slot> {
         self.lookup(hash).map(Slot)

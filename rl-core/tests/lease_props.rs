@@ -16,7 +16,8 @@
 
 use proptest::prelude::*;
 use proptest::sample::select;
-use rl_core::lease::{share, Demand, Lease, LeaseError, Leasing, Slot};
+use rl_core::lease::{share, Demand, Kept, Lease, LeaseError, Leasing, Local, Slot};
+use rl_core::redis::LeaseGrant;
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
 
@@ -451,9 +452,20 @@ proptest! {
                     _ => break,
                 }
             }
+            // (the slots as shared memory keeps them: in words, read and
+            // written around every step)
+            for s in slots.iter_mut() {
+                *s = through_words(*s);
+            }
             match event {
                 Event::Request { node, cost } => {
                     let n = node % nodes;
+                    // A request another line refused: taken, put back, nothing spent.
+                    let before = slots[n];
+                    if let Some(spent) = slots[n].take(t, cost) {
+                        slots[n].put_back(spent, cost);
+                        prop_assert_eq!(slots[n], before, "put back where it was");
+                    }
                     let before = slots[n];
                     if slots[n].spend(t, cost) {
                         admitted.push((t, cost));
@@ -518,4 +530,53 @@ fn a_slot_by_hand() {
     assert_eq!((arg.want, arg.back), (3, 0), "given back once");
     s.granted(400, 0, (0, 0), 0);
     assert_eq!(s.sync(500, 600, 4, 2).map(|a| a.want), Some(2), "at most a node's share of what is left");
+}
+
+/// A slot written into words and read back, as a node keeps it.
+fn through_words(slot: Slot) -> Slot {
+    let k = Kept { slot, tag: 7, line_id: 9, remaining: 3, full_at: 5, refused_until: 11 };
+    let mut w = vec![0; Kept::WORDS];
+    k.write(&mut w);
+    let back = Kept::read(&w).expect("enough words");
+    assert_eq!(back, k, "the words hold every field");
+    back.slot
+}
+
+/// A key on a node by hand: a lease spent, its view of the line; a
+/// request the lease does not hold asks Redis; Redis refused a lone one
+/// until 900: refused on the node until then, without asking, unless a
+/// lease holds it; a costlier refusal teaches nothing.
+#[test]
+fn a_kept_key_by_hand() {
+    let mut k = Kept::read(&[0; Kept::WORDS]).expect("zeroes: nothing kept");
+    assert_eq!(k, Kept::default());
+    assert!(Kept::read(&[0; Kept::WORDS - 1]).is_none(), "too few words");
+    assert_eq!(k.decide(10, 1), Local::Ask, "no lease");
+    assert_eq!(k.slot.sync(100, 200, 0, 1), None, "one unit asked: too little to lease");
+    k.decide(110, 1);
+    k.decide(120, 1);
+    k.decide(130, 1);
+    assert!(k.slot.sync(200, 300, 1000, 1).is_some());
+    let g = LeaseGrant { units: 2, words: (1, 2), life_us: 500, remaining: 40, reset_us: 1000, taken_back: false };
+    k.granted(200, &g);
+    let spent = match k.decide(250, 1) {
+        Local::Spent { spent, remaining, reset_us } => {
+            assert_eq!((remaining, reset_us), (41, 950), "40 in Redis, 1 left in the lease; full at 1200");
+            spent
+        }
+        other => panic!("{other:?}"),
+    };
+    k.slot.put_back(spent, 1);
+    assert_eq!(k.slot.left(260), 2, "the refused request's unit is back");
+    assert_eq!(k.decide(260, 3), Local::Ask, "more than the lease holds");
+    k.refused(260, 3, Some(100), 800);
+    assert_eq!(k.refused_until, 0, "a costlier refusal says nothing of a lone request");
+    k.refused(260, 1, Some(640), 800);
+    assert!(matches!(k.decide(270, 1), Local::Spent { .. }), "the lease first");
+    k.decide(280, 1);
+    assert_eq!(k.decide(300, 1), Local::Refused { retry_after_us: 600, reset_us: 760 });
+    assert_eq!(k.decide(900, 1), Local::Ask, "Redis said a lone request passes at 900");
+    let mut w = vec![0; Kept::WORDS + 2];
+    k.write(&mut w);
+    assert_eq!(Kept::read(&w), Some(k));
 }

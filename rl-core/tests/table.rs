@@ -433,3 +433,27 @@ fn hash_is_the_same_with_or_without_aes_instructions() {
         }
     }
 }
+
+#[test]
+fn live_entries_are_every_key_held_once() {
+    let mut r = small(16);
+    let (mut t, _) = attach(&mut r);
+    let hashes: Vec<[u64; 2]> = (0..10u64).map(|i| t.hash_key(3, &i.to_le_bytes())).collect();
+    let slots: Vec<_> = hashes.iter().map(|&h| t.insert(h, 1).slot).collect();
+    // Two removed: their entries go to the free list, and are not walked.
+    t.remove(slots[2]);
+    t.remove(slots[7]);
+    let mut seen: Vec<[u64; 2]> = t.live_entries().map(|(s, h)| {
+        assert_eq!(t.peek(h), Some(s));
+        h
+    }).collect();
+    seen.sort();
+    let mut want: Vec<[u64; 2]> = hashes.iter().enumerate().filter(|(i, _)| *i != 2 && *i != 7).map(|(_, h)| *h).collect();
+    want.sort();
+    assert_eq!(seen, want);
+    // A removed entry handed out again is walked once, for its new key.
+    let h = t.hash_key(4, b"new");
+    t.insert(h, 2);
+    assert_eq!(t.live_entries().filter(|(_, x)| *x == h).count(), 1);
+    assert_eq!(t.live_entries().count(), 9);
+}

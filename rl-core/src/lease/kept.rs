@@ -1,0 +1,135 @@
+//! What a node keeps of one key in its shared memory, as words ([`Kept`]):
+//! the key's [`Slot`], whose state it is on Redis, and what the node last
+//! learnt of the line there; and how a request is decided on it alone
+//! ([`Kept::decide`]). A plain copy in and out of the words, so that memory
+//! every worker maps holds nothing but integers.
+
+use super::{Held, Slot, Spent};
+use crate::redis::LeaseGrant;
+
+/// One key's leases and what the node knows of its line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Kept {
+    pub slot: Slot,
+    /// The Redis state key's parts: the client key's tag and the line id.
+    pub tag: u64,
+    pub line_id: u64,
+    /// What the line had left at once after the last grant, and when (on
+    /// the node's clock) it is back to full, as that grant saw it.
+    pub remaining: u64,
+    pub full_at: u64,
+    /// Until when a lone request is refused without asking: Redis refused
+    /// one, and said when one would pass.
+    pub refused_until: u64,
+}
+
+/// How a request is decided on a key's leases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Local {
+    /// Spent from a lease: admitted, with the node's view of what the line
+    /// has left and of its reset.
+    Spent { spent: Spent, remaining: u64, reset_us: u64 },
+    /// Refused on the node: Redis refused a lone request lately, and said
+    /// when one would pass.
+    Refused { retry_after_us: u64, reset_us: u64 },
+    /// Neither: Redis decides (the exact call).
+    Ask,
+}
+
+impl Kept {
+    /// Words a [`Kept`] takes.
+    pub const WORDS: usize = 3 * HELD_WORDS + 3 + 5;
+
+    /// The kept record of the words (zeroes: a key with nothing kept);
+    /// `None` if they are too few.
+    pub fn read(w: &[u64]) -> Option<Kept> {
+        let w: &[u64; Kept::WORDS] = w.get(..Kept::WORDS)?.try_into().ok()?;
+        let held = |i: usize| {
+            let h = &w[i * HELD_WORDS..(i + 1) * HELD_WORDS];
+            Held { left: h[0].min(h[1]), granted: h[1], words: (h[2], h[3]), ends: h[4] }
+        };
+        let s = 3 * HELD_WORDS;
+        let slot = Slot {
+            held: [held(0), held(1)],
+            back: held(2),
+            demand: super::Demand { milli: w[s] },
+            asked: w[s + 1],
+            asking: w[s + 2] != 0,
+        };
+        Some(Kept {
+            slot,
+            tag: w[s + 3],
+            line_id: w[s + 4],
+            remaining: w[s + 5],
+            full_at: w[s + 6],
+            refused_until: w[s + 7],
+        })
+    }
+
+    /// Writes it into `w` (at least [`Kept::WORDS`] words; nothing if fewer).
+    pub fn write(&self, w: &mut [u64]) {
+        let Some(w) = w.get_mut(..Kept::WORDS) else { return };
+        let s = &self.slot;
+        for (i, h) in [s.held[0], s.held[1], s.back].iter().enumerate() {
+            w[i * HELD_WORDS..(i + 1) * HELD_WORDS].copy_from_slice(&[h.left, h.granted, h.words.0, h.words.1, h.ends]);
+        }
+        let o = 3 * HELD_WORDS;
+        w[o..].copy_from_slice(&[
+            s.demand.milli,
+            s.asked,
+            u64::from(s.asking),
+            self.tag,
+            self.line_id,
+            self.remaining,
+            self.full_at,
+            self.refused_until,
+        ]);
+    }
+
+    /// A request of `cost` at `now`: spent from a lease if one holds it,
+    /// else refused while Redis said a lone request would be, else asked
+    /// of Redis.
+    pub fn decide(&mut self, now: u64, cost: u64) -> Local {
+        if let Some(spent) = self.slot.take(now, cost) {
+            let remaining = self.remaining.saturating_add(self.slot.left(now));
+            return Local::Spent { spent, remaining, reset_us: self.full_at.saturating_sub(now) };
+        }
+        if now < self.refused_until {
+            return Local::Refused {
+                retry_after_us: self.refused_until - now,
+                reset_us: self.full_at.saturating_sub(now),
+            };
+        }
+        Local::Ask
+    }
+
+    /// Redis refused a request of `cost` at `now` that the leases did not
+    /// hold, a lone one passing `retry_after_us` later (`None`: never),
+    /// the line full `reset_us` later: lone requests are refused here
+    /// until then. Only a request of one unit says when a lone request
+    /// passes; a costlier one teaches nothing.
+    pub fn refused(&mut self, now: u64, cost: u64, retry_after_us: Option<u64>, reset_us: u64) {
+        if cost != 1 {
+            return;
+        }
+        // (never: a line whose burst is below one unit, which nginx -t refuses)
+        let wait = retry_after_us.unwrap_or(reset_us);
+        self.refused_until = now.saturating_add(wait);
+        self.remaining = 0;
+        self.full_at = now.saturating_add(reset_us);
+    }
+
+    /// The grant a sync sent at `sent` brought (see [`Slot::granted`]),
+    /// and what it says of the line.
+    pub fn granted(&mut self, sent: u64, g: &LeaseGrant) {
+        self.slot.granted(sent, g.units, g.words, g.life_us);
+        self.remaining = g.remaining;
+        self.full_at = sent.saturating_add(g.reset_us);
+        if g.units > 0 {
+            self.refused_until = 0;
+        }
+    }
+}
+
+/// Words of a [`Held`].
+const HELD_WORDS: usize = 5;
