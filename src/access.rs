@@ -13,7 +13,9 @@
 //! asked), the Redis lines go to the I/O thread in one script call per
 //! zone, the request is suspended, and when the replies are in it is
 //! resumed in the same phase handler: if Redis rejected (or failed with
-//! `on_error=deny`), the stage's shared-memory charges are refunded. A
+//! `on_error=deny`), the stage's shared-memory charges are refunded. Lines
+//! in lease mode are decided like shared-memory ones, on this nginx's
+//! leases, where those hold the request ([`lease::spend`]); else by Redis. A
 //! request is so never admitted beyond a shared-memory limit, nor rejected
 //! yet charged in Redis for it; while Redis decides, its shared-memory
 //! units are taken.
@@ -29,6 +31,7 @@ use ngx::ngx_log_debug;
 use crate::conf::{LocConf, MainConf};
 use crate::delay;
 use crate::eval::{self, redis, redis::Ask};
+use crate::lease;
 use crate::line::Stage;
 use crate::metrics;
 use crate::request::{get_ctx, new_ctx, Ctx, Phase, Verdict};
@@ -151,10 +154,10 @@ fn start(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut 
     if lcf.has_redis && ctx.staged(&mcf.lines).any(|(l, res)| res.active && l.backend.redis().is_some()) {
         // SAFETY: the request and its connection are valid.
         let log = unsafe { (*(*raw).connection).log };
-        // Nothing goes to Redis if shared memory rejects.
+        // Nothing goes to Redis if shared memory rejects, nor if this nginx's leases refuse.
         let charged = decide(&mcf.zones, &mcf.lines, ctx, log);
         ctx.reserved = Some(charged);
-        if charged {
+        if charged && (mcf.leases.is_empty() || lease::spend(&mcf.leases, &mcf.lines, ctx, log)) {
             if redis::send(raw, mcf, ctx, Ask::Decide) {
                 return Some(Status::NGX_AGAIN);
             }
@@ -210,6 +213,9 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
     ctx.rejected = true;
     if ctx.reserved == Some(true) {
         refund(&mcf.zones, &mcf.lines, ctx);
+        if !mcf.leases.is_empty() {
+            lease::put_back(&mcf.leases, &mcf.lines, ctx, r.log());
+        }
     }
     debug_verdicts(r.log(), mcf, ctx);
     log_limited(r.log(), lcf, mcf, ctx);

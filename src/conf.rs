@@ -3,7 +3,7 @@
 //! finished in postconfiguration ([`finish`]); [`ConfError`], a refusal in
 //! nginx's words, logged in one place.
 //!
-//! Imports run one way: `line`, `shm`, `redis_zone` ← `conf` ←
+//! Imports run one way: `line`, `shm`, `redis_zone`, `lease` ← `conf` ←
 //! `directives` (the directives fill the configuration; nothing here knows
 //! them).
 
@@ -15,6 +15,7 @@ use ngx::ffi::{ngx_uint_t, NGX_LOG_ERR, NGX_LOG_INFO};
 pub(crate) use self::error::refuse;
 pub use self::error::{after_parsing, at_directive, ConfError};
 pub use self::finish::finish;
+use crate::lease::LeaseZone;
 use crate::line::{HeadersMode, Line, LineId};
 use crate::redis_zone::RedisZone;
 use crate::shm::Zone;
@@ -26,6 +27,8 @@ use crate::shm::Zone;
 pub struct MainConf {
     pub zones: Vec<Box<Zone>>,
     pub redis: Vec<Box<RedisZone>>,
+    /// The Redis zones in lease mode.
+    pub leases: Vec<LeaseZone>,
     /// Every `rl_limit` line, in configuration order; [`LineId`] indexes it.
     pub lines: Vec<Line>,
     /// Location configurations that have lines, sorted by zone at postconfiguration.

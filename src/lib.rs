@@ -9,6 +9,8 @@
 //!   redirects; [`delay`]: a delayed request's sleep;
 //! - [`shm`]: shared-memory zones, their layout across reloads, the decision;
 //! - [`redis_zone`]: Redis zones, the worker's I/O thread and its connections;
+//! - [`lease`]: Redis zones in lease mode, decided on this nginx's leases
+//!   in shared memory, and their syncs;
 //! - [`conf`]: the configuration the directives leave, merged per location
 //!   and finished;
 //! - [`directives`]: the directive handlers, which fill the configuration;
@@ -51,6 +53,7 @@ mod delay;
 mod directives;
 mod eval;
 mod headers;
+mod lease;
 mod line;
 mod metrics;
 mod quota;
@@ -243,10 +246,14 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
         on_charge_failed: charge::on_failed,
         on_undo_failed: charge::on_undo_failed,
     };
-    match redis_zone::init_worker(cycle, &mcf.redis, mcf.resolver, hooks) {
-        Ok(()) => Status::NGX_OK.into(),
-        Err(_) => Status::NGX_ERROR.into(),
+    if redis_zone::init_worker(cycle, &mcf.redis, mcf.resolver, hooks).is_err() {
+        return Status::NGX_ERROR.into();
     }
+    // SAFETY: the main configuration lives as long as the cycle, and a worker's cycle is its
+    // whole life (a reload starts new workers).
+    let mcf: &'static MainConf = unsafe { &*core::ptr::from_ref(mcf) };
+    lease::init_worker(&mcf.leases, &mcf.redis);
+    Status::NGX_OK.into()
 }
 
 /// Closes the worker's Redis connections.

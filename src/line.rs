@@ -223,6 +223,10 @@ pub struct Line {
     /// `charge=after`: the access phase asks for one unit and charges
     /// nothing; the cost is charged when the request is logged.
     pub charge_after: bool,
+    /// On a Redis zone in lease mode: the zone's index in
+    /// [`crate::conf::MainConf::leases`] and how the line is leased (set at
+    /// postconfiguration).
+    pub lease: Option<(usize, rl_core::lease::Leasing)>,
     /// This worker's counters of the line in `rl_metrics`' zone (null
     /// without it): set when the worker starts, so that counting a verdict
     /// looks nothing up.

@@ -36,7 +36,7 @@ use smallvec::SmallVec;
 
 pub use self::conn::Target;
 pub use self::tls::client_config as tls_config;
-pub use self::worker::{charge, exit_worker, init_worker, resume, submit, suspend, Hooks};
+pub use self::worker::{charge, exit_worker, init_worker, lease, resume, submit, suspend, Hooks};
 
 /// A Redis zone as configured.
 pub struct RedisZone {
@@ -289,6 +289,15 @@ pub struct JobLine {
     pub next: bool,
     /// [`crate::line::Line::deepest_queue`]: the reply's range.
     pub deepest_queue: u64,
+}
+
+/// One key of a node's sync in lease mode: whose state (as [`JobLine`]
+/// names it), and what is asked of it.
+#[derive(Clone, Copy)]
+pub struct LeaseKey {
+    pub tag: u64,
+    pub line_id: u64,
+    pub arg: rl_core::redis::LeaseArg,
 }
 
 /// A request's lines as the script's reply is read: which are dry-run.

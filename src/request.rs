@@ -8,6 +8,7 @@ use core::{mem, ptr, slice};
 use ngx::core::Status;
 use ngx::ffi::{ngx_http_request_t, ngx_palloc, ngx_str_t, ngx_time, ngx_uint_t, NGX_HTTP_INTERNAL_SERVER_ERROR};
 use ngx::http::{HttpModule, HttpModuleMainConf, Request};
+use rl_core::lease::Spent;
 use rl_core::limit::{Charge, Decision, Limit, Outcome};
 use rl_core::table::Slot;
 
@@ -52,6 +53,11 @@ pub struct LineResult {
     pub hash: [u64; 2],
     pub slot: Slot,
     pub lock: usize,
+    /// A line in lease mode decided on this node's leases (spent from one,
+    /// or refused here), not by Redis; and the lease its units came from,
+    /// to put them back if the request is refused all the same.
+    pub leased: bool,
+    pub spent: Spent,
 }
 
 impl LineResult {
@@ -66,7 +72,8 @@ impl LineResult {
     unsafe fn write_inactive(p: *mut LineResult) {
         // SAFETY: the caller's contract; all-zero bytes are a valid value of every field above
         // (`Option<&Limit>` is a nullable pointer; `Decision::REJECTED` is integers and a
-        // `None` that are all zeroes, as a constant below checks), and the slot is written next.
+        // `None` that are all zeroes, as a constant below checks; `Spent` is integers), and the
+        // slot is written next.
         unsafe {
             ptr::write_bytes(p, 0, 1);
             ptr::addr_of_mut!((*p).slot).write(Slot::NONE);

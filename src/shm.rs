@@ -142,6 +142,12 @@ impl Zone {
         }
     }
 
+    /// Records that the zone holds states of `words` words, out of line
+    /// (a lease zone's records: sizes their area as sliding_log's).
+    pub fn note_words(&mut self, words: usize) {
+        self.log_words = self.log_words.max(words);
+    }
+
     /// Refuses a configuration whose sliding_log state cannot fit the zone.
     pub fn check_fits(&self) -> Result<(), String> {
         let need = self.log_words * 8 * 8;
@@ -232,8 +238,31 @@ impl<'a> Locked<'a> {
     pub fn ensure(&mut self, hash: [u64; 2], limit: &Limit, now_s: u32, log: *mut ngx::ffi::ngx_log_t) -> Option<Slot> {
         match self.table.find(hash) {
             Some(slot) => Some(slot),
-            None => self.insert(hash, limit, now_s, log),
+            None => self.insert(hash, limit.state_words(), now_s, log),
         }
+    }
+
+    /// [`Locked::ensure`] of a state of `words` words (more than an entry
+    /// holds: it lives in the pool), for a caller that keeps records of its
+    /// own, not a line's state.
+    pub fn ensure_words(
+        &mut self,
+        hash: [u64; 2],
+        words: usize,
+        now_s: u32,
+        log: *mut ngx::ffi::ngx_log_t,
+    ) -> Option<Slot> {
+        match self.table.find(hash) {
+            Some(slot) => Some(slot),
+            None => self.insert(hash, words.max(INLINE_WORDS + 1), now_s, log),
+        }
+    }
+
+    /// The `words` words of the record [`Locked::ensure_words`] found at
+    /// `slot` for `hash`: `None` if that entry no longer holds `hash`.
+    pub fn words(&mut self, slot: Slot, hash: [u64; 2], words: usize) -> Option<&mut [u64]> {
+        let state = self.table.state_at(slot, hash)?;
+        words_of(state, words.max(INLINE_WORDS + 1), self.shpool, self.zone.size)
     }
 
     /// [`Locked::ensure`] for a request's one line in the zone, which drops
@@ -270,17 +299,17 @@ impl<'a> Locked<'a> {
     /// The entry of `hash`, absent from the table, made (see
     /// [`Locked::ensure`]).
     #[inline(always)]
-    fn insert(&mut self, hash: [u64; 2], limit: &Limit, now_s: u32, log: *mut ngx::ffi::ngx_log_t) -> Option<Slot> {
+    fn insert(&mut self, hash: [u64; 2], words: usize, now_s: u32, log: *mut ngx::ffi::ngx_log_t) -> Option<Slot> {
         let ins = self.table.insert(hash, now_s);
         if ins.dropped != Dropped::Nothing {
             self.dropped(&ins.dropped, now_s, log);
         }
         // A state the table's entry cannot hold (sliding_log's, a varying
         // sliding line's) lives in the zone's pool; the entry points to it.
-        if limit.state_words() <= INLINE_WORDS {
+        if words <= INLINE_WORDS {
             return Some(ins.slot);
         }
-        self.ensure_out_of_line(hash, ins.slot, limit, now_s, log)
+        self.ensure_out_of_line(hash, ins.slot, words, now_s, log)
     }
 
     /// [`Locked::ensure`] of a new entry whose state lives in the pool.
@@ -289,11 +318,11 @@ impl<'a> Locked<'a> {
         &mut self,
         hash: [u64; 2],
         slot: Slot,
-        limit: &Limit,
+        words: usize,
         now_s: u32,
         log: *mut ngx::ffi::ngx_log_t,
     ) -> Option<Slot> {
-        let bytes = limit.state_words() * 8;
+        let bytes = words * 8;
         loop {
             // SAFETY: the pool mutex is held.
             let p = unsafe { ngx_slab_alloc_locked(self.shpool, bytes) };
@@ -400,7 +429,7 @@ fn insert_new(
     // Not dropped: the caller's Locked unlocks the zone.
     let mut locked = mem::ManuallyDrop::new(Locked { zone, shpool, table });
     locked.expire(now_s);
-    locked.insert(hash, limit, now_s, log)
+    locked.insert(hash, limit.state_words(), now_s, log)
 }
 
 /// When a state charged at `now_us` and back to full `reset_us` later is
@@ -421,7 +450,8 @@ fn words_of(state: &mut [u64; 3], words: usize, shpool: *mut ngx_slab_pool_t, si
             return None;
         }
         // SAFETY: the state was allocated in `ensure` with state_words() words for this line
-        // (the line id is part of the hash, so the same limit owns it); the mutex is held.
+        // (the line id is part of the hash, so the same limit owns it; in a lease zone every
+        // record has the same words); the mutex is held.
         return Some(unsafe { core::slice::from_raw_parts_mut(shpool.cast::<u8>().add(off).cast(), words) });
     }
     state.get_mut(..words)

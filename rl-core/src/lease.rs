@@ -258,8 +258,9 @@ pub struct Held {
     pub ends: u64,
 }
 
-/// Which lease a request's units came from ([`Slot::take`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which lease a request's units came from ([`Slot::take`]): integers
+/// only (all zeroes: no lease).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Spent {
     granted: u64,
     ends: u64,
@@ -343,9 +344,11 @@ impl Slot {
 
     /// What the sync at `now` sends for this key, the next sync being at
     /// `next`: what an ended lease left (moved out of the slot), and a
-    /// new lease if the key was asked for and the leases it holds run low
-    /// or end before the next sync (sized by [`Demand::want`] from
-    /// `remaining` and `nodes`). `None`: nothing to send.
+    /// new lease if the key was asked for and what its leases hold to
+    /// the next sync falls short of [`Demand::want`] (from `remaining` and
+    /// `nodes`): the shortfall. `None`: nothing to send. A lease spent to
+    /// the last unit is let go at once: it has nothing to give back, and
+    /// its place may hold the next.
     pub fn sync(&mut self, now: u64, next: u64, remaining: u64, nodes: u64) -> Option<SyncArg> {
         self.demand.observe(self.asked);
         self.asked = 0;
@@ -357,15 +360,17 @@ impl Slot {
                 // (a second ended lease with units left, while one waits to
                 // go back: wasted, never given back twice)
                 *h = Held::default();
+            } else if h.granted > 0 && h.left == 0 {
+                *h = Held::default();
             }
         }
         if self.held[0].granted == 0 {
             self.held.swap(0, 1);
         }
         let live = self.held.iter().filter(|h| h.granted > 0).count();
-        let running_low = self.held.iter().all(|h| h.granted == 0 || h.ends <= next || runs_low(h.left, h.granted));
-        let want = match !self.asking && live < 2 && running_low && self.demand.per_interval() > 0 {
-            true => self.demand.want(remaining, nodes),
+        let lasting: u64 = self.held.iter().filter(|h| h.ends > next).map(|h| h.left).sum();
+        let want = match !self.asking && live < 2 && self.demand.per_interval() > 0 {
+            true => self.demand.want(remaining, nodes).saturating_sub(lasting),
             false => 0,
         };
         let back = core::mem::take(&mut self.back);

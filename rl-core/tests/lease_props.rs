@@ -17,9 +17,9 @@
 use proptest::prelude::*;
 use proptest::sample::select;
 use rl_core::lease::{share, Demand, Kept, Lease, LeaseError, Leasing, Local, Slot};
-use rl_core::redis::LeaseGrant;
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
+use rl_core::redis::LeaseGrant;
 
 /// The algorithms a lease can take.
 const LEASED: [Algorithm; 5] =
@@ -579,4 +579,35 @@ fn a_kept_key_by_hand() {
     let mut w = vec![0; Kept::WORDS + 2];
     k.write(&mut w);
     assert_eq!(Kept::read(&w), Some(k));
+}
+
+/// A slot asks for what its leases lack to last the next interval and
+/// half again: nothing while they hold it, the shortfall once they do
+/// not; a lease spent out is let go at once, so that the next may come
+/// while another still runs.
+#[test]
+fn a_slot_asks_for_its_shortfall() {
+    let mut s = Slot::default();
+    for _ in 0..8 {
+        s.spend(0, 1);
+    }
+    let arg = s.sync(100, 200, 1000, 1).expect("asked for");
+    assert_eq!(arg.want, 3, "an estimate of 2 an interval, and half again");
+    s.granted(100, 20, (1, 1), 10_000);
+    for t in 0..6 {
+        assert!(s.spend(110 + t, 1));
+    }
+    // An estimate of 3 (6 asked): 5 wanted, 14 held.
+    assert_eq!(s.sync(200, 300, 1000, 1), None, "the lease lasts");
+    for t in 0..12 {
+        assert!(s.spend(210 + t, 1));
+    }
+    // 12 asked: an estimate of 5, 8 wanted, 2 held.
+    let arg = s.sync(300, 400, 1000, 1).expect("runs short");
+    assert_eq!((arg.want, arg.back), (6, 0), "the shortfall");
+    s.granted(300, 6, (2, 2), 10_000);
+    assert!(s.spend(310, 2) && s.spend(311, 6), "the older lease first, then the newer");
+    assert_eq!(s.held(0).map(|h| h.left), Some(0));
+    assert!(s.sync(400, 500, 1000, 1).is_some(), "both spent out: let go, and a new one asked for");
+    assert_eq!(s.held(0), None);
 }

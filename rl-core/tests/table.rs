@@ -443,12 +443,16 @@ fn live_entries_are_every_key_held_once() {
     // Two removed: their entries go to the free list, and are not walked.
     t.remove(slots[2]);
     t.remove(slots[7]);
-    let mut seen: Vec<[u64; 2]> = t.live_entries().map(|(s, h)| {
-        assert_eq!(t.peek(h), Some(s));
-        h
-    }).collect();
+    let mut seen: Vec<[u64; 2]> = t
+        .live_entries()
+        .map(|(s, h)| {
+            assert_eq!(t.peek(h), Some(s));
+            h
+        })
+        .collect();
     seen.sort();
-    let mut want: Vec<[u64; 2]> = hashes.iter().enumerate().filter(|(i, _)| *i != 2 && *i != 7).map(|(_, h)| *h).collect();
+    let mut want: Vec<[u64; 2]> =
+        hashes.iter().enumerate().filter(|(i, _)| *i != 2 && *i != 7).map(|(_, h)| *h).collect();
     want.sort();
     assert_eq!(seen, want);
     // A removed entry handed out again is walked once, for its new key.

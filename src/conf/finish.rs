@@ -9,6 +9,7 @@ use core::{mem, ptr};
 use std::collections::HashMap;
 
 use ngx::ffi::{ngx_conf_t, ngx_pool_cleanup_add};
+use rl_core::lease::Leasing;
 use rl_core::spec::Quote;
 
 use super::{after_parsing, refuse, ConfError, MainConf};
@@ -163,6 +164,22 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
                 );
             }
             Backend::Redis(_) => {}
+        }
+        if let Some(z) = line.backend.redis().and_then(|r| mcf.leases.iter().position(|l| l.redis == r)) {
+            let lz = &mut mcf.leases[z];
+            let leasing = match Leasing::new(line.limit, lz.life_us) {
+                Ok(leasing) => leasing,
+                Err(e) => refuse!(
+                    "{} (zone \"{}\" has \"lease\") in \"rl_limit\" directive in {}",
+                    e,
+                    Quote(&line.zone_name),
+                    line.origin
+                ),
+            };
+            if lz.leasing(line.id).is_none() {
+                lz.lines.push((line.id, leasing));
+            }
+            line.lease = Some((z, leasing));
         }
     }
     share_log_times(cf, mcf);

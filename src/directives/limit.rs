@@ -95,6 +95,7 @@ fn rl_limit(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Resul
         vars: Varying::new(spec.vars.rate, spec.vars.burst, spec.vars.cost),
         charge_after: spec.charge_after,
         stage: if spec.after_auth { Stage::AfterAuth } else { Stage::BeforeAuth },
+        lease: None,
         counters: AtomicPtr::new(ptr::null_mut()),
     };
     // One budget per identity: the same line twice in one block would be

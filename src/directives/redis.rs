@@ -15,8 +15,40 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use crate::redis_zone::{self, RedisZone, Target, ZoneSpec};
 
 /// The parameters of a Redis zone besides `redis`.
-pub const PARAMS: [&str; 6] =
-    ["timeout", "on_error", "prefix", "ssl_trusted_certificate", "ssl_certificate", "ssl_certificate_key"];
+pub const PARAMS: [&str; 8] = [
+    "timeout",
+    "on_error",
+    "prefix",
+    "ssl_trusted_certificate",
+    "ssl_certificate",
+    "ssl_certificate_key",
+    "lease",
+    "sync",
+];
+
+/// The shortest and longest `sync=`: more often than every 10 ms, the
+/// syncs of a fleet would cost Redis what its requests do; past 10 s a
+/// lease outlives any use of it (and the buckets hold back what the rate
+/// refills in its life).
+const MIN_SYNC: Duration = Duration::from_millis(10);
+const MAX_SYNC: Duration = Duration::from_secs(10);
+
+/// `sync=` of a zone with `lease=` (the default where it is not given);
+/// an error where it is given without `lease=`, or out of range.
+pub fn sync_param<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Result<Option<Duration>, String> {
+    let sync = get("sync");
+    if get("lease").is_none() {
+        return match sync {
+            Some(_) => Err("\"sync\" needs \"lease\"".into()),
+            None => Ok(None),
+        };
+    }
+    let Some(v) = sync else { return Ok(Some(crate::lease::DEFAULT_SYNC)) };
+    match parse_duration_ms(v).map(Duration::from_millis) {
+        Ok(t) if (MIN_SYNC..=MAX_SYNC).contains(&t) => Ok(Some(t)),
+        _ => Err(format!("invalid sync \"{}\", it must be from 10ms to 10s", Quote(v))),
+    }
+}
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// The longest `timeout`: a request held longer for a rate-limiting

@@ -5,11 +5,13 @@ use core::ffi::{c_char, c_void};
 
 use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_str_t};
 use rl_core::habits;
+use rl_core::lease::Kept;
 use rl_core::parse::parse_size;
 use rl_core::spec::{params, Quote};
 
 use super::{args, arguments, bytes, origin, redis, text};
 use crate::conf::{self, refuse, ConfError, MainConf, MAX_REDIS_ZONES};
+use crate::lease::LeaseZone;
 use crate::shm::{self, Zone};
 
 pub extern "C" fn cmd_rl_zone(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
@@ -50,10 +52,23 @@ fn rl_zone(cf: *mut ngx_conf_t, mcf: &mut MainConf, args: &[ngx_str_t]) -> Resul
         }
         // SAFETY: cf and its cycle are valid while the configuration is parsed.
         let conf_prefix = unsafe { (*(*cf).cycle).conf_prefix.to_str().unwrap_or("") };
-        match redis::parse(name, url, |p| given.get(p), conf_prefix) {
-            Ok(z) => mcf.redis.push(Box::new(z)),
+        let zone = match redis::parse(name, url, |p| given.get(p), conf_prefix) {
+            Ok(z) => Box::new(z),
             Err(e) => refuse!("{} in \"rl_zone\" directive", e),
+        };
+        let sync = match redis::sync_param(|p| given.get(p)) {
+            Ok(sync) => sync,
+            Err(e) => refuse!("{} in \"rl_zone\" directive", e),
+        };
+        if let (Some(sync), Some(value)) = (sync, given.get("lease")) {
+            let size = checked_size(name, "lease", value)?;
+            // (Zone::add logs why it fails, as nginx's ngx_shared_memory_add does)
+            let mut table = Zone::add(cf, name, size).map_err(|()| ConfError::Logged)?;
+            table.origin = origin(cf);
+            table.note_words(Kept::WORDS);
+            mcf.leases.push(LeaseZone::new(mcf.redis.len(), table, sync, zone.spec.timeout));
         }
+        mcf.redis.push(zone);
         return Ok(());
     }
     let Some(value) = given.get("size") else {
@@ -62,38 +77,48 @@ fn rl_zone(cf: *mut ngx_conf_t, mcf: &mut MainConf, args: &[ngx_str_t]) -> Resul
     if let Some((other, _)) = given.iter().find(|(n, _)| *n != "size") {
         refuse!("\"size\" and \"{}\" parameters cannot be used together in \"rl_zone\" directive", other);
     }
+    let size = checked_size(name, "size", value)?;
+    // (Zone::add logs why it fails, as nginx's ngx_shared_memory_add does)
+    let mut zone = Zone::add(cf, name, size).map_err(|()| ConfError::Logged)?;
+    zone.origin = origin(cf);
+    mcf.zones.push(zone);
+    Ok(())
+}
+
+/// The size of zone `name`'s shared memory, `param=value`, checked: from
+/// nginx's smallest zone to what this machine can map.
+fn checked_size(name: &str, param: &str, value: &str) -> Result<usize, ConfError> {
     let Ok(size) = parse_size(value) else {
-        refuse!("invalid zone size \"size={}\" in \"rl_zone\" directive", Quote(value));
+        refuse!("invalid zone size \"{}={}\" in \"rl_zone\" directive", param, Quote(value));
     };
     let min = shm::min_size();
     if size < min {
         refuse!(
-            "zone \"{}\" is too small in \"rl_zone\" directive: size={}, it must be at least {}k",
+            "zone \"{}\" is too small in \"rl_zone\" directive: {}={}, it must be at least {}k",
             Quote(name),
+            param,
             Quote(value),
             min / 1024
         );
     }
     if size > shm::MAX_SIZE {
         refuse!(
-            "zone \"{}\" is too large in \"rl_zone\" directive: size={}, it must be at most {}g",
+            "zone \"{}\" is too large in \"rl_zone\" directive: {}={}, it must be at most {}g",
             Quote(name),
+            param,
             Quote(value),
             shm::MAX_SIZE >> 30
         );
     }
     if let Some(memory) = shm::memory_and_swap().filter(|m| size as u64 > *m) {
         refuse!(
-            "zone \"{}\" is too large in \"rl_zone\" directive: size={}, more than the memory of this machine \
+            "zone \"{}\" is too large in \"rl_zone\" directive: {}={}, more than the memory of this machine \
              (RAM and swap: {}m)",
             Quote(name),
+            param,
             Quote(value),
             memory >> 20
         );
     }
-    // (Zone::add logs why it fails, as nginx's ngx_shared_memory_add does)
-    let mut zone = Zone::add(cf, name, size).map_err(|()| ConfError::Logged)?;
-    zone.origin = origin(cf);
-    mcf.zones.push(zone);
-    Ok(())
+    Ok(size)
 }

@@ -9,6 +9,7 @@ use ngx::ffi::{ngx_http_request_t, ngx_log_t};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 
 use crate::conf::{LocConf, MainConf};
+use crate::lease;
 use crate::line::Line;
 use crate::metrics;
 use crate::redis_zone::{self, Job, JobLine, RedisError, RedisZone, Reply};
@@ -63,8 +64,10 @@ fn on_zone<'a>(
     ask: Ask,
 ) -> impl Iterator<Item = (&'a Line, &'a mut LineResult)> {
     let stage = ctx.stage;
-    ctx.iter_mut(lines)
-        .filter(move |(l, r)| r.active && l.backend.redis() == Some(zone) && (ask == Ask::Read || l.stage == stage))
+    // (a line in lease mode that this nginx's leases decided is not Redis')
+    ctx.iter_mut(lines).filter(move |(l, r)| {
+        r.active && !r.leased && l.backend.redis() == Some(zone) && (ask == Ask::Read || l.stage == stage)
+    })
 }
 
 /// Sends one job per Redis zone of the request's lines and, if any was
@@ -153,6 +156,9 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
             }
         }
         Err(e) => failed(req.log(), mcf, ctx, reply.zone, zone, &e, ask),
+    }
+    if ask == Ask::Decide && !mcf.leases.is_empty() {
+        lease::learn(&mcf.leases, &mcf.lines, ctx, reply.zone, req.log());
     }
     if ctx.reply_in() {
         redis_zone::resume(r);

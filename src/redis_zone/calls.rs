@@ -22,7 +22,7 @@ use super::inbox;
 use super::script::Code;
 use super::timers::{timeout, Hold};
 use super::zone_conn::{watch_master, Fate, Undo, ZoneConn};
-use super::{Job, RedisError, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
+use super::{Job, LeaseKey, RedisError, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
 use crate::metrics::store::redis_slot;
 
 /// Jobs per script call at most; a larger batch is split into several calls
@@ -72,6 +72,25 @@ impl Calls {
             }
         }
         Calls { conns, code: Arc::new(Code::new()) }
+    }
+
+    /// A node's sync of its leases on zone `zone` (see
+    /// [`ZoneConn::run_lease`]), answered by the zone's timeout at the
+    /// latest: a call given up on then is dropped (its grant, if Redis ran
+    /// it, is never spent: the units are lost, never granted twice).
+    pub async fn lease(
+        &self,
+        zone: usize,
+        keys: &[LeaseKey],
+        life_us: u64,
+    ) -> Vec<Result<rl_core::redis::LeaseGrant, RedisError>> {
+        let Some(zc) = self.conns.get(zone) else {
+            return keys.iter().map(|_| Err(RedisError::NoZone)).collect();
+        };
+        match timeout(zc.spec.timeout, zc.run_lease(&self.code, keys, life_us)).await {
+            Ok(grants) => grants,
+            Err(_) => keys.iter().map(|_| Err(RedisError::Timeout)).collect(),
+        }
     }
 
     /// Sends the jobs of one event-loop iteration.

@@ -8,14 +8,15 @@ use std::time::Instant;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Script, Value};
 use rl_core::redis::{
-    charge_function_name, charge_script, check_line, function_library, function_name, parse_charge_reply, parse_reply,
-    undo_function_name, undo_script, write_args, write_charge_args, write_memo_key, write_state_key, Arg, Call,
-    LineArg, RequestReply, ScriptReply, LIMIT_SCRIPT, REPLY_PER_LINE,
+    charge_function_name, charge_script, check_line, function_library, function_name, lease_function_name,
+    lease_script, parse_charge_reply, parse_lease_reply, parse_reply, undo_function_name, undo_script, write_args,
+    write_charge_args, write_lease_args, write_memo_key, write_state_key, Arg, Call, LeaseArg, LeaseGrant, LineArg,
+    RequestReply, ScriptReply, LIMIT_SCRIPT, REPLY_PER_LINE,
 };
 
 use super::clock::Clock;
 use super::conn::{broken, Conn};
-use super::{JobLine, JobShape, RedisError};
+use super::{JobLine, JobShape, LeaseKey, RedisError};
 
 /// The name of a call that changes state: the script keeps what the call
 /// did under it (its memo), so that a copy sent again after a lost reply
@@ -203,7 +204,7 @@ pub async fn charge(
 /// with its cost, named `memo`: the arguments the two take.
 fn lines_command(entry: &Entry, how: How, prefix: &str, lines: &[JobLine], memo: CallId) -> Cmd {
     let mut cmd = entry.command(how);
-    keys_and_memo(&mut cmd, prefix, lines, memo);
+    keys_and_memo(&mut cmd, prefix, lines.iter().map(|l| (l.tag, l.line_id)), memo);
     write_charge_args(lines.iter().map(|l| (l.limit, l.cost)), None, |a| push_arg(&mut cmd, a));
     cmd
 }
@@ -218,21 +219,53 @@ fn push_arg(cmd: &mut Cmd, a: Arg<'_>) {
     };
 }
 
-/// Adds to `cmd` the number of keys, the state keys of `lines` and the
-/// call's memo key.
-fn keys_and_memo(cmd: &mut Cmd, prefix: &str, lines: &[JobLine], memo: CallId) {
-    cmd.arg(lines.len() + 1);
+/// Adds to `cmd` the number of keys, the state keys of `keys` (each a
+/// client key's tag and a line id) and the call's memo key.
+fn keys_and_memo(cmd: &mut Cmd, prefix: &str, keys: impl ExactSizeIterator<Item = (u64, u64)>, memo: CallId) {
+    cmd.arg(keys.len() + 1);
     let mut key = String::new();
     let mut first = String::new();
-    for line in lines {
+    for (tag, line_id) in keys {
         key.clear();
-        write_state_key(&mut key, prefix, line.tag, line.line_id);
+        write_state_key(&mut key, prefix, tag, line_id);
         cmd.arg(key.as_str());
         if first.is_empty() {
             first.push_str(&key);
         }
     }
     memo_arg(cmd, &first, memo);
+}
+
+/// The lease call (`NAME_lease`) for `keys`, named `memo` (a copy sent
+/// again answers what the first did: nothing is granted or given back
+/// twice); a lease lives `life_us` at most. Each key's grant, in order. A
+/// grant above what was wanted is not one the script can have made.
+pub async fn lease(
+    mut conn: Conn,
+    via: Via<'_>,
+    prefix: &str,
+    keys: &[LeaseKey],
+    life_us: u64,
+    memo: CallId,
+) -> Result<Vec<LeaseGrant>, RedisError> {
+    let args: Vec<LeaseArg> = keys.iter().map(|k| k.arg).collect();
+    let command = |how: How| {
+        let mut cmd = via.code.lease.command(how);
+        keys_and_memo(&mut cmd, prefix, keys.iter().map(|k| (k.tag, k.line_id)), memo);
+        write_lease_args(&args, None, life_us, |a| push_arg(&mut cmd, a));
+        cmd
+    };
+    let reply = integers(invoke(&mut conn, via, command).await?)?;
+    let Some((_, grants)) = parse_lease_reply(&reply, keys.len()) else {
+        return Err(RedisError::Malformed(format!("{} integers for a lease call of {} keys", reply.len(), keys.len())));
+    };
+    if let Some((k, g)) = keys.iter().zip(&grants).find(|(k, g)| g.units > k.arg.want || g.life_us > life_us) {
+        return Err(RedisError::Malformed(format!(
+            "a grant of {} units for {} us where {} units for {} us were asked",
+            g.units, g.life_us, k.arg.want, life_us
+        )));
+    }
+    Ok(grants)
 }
 
 /// What an undo did (see [`undo`]).
@@ -273,9 +306,10 @@ pub struct Code {
     function: String,
     /// The library's text, for `FUNCTION LOAD`.
     library: String,
-    /// The charge call, and the undo.
+    /// The charge call, the undo and the lease call.
     charge: Entry,
     undo: Entry,
+    lease: Entry,
 }
 
 /// One of the library's other functions: its name, and the script that
@@ -309,6 +343,7 @@ impl Code {
             library: function_library(),
             charge: Entry::new(charge_function_name(), charge_script()),
             undo: Entry::new(undo_function_name(), undo_script()),
+            lease: Entry::new(lease_function_name(), lease_script()),
         }
     }
 }

@@ -18,7 +18,7 @@ use ngx::ngx_log_error;
 use super::calls::Calls;
 use super::conn::Target;
 use super::{inbox, open, peer};
-use super::{Job, RedisError, RedisZone, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
+use super::{Job, LeaseKey, RedisError, RedisZone, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
 
 /// What the worker calls back with replies, in its event loop.
 #[derive(Clone, Copy)]
@@ -198,6 +198,20 @@ pub fn charge(log: *mut ngx_log_t, zone: usize, line: super::JobLine) {
             unsafe { ngx_post_event(&mut *w.flush_ev, ptr::addr_of_mut!(ngx_posted_events)) };
         }
     });
+}
+
+/// A node's sync of its leases on zone `zone`, from this worker (see
+/// [`Calls::lease`]): each key's grant, in order, or why it has none.
+pub async fn lease(
+    zone: usize,
+    keys: &[LeaseKey],
+    life_us: u64,
+) -> Vec<Result<rl_core::redis::LeaseGrant, RedisError>> {
+    // (the calls are taken out of the worker's state: the call runs outside it)
+    let Some(calls) = with_worker(cycle_log(), |w| w.calls.clone()) else {
+        return keys.iter().map(|_| Err(RedisError::NotSent)).collect();
+    };
+    calls.lease(zone, keys, life_us).await
 }
 
 /// Sends the jobs of this event-loop iteration.

@@ -11,15 +11,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rl_core::redis::{write_state_key, RequestReply};
+use rl_core::redis::{write_state_key, LeaseGrant, RequestReply};
 use rustls::ClientConfig;
 
 use super::clock::Clock;
 use super::conn::{Conn, Target, MIN_STALL};
-use super::script::{call, charge, undo, CallId, Code, Undone, Via};
+use super::script::{call, charge, lease, undo, CallId, Code, Undone, Via};
 use super::sentinel::{sentinel_master, subscribe_switches, Sentinels, MASTER_CHECK};
 use super::timers::sleep;
-use super::{Job, JobLine, RedisError, ZoneSpec};
+use super::{Job, JobLine, LeaseKey, RedisError, ZoneSpec};
 use crate::metrics::store::RedisSlot;
 
 /// What became of a batch's requests, as its calls need to know it:
@@ -230,6 +230,37 @@ impl ZoneConn {
         failed
     }
 
+    /// A node's sync of its leases on this zone: one lease call for `keys`
+    /// (on a cluster, one per slot), each named once for all its attempts.
+    /// Each key's grant, in order, or why it has none.
+    pub async fn run_lease(&self, code: &Code, keys: &[LeaseKey], life_us: u64) -> Vec<Result<LeaseGrant, RedisError>> {
+        // (no deadline for Redis, as for a charge: a grant's life counts from
+        // when the node sent the call, and what arrives late is only shorter)
+        let until = Instant::now() + self.spec.timeout;
+        let groups = match self.spec.target {
+            Target::Cluster(_) => slot_groups(keys.iter().map(|k| (k.tag, k.line_id)), &self.spec.prefix),
+            _ => vec![(0..keys.len()).collect()],
+        };
+        let ids = CallId::reserve(groups.len());
+        let calls = groups.iter().enumerate().map(|(i, g)| {
+            let group: Vec<LeaseKey> = g.iter().filter_map(|&j| keys.get(j).copied()).collect();
+            let via = self.via(code, until);
+            let id = ids.nth(i);
+            async move {
+                let group = &group;
+                self.retrying(until, move |conn| lease(conn, via, &self.spec.prefix, group, life_us, id)).await
+            }
+        });
+        let mut out: Vec<Result<LeaseGrant, RedisError>> = keys.iter().map(|_| Err(RedisError::Unanswered)).collect();
+        for (g, r) in groups.iter().zip(futures_util::future::join_all(calls).await) {
+            match r {
+                Ok(grants) => g.iter().zip(grants).for_each(|(&j, grant)| out[j] = Ok(grant)),
+                Err(e) => g.iter().for_each(|&j| out[j] = Err(e.clone())),
+            }
+        }
+        out
+    }
+
     /// How this zone calls the script, until `until`.
     pub fn via<'a>(&'a self, code: &'a Code, until: Instant) -> Via<'a> {
         Via { code, fcall: &self.fcall, clock: &self.clock, until }
@@ -383,15 +414,24 @@ async fn connect(
 /// Lines grouped by the slot of their state keys (under `prefix`), for the
 /// calls of a cluster.
 fn by_key_slot(lines: &[JobLine], prefix: &str) -> Vec<Vec<JobLine>> {
-    let mut groups: Vec<(redis::cluster_routing::Slot, Vec<JobLine>)> = Vec::new();
+    slot_groups(lines.iter().map(|l| (l.tag, l.line_id)), prefix)
+        .into_iter()
+        .map(|g| g.into_iter().filter_map(|i| lines.get(i).copied()).collect())
+        .collect()
+}
+
+/// The state keys of `keys` (tags and line ids) by cluster slot: the
+/// indices of each slot's keys, slots in the order their first key comes.
+fn slot_groups(keys: impl Iterator<Item = (u64, u64)>, prefix: &str) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
     let mut key = String::new();
-    for line in lines {
+    for (i, (tag, line_id)) in keys.enumerate() {
         key.clear();
-        write_state_key(&mut key, prefix, line.tag, line.line_id);
+        write_state_key(&mut key, prefix, tag, line_id);
         let slot = redis::cluster_routing::Slot::for_key(&key);
         match groups.iter_mut().find(|(s, _)| *s == slot) {
-            Some((_, v)) => v.push(*line),
-            None => groups.push((slot, vec![*line])),
+            Some((_, v)) => v.push(i),
+            None => groups.push((slot, vec![i])),
         }
     }
     groups.into_iter().map(|(_, v)| v).collect()

@@ -119,6 +119,23 @@ impl Kept {
         self.full_at = now.saturating_add(reset_us);
     }
 
+    /// Redis admitted at `now` a request the leases did not hold, the
+    /// line left with `remaining` at once and full `reset_us` later.
+    pub fn seen(&mut self, now: u64, remaining: u64, reset_us: u64) {
+        self.remaining = remaining;
+        self.full_at = now.saturating_add(reset_us);
+        self.refused_until = 0;
+    }
+
+    /// What the line had left at once when last heard of: as much as may
+    /// be asked for (`u64::MAX`) before anything is known.
+    pub fn last_remaining(&self) -> u64 {
+        match self.full_at {
+            0 => u64::MAX,
+            _ => self.remaining,
+        }
+    }
+
     /// The grant a sync sent at `sent` brought (see [`Slot::granted`]),
     /// and what it says of the line.
     pub fn granted(&mut self, sent: u64, g: &LeaseGrant) {

@@ -1,0 +1,159 @@
+//! Lease mode (`rl_zone NAME redis=URL lease=SIZE sync=TIME`): a Redis
+//! zone whose requests are decided on this nginx's leases, part of each
+//! key's budget that Redis granted it and charged at once (rl-core's
+//! [`rl_core::lease`]), kept in shared memory by all its workers. A request
+//! a lease holds is admitted here, with no round trip; one it does not
+//! (a key with no lease yet, a lease spent) is decided by Redis, as in
+//! exact mode. One worker syncs every interval ([`sync`]): gives back what
+//! ended leases left, takes new ones sized by each key's demand.
+//!
+//! What this nginx decides alone never admits more than the line: a lease
+//! is units the line admitted. It may refuse more: units held by a lease
+//! that ends unspent are lost to the fleet until given back.
+
+mod sync;
+
+use std::time::Duration;
+
+use ngx::ffi::ngx_log_t;
+use rl_core::lease::{Kept, Leasing, Local};
+use rl_core::verdict::Outcome;
+
+pub use self::sync::init_worker;
+use crate::line::Line;
+use crate::request::Ctx;
+use crate::shm::{now_us, Zone};
+
+/// A Redis zone in lease mode: where its leases live on this nginx, and
+/// how often they are synced.
+pub struct LeaseZone {
+    /// The Redis zone's index in [`crate::conf::MainConf::redis`].
+    pub redis: usize,
+    /// The shared memory that holds a record ([`Kept`]) per key leased.
+    pub table: Box<Zone>,
+    /// `sync=`: how often this nginx syncs its leases.
+    pub sync: Duration,
+    /// How long a lease lives: an interval, and the zone's timeout for
+    /// the next sync's reply (a key in steady demand is never without one).
+    pub life_us: u64,
+    /// Each leased line's identity, and how it is leased.
+    pub lines: Vec<(u64, Leasing)>,
+}
+
+/// The default `sync=`.
+pub const DEFAULT_SYNC: Duration = Duration::from_millis(100);
+
+impl LeaseZone {
+    pub fn new(redis: usize, table: Box<Zone>, sync: Duration, timeout: Duration) -> LeaseZone {
+        let life = sync.saturating_add(timeout);
+        LeaseZone { redis, table, sync, life_us: life.as_micros().min(u128::from(u64::MAX)) as u64, lines: Vec::new() }
+    }
+
+    /// How the line of identity `id` is leased.
+    pub fn leasing(&self, id: u64) -> Option<&Leasing> {
+        self.lines.iter().find(|(l, _)| *l == id).map(|(_, leasing)| leasing)
+    }
+}
+
+/// Decides the active lines of the request's current stage that are in
+/// lease mode (but `charge=after` ones, which Redis charges after the
+/// response) on this nginx's leases, where a lease holds the request or a
+/// refusal Redis gave is still good: such a line is `leased`, and not
+/// sent to Redis. Returns whether every enforced line so decided admits.
+pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) -> bool {
+    let now = now_us();
+    let mut admitted = true;
+    for (line, res) in ctx.staged_mut(lines) {
+        let Some((z, _)) = line.lease.filter(|_| res.active && !line.charge_after) else { continue };
+        let Some(lz) = leases.get(z) else { continue };
+        let Some(local) = with_kept(lz, line, res.key.as_bytes(), now, log, |k| k.decide(now, res.cost)) else {
+            continue;
+        };
+        match local {
+            Local::Spent { spent, remaining, reset_us } => {
+                res.set(
+                    &Outcome { admitted: true, remaining, reset_us, retry_after_us: None, delay_us: 0, next_us: 0 },
+                    true,
+                );
+                res.spent = spent;
+            }
+            Local::Refused { retry_after_us, reset_us } => {
+                let o = Outcome {
+                    admitted: false,
+                    remaining: 0,
+                    reset_us,
+                    retry_after_us: Some(retry_after_us),
+                    delay_us: 0,
+                    next_us: retry_after_us,
+                };
+                res.set(&o, false);
+                admitted &= res.dry_run;
+            }
+            Local::Ask => continue,
+        }
+        res.leased = true;
+    }
+    admitted
+}
+
+/// Puts back what [`spend`] took from leases for a request refused all the
+/// same (by another of its lines).
+pub fn put_back(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) {
+    let now = now_us();
+    for (line, res) in ctx.staged_mut(lines) {
+        let Some((z, _)) = line.lease.filter(|_| res.active && res.leased && res.charged) else { continue };
+        let Some(lz) = leases.get(z) else { continue };
+        res.charged = false;
+        let (spent, cost) = (res.spent, res.cost);
+        with_kept(lz, line, res.key.as_bytes(), now, log, |k| k.slot.put_back(spent, cost));
+    }
+}
+
+/// Learns from Redis' replies for the request's lines in lease mode that
+/// Redis decided (the leases did not hold them): what the line has left,
+/// and when a lone request passes again if it refused one.
+pub fn learn(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, log: *mut ngx_log_t) {
+    let now = now_us();
+    for (line, res) in ctx.staged_mut(lines) {
+        let Some((z, _)) = line.lease.filter(|_| res.active && !res.leased && line.backend.redis() == Some(redis))
+        else {
+            continue;
+        };
+        let Some(lz) = leases.get(z) else { continue };
+        let (o, cost) = (*res.outcome(), res.cost);
+        with_kept(lz, line, res.key.as_bytes(), now, log, |k| match o.admitted {
+            true => k.seen(now, o.remaining, o.reset_us),
+            false => k.refused(now, cost, o.retry_after_us, o.reset_us),
+        });
+    }
+}
+
+/// Runs `f` on the record of `key` for `line`, under the lease
+/// zone's lock (made if the key has none): `None` when the zone cannot
+/// hold it (not initialised, or full to the last entry).
+fn with_kept<T>(
+    lz: &LeaseZone,
+    line: &Line,
+    key: &[u8],
+    now: u64,
+    log: *mut ngx_log_t,
+    f: impl FnOnce(&mut Kept) -> T,
+) -> Option<T> {
+    let now_s = (now / 1_000_000) as u32;
+    let mut locked = lz.table.lock()?;
+    let hash = locked.table.hash_key(line.id, key);
+    let slot = locked.ensure_words(hash, Kept::WORDS, now_s, log)?;
+    let words = locked.words(slot, hash, Kept::WORDS)?;
+    let mut kept = Kept::read(words)?;
+    if kept.line_id == 0 && kept.tag == 0 {
+        kept.tag = rl_core::redis::tag_of(key);
+        kept.line_id = line.id;
+    }
+    let out = f(&mut kept);
+    kept.write(words);
+    // (idle from now: dropped a minute after its last request, as an idle state is; a
+    // lease lives far less)
+    locked.table.set_idle_at(slot, now_s);
+    locked.unlock();
+    Some(out)
+}

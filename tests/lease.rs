@@ -1,0 +1,97 @@
+//! Lease mode (`rl_zone NAME redis=URL lease=SIZE sync=TIME`): real nginx
+//! instances (2 workers each) on one real `redis-server`, real requests.
+//! What a user sees: how many requests the fleet admits (never more than
+//! the line, nearly all of it), how few calls reach Redis, the response
+//! fields, and what `nginx -t` says of a line that cannot be leased.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::redis::*;
+use common::*;
+
+/// `redis-cli INFO commandstats`: the calls of `command` (lower case) so far.
+fn calls_of(redis: &Redis, command: &str) -> u64 {
+    let info = redis.cli(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Requests on every nginx of `ports` at once, `per_round` a round on each,
+/// one round every `gap` for `rounds` rounds (open loop: a round does not
+/// wait for the last): the statuses of all.
+fn load(ports: &[u16], rounds: usize, per_round: usize, gap: Duration, key: &str) -> Vec<u16> {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let mut handles = Vec::new();
+    let start = Instant::now();
+    for round in 0..rounds {
+        let at = start + gap * round as u32;
+        if let Some(wait) = at.checked_duration_since(Instant::now()) {
+            thread::sleep(wait);
+        }
+        for &port in ports {
+            let (got, key) = (got.clone(), key.to_string());
+            handles.push(thread::spawn(move || {
+                let rs = concurrent(port, per_round, "/index.html", &[("X-K", key.as_str())]);
+                got.lock().unwrap().extend(rs.iter().map(|r| r.status));
+            }));
+        }
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    let got = got.lock().unwrap().clone();
+    got
+}
+
+/// 3 nginx x 2 workers on one Redis, one key, a limit that does not refill
+/// during the test (`burst` units a day): the fleet admits at most the
+/// line's units and nearly all of them, while Redis sees a small part of
+/// the requests.
+fn fleet_one_key(alg: &str) {
+    let redis = Redis::start();
+    let conf = server(
+        &format!("rl_zone r redis={} timeout=1s lease=1m sync=50ms;", redis.url()),
+        &format!("location / {{ rl_limit zone=r key=$http_x_k rate=600r/d burst=600 algorithm={alg}; }}"),
+    );
+    let nginx: Vec<Nginx> = (0..3).map(|_| Nginx::start(&conf)).collect();
+    let ports: Vec<u16> = nginx.iter().map(|n| n.port).collect();
+    // About 3x the limit over 1.5 s.
+    let got = load(&ports, 30, 20, Duration::from_millis(50), "k1");
+    let admitted = got.iter().filter(|&&s| s == 200).count();
+    let refused = got.iter().filter(|&&s| s == 429).count();
+    let logs: String = nginx.iter().map(|n| n.error_log()).collect();
+    let fcalls = calls_of(&redis, "fcall") + calls_of(&redis, "evalsha") + calls_of(&redis, "eval");
+    eprintln!("algorithm={alg}: {admitted} admitted, {refused} refused, {fcalls} script calls");
+    assert_eq!(admitted + refused, got.len(), "algorithm={alg}: other statuses: {:?}", statuses_of(&got));
+    assert!(admitted <= 600, "algorithm={alg}: {admitted} admitted, above the line's 600");
+    assert!(admitted >= 570, "algorithm={alg}: {admitted} admitted, less than 95% of the line's 600");
+    assert!(crash_lines(&logs).is_empty(), "{:?}", crash_lines(&logs));
+    assert!(failed_lines(&logs, "r").is_empty(), "{:?}", failed_lines(&logs, "r"));
+}
+
+fn statuses_of(got: &[u16]) -> std::collections::BTreeMap<u16, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for s in got {
+        *m.entry(*s).or_insert(0) += 1;
+    }
+    m
+}
+
+#[test]
+fn fleet_one_key_fixed() {
+    fleet_one_key("fixed");
+}
+
+#[test]
+fn fleet_one_key_gcra() {
+    fleet_one_key("gcra");
+}
+
