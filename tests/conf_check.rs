@@ -267,6 +267,30 @@ fn cases(certs: &TestCerts) -> Vec<Case> {
             "out of the range a Redis zone computes exactly",
         ));
     }
+    // Lines a lease cannot take.
+    let leased = format!("{ZONES}\nrl_zone l redis=redis://127.0.0.1:6379 lease=1m sync=100ms;");
+    let unleasable = [
+        ("algorithm=sliding_log", "algorithm=sliding_log cannot be leased: it keeps a timestamp per request"),
+        ("algorithm=gcra burst=50 queue=5", "a line with a queue cannot be leased: a lease admits at once"),
+        ("burst=$arg_b", "a line whose rate or burst varies cannot be leased"),
+        // (a lease lives 150 ms: the sync and the timeout; 100r/s refills 15 in it)
+        ("burst=5 algorithm=gcra", "burst=5 is too small to be leased: leases hold back the 15 units"),
+        ("burst=15 algorithm=token_bucket", "burst=15 is too small to be leased: leases hold back the 15 units"),
+    ];
+    for (args, needle) in unleasable {
+        for level in LEVELS {
+            let directive = format!("rl_limit zone=l rate=100r/s {args};");
+            all.push(case(
+                format!("{directive} at {level:?}"),
+                at_level(level, &leased, &directive),
+                "rl_limit",
+                leak(format!(
+                    "{needle}{} (zone \"l\" has \"lease\")",
+                    if needle.contains("hold back") { " the rate refills in a lease's life" } else { "" }
+                )),
+            ));
+        }
+    }
     for n in [17, 20] {
         let zones: String = (0..n).map(|i| format!("rl_zone z{i} size=64k;\n")).collect();
         let lines: String = (0..n)
@@ -478,6 +502,14 @@ fn cases(certs: &TestCerts) -> Vec<Case> {
         (format!("on_error={}", "x".repeat(3000)), "invalid on_error \"xxx".into()),
         (format!("{}=1", "x".repeat(3000)), "invalid parameter \"xxx".into()),
         ("redis".into(), "invalid parameter \"redis\"".into()),
+        ("sync=100ms".into(), "\"sync\" needs \"lease\"".into()),
+        ("lease=1m sync=5ms".into(), "invalid sync \"5ms\", it must be from 10ms to 10s".into()),
+        ("lease=1m sync=11s".into(), "invalid sync \"11s\", it must be from 10ms to 10s".into()),
+        ("lease=1m sync=".into(), "invalid sync \"\"".into()),
+        ("lease=big".into(), "invalid zone size \"lease=big\"".into()),
+        ("lease=".into(), "invalid zone size \"lease=\"".into()),
+        ("lease=1k".into(), "is too small in \"rl_zone\" directive: lease=1k".into()),
+        ("lease=1m lease=2m".into(), "duplicate \"lease\" parameter".into()),
         ("redis=redis://127.0.0.1:6380".into(), "duplicate \"redis\" parameter".into()),
         (format!("ssl_trusted_certificate={ca}"), "\"ssl_*\" parameters need a \"rediss\" URL".into()),
         (
@@ -710,6 +742,9 @@ fn their_good_forms_are_accepted() {
         format!("rl_zone a redis=rediss+cluster://{CREDS}127.0.0.1:7000,127.0.0.1:7001 {tls};"),
         format!("rl_zone a redis=rediss://[::1]:6380 ssl_trusted_certificate={ca};"),
         "rl_zone a redis=redis://127.0.0.1:6379 timeout=60s;".to_string(),
+        "rl_zone a redis=redis://127.0.0.1:6379 lease=1m;".to_string(),
+        format!("rl_zone a redis=rediss+cluster://{CREDS}127.0.0.1:7000 lease=10m sync=10ms {tls};"),
+        "rl_zone a redis=redis+sentinel://127.0.0.1:26379/m lease=64k sync=10s timeout=1s;".to_string(),
     ];
     for z in &zones {
         let (ok, out) = common::nginx_t(&server(z, "location / { rl_limit zone=a rate=1r/s; }"));

@@ -94,4 +94,3 @@ fn fleet_one_key_fixed() {
 fn fleet_one_key_gcra() {
     fleet_one_key("gcra");
 }
-

@@ -73,8 +73,8 @@ impl fmt::Display for LeaseError {
             LeaseError::Life => write!(f, "invalid lease life"),
             LeaseError::Burst { burst, held_back } => write!(
                 f,
-                "burst={burst} is too small to be leased: leases hold back {held_back} of it \
-                 (what the rate refills in a lease's life)"
+                "burst={burst} is too small to be leased: leases hold back the {held_back} units \
+                 the rate refills in a lease's life"
             ),
         }
     }
@@ -350,6 +350,12 @@ impl Slot {
     /// the last unit is let go at once: it has nothing to give back, and
     /// its place may hold the next.
     pub fn sync(&mut self, now: u64, next: u64, remaining: u64, nodes: u64) -> Option<SyncArg> {
+        self.sync_asking(now, next, remaining, nodes, true)
+    }
+
+    /// [`Slot::sync`], asking for no lease unless `ask` (what ended is
+    /// given back all the same).
+    pub fn sync_asking(&mut self, now: u64, next: u64, remaining: u64, nodes: u64, ask: bool) -> Option<SyncArg> {
         self.demand.observe(self.asked);
         self.asked = 0;
         for h in self.held.iter_mut() {
@@ -369,7 +375,7 @@ impl Slot {
         }
         let live = self.held.iter().filter(|h| h.granted > 0).count();
         let lasting: u64 = self.held.iter().filter(|h| h.ends > next).map(|h| h.left).sum();
-        let want = match !self.asking && live < 2 && self.demand.per_interval() > 0 {
+        let want = match ask && !self.asking && live < 2 && self.demand.per_interval() > 0 {
             true => self.demand.want(remaining, nodes).saturating_sub(lasting),
             false => 0,
         };

@@ -271,7 +271,7 @@ fn lines_that_cannot_be_leased() {
     assert_eq!(Leasing::new(bucket, 100_000), Err(LeaseError::Burst { burst: 1, held_back: 1 }));
     assert_eq!(
         Leasing::new(bucket, 100_000).unwrap_err().to_string(),
-        "burst=1 is too small to be leased: leases hold back 1 of it (what the rate refills in a lease's life)"
+        "burst=1 is too small to be leased: leases hold back the 1 units the rate refills in a lease's life"
     );
     // The window algorithms hold nothing back: their leases end with the window.
     assert_eq!(Leasing::new(fixed, 100_000).unwrap().line(), &fixed);
@@ -610,4 +610,36 @@ fn a_slot_asks_for_its_shortfall() {
     assert_eq!(s.held(0).map(|h| h.left), Some(0));
     assert!(s.sync(400, 500, 1000, 1).is_some(), "both spent out: let go, and a new one asked for");
     assert_eq!(s.held(0), None);
+}
+
+/// A key Redis refused asks for no lease while the refusal holds past
+/// the next sync, and gives back what ended all the same; once it no
+/// longer does, it asks again.
+#[test]
+fn a_refused_key_asks_for_nothing() {
+    let mut k = Kept::default();
+    for t in 0..8 {
+        k.decide(t, 1);
+    }
+    assert!(k.sync(100, 200, 1).is_some_and(|a| a.want > 0));
+    k.granted(
+        100,
+        &LeaseGrant { units: 2, words: (4, 4), life_us: 150, remaining: 0, reset_us: 900, taken_back: false },
+    );
+    assert!(matches!(k.decide(110, 1), Local::Spent { .. }));
+    k.refused(120, 1, Some(500), 900);
+    for t in 0..8 {
+        // (more than the lease's last unit: refused, the unit left to go back)
+        assert!(matches!(k.decide(130 + t, 2), Local::Refused { .. }));
+    }
+    let arg = k.sync(300, 400, 1).expect("a unit to give back");
+    assert_eq!((arg.want, arg.back), (0, 1), "refused until 620: nothing asked, the ended lease given back");
+    for t in 0..8 {
+        k.decide(310 + t, 1);
+    }
+    assert_eq!(k.sync(400, 500, 1), None, "still refused past the next sync");
+    for t in 0..8 {
+        k.decide(510 + t, 1);
+    }
+    assert!(k.sync(600, 700, 1).is_some_and(|a| a.want > 0), "the refusal ends before the next sync");
 }

@@ -40,12 +40,15 @@ impl Ask {
 }
 
 /// What a job asks Redis about `line` for the request: the state of its
-/// key, under the request's limit, for `cost`.
+/// key, under the request's limit, for `cost`. A line in lease mode is
+/// decided there as leases are granted ([`rl_core::lease::Leasing::line`]:
+/// the buckets' burst less what the rate refills in a lease's life), so
+/// that units a lease spends late never bunch with these beyond the line.
 pub fn job_line(line: &Line, res: &LineResult, cost: u64) -> JobLine {
     JobLine {
         tag: rl_core::redis::tag_of(res.key.as_bytes()),
         line_id: line.id,
-        limit: *res.limit(line),
+        limit: line.lease.map_or(*res.limit(line), |(_, leasing)| *leasing.line()),
         cost,
         dry_run: res.dry_run,
         check_only: false,

@@ -65,8 +65,8 @@ async fn once(lz: &LeaseZone, zone: &RedisZone) {
 }
 
 /// What the sync at `now` sends (the next at `next`): each record's
-/// [`rl_core::lease::Slot::sync`], which also folds in the interval's
-/// demand, for every record, asked for or not.
+/// [`Kept::sync`], which also folds in the interval's demand, for every
+/// record, asked for or not.
 fn collect(lz: &LeaseZone, now: u64, next: u64) -> Vec<([u64; 2], LeaseKey)> {
     let mut asks = Vec::new();
     let Some(mut locked) = lz.table.lock() else { return asks };
@@ -75,7 +75,7 @@ fn collect(lz: &LeaseZone, now: u64, next: u64) -> Vec<([u64; 2], LeaseKey)> {
     for (slot, hash) in entries {
         let Some(words) = locked.words(slot, hash, Kept::WORDS) else { continue };
         let Some(mut kept) = Kept::read(words) else { continue };
-        if let Some(arg) = kept.slot.sync(now, next, kept.last_remaining(), 1) {
+        if let Some(arg) = kept.sync(now, next, 1) {
             match lz.leasing(kept.line_id) {
                 Some(leasing) => {
                     let arg = LeaseArg { line: *leasing.line(), want: arg.want, back: arg.back, words: arg.words };

@@ -119,6 +119,16 @@ impl Kept {
         self.full_at = now.saturating_add(reset_us);
     }
 
+    /// What the sync at `now` sends for the key, the next at `next`, with
+    /// `nodes` nodes sharing the line ([`Slot::sync`]): no new lease while
+    /// Redis' last refusal holds past the next sync (a lease then would
+    /// be granted nothing, and a key refused under a flood would cost
+    /// Redis a call every interval).
+    pub fn sync(&mut self, now: u64, next: u64, nodes: u64) -> Option<super::SyncArg> {
+        let ask = next >= self.refused_until;
+        self.slot.sync_asking(now, next, self.last_remaining(), nodes, ask)
+    }
+
     /// Redis admitted at `now` a request the leases did not hold, the
     /// line left with `remaining` at once and full `reset_us` later.
     pub fn seen(&mut self, now: u64, remaining: u64, reset_us: u64) {
