@@ -111,7 +111,9 @@ pub fn put_back(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut n
 
 /// Learns from Redis' replies for the request's lines in lease mode that
 /// Redis decided (the leases did not hold them): what the line has left,
-/// and when a lone request passes again if it refused one.
+/// and when a lone request passes again if it refused one. Their
+/// `remaining` becomes this nginx's view, as for a request a lease held:
+/// Redis' and what its leases hold.
 pub fn learn(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, log: *mut ngx_log_t) {
     let now = now_us();
     for (line, res) in ctx.staged_mut(lines) {
@@ -121,10 +123,15 @@ pub fn learn(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, 
         };
         let Some(lz) = leases.get(z) else { continue };
         let (o, cost) = (*res.outcome(), res.cost);
-        with_kept(lz, line, res.key.as_bytes(), now, log, |k| match o.admitted {
-            true => k.seen(now, o.remaining, o.reset_us),
-            false => k.refused(now, cost, o.retry_after_us, o.reset_us),
+        let held = with_kept(lz, line, res.key.as_bytes(), now, log, |k| {
+            match o.admitted {
+                true => k.seen(now, o.remaining, o.reset_us),
+                false => k.refused(now, cost, o.retry_after_us, o.reset_us),
+            }
+            k.slot.left(now)
         });
+        // What the line has left, as this nginx sees it: Redis' and what its leases hold.
+        res.decision.outcome.remaining = o.remaining.saturating_add(held.unwrap_or(0));
     }
 }
 

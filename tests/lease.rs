@@ -24,10 +24,10 @@ fn calls_of(redis: &Redis, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Requests on every nginx of `ports` at once, `per_round` a round on each,
+/// Requests for `path` on every nginx of `ports` at once, `per_round` a round on each,
 /// one round every `gap` for `rounds` rounds (open loop: a round does not
 /// wait for the last): the statuses of all.
-fn load(ports: &[u16], rounds: usize, per_round: usize, gap: Duration, key: &str) -> Vec<u16> {
+fn load(ports: &[u16], path: &'static str, rounds: usize, per_round: usize, gap: Duration, key: &str) -> Vec<u16> {
     let got = Arc::new(Mutex::new(Vec::new()));
     let mut handles = Vec::new();
     let start = Instant::now();
@@ -39,7 +39,7 @@ fn load(ports: &[u16], rounds: usize, per_round: usize, gap: Duration, key: &str
         for &port in ports {
             let (got, key) = (got.clone(), key.to_string());
             handles.push(thread::spawn(move || {
-                let rs = concurrent(port, per_round, "/index.html", &[("X-K", key.as_str())]);
+                let rs = concurrent(port, per_round, path, &[("X-K", key.as_str())]);
                 got.lock().unwrap().extend(rs.iter().map(|r| r.status));
             }));
         }
@@ -64,7 +64,7 @@ fn fleet_one_key(alg: &str) {
     let nginx: Vec<Nginx> = (0..3).map(|_| Nginx::start(&conf)).collect();
     let ports: Vec<u16> = nginx.iter().map(|n| n.port).collect();
     // About 3x the limit over 1.5 s.
-    let got = load(&ports, 30, 20, Duration::from_millis(50), "k1");
+    let got = load(&ports, "/index.html", 30, 20, Duration::from_millis(50), "k1");
     let admitted = got.iter().filter(|&&s| s == 200).count();
     let refused = got.iter().filter(|&&s| s == 429).count();
     let logs: String = nginx.iter().map(|n| n.error_log()).collect();
@@ -93,4 +93,54 @@ fn fleet_one_key_fixed() {
 #[test]
 fn fleet_one_key_gcra() {
     fleet_one_key("gcra");
+}
+
+/// `n` requests one after another on `port`, each with `headers`: their
+/// statuses and `X-RateLimit-Remaining` values.
+fn sequential(port: u16, n: usize, path: &str, key: &str) -> Vec<(u16, Option<u64>)> {
+    (0..n)
+        .map(|_| {
+            let r = get(port, path, &[("X-K", key)]);
+            (r.status, r.header("X-RateLimit-Remaining").and_then(|v| v.parse().ok()))
+        })
+        .collect()
+}
+
+/// A request another of its lines refuses is not charged to a lease: the
+/// units it took go back to the lease, and the lease gives them back to
+/// Redis, so the line admits all it has. And on one nginx the node's view
+/// is the line's: `X-RateLimit-Remaining` counts down by one, whether a
+/// lease or Redis decided.
+#[test]
+fn refused_by_another_line_keeps_the_lease() {
+    let redis = Redis::start();
+    let lease_line = "rl_limit zone=l key=$http_x_k rate=100r/d burst=100 algorithm=fixed name=u;";
+    let ngx = Nginx::start(&server(
+        &format!(
+            "rl_zone l redis={url} timeout=1s lease=1m sync=50ms;\n\
+             rl_zone r redis={url} timeout=1s prefix=other:;",
+            url = redis.url()
+        ),
+        &format!(
+            "location = /only.html {{ {lease_line} alias html/index.html; }}\n\
+             location = /both.html {{ {lease_line} rl_limit zone=r key=$http_x_k rate=5r/d burst=5 algorithm=fixed; \
+             alias html/index.html; }}"
+        ),
+    ));
+    // 40 at 10 an interval: the lease is taken and used.
+    let a = load(&[ngx.port], "/only.html", 4, 10, Duration::from_millis(50), "k");
+    assert_eq!(statuses_of(&a), [(200, 40)].into_iter().collect());
+    // 20 more, the other line admitting 5 of them.
+    let b = load(&[ngx.port], "/both.html", 4, 5, Duration::from_millis(50), "k");
+    assert_eq!(statuses_of(&b), [(200, 5), (429, 15)].into_iter().collect());
+    // Every lease ended and given back (a lease lives the sync and the timeout).
+    thread::sleep(Duration::from_millis(1500));
+    let c = sequential(ngx.port, 60, "/only.html", "k");
+    let admitted = c.iter().filter(|(s, _)| *s == 200).count();
+    assert_eq!(admitted, 55, "100 less 40 less 5: the 15 refused took nothing; {c:?}");
+    let remaining: Vec<u64> = c.iter().filter(|(s, _)| *s == 200).filter_map(|(_, r)| *r).collect();
+    let expected: Vec<u64> = (0..55).rev().collect();
+    assert_eq!(remaining, expected, "the node's view, on one nginx, is the line's");
+    let log = ngx.error_log();
+    assert!(crash_lines(&log).is_empty() && failed_lines(&log, "l").is_empty(), "{log}");
 }
