@@ -46,6 +46,7 @@ file == 3 {
     if ($8 >= 0) { s200[id] += $8; s429[id] += $9; s5xx[id] += $10; soth[id] += $11 }
     else { shigh[id] += $16; slow[id] += $4 - $16; uncounted[id] = 1 }
     sreq[id] += $4
+    scalls[id] += $23
     serr[id] += $13 + $14 + $15
     if ($19 != "ok") fail[id] = $20
     next
@@ -137,7 +138,9 @@ function vswhere(r) { return (r ~ /_rl$/) ? ", in the same nginx" : "" }
 function vsstock(id, r, stock) {
     return (r != stock && (stock in R)) ? sprintf(" (%.3fx stock nginx's)", R[id] / R[stock]) : ""
 }
-function refname(g) { return (g ~ /^redis/) ? "Lua peer" : "limit_req" }
+function refname(g) { return (g ~ /lease/) ? "ref" : (g ~ /^redis/) ? "Lua peer" : "limit_req" }
+# Script calls redis-server ran per 1,000 requests of the scenario's timed runs ("-": not counted).
+function calls1k(id) { return (sreq[id] > 0 && scalls[id] != "") ? sprintf("%.1f", 1000 * scalls[id] / sreq[id]) : "-" }
 # The Redis zone against the Lua peer: every rlredis_* row whose ref is a peer
 # row, by layout (redis-server beside nginx, or beside wrk), keys, connections.
 function ralg(id,    a) { a = id; sub(/^rlredis_/, "", a); sub(/_k1k.*$/, "", a); return a }
@@ -220,10 +223,10 @@ END {
         print "### " gn
         print ""
         if (gn ~ /^redis/)
-            print "| scenario | req/s | min - max | p50 | p99 | nginx CPU us/req | " ((gn in gclient) ? "worker busy" : "CPU 0 busy (worker + redis-server)") " | " ((gn in gclient) ? "CPU 1 busy (wrk + redis-server)" : "client busy") " | redis-server CPU us/req | x baseline | x " refname(gn) " | status mix |"
+            print "| scenario | req/s | min - max | p50 | p99 | nginx CPU us/req | " ((gn in gclient) ? "worker busy" : "CPU 0 busy (worker + redis-server)") " | " ((gn in gclient) ? "CPU 1 busy (wrk + redis-server)" : "client busy") " | redis-server CPU us/req | Redis calls / 1,000 req | x baseline | x " refname(gn) " | status mix |"
         else
             print "| scenario | req/s | min - max | p99 | CPU us/req | added | worker busy | client busy | x baseline | x " refname(gn) " | keys/MB | status mix |"
-        if (gn ~ /^redis/) print "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"
+        if (gn ~ /^redis/) print "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"
         else print "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"
         for (i = 1; i <= ns; i++) {
             id = sid[i]
@@ -231,7 +234,7 @@ END {
             name = "`" id "` " desc[id]
             if (!runs[id]) {
                 why = (id ~ /^rlredis/ && meta["skip_redis"] != "") ? "skipped: the module rejects the Redis zone (`nginx -t`: " meta["skip_redis"] ")" : "not run"
-                if (gn ~ /^redis/) printf "| %s | - | - | - | - | - | - | - | - | - | - | %s |\n", name, why
+                if (gn ~ /^redis/) printf "| %s | - | - | - | - | - | - | - | - | - | - | - | %s |\n", name, why
                 else printf "| %s | - | - | - | - | - | - | - | - | - | - | %s |\n", name, why
                 continue
             }
@@ -242,7 +245,7 @@ END {
             if (id in fail) st = "**FAIL: " fail[id] "** " st
             if (id in warmfail) st = "**FAIL (warm-up): " warmfail[id] "** " st
             if (gn ~ /^redis/)
-                printf "| %s | %s | %s - %s | %s | %s | %.2f | %.0f%% | %.0f%% | %.2f | %s | %s | %s |\n", name, commas(R[id]), commas(RMIN[id]), commas(RMAX[id]), ms(P50[id]), ms(P[id]), C[id], B[id], K[id], RC[id], xb, xr, st
+                printf "| %s | %s | %s - %s | %s | %s | %.2f | %.0f%% | %.0f%% | %.2f | %s | %s | %s | %s |\n", name, commas(R[id]), commas(RMIN[id]), commas(RMAX[id]), ms(P50[id]), ms(P[id]), C[id], B[id], K[id], RC[id], calls1k(id), xb, xr, st
             else {
                 add = (base != "") ? sprintf("%+.2f", C[id] - C[base]) : "-"
                 if (id == base) add = "-"

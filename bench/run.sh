@@ -277,11 +277,18 @@ wakeups() {
 }
 
 # ---------------------------------------------------------------- one run
+# The script calls redis-server has run so far (FCALL, EVALSHA, EVAL: the
+# Lua peer's and nginx-rl's, decisions and lease syncs alike).
+redis_calls() {
+    redis-cli -p "$REDIS_PORT" INFO commandstats 2>/dev/null |
+        awk -F'[:=,]' '/^cmdstat_(fcall|evalsha|eval):/ { n += $3 } END { print n + 0 }'
+}
+
 # run_one PHASE ID SECS: one wrk run; appends a line to raw.tsv.
 run_one() {
     local phase=$1 id=$2 secs=$3
     local inst=${S_INST[$id]} out=$TMP/wrk.out
-    local w=${WORKER[$inst]} c0 c1 r0=0 r1=0 k0 k1 res status reason count=
+    local w=${WORKER[$inst]} c0 c1 r0=0 r1=0 q0=0 q1=0 k0 k1 res status reason count=
     # Statuses are counted one by one in the warm-up and in a quick run; a
     # timed run counts only those of 400 or above (wrk's own count), so that
     # the client's work does not grow with the fields a response carries
@@ -292,6 +299,7 @@ run_one() {
         # redis-server's CPU, all its threads: the server's (CPU 0) unless the scenario says wrk's.
         taskset -a -p -c "${S_RCPU[$id]}" "$REDIS_PID" >/dev/null || die "taskset on redis-server failed"
         r0=$(cpu_ns "$REDIS_PID")
+        q0=$(redis_calls)
     fi
     c0=$(cpu_ns "$w")
     k0=$(cpu_ticks "$CLIENT_CPU")
@@ -303,7 +311,10 @@ run_one() {
     WRK_PID=
     c1=$(cpu_ns "$w")
     k1=$(cpu_ticks "$CLIENT_CPU")
-    [[ $inst == lua || $inst == rlredis ]] && r1=$(cpu_ns "$REDIS_PID")
+    if [[ $inst == lua || $inst == rlredis ]]; then
+        r1=$(cpu_ns "$REDIS_PID")
+        q1=$(redis_calls)
+    fi
     res=$(grep '^RESULT ' "$out") || { cat "$out" >&2; die "no result from wrk on $id"; }
     # A worker that crashed is replaced by the master with a new pid.
     [[ $(pgrep -P "${MASTER[$inst]}" | head -1) == "$w" ]] ||
@@ -341,12 +352,13 @@ run_one() {
     read -r -a ka <<<"$k0"
     read -r -a kb <<<"$k1"
     local kbusy=$(((kb[0] - ka[0]) * 1000 / (kb[1] - ka[1] > 0 ? kb[1] - ka[1] : 1)))
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$phase" "$id" "$secs" "$vt" \
-        "$((c1 - c0))" "$((r1 - r0))" "$status" "${reason:--}" "$(cut -d' ' -f1 /proc/loadavg)" "$kbusy" >>"$TMP/raw.tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$phase" "$id" "$secs" "$vt" \
+        "$((c1 - c0))" "$((r1 - r0))" "$status" "${reason:--}" "$(cut -d' ' -f1 /proc/loadavg)" "$kbusy" \
+        "$((q1 - q0))" >>"$TMP/raw.tsv"
     if [[ $phase != warm ]]; then
-        awk -v id="$id" -v r="$req" -v d="${v[1]}" -v p50="${v[2]}" -v p="${v[3]}" -v c="$((c1 - c0))" -v rc="$((r1 - r0))" -v k="$kbusy" 'BEGIN {
+        awk -v id="$id" -v r="$req" -v d="${v[1]}" -v p50="${v[2]}" -v p="${v[3]}" -v c="$((c1 - c0))" -v rc="$((r1 - r0))" -v q="$((q1 - q0))" -v k="$kbusy" 'BEGIN {
             printf "  %-28s %9.0f req/s  p50 %7.2f ms  p99 %7.2f ms  %6.2f us/req", id, r / (d / 1e6), p50 / 1000, p / 1000, c / r / 1000
-            if (rc > 0) printf "  redis %6.2f us/req", rc / r / 1000
+            if (rc > 0) printf "  redis %6.2f us/req %7.1f calls/1000", rc / r / 1000, 1000 * q / r
             printf "  client CPU %3.0f%%\n", k / 10 }' >&2
     fi
 }

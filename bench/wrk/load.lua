@@ -3,6 +3,7 @@
 --   wrk ... -s load.lua URL -- NKEYS [count]
 --
 -- NKEYS = 0: the same request every time (one key: the client address).
+-- NKEYS = zN: the same, with keys drawn by Zipf's law (s = 1).
 -- NKEYS = N: each request carries `X-User: u<random 1..N>`; up to 100,000
 -- keys the N requests are formatted once, in init, so that the client does
 -- about the same work per request as with one key (a request formatted in
@@ -38,8 +39,39 @@ local function keyed(i)
    return wrk.format(nil, nil, { ["X-User"] = "u" .. i })
 end
 
+-- Zipf (s = 1) draws of keys 1..n, enough that cycling through them at
+-- random costs the client what a uniform key does.
+local zipf
+local ZIPF_DRAWS = 100000
+
+local function zipf_draws(n)
+   local cdf, sum = {}, 0
+   for i = 1, n do
+      sum = sum + 1 / i
+      cdf[i] = sum
+   end
+   local draws = {}
+   for d = 1, ZIPF_DRAWS do
+      local u, lo, hi = math.random() * sum, 1, n
+      while lo < hi do
+         local mid = math.floor((lo + hi) / 2)
+         if cdf[mid] < u then lo = mid + 1 else hi = mid end
+      end
+      draws[d] = lo
+   end
+   return draws
+end
+
 function init(args)
-   nkeys = tonumber(args[1] or "0") or 0
+   local spec = args[1] or "0"
+   -- `zN`: N keys drawn by Zipf's law (key i about 1/i as often as key 1).
+   if spec:sub(1, 1) == "z" then
+      nkeys = tonumber(spec:sub(2)) or 0
+      math.randomseed(os.time() * 1000 + (id or 0))
+      zipf = zipf_draws(nkeys)
+   else
+      nkeys = tonumber(spec) or 0
+   end
    counted = (args[2] == "count") and 1 or 0
    if counted == 0 then
       response = nil
@@ -58,6 +90,8 @@ end
 function request()
    if fixed_req then
       return fixed_req
+   elseif zipf then
+      return reqs[zipf[rnd(ZIPF_DRAWS)]]
    elseif reqs then
       return reqs[rnd(nkeys)]
    end
