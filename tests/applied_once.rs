@@ -497,3 +497,47 @@ fn requests_answered_per_on_error_are_not_charged() {
     assert!(statuses.get(&200).copied().unwrap_or(0) > 0, "no request passed: {statuses:?}");
     assert_applied_once("requests answered per on_error (timeout 200 ms)", in_redis, &results, &stats, &ngx);
 }
+
+// ---------------------------------------------------------------------------
+// 3. Lease mode: the syncs' lease calls.
+// ---------------------------------------------------------------------------
+
+fn lease_calls() -> Filter {
+    Arc::new(|cmd: &[Vec<u8>]| cmd.get(1).is_some_and(|f| f.ends_with(b"_lease")))
+}
+
+/// Lease mode (`lease=`): on each connection open for a second, every 3rd
+/// lease call (a sync: leases granted, unspent units given back) loses its
+/// reply after Redis ran it; nginx sends it again under its name. Once
+/// every lease has ended and been given back, Redis holds exactly one unit
+/// per request answered 200: no grant or give-back applied twice, none
+/// lost.
+#[test]
+fn lease_calls_are_applied_once() {
+    let redis = Redis::start();
+    let proxy = CuttingProxy::start(redis.port);
+    // (a lease lives the sync and the timeout: 1.05 s)
+    let ngx = nginx(
+        &proxy,
+        "timeout=1s on_error=deny lease=1m sync=50ms",
+        "key=all rate=1000r/h burst=1000000000 algorithm=fixed",
+    );
+    proxy.only_calls(Some(lease_calls()));
+    proxy.only_connections_older_than(SERVED);
+    proxy.cut_every(3);
+    // (X-Cost is sent, and not read: every request costs one unit)
+    let results = load(ngx.port, &costs(), RUN, 8);
+    let in_redis = settled(&redis, &proxy, Duration::from_millis(1500));
+    proxy.stop_cutting();
+    let stats = proxy.stats();
+    assert_sane(&stats, &ngx);
+    let ok = by_status(&results).get(&200).copied().unwrap_or(0) as u64;
+    assert_eq!(by_status(&results), counts(&[(200, results.len())]), "every request admitted; proxy: {stats:?}");
+    assert_eq!(
+        in_redis,
+        ok,
+        "lease calls, every 3rd reply cut: Redis holds {in_redis} units for {ok} requests admitted; proxy: {stats:?}; \
+         Redis failures logged: {:?}",
+        failed_lines(&ngx.error_log(), "r")
+    );
+}
