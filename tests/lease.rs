@@ -144,3 +144,125 @@ fn refused_by_another_line_keeps_the_lease() {
     let log = ngx.error_log();
     assert!(crash_lines(&log).is_empty() && failed_lines(&log, "l").is_empty(), "{log}");
 }
+
+/// Key `i` of `n` drawn by Zipf's law (s = 1), from `u` uniform in [0, 1).
+fn zipf_key(n: usize, u: f64) -> usize {
+    let h: f64 = (1..=n).map(|i| 1.0 / i as f64).sum();
+    let mut acc = 0.0;
+    for i in 1..=n {
+        acc += 1.0 / (i as f64 * h);
+        if u < acc {
+            return i;
+        }
+    }
+    n
+}
+
+/// A small deterministic generator (xorshift), for the test's draws.
+struct Draws(u64);
+
+impl Draws {
+    fn next(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// `total` requests over `secs` seconds (open loop: each sent at its time,
+/// by a pool of client threads), each to nginx `i` with the share
+/// `shares[i]` and for a key of `keys` drawn by Zipf's law: per key, how
+/// many were sent and how many admitted.
+fn zipf_load(ports: &[u16], shares: &[f64], keys: usize, total: usize, secs: f64) -> Vec<(usize, usize)> {
+    let mut draws = Draws(0x9e37_79b9_7f4a_7c15);
+    let plan: Vec<(Duration, u16, usize)> = (0..total)
+        .map(|n| {
+            let at = Duration::from_secs_f64(secs * n as f64 / total as f64);
+            let (u, mut pick) = (draws.next(), 0);
+            let mut acc = 0.0;
+            for (i, s) in shares.iter().enumerate() {
+                acc += s;
+                if u < acc {
+                    pick = i;
+                    break;
+                }
+            }
+            (at, ports[pick], zipf_key(keys, draws.next()))
+        })
+        .collect();
+    let plan = Arc::new(Mutex::new(plan.into_iter().rev().collect::<Vec<_>>()));
+    let per_key = Arc::new(Mutex::new(vec![(0usize, 0usize); keys + 1]));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..48)
+        .map(|_| {
+            let (plan, per_key) = (plan.clone(), per_key.clone());
+            thread::spawn(move || loop {
+                let Some((at, port, key)) = plan.lock().unwrap().pop() else { return };
+                if let Some(wait) = (start + at).checked_duration_since(Instant::now()) {
+                    thread::sleep(wait);
+                }
+                let r = get(port, "/index.html", &[("X-K", &format!("u{key}"))]);
+                let mut pk = per_key.lock().unwrap();
+                pk[key].0 += 1;
+                pk[key].1 += usize::from(r.status == 200);
+                assert!(r.status == 200 || r.status == 429, "status {}", r.status);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let per_key = per_key.lock().unwrap().clone();
+    per_key
+}
+
+/// 3 nginx x 2 workers on one Redis, 1,000 keys by Zipf's law at about
+/// three times what their limits admit, the load spread over the nginx as
+/// `shares`: no key admits more than its line, and the fleet admits at
+/// least `fill` of what the line admits of that demand (per key, the
+/// least of its requests and its burst).
+fn fleet_zipf(alg: &str, shares: &[f64], fill: f64) {
+    let redis = Redis::start();
+    let conf = server(
+        &format!("rl_zone r redis={} timeout=1s lease=1m sync=50ms;", redis.url()),
+        &format!("location / {{ rl_limit zone=r key=$http_x_k rate=40r/d burst=40 algorithm={alg}; }}"),
+    );
+    let nginx: Vec<Nginx> = (0..3).map(|_| Nginx::start(&conf)).collect();
+    let ports: Vec<u16> = nginx.iter().map(|n| n.port).collect();
+    let per_key = zipf_load(&ports, shares, 1000, 9000, 3.0);
+    let over: Vec<(usize, usize)> =
+        per_key.iter().enumerate().filter(|(_, (_, a))| *a > 40).map(|(k, (_, a))| (k, *a)).collect();
+    let admitted: usize = per_key.iter().map(|(_, a)| a).sum();
+    let possible: usize = per_key.iter().map(|(d, _)| (*d).min(40)).sum();
+    let sent: usize = per_key.iter().map(|(d, _)| d).sum();
+    let logs: String = nginx.iter().map(|n| n.error_log()).collect();
+    eprintln!("algorithm={alg} shares={shares:?}: {sent} sent, {admitted} admitted of {possible} the line admits");
+    assert!(over.is_empty(), "algorithm={alg}: keys admitted above their line's 40: {over:?}");
+    assert!(
+        admitted as f64 >= fill * possible as f64,
+        "algorithm={alg} shares={shares:?}: {admitted} admitted, less than {fill} of the {possible} the line admits"
+    );
+    assert!(crash_lines(&logs).is_empty(), "{:?}", crash_lines(&logs));
+    assert!(failed_lines(&logs, "r").is_empty(), "{:?}", failed_lines(&logs, "r"));
+}
+
+#[test]
+fn fleet_zipf_even_fixed() {
+    fleet_zipf("fixed", &[1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0], 0.95);
+}
+
+#[test]
+fn fleet_zipf_skewed_fixed() {
+    fleet_zipf("fixed", &[0.80, 0.15, 0.05], 0.90);
+}
+
+#[test]
+fn fleet_zipf_even_gcra() {
+    fleet_zipf("gcra", &[1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0], 0.95);
+}
+
+#[test]
+fn fleet_zipf_skewed_gcra() {
+    fleet_zipf("gcra", &[0.80, 0.15, 0.05], 0.90);
+}
