@@ -13,6 +13,7 @@
 
 mod sync;
 
+use core::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ngx::ffi::ngx_log_t;
@@ -27,8 +28,18 @@ use crate::shm::{now_us, Zone};
 /// A Redis zone in lease mode: where its leases live on this nginx, and
 /// how often they are synced.
 pub struct LeaseZone {
+    /// The zone's name (the Redis zone's), for messages and the membership
+    /// set's key.
+    pub name: String,
     /// The Redis zone's index in [`crate::conf::MainConf::redis`].
     pub redis: usize,
+    /// `on_error=local`: while Redis cannot be reached, what it would
+    /// decide is decided here, on this nginx's share of each line.
+    pub local: bool,
+    /// What the workers know of Redis, in memory they all share (see
+    /// [`LeaseZone::share_in`]), else in each worker's own.
+    shared: *const Shared,
+    own: Shared,
     /// The shared memory that holds a record ([`Kept`]) per key leased.
     pub table: Box<Zone>,
     /// `sync=`: how often this nginx syncs its leases.
@@ -43,10 +54,61 @@ pub struct LeaseZone {
 /// The default `sync=`.
 pub const DEFAULT_SYNC: Duration = Duration::from_millis(100);
 
+/// What every worker of this nginx knows of a lease zone's Redis.
+#[derive(Default)]
+pub struct Shared {
+    /// When Redis last answered a sync (µs of the nginx clock; 0: never).
+    pub answered: AtomicU64,
+    /// The zone's live nodes, as the last heartbeat counted them (0: not
+    /// known yet).
+    pub nodes: AtomicU64,
+    /// While this nginx limits alone (`on_error=local`): when Redis last
+    /// answered before it stopped (0: it answers).
+    pub alone_since: AtomicU64,
+}
+
 impl LeaseZone {
-    pub fn new(redis: usize, table: Box<Zone>, sync: Duration, timeout: Duration) -> LeaseZone {
+    pub fn new(
+        name: &str,
+        redis: usize,
+        table: Box<Zone>,
+        sync: Duration,
+        timeout: Duration,
+        local: bool,
+    ) -> LeaseZone {
         let life = sync.saturating_add(timeout);
-        LeaseZone { redis, table, sync, life_us: life.as_micros().min(u128::from(u64::MAX)) as u64, lines: Vec::new() }
+        LeaseZone {
+            name: name.to_string(),
+            redis,
+            local,
+            shared: core::ptr::null(),
+            own: Shared::default(),
+            table,
+            sync,
+            life_us: life.as_micros().min(u128::from(u64::MAX)) as u64,
+            lines: Vec::new(),
+        }
+    }
+
+    /// Keeps what the workers know of Redis in `shared`, which every
+    /// worker of the configuration's cycle maps.
+    ///
+    /// # Safety
+    /// `shared` must stay valid, and be used only atomically, as long as
+    /// the zone exists.
+    pub unsafe fn share_in(&mut self, shared: *const Shared) {
+        self.shared = shared;
+    }
+
+    /// What the workers know of Redis.
+    pub fn shared(&self) -> &Shared {
+        // SAFETY: null, or set by `share_in`, whose caller keeps it valid while the zone exists.
+        unsafe { self.shared.as_ref() }.unwrap_or(&self.own)
+    }
+
+    /// The zone's live nodes, 1 while not known.
+    pub fn nodes(&self) -> u64 {
+        self.shared().nodes.load(Ordering::Relaxed).max(1)
     }
 
     /// How the line of identity `id` is leased.
@@ -66,8 +128,24 @@ pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
     for (line, res) in ctx.staged_mut(lines) {
         let Some((z, _)) = line.lease.filter(|_| res.active && !line.charge_after) else { continue };
         let Some(lz) = leases.get(z) else { continue };
-        let Some(local) = with_kept(lz, line, res.key.as_bytes(), now, log, |k| k.decide(now, res.cost)) else {
-            continue;
+        let alone = match lz.local {
+            true => lz.shared().alone_since.load(Ordering::Relaxed),
+            false => 0,
+        };
+        let cost = res.cost;
+        let decided = with_kept(lz, line, res.key.as_bytes(), now, log, |k| match k.decide(now, cost) {
+            Local::Ask if alone != 0 => Decided::Alone(decide_alone(lz, line, k, now, cost, alone)),
+            local => Decided::Here(local),
+        });
+        let local = match decided {
+            Some(Decided::Here(local)) => local,
+            Some(Decided::Alone(o)) => {
+                res.set(&o, false);
+                admitted &= o.admitted || res.dry_run;
+                res.leased = true;
+                continue;
+            }
+            None => continue,
         };
         match local {
             Local::Spent { spent, remaining, reset_us } => {
@@ -94,6 +172,42 @@ pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         res.leased = true;
     }
     admitted
+}
+
+/// How a request was decided on this nginx: on its leases (or not), or,
+/// Redis gone, alone.
+enum Decided {
+    Here(Local),
+    Alone(Outcome),
+}
+
+/// A request of `cost` on `line` decided on `kept` at `now` by this nginx
+/// alone, Redis last answering at `since`: on its share of the line.
+fn decide_alone(lz: &LeaseZone, line: &Line, kept: &mut Kept, now: u64, cost: u64, since: u64) -> Outcome {
+    let nodes = lz.nodes();
+    let share = rl_core::lease::share(&line.limit, nodes);
+    kept.decide_local(now, cost, &line.limit, share.as_ref(), nodes, since)
+}
+
+/// Redis zone `redis` failed for the request (`on_error=local`): its
+/// lines in lease mode are decided by this nginx alone, on its share of
+/// each; whether there was such a zone (else `on_error` does as it says).
+pub fn alone(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, log: *mut ngx_log_t) -> bool {
+    let Some(lz) = leases.iter().find(|lz| lz.redis == redis && lz.local) else { return false };
+    let now = now_us();
+    let since = lz.shared().answered.load(Ordering::Relaxed).max(1);
+    for (line, res) in ctx.staged_mut(lines) {
+        if !res.active || res.leased || line.lease.is_none() || line.backend.redis() != Some(redis) {
+            continue;
+        }
+        let cost = res.cost;
+        match with_kept(lz, line, res.key.as_bytes(), now, log, |k| decide_alone(lz, line, k, now, cost, since)) {
+            Some(o) => res.set(&o, false),
+            None => res.active = false,
+        }
+        res.leased = true;
+    }
+    true
 }
 
 /// Puts back what [`spend`] took from leases for a request refused all the
@@ -164,3 +278,6 @@ fn with_kept<T>(
     locked.unlock();
     Some(out)
 }
+
+// `Shared` lives in memory laid out as 8-byte words (see conf's `share_among_workers`).
+const _: () = assert!(core::mem::align_of::<Shared>() <= core::mem::align_of::<AtomicU64>());

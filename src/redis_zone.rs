@@ -36,7 +36,7 @@ use smallvec::SmallVec;
 
 pub use self::conn::Target;
 pub use self::tls::client_config as tls_config;
-pub use self::worker::{charge, exit_worker, init_worker, lease, resume, submit, suspend, Hooks};
+pub use self::worker::{beat, charge, exit_worker, init_worker, lease, resume, submit, suspend, Hooks};
 
 /// A Redis zone as configured.
 pub struct RedisZone {

@@ -503,6 +503,7 @@ fn cases(certs: &TestCerts) -> Vec<Case> {
         (format!("{}=1", "x".repeat(3000)), "invalid parameter \"xxx".into()),
         ("redis".into(), "invalid parameter \"redis\"".into()),
         ("sync=100ms".into(), "\"sync\" needs \"lease\"".into()),
+        ("on_error=local".into(), "on_error=local needs \"lease\"".into()),
         ("lease=1m sync=5ms".into(), "invalid sync \"5ms\", it must be from 10ms to 10s".into()),
         ("lease=1m sync=11s".into(), "invalid sync \"11s\", it must be from 10ms to 10s".into()),
         ("lease=1m sync=".into(), "invalid sync \"\"".into()),
@@ -743,6 +744,7 @@ fn their_good_forms_are_accepted() {
         format!("rl_zone a redis=rediss://[::1]:6380 ssl_trusted_certificate={ca};"),
         "rl_zone a redis=redis://127.0.0.1:6379 timeout=60s;".to_string(),
         "rl_zone a redis=redis://127.0.0.1:6379 lease=1m;".to_string(),
+        "rl_zone a redis=redis://127.0.0.1:6379 lease=1m on_error=local;".to_string(),
         format!("rl_zone a redis=rediss+cluster://{CREDS}127.0.0.1:7000 lease=10m sync=10ms {tls};"),
         "rl_zone a redis=redis+sentinel://127.0.0.1:26379/m lease=64k sync=10s timeout=1s;".to_string(),
     ];

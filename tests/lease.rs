@@ -266,3 +266,68 @@ fn fleet_zipf_even_gcra() {
 fn fleet_zipf_skewed_gcra() {
     fleet_zipf("gcra", &[0.80, 0.15, 0.05], 0.90);
 }
+
+/// `on_error=local`: 3 nginx on one Redis, which stops answering (SIGSTOP)
+/// once they have spent 90 of a key's 300. Each nginx then limits alone
+/// with a third of the line, less its third of what was used: together
+/// they admit about the 210 left, not 300 each; each says so once, and
+/// once Redis answers again, that it is back and charges it what it
+/// admitted alone.
+#[test]
+fn redis_lost_limits_locally() {
+    let redis = Redis::start();
+    let pid: u32 = redis
+        .cli(&["INFO", "server"])
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("process_id:").and_then(|p| p.parse().ok()))
+        .expect("no process_id in INFO server");
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    let conf = server(
+        &format!("rl_zone r redis={} timeout=100ms on_error=local lease=1m sync=50ms;", redis.url()),
+        "location / { rl_limit zone=r key=$http_x_k rate=300r/d burst=300 algorithm=fixed; }",
+    );
+    let nginx: Vec<Nginx> = (0..3).map(|_| Nginx::start(&conf)).collect();
+    let ports: Vec<u16> = nginx.iter().map(|n| n.port).collect();
+    let warm = load(&ports, "/index.html", 3, 10, Duration::from_millis(50), "k");
+    assert_eq!(statuses_of(&warm), [(200, 90)].into_iter().collect());
+    // Every nginx's heartbeat counted, its leases ended and given back.
+    thread::sleep(Duration::from_millis(400));
+    signal("-STOP");
+    // Redis silent for more than two syncs (and a heartbeat's timeout).
+    thread::sleep(Duration::from_millis(500));
+    let alone = load(&ports, "/index.html", 10, 30, Duration::from_millis(50), "k");
+    signal("-CONT");
+    let admitted = alone.iter().filter(|&&s| s == 200).count();
+    eprintln!("Redis stopped: {admitted} of {} admitted by the 3 nginx alone", alone.len());
+    assert!(admitted >= 190, "{admitted} admitted alone: the 210 left, less at most a unit a nginx, expected");
+    assert!(admitted <= 210, "{admitted} admitted alone, beyond the 210 the line had left");
+    // Back: each nginx charges Redis what it admitted alone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let back = |n: &Nginx| n.error_log().contains("is back, leases resume;");
+    while !nginx.iter().all(back) {
+        assert!(Instant::now() < deadline, "not every nginx saw Redis back");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let mut charged = 0;
+    for n in &nginx {
+        let log = n.error_log();
+        assert_eq!(log.matches("lost Redis redis://").count(), 1, "{log}");
+        assert!(log.contains("limiting locally at 1/3 of each line"), "{log}");
+        let line = log.lines().find(|l| l.contains("is back, leases resume;")).unwrap_or_default();
+        charged += line
+            .split("; ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("no count in {line:?}"));
+        assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+    }
+    assert_eq!(charged, admitted, "what the nginx admitted alone, charged to Redis");
+    // Redis now holds all 300: a new request is refused, by Redis.
+    thread::sleep(Duration::from_millis(300));
+    let after = get(ports[0], "/index.html", &[("X-K", "k")]);
+    assert_eq!(after.status, 429, "Redis holds what was admitted alone");
+}

@@ -176,6 +176,32 @@ pub fn lease_function_name() -> String {
     format!("{}_lease", function_name())
 }
 
+/// The heartbeat as a script (for `SCRIPT LOAD` / `EVALSHA`).
+pub fn beat_script() -> String {
+    format!("{}{LEASE_LUA}return beat(KEYS, ARGV)\n", script_body())
+}
+
+/// The heartbeat's function in the library ([`function_library`]).
+pub fn beat_function_name() -> String {
+    format!("{}_beat", function_name())
+}
+
+/// Appends to `out` the membership key of the nodes of a zone named
+/// `zone` (the heartbeat's `KEYS[1]`): the prefix, a hash tag of its own
+/// (one Cluster slot), the zone's name.
+pub fn write_members_key(out: &mut String, prefix: &str, zone: &str) {
+    let _ = write!(out, "{prefix}{{nodes}}:{zone}");
+}
+
+/// The heartbeat's reply: when Redis ran it (µs of its clock) and how
+/// many nodes are live; `None` if it is malformed.
+pub fn parse_beat_reply(reply: &[i64]) -> Option<(u64, u64)> {
+    match reply {
+        [now, nodes] => Some((u64::try_from(*now).ok()?, u64::try_from(*nodes).ok()?)),
+        _ => None,
+    }
+}
+
 /// Appends to `out` the memo key of a call whose first state key is
 /// `first_key`, named `id` (unique to the call, whatever nginx sent it):
 /// the state key up to its hash tag (`prefix{tag}`: the whole key if it has
@@ -215,7 +241,8 @@ pub fn function_library() -> String {
         "#!lua name={name}\n{body}{LEASE_LUA}redis.register_function('{name}', limit)\n\
          redis.register_function('{name}_charge', charge)\n\
          redis.register_function('{name}_undo', undo)\n\
-         redis.register_function('{name}_lease', lease)\n"
+         redis.register_function('{name}_lease', lease)\n\
+         redis.register_function('{name}_beat', beat)\n"
     )
 }
 

@@ -534,7 +534,17 @@ fn a_slot_by_hand() {
 
 /// A slot written into words and read back, as a node keeps it.
 fn through_words(slot: Slot) -> Slot {
-    let k = Kept { slot, tag: 7, line_id: 9, remaining: 3, full_at: 5, refused_until: 11 };
+    let k = Kept {
+        slot,
+        tag: 7,
+        line_id: 9,
+        remaining: 3,
+        full_at: 5,
+        refused_until: 11,
+        local: [13, 17, 19],
+        local_since: 23,
+        owed: 29,
+    };
     let mut w = vec![0; Kept::WORDS];
     k.write(&mut w);
     let back = Kept::read(&w).expect("enough words");
@@ -642,4 +652,36 @@ fn a_refused_key_asks_for_nothing() {
         k.decide(510 + t, 1);
     }
     assert!(k.sync(600, 700, 1).is_some_and(|a| a.want > 0), "the refusal ends before the next sync");
+}
+
+/// Three nodes lose Redis when the line (30 a window) had 12 left: each
+/// enforces a third of the line (10), charged first with its third of
+/// what was used (6), so that together they admit the 12 left, not 30
+/// more; what each admits is owed to Redis. A new window gives each its
+/// whole share; a later outage starts its shares afresh.
+#[test]
+fn a_key_alone_while_redis_is_gone() {
+    let line = Limit::new(Algorithm::Fixed, Rate { count: 30, period_us: 1_000_000 }, 30).unwrap();
+    let third = share(&line, 3);
+    let grant = LeaseGrant { units: 0, words: (0, 0), life_us: 0, remaining: 12, reset_us: 500_000, taken_back: false };
+    let mut admitted = 0;
+    for _ in 0..3 {
+        let mut k = Kept::default();
+        k.granted(2_100_000, &grant);
+        for t in 0..10 {
+            admitted += usize::from(k.decide_local(2_200_000 + t, 1, &line, third.as_ref(), 3, 2_100_000).admitted);
+        }
+        assert_eq!(k.owed, 4, "a node's share: 10, less its third of the 18 used");
+        // The next window: the whole share.
+        let more = (0..12).filter(|t| k.decide_local(3_000_000 + t, 1, &line, third.as_ref(), 3, 2_100_000).admitted);
+        assert_eq!(more.count(), 10);
+        // Another outage: afresh, charged with what was used when Redis last answered.
+        let o = k.decide_local(3_100_000, 1, &line, third.as_ref(), 3, 3_050_000);
+        assert!(o.admitted && o.remaining == 3, "10, less 6, less this one: {o:?}");
+    }
+    assert_eq!(admitted, 12, "the nodes together admit what the line had left");
+    let nothing = share(&line, 31);
+    let mut k = Kept::default();
+    assert!(!k.decide_local(0, 1, &line, nothing.as_ref(), 31, 0).admitted, "a share of nothing admits nothing");
+    assert_eq!(k.owed, 0);
 }

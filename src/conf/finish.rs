@@ -13,6 +13,7 @@ use rl_core::lease::Leasing;
 use rl_core::spec::Quote;
 
 use super::{after_parsing, refuse, ConfError, MainConf};
+use crate::lease::Shared;
 use crate::line::{Backend, Line, LineId, Stage};
 
 /// Refuses two lines of one zone and name that differ in what a state
@@ -52,15 +53,17 @@ fn check_names(lines: &[Line]) -> Result<(), ConfError> {
 
 /// Gives the lines with variables a word in memory every worker shares,
 /// for the time each last logged a bad value (at most once a second per
-/// line, whatever the workers): anonymous shared memory mapped before the
-/// workers fork, unmapped with the cycle's pool. Without it (mmap failed),
-/// each worker keeps its own.
-fn share_log_times(cf: *mut ngx_conf_t, mcf: &mut MainConf) {
+/// line, whatever the workers), and each lease zone what its workers know
+/// of Redis ([`crate::lease::Shared`]): anonymous shared memory mapped
+/// before the workers fork, unmapped with the cycle's pool. Without it
+/// (mmap failed), each worker keeps its own.
+fn share_among_workers(cf: *mut ngx_conf_t, mcf: &mut MainConf) {
     let n = mcf.lines.iter().filter(|l| l.vars.is_some()).count();
-    if n == 0 {
+    let words = n * mem::size_of::<AtomicU64>();
+    let bytes = words + mcf.leases.len() * mem::size_of::<Shared>();
+    if bytes == 0 {
         return;
     }
-    let bytes = n * mem::size_of::<AtomicU64>();
     // SAFETY: a new anonymous mapping, shared with the processes forked after it.
     let p = unsafe {
         libc::mmap(
@@ -84,11 +87,19 @@ fn share_log_times(cf: *mut ngx_conf_t, mcf: &mut MainConf) {
     // SAFETY: ngx_pool_cleanup_add allocated size_of::<Mapping>() bytes for the data.
     unsafe { cln.data.cast::<Mapping>().write(Mapping { addr: p, bytes }) };
     cln.handler = Some(unmap);
-    let words = p.cast::<AtomicU64>();
+    let times = p.cast::<AtomicU64>();
     for (i, vars) in mcf.lines.iter_mut().filter_map(|l| l.vars.as_deref_mut()).enumerate() {
         // SAFETY: i < n words of the zero-filled mapping (zero is a valid AtomicU64), which lives
         // as long as the cycle's pool, as the lines do.
-        unsafe { vars.share(words.add(i)) };
+        unsafe { vars.share(times.add(i)) };
+    }
+    // (`Shared` is atomics of 8 bytes: its alignment is the words')
+    // SAFETY: the bytes after the words, within the mapping.
+    let zones = unsafe { p.cast::<u8>().add(words) }.cast::<Shared>();
+    for (i, lz) in mcf.leases.iter_mut().enumerate() {
+        // SAFETY: i < the zones the mapping has room for; zero-filled atomics are a valid Shared,
+        // and the mapping lives as long as the cycle's pool, as the zones do.
+        unsafe { lz.share_in(zones.add(i)) };
     }
 }
 
@@ -182,7 +193,7 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
             line.lease = Some((z, leasing));
         }
     }
-    share_log_times(cf, mcf);
+    share_among_workers(cf, mcf);
     // Lines with one identity share states, queued units included, and
     // overdrafts (which only the script's exact range bounds).
     let mut deepest: HashMap<u64, u64> = HashMap::new();
@@ -195,6 +206,10 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
     }
     for line in mcf.lines.iter_mut() {
         line.deepest_queue = deepest.get(&line.id).copied().unwrap_or(0);
+        // (`on_error=local`: what a nginx admitted alone is charged in full when Redis is back)
+        if line.lease.is_some_and(|(z, _)| mcf.leases.get(z).is_some_and(|l| l.local)) {
+            line.deepest_queue = rl_core::redis::OVERDRAWN;
+        }
     }
     let lines = &mcf.lines;
     let backend = |id: &LineId| lines.get(id.0 as usize).map(|l| l.backend);

@@ -87,7 +87,13 @@ pub fn parse<'a>(
     let allow = match get("on_error") {
         None | Some("allow") => true,
         Some("deny") => false,
-        Some(v) => return Err(format!("invalid on_error \"{}\", it must be \"allow\" or \"deny\"", Quote(v))),
+        // (what Redis would decide is decided on this nginx, with its share of each line: see
+        // `lease`; what nothing can decide there, an `rl_quota` read, is answered as allow does)
+        Some("local") if get("lease").is_some() => true,
+        Some("local") => return Err("on_error=local needs \"lease\"".into()),
+        Some(v) => {
+            return Err(format!("invalid on_error \"{}\", it must be \"allow\", \"deny\" or \"local\"", Quote(v)))
+        }
     };
     let prefix = get("prefix").unwrap_or(DEFAULT_PREFIX).to_string();
     let (cert, key) = (get("ssl_certificate"), get("ssl_certificate_key"));

@@ -66,7 +66,8 @@ fn rl_zone(cf: *mut ngx_conf_t, mcf: &mut MainConf, args: &[ngx_str_t]) -> Resul
             let mut table = Zone::add(cf, name, size).map_err(|()| ConfError::Logged)?;
             table.origin = origin(cf);
             table.note_words(Kept::WORDS);
-            mcf.leases.push(LeaseZone::new(mcf.redis.len(), table, sync, zone.spec.timeout));
+            let local = given.get("on_error") == Some("local");
+            mcf.leases.push(LeaseZone::new(name, mcf.redis.len(), table, sync, zone.spec.timeout, local));
         }
         mcf.redis.push(zone);
         return Ok(());

@@ -114,7 +114,12 @@ pub fn send(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ask: Ask)
 fn failed(log: *mut ngx_log_t, mcf: &MainConf, ctx: &mut Ctx, z: usize, zone: &RedisZone, e: &RedisError, ask: Ask) {
     match ask {
         Ask::Decide => {
-            zone.failed(log, e);
+            // (`on_error=local`: this nginx decides the zone's lines in lease mode alone)
+            if lease::alone(&mcf.leases, &mcf.lines, ctx, z, log) {
+                zone.failed_doing(log, e, "limiting on this nginx alone");
+            } else {
+                zone.failed(log, e);
+            }
             metrics::redis_failed(mcf, ctx, z, zone.on_error_allow, e);
             leave_out(mcf, ctx, z, zone.on_error_allow);
         }

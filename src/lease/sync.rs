@@ -9,14 +9,17 @@
 //! when the call was sent: whatever becomes of a call, nothing is spent
 //! twice or beyond the line (see rl-core's `lease::Slot`).
 
+use core::sync::atomic::Ordering;
+
 use futures_util::future::join_all;
 use ngx::async_::{sleep, spawn};
-use ngx::ffi::{ngx_cycle, ngx_log_t, ngx_worker};
+use ngx::ffi::{ngx_cycle, ngx_log_t, ngx_worker, NGX_LOG_NOTICE, NGX_LOG_WARN};
+use ngx::ngx_log_error;
 use rl_core::lease::Kept;
 use rl_core::redis::{LeaseArg, LeaseGrant};
 
 use super::LeaseZone;
-use crate::redis_zone::{self, LeaseKey, RedisError, RedisZone};
+use crate::redis_zone::{self, JobLine, LeaseKey, RedisError, RedisZone};
 use crate::shm::now_us;
 
 /// Keys per lease call at most: a larger sync goes in several calls
@@ -32,36 +35,138 @@ pub fn init_worker(leases: &'static [LeaseZone], redis: &'static [Box<RedisZone>
     if leases.is_empty() || unsafe { ngx_worker } != 0 {
         return;
     }
+    let node = node_name();
     for lz in leases {
         if let Some(zone) = redis.get(lz.redis) {
-            spawn(run(lz, zone)).detach();
+            spawn(run(lz, zone, node.clone())).detach();
         }
     }
 }
 
+/// This nginx's name in the zones' membership sets: its host's name and
+/// its master's process id.
+fn node_name() -> String {
+    let mut host = [0u8; 256];
+    // SAFETY: the buffer is writable for its length; gethostname NUL-terminates what fits.
+    let ok = unsafe { libc::gethostname(host.as_mut_ptr().cast(), host.len() - 1) } == 0;
+    let len = host.iter().position(|&b| b == 0).unwrap_or(0);
+    let host = if ok { String::from_utf8_lossy(&host[..len]).into_owned() } else { String::new() };
+    // SAFETY: getppid cannot fail; a worker's parent is its master.
+    format!("{host}:{}", unsafe { libc::getppid() })
+}
+
+/// How many intervals a node's membership outlives its last heartbeat,
+/// and how many Redis may not answer before this nginx limits alone.
+const MEMBERSHIP_INTERVALS: u64 = 3;
+const ALONE_AFTER_INTERVALS: u64 = 2;
+
 /// Syncs `lz` every interval, for as long as the worker runs.
-async fn run(lz: &'static LeaseZone, zone: &'static RedisZone) {
+async fn run(lz: &'static LeaseZone, zone: &'static RedisZone, node: String) {
+    let mut members = String::new();
+    rl_core::redis::write_members_key(&mut members, &zone.spec.prefix, &lz.name);
     loop {
         sleep(lz.sync).await;
-        once(lz, zone).await;
+        once(lz, zone, &members, &node).await;
     }
 }
 
-/// One sync of the zone's records.
-async fn once(lz: &LeaseZone, zone: &RedisZone) {
+/// One sync of the zone: the heartbeat, then the records'.
+async fn once(lz: &LeaseZone, zone: &RedisZone, members: &str, node: &str) {
     let sent = now_us();
-    let next = sent.saturating_add(lz.sync.as_micros() as u64);
+    let interval = lz.sync.as_micros() as u64;
+    let shared = lz.shared();
+    let ttl_ms = (interval * MEMBERSHIP_INTERVALS).div_ceil(1000).max(1);
+    match redis_zone::beat(lz.redis, members, node, ttl_ms).await {
+        Ok(nodes) => {
+            shared.nodes.store(nodes, Ordering::Relaxed);
+            shared.answered.store(sent, Ordering::Relaxed);
+        }
+        Err(e) => zone.failed_doing(log(), &e, "leases not renewed until the next sync"),
+    }
+    let next = sent.saturating_add(interval);
     let asks = collect(lz, sent, next);
-    if asks.is_empty() {
-        return;
+    if !asks.is_empty() {
+        let keys: Vec<LeaseKey> = asks.iter().map(|(_, k)| *k).collect();
+        let calls = keys.chunks(MAX_KEYS).map(|chunk| redis_zone::lease(lz.redis, chunk, lz.life_us));
+        let grants: Vec<Result<LeaseGrant, RedisError>> = join_all(calls).await.into_iter().flatten().collect();
+        match grants.iter().find_map(|g| g.as_ref().err()) {
+            Some(e) => zone.failed_doing(log(), e, "leases not renewed until the next sync"),
+            None => shared.answered.store(sent, Ordering::Relaxed),
+        }
+        apply(lz, &asks, &grants, sent);
     }
-    let keys: Vec<LeaseKey> = asks.iter().map(|(_, k)| *k).collect();
-    let calls = keys.chunks(MAX_KEYS).map(|chunk| redis_zone::lease(lz.redis, chunk, lz.life_us));
-    let grants: Vec<Result<LeaseGrant, RedisError>> = join_all(calls).await.into_iter().flatten().collect();
-    if let Some(e) = grants.iter().find_map(|g| g.as_ref().err()) {
-        zone.failed_doing(log(), e, "leases not renewed until the next sync");
+    if lz.local {
+        alone_or_not(lz, zone, now_us());
     }
-    apply(lz, &asks, &grants, sent);
+}
+
+/// `on_error=local`: this nginx starts limiting alone once Redis has not
+/// answered for [`ALONE_AFTER_INTERVALS`] intervals, and stops when it
+/// answers again, charging Redis what it admitted alone; each said once.
+fn alone_or_not(lz: &LeaseZone, zone: &RedisZone, now: u64) {
+    let shared = lz.shared();
+    let answered = shared.answered.load(Ordering::Relaxed);
+    let since = shared.alone_since.load(Ordering::Relaxed);
+    let silent = now.saturating_sub(answered) > ALONE_AFTER_INTERVALS * lz.sync.as_micros() as u64;
+    if since == 0 && silent {
+        shared.alone_since.store(answered.max(1), Ordering::Relaxed);
+        ngx_log_error!(
+            NGX_LOG_WARN,
+            log(),
+            "rl_zone \"{}\" lost Redis {}, limiting locally at 1/{} of each line",
+            lz.name,
+            zone.shown,
+            lz.nodes()
+        );
+    } else if since != 0 && !silent {
+        shared.alone_since.store(0, Ordering::Relaxed);
+        let owed = settle(lz);
+        ngx_log_error!(
+            NGX_LOG_NOTICE,
+            log(),
+            "rl_zone \"{}\" Redis {} is back, leases resume; {} units admitted locally are charged to it",
+            lz.name,
+            zone.shown,
+            owed
+        );
+    }
+}
+
+/// Charges Redis what this nginx admitted alone (in `charge=after`'s
+/// calls: in full, beyond the burst if need be), so that a window the
+/// outage spans is not given twice: the units owed.
+fn settle(lz: &LeaseZone) -> u64 {
+    let mut owed = Vec::new();
+    if let Some(mut locked) = lz.table.lock() {
+        let entries: Vec<_> = locked.table.live_entries().collect();
+        for (slot, hash) in entries {
+            let Some(words) = locked.words(slot, hash, Kept::WORDS) else { continue };
+            let Some(mut kept) = Kept::read(words) else { continue };
+            if kept.owed > 0 {
+                owed.push((kept.tag, kept.line_id, kept.owed));
+                kept.owed = 0;
+                kept.write(words);
+            }
+        }
+        locked.unlock();
+    }
+    let mut total: u64 = 0;
+    for (tag, line_id, cost) in owed {
+        let Some(leasing) = lz.leasing(line_id) else { continue };
+        total = total.saturating_add(cost);
+        let line = JobLine {
+            tag,
+            line_id,
+            limit: *leasing.line(),
+            cost: cost.min(rl_core::redis::MAX_EXACT - 1),
+            dry_run: false,
+            check_only: false,
+            next: false,
+            deepest_queue: rl_core::redis::OVERDRAWN,
+        };
+        redis_zone::charge(log(), lz.redis, line);
+    }
+    total
 }
 
 /// What the sync at `now` sends (the next at `next`): each record's
@@ -75,7 +180,7 @@ fn collect(lz: &LeaseZone, now: u64, next: u64) -> Vec<([u64; 2], LeaseKey)> {
     for (slot, hash) in entries {
         let Some(words) = locked.words(slot, hash, Kept::WORDS) else { continue };
         let Some(mut kept) = Kept::read(words) else { continue };
-        if let Some(arg) = kept.sync(now, next, 1) {
+        if let Some(arg) = kept.sync(now, next, lz.nodes()) {
             match lz.leasing(kept.line_id) {
                 Some(leasing) => {
                     let arg = LeaseArg { line: *leasing.line(), want: arg.want, back: arg.back, words: arg.words };

@@ -93,6 +93,13 @@ impl Calls {
         }
     }
 
+    /// A node's heartbeat on zone `zone` (see [`ZoneConn::run_beat`]), by
+    /// the zone's timeout at the latest.
+    pub async fn beat(&self, zone: usize, key: &str, node: &str, ttl_ms: u64) -> Result<u64, RedisError> {
+        let zc = self.conns.get(zone).ok_or(RedisError::NoZone)?;
+        timeout(zc.spec.timeout, zc.run_beat(&self.code, key, node, ttl_ms)).await.unwrap_or(Err(RedisError::Timeout))
+    }
+
     /// Sends the jobs of one event-loop iteration.
     pub fn send(&self, jobs: Vec<Job>) {
         let mut by_zone: Vec<Vec<Job>> = Vec::new();

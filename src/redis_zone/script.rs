@@ -8,10 +8,10 @@ use std::time::Instant;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Script, Value};
 use rl_core::redis::{
-    charge_function_name, charge_script, check_line, function_library, function_name, lease_function_name,
-    lease_script, parse_charge_reply, parse_lease_reply, parse_reply, undo_function_name, undo_script, write_args,
-    write_charge_args, write_lease_args, write_memo_key, write_state_key, Arg, Call, LeaseArg, LeaseGrant, LineArg,
-    RequestReply, ScriptReply, LIMIT_SCRIPT, REPLY_PER_LINE,
+    beat_function_name, beat_script, charge_function_name, charge_script, check_line, function_library, function_name,
+    lease_function_name, lease_script, parse_beat_reply, parse_charge_reply, parse_lease_reply, parse_reply,
+    undo_function_name, undo_script, write_args, write_charge_args, write_lease_args, write_memo_key, write_state_key,
+    Arg, Call, LeaseArg, LeaseGrant, LineArg, RequestReply, ScriptReply, LIMIT_SCRIPT, REPLY_PER_LINE,
 };
 
 use super::clock::Clock;
@@ -268,6 +268,21 @@ pub async fn lease(
     Ok(grants)
 }
 
+/// The heartbeat (`NAME_beat`) of node `node` (`""`: only count) on the
+/// membership set `key`, its membership lasting `ttl_ms`: how many nodes
+/// are live. It changes nothing a copy could change twice: it is not named.
+pub async fn beat(mut conn: Conn, via: Via<'_>, key: &str, node: &str, ttl_ms: u64) -> Result<u64, RedisError> {
+    let command = |how: How| {
+        let mut cmd = via.code.beat.command(how);
+        cmd.arg(1).arg(key).arg(node).arg(ttl_ms);
+        cmd
+    };
+    let reply = integers(invoke(&mut conn, via, command).await?)?;
+    parse_beat_reply(&reply)
+        .map(|(_, nodes)| nodes)
+        .ok_or_else(|| RedisError::Malformed(format!("{} integers where a heartbeat's 2 were expected", reply.len())))
+}
+
 /// What an undo did (see [`undo`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Undone {
@@ -306,10 +321,11 @@ pub struct Code {
     function: String,
     /// The library's text, for `FUNCTION LOAD`.
     library: String,
-    /// The charge call, the undo and the lease call.
+    /// The charge call, the undo, the lease call and the heartbeat.
     charge: Entry,
     undo: Entry,
     lease: Entry,
+    beat: Entry,
 }
 
 /// One of the library's other functions: its name, and the script that
@@ -344,6 +360,7 @@ impl Code {
             charge: Entry::new(charge_function_name(), charge_script()),
             undo: Entry::new(undo_function_name(), undo_script()),
             lease: Entry::new(lease_function_name(), lease_script()),
+            beat: Entry::new(beat_function_name(), beat_script()),
         }
     }
 }

@@ -214,6 +214,13 @@ pub async fn lease(
     calls.lease(zone, keys, life_us).await
 }
 
+/// A node's heartbeat on zone `zone`, from this worker (see
+/// [`Calls::beat`]): how many nodes are live.
+pub async fn beat(zone: usize, key: &str, node: &str, ttl_ms: u64) -> Result<u64, RedisError> {
+    let calls = with_worker(cycle_log(), |w| w.calls.clone()).ok_or(RedisError::NotSent)?;
+    calls.beat(zone, key, node, ttl_ms).await
+}
+
 /// Sends the jobs of this event-loop iteration.
 extern "C" fn flush(ev: *mut ngx_event_t) {
     // SAFETY: nginx passes the posted event, whose log init_worker set.

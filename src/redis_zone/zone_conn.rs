@@ -16,7 +16,7 @@ use rustls::ClientConfig;
 
 use super::clock::Clock;
 use super::conn::{Conn, Target, MIN_STALL};
-use super::script::{call, charge, lease, undo, CallId, Code, Undone, Via};
+use super::script::{beat, call, charge, lease, undo, CallId, Code, Undone, Via};
 use super::sentinel::{sentinel_master, subscribe_switches, Sentinels, MASTER_CHECK};
 use super::timers::sleep;
 use super::{Job, JobLine, LeaseKey, RedisError, ZoneSpec};
@@ -259,6 +259,13 @@ impl ZoneConn {
             }
         }
         out
+    }
+
+    /// A node's heartbeat on this zone (see [`beat`]): how many nodes are
+    /// live.
+    pub async fn run_beat(&self, code: &Code, key: &str, node: &str, ttl_ms: u64) -> Result<u64, RedisError> {
+        let until = Instant::now() + self.spec.timeout;
+        self.retrying(until, |conn| beat(conn, self.via(code, until), key, node, ttl_ms)).await
     }
 
     /// How this zone calls the script, until `until`.

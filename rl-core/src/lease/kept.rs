@@ -5,7 +5,9 @@
 //! every worker maps holds nothing but integers.
 
 use super::{Held, Slot, Spent};
+use crate::limit::{Decision, Limit};
 use crate::redis::LeaseGrant;
+use crate::verdict::Outcome;
 
 /// One key's leases and what the node knows of its line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -21,6 +23,13 @@ pub struct Kept {
     /// Until when a lone request is refused without asking: Redis refused
     /// one, and said when one would pass.
     pub refused_until: u64,
+    /// While Redis cannot be reached: the state of this node's share of the
+    /// line ([`super::share`]), the time Redis last answered that it
+    /// belongs to (a state of an earlier outage is stale), and the units
+    /// it admitted, owed to Redis once it answers again.
+    pub local: [u64; 3],
+    pub local_since: u64,
+    pub owed: u64,
 }
 
 /// How a request is decided on a key's leases.
@@ -38,7 +47,7 @@ pub enum Local {
 
 impl Kept {
     /// Words a [`Kept`] takes.
-    pub const WORDS: usize = 3 * HELD_WORDS + 3 + 5;
+    pub const WORDS: usize = 3 * HELD_WORDS + 3 + 5 + 5;
 
     /// The kept record of the words (zeroes: a key with nothing kept);
     /// `None` if they are too few.
@@ -63,6 +72,9 @@ impl Kept {
             remaining: w[s + 5],
             full_at: w[s + 6],
             refused_until: w[s + 7],
+            local: [w[s + 8], w[s + 9], w[s + 10]],
+            local_since: w[s + 11],
+            owed: w[s + 12],
         })
     }
 
@@ -83,6 +95,11 @@ impl Kept {
             self.remaining,
             self.full_at,
             self.refused_until,
+            self.local[0],
+            self.local[1],
+            self.local[2],
+            self.local_since,
+            self.owed,
         ]);
     }
 
@@ -127,6 +144,50 @@ impl Kept {
     pub fn sync(&mut self, now: u64, next: u64, nodes: u64) -> Option<super::SyncArg> {
         let ask = next >= self.refused_until;
         self.slot.sync_asking(now, next, self.last_remaining(), nodes, ask)
+    }
+
+    /// A request of `cost` at `now` that the leases do not hold, decided on
+    /// this node alone while Redis cannot be reached (it last answered at
+    /// `since`): on `share`, this node's share of `line` among `nodes`
+    /// ([`super::share`]; `None`: a share of nothing, refused). A share's
+    /// state starts afresh for each outage, charged first with this node's
+    /// part of what the line had used when last heard of, so that the
+    /// nodes together admit about what the line had left, not a whole
+    /// line more. What it admits is owed to Redis.
+    pub fn decide_local(
+        &mut self,
+        now: u64,
+        cost: u64,
+        line: &Limit,
+        share: Option<&Limit>,
+        nodes: u64,
+        since: u64,
+    ) -> Outcome {
+        let Some(share) = share else {
+            return Outcome {
+                admitted: false,
+                remaining: 0,
+                reset_us: 0,
+                retry_after_us: None,
+                delay_us: 0,
+                next_us: 0,
+            };
+        };
+        if self.local_since != since {
+            self.local = [0; 3];
+            self.local_since = since;
+            let left = self.last_remaining().min(line.burst());
+            let used = (line.burst() - left).div_ceil(nodes.max(1)).min(share.burst());
+            if used > 0 {
+                share.commit(&mut self.local, now, used);
+            }
+        }
+        let mut d = Decision::REJECTED;
+        share.acquire_into(&mut self.local, now, cost, &mut d);
+        if d.outcome.admitted {
+            self.owed = self.owed.saturating_add(cost);
+        }
+        d.outcome
     }
 
     /// Redis admitted at `now` a request the leases did not hold, the

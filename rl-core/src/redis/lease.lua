@@ -90,3 +90,24 @@ local function lease(KEYS, ARGV)
   remember(out, #out, MEMO_MS)
   return out
 end
+
+-- The heartbeat (NAME_beat): a node's sync says it is alive. KEYS[1]: the
+-- zone's membership set (a sorted set: node names, scored by when their
+-- membership lapses, in ms of Redis' clock); ARGV: the node's name (`""`:
+-- only count), how long its membership lasts without another beat (ms).
+-- Lapsed nodes are dropped. Returns {now (us), the live nodes}.
+local function beat(KEYS, ARGV)
+  start('')
+  local ttl = tonumber(ARGV[2])
+  if #KEYS ~= 1 or #ARGV ~= 2 or not ttl or ttl < 1 then
+    return redis.error_reply('rl: malformed arguments')
+  end
+  ttl = ttl - ttl % 1
+  local set = KEYS[1]
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. ms)
+  if ARGV[1] ~= '' then
+    redis.call('ZADD', set, ms + ttl, ARGV[1])
+    redis.call('PEXPIRE', set, 2 * ttl)
+  end
+  return { now, redis.call('ZCARD', set) }
+end

@@ -32,7 +32,8 @@ assert(registered[name], 'the library registers a function of its own name')
 assert(registered[name .. '_charge'], 'the library registers its charge function')
 assert(registered[name .. '_undo'], 'the library registers its undo function')
 assert(registered[name .. '_lease'], 'the library registers its lease function')
+assert(registered[name .. '_beat'], 'the library registers its heartbeat')
 local n = 0
 for _ in pairs(registered) do n = n + 1 end
-assert(n == 4, 'the library registers its four functions, no more')
+assert(n == 5, 'the library registers its five functions, no more')
 return name, registered[name], registered[name .. '_charge'], registered[name .. '_undo'], registered[name .. '_lease']
