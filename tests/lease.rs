@@ -331,3 +331,75 @@ fn redis_lost_limits_locally() {
     let after = get(ports[0], "/index.html", &[("X-K", "k")]);
     assert_eq!(after.status, 429, "Redis holds what was admitted alone");
 }
+
+/// Kills an nginx, master and workers, with SIGKILL: what it holds is gone
+/// with it.
+fn kill_nginx(n: &Nginx) {
+    let master = std::fs::read_to_string(n.prefix.join("nginx.pid")).expect("no pid file");
+    let mut pids: Vec<String> = n.worker_pids().iter().map(u32::to_string).collect();
+    pids.push(master.trim().to_string());
+    let ok = std::process::Command::new("kill").arg("-KILL").args(&pids).status().unwrap().success();
+    assert!(ok, "kill -KILL {pids:?}");
+}
+
+/// An nginx killed (SIGKILL) while it holds leases: the fleet admits no
+/// more than the line, and less by at most what the killed nginx held,
+/// lost with it until the window ends.
+#[test]
+fn nginx_killed_holding_leases() {
+    let redis = Redis::start();
+    let conf = server(
+        &format!("rl_zone r redis={} timeout=1s lease=1m sync=50ms;", redis.url()),
+        "location / { rl_limit zone=r key=$http_x_k rate=300r/d burst=300 algorithm=fixed; }",
+    );
+    let nginx: Vec<Nginx> = (0..3).map(|_| Nginx::start(&conf)).collect();
+    let ports: Vec<u16> = nginx.iter().map(|n| n.port).collect();
+    let warm = load(&ports, "/index.html", 4, 10, Duration::from_millis(50), "k");
+    assert_eq!(statuses_of(&warm), [(200, 120)].into_iter().collect());
+    kill_nginx(&nginx[2]);
+    let rest = load(&ports[..2], "/index.html", 20, 20, Duration::from_millis(50), "k");
+    let admitted = 120 + rest.iter().filter(|&&s| s == 200).count();
+    eprintln!("an nginx killed holding leases: {admitted} of 300 admitted");
+    assert!(admitted <= 300, "{admitted} admitted, beyond the line's 300");
+    // (its leases: at most half again its demand of an interval, 10 requests)
+    assert!(admitted >= 285, "{admitted} admitted: more lost than the killed nginx's leases held");
+}
+
+/// The heartbeat counts the nginx of a zone: one started joins at its
+/// first sync, one killed drops out once its membership lapses (three
+/// intervals); then Redis stops, and each nginx limits alone at 1/N, N
+/// the live nginx it last counted.
+#[test]
+fn membership_follows_nginx_started_and_killed() {
+    let redis = Redis::start();
+    let conf = server(
+        &format!("rl_zone r redis={} timeout=100ms on_error=local lease=1m sync=50ms;", redis.url()),
+        "location / { rl_limit zone=r key=$http_x_k rate=300r/d burst=300 algorithm=fixed; }",
+    );
+    let mut nginx: Vec<Nginx> = (0..2).map(|_| Nginx::start(&conf)).collect();
+    thread::sleep(Duration::from_millis(200));
+    let members = |redis: &Redis| redis.cli(&["ZCARD", "rl:{nodes}:r"]);
+    assert_eq!(members(&redis), "2");
+    nginx.push(Nginx::start(&conf));
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(members(&redis), "3", "the third nginx joins");
+    kill_nginx(&nginx[1]);
+    thread::sleep(Duration::from_millis(400));
+    assert_eq!(members(&redis), "2", "the killed nginx's membership lapsed");
+    let pid: u32 = redis
+        .cli(&["INFO", "server"])
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("process_id:").and_then(|p| p.parse().ok()))
+        .expect("no process_id in INFO server");
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    thread::sleep(Duration::from_millis(600));
+    signal("-CONT");
+    for i in [0, 2] {
+        let log = nginx[i].error_log();
+        assert!(log.contains("limiting locally at 1/2 of each line"), "nginx {i}: {log}");
+    }
+}
