@@ -1,7 +1,7 @@
 //! `rl_metrics`: counters of every line's verdicts, of the shared-memory
-//! zones and of the Redis zones, for the whole nginx, served in the
-//! Prometheus text format or as JSON by the location that has the
-//! directive.
+//! zones, of the Redis zones and of their leases, for the whole nginx,
+//! served in the Prometheus text format or as JSON by the location that
+//! has the directive.
 //!
 //! Counting is one atomic add per active line and request on the worker's
 //! own slot ([`store`]); nothing is counted without `rl_metrics` anywhere in
@@ -24,8 +24,8 @@ use ngx::ffi::{
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule, Request};
 use ngx::ngx_conf_log_error;
 use rl_core::metrics::{
-    error_verdict, verdict, LineSample, RedisZoneSample, ShmZoneSample, Snapshot, ERROR_KINDS, ERR_CONNECTION,
-    ERR_REFUSED, ERR_SCRIPT, ERR_TIMEOUT, LATENCY_BUCKETS, RESULTS,
+    error_verdict, verdict, LeaseZoneSample, LineSample, RedisZoneSample, ShmZoneSample, Snapshot, ERROR_KINDS,
+    ERR_CONNECTION, ERR_REFUSED, ERR_SCRIPT, ERR_TIMEOUT, LATENCY_BUCKETS, RESULTS,
 };
 
 use self::store::{Kind, Layout, Want};
@@ -42,6 +42,13 @@ const ZONE_NAME: &str = "=rl_metrics";
 /// The identity of a Redis zone's row: its name.
 fn redis_ident(name: &str) -> u64 {
     siphasher::sip::SipHasher13::new_with_keys(0, 0).hash(name.as_bytes())
+}
+
+/// The identity of a lease zone's row: its Redis zone's name, hashed apart
+/// from [`redis_ident`]'s (rows are matched by kind as well; this keeps the
+/// identities distinct for whoever reads them alone).
+fn lease_ident(name: &str) -> u64 {
+    siphasher::sip::SipHasher13::new_with_keys(0, 1).hash(name.as_bytes())
 }
 
 /// Slots per row: the workers (`worker_processes`, else the CPUs), as a
@@ -79,6 +86,12 @@ pub fn setup(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
         m.layout.wants.push(Want { kind: Kind::Redis, ident: redis_ident(&z.name) });
         m.layout.redis_want.push(m.layout.wants.len() - 1);
     }
+    // (one want per lease zone, whatever: lease_want is indexed as mcf.leases)
+    for lz in &mcf.leases {
+        let name = mcf.redis.get(lz.redis).map_or("", |z| z.name.as_str());
+        m.layout.wants.push(Want { kind: Kind::Lease, ident: lease_ident(name) });
+        m.layout.lease_want.push(m.layout.wants.len() - 1);
+    }
     m.layout.nslots = nslots(cf);
     let size = store::zone_size(&m.layout.wants, m.layout.nslots);
     let mut name = ngx_str_t { len: ZONE_NAME.len(), data: ZONE_NAME.as_ptr() as *mut u8 };
@@ -93,13 +106,13 @@ pub fn setup(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
     Ok(())
 }
 
-/// In each worker, when it starts: its slot, and its Redis zones' rows for
-/// its I/O thread.
+/// In each worker, when it starts: its slot, its Redis zones' rows for its
+/// I/O thread and its lease zones' rows for its syncs.
 pub fn init_worker(mcf: &MainConf) {
     if mcf.metrics.enabled {
         // SAFETY: set by nginx before init_process.
         let worker = unsafe { ngx_worker };
-        store::init_worker(worker, &mcf.metrics.layout.redis);
+        store::init_worker(worker, &mcf.metrics.layout.redis, &mcf.metrics.layout.lease);
         for (line, row) in mcf.lines.iter().zip(&mcf.metrics.layout.lines) {
             if let Some(row) = row {
                 line.set_counters(row.slot(worker));
@@ -144,7 +157,8 @@ pub fn redis_failed(mcf: &MainConf, ctx: &Ctx, zone: usize, allow: bool, e: &Red
     let mut denied = false;
     let stage = ctx.stage;
     for (line, res) in ctx.iter(&mcf.lines) {
-        if !res.active || line.backend.redis() != Some(zone) || line.stage != stage {
+        // (a line decided on this nginx, by its leases or alone, has its verdict counted)
+        if !res.active || res.leased || line.backend.redis() != Some(zone) || line.stage != stage {
             continue;
         }
         let v = error_verdict(allow, res.dry_run);
@@ -267,6 +281,30 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
         r.masters.sort();
         r.masters.dedup();
         s.redis.push(r);
+    }
+    for (z, lz) in mcf.leases.iter().enumerate() {
+        let Some(zone) = mcf.redis.get(lz.redis) else { continue };
+        let mut l = LeaseZoneSample { zone: zone.name.clone(), ..Default::default() };
+        if let Some(Some(row)) = m.layout.lease.get(z) {
+            let add =
+                |sum: &mut u64, c: &core::sync::atomic::AtomicU64| *sum = sum.wrapping_add(c.load(Ordering::Relaxed));
+            for slot in row.slots() {
+                add(&mut l.syncs, &slot.syncs);
+                add(&mut l.sync_failures, &slot.sync_failures);
+                add(&mut l.sync_latency_sum_us, &slot.sync_latency_sum_us);
+                add(&mut l.keys_synced, &slot.keys_synced);
+                add(&mut l.leases_granted, &slot.leases_granted);
+                add(&mut l.units_granted, &slot.units_granted);
+                add(&mut l.units_returned, &slot.units_returned);
+                add(&mut l.alone, &slot.alone);
+            }
+        }
+        // (a zone not initialised yet shows no keys)
+        if let Some((stats, _)) = lz.table.usage() {
+            l.keys = stats.used as u64;
+            l.capacity_keys = stats.capacity as u64;
+        }
+        s.leases.push(l);
     }
     s
 }

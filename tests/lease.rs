@@ -287,7 +287,8 @@ fn redis_lost_limits_locally() {
     };
     let conf = server(
         &format!("rl_zone r redis={} timeout=100ms on_error=local lease=1m sync=50ms;", redis.url()),
-        "location / { rl_limit zone=r key=$http_x_k rate=300r/d burst=300 algorithm=fixed; }",
+        "location / { rl_limit zone=r key=$http_x_k rate=300r/d burst=300 algorithm=fixed; }\n\
+         location = /metrics { rl_metrics; }",
     );
     let nginx: Vec<Nginx> = (0..3).map(|_| Nginx::start(&conf)).collect();
     let ports: Vec<u16> = nginx.iter().map(|n| n.port).collect();
@@ -324,6 +325,8 @@ fn redis_lost_limits_locally() {
             .and_then(|n| n.parse::<usize>().ok())
             .unwrap_or_else(|| panic!("no count in {line:?}"));
         assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+        let m = get(n.port, "/metrics", &[]).body;
+        assert!(m.contains("\nnginx_rl_lease_alone_total{zone=\"r\"} 1\n"), "counted once: {m}");
     }
     assert_eq!(charged, admitted, "what the nginx admitted alone, charged to Redis");
     // Redis now holds all 300: a new request is refused, by Redis.

@@ -3,13 +3,14 @@
 //! cross-checked with Python's `prometheus_client` where installed), as JSON
 //! and after a reload; `promtool check metrics` on the text; the eviction
 //! counters and the "is full" warning of a zone filled with keys still
-//! limiting.
+//! limiting; a lease zone's syncs, grants and keys.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
+use std::thread;
 use std::time::Duration;
 
 use common::redis::Redis;
@@ -283,6 +284,53 @@ fn redis_verdicts_and_on_error() {
     assert_eq!(get(&s, "nginx_rl_redis_on_error_total", &[("zone", "ra"), ("action", "allowed")]), 4.0);
     assert_eq!(get(&s, "nginx_rl_redis_on_error_total", &[("zone", "rd"), ("action", "denied")]), 4.0);
     assert_eq!(get(&s, "nginx_rl_redis_on_error_total", &[("zone", "rd"), ("action", "allowed")]), 0.0);
+    // No lease zone: no lease family.
+    assert!(!s.keys().any(|k| k.starts_with("nginx_rl_lease")), "{s:#?}");
+}
+
+/// A Redis zone in lease mode: after requests on one key in a few rounds,
+/// its syncs are counted (lease calls, their keys and time, none failed),
+/// the lease Redis granted and its units, and the one key the zone keeps a
+/// lease record for; JSON has the same zone.
+#[test]
+fn lease_syncs_and_grants() {
+    let redis = Redis::start();
+    let ngx = Nginx::start(&server(
+        &format!("rl_zone l redis={} timeout=1s lease=1m sync=50ms;", redis.url()),
+        "location / { rl_limit zone=l key=$http_x_k rate=1000r/d burst=1000 algorithm=fixed; }\n\
+         location = /metrics { rl_metrics; }",
+    ));
+    // 40 requests, 10 at a time every 50 ms (a sync interval): the key gets a lease.
+    for _ in 0..4 {
+        let rs = ngx.concurrent(10, "/index.html", &[("X-K", "k1")]);
+        assert_eq!(statuses(&rs), counts(&[(200, 10)]));
+        thread::sleep(Duration::from_millis(50));
+    }
+    // A few more syncs.
+    thread::sleep(Duration::from_millis(300));
+    let s = scrape(&ngx);
+    let z = [("zone", "l")];
+    let syncs = get(&s, "nginx_rl_lease_syncs_total", &z);
+    assert!(syncs > 0.0, "{s:#?}");
+    assert_eq!(get(&s, "nginx_rl_lease_sync_failures_total", &z), 0.0);
+    assert_eq!(get(&s, "nginx_rl_lease_sync_duration_seconds_count", &z), syncs);
+    assert!(get(&s, "nginx_rl_lease_sync_duration_seconds_sum", &z) > 0.0);
+    assert!(get(&s, "nginx_rl_lease_keys_synced_total", &z) >= syncs);
+    assert!(get(&s, "nginx_rl_leases_granted_total", &z) >= 1.0);
+    assert!(get(&s, "nginx_rl_lease_units_granted_total", &z) >= 1.0);
+    // (there: what ended leases gave back, none maybe in so short a time)
+    get(&s, "nginx_rl_lease_units_returned_total", &z);
+    assert_eq!(get(&s, "nginx_rl_lease_keys", &z), 1.0);
+    assert!(get(&s, "nginx_rl_lease_capacity_keys", &z) >= 1.0);
+    // The Redis zone's own series are there too (the requests no lease held).
+    assert!(get(&s, "nginx_rl_redis_calls_total", &z) >= 1.0);
+
+    let j = ngx.get("/metrics?format=json", &[]);
+    assert_eq!(j.status, 200);
+    assert!(j.body.contains(r#"],"leases":[{"zone":"l","syncs":"#), "{}", j.body);
+    assert!(j.body.contains(r#","keys":1,"capacity_keys":"#), "{}", j.body);
+    let log = ngx.error_log();
+    assert!(crash_lines(&log).is_empty() && failed_lines(&log, "l").is_empty(), "{log}");
 }
 
 /// A zone filled past its capacity with keys that are all still limiting:

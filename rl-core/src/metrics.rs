@@ -123,12 +123,40 @@ pub struct RedisZoneSample {
     pub masters: Vec<String>,
 }
 
+/// A Redis zone in lease mode: its syncs summed over the workers (one
+/// worker syncs; a reload's new one goes on in the same row), and the keys
+/// this nginx keeps leases for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseZoneSample {
+    /// The Redis zone's name.
+    pub zone: String,
+    /// Lease calls made, answered or failed.
+    pub syncs: u64,
+    /// Lease calls that failed or timed out.
+    pub sync_failures: u64,
+    /// Their time, from the start of a call to its answer or failure.
+    pub sync_latency_sum_us: u64,
+    /// Keys sent in those calls (per call: this over `syncs`).
+    pub keys_synced: u64,
+    /// Grants of at least one unit.
+    pub leases_granted: u64,
+    pub units_granted: u64,
+    /// Units given back that Redis took back.
+    pub units_returned: u64,
+    /// Times this nginx lost Redis and limited alone (`on_error=local`).
+    pub alone: u64,
+    /// Keys the zone keeps a lease record for, and most it can.
+    pub keys: u64,
+    pub capacity_keys: u64,
+}
+
 /// Everything one scrape shows.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
     pub lines: Vec<LineSample>,
     pub shm: Vec<ShmZoneSample>,
     pub redis: Vec<RedisZoneSample>,
+    pub leases: Vec<LeaseZoneSample>,
 }
 
 /// A label value as the text format writes it: `\`, `"` and newline escaped.
@@ -204,6 +232,8 @@ impl core::fmt::Display for Seconds {
 
 /// A number of a zone's sample.
 type ZoneField = fn(&ShmZoneSample) -> u64;
+/// A number of a lease zone's sample.
+type LeaseField = fn(&LeaseZoneSample) -> u64;
 
 /// The Prometheus text exposition format, version 0.0.4. A family with no
 /// sample is left out.
@@ -256,6 +286,44 @@ pub fn prometheus(s: &Snapshot, out: &mut String) {
     if !s.redis.is_empty() {
         redis_prometheus(&s.redis, out);
     }
+    if !s.leases.is_empty() {
+        lease_prometheus(&s.leases, out);
+    }
+}
+
+/// The lease zones' families: one series per zone each.
+fn lease_prometheus(zones: &[LeaseZoneSample], out: &mut String) {
+    let per_zone = |out: &mut String, name: &str, kind: &str, help: &str, get: LeaseField| {
+        family(out, name, kind, help);
+        for z in zones {
+            sample(out, name, &[("zone", &z.zone)], get(z));
+        }
+    };
+    let help = "Lease calls a lease zone's syncs made to Redis, answered or failed.";
+    per_zone(out, "nginx_rl_lease_syncs_total", "counter", help, |z| z.syncs);
+    let help = "Lease calls that failed or timed out (their keys' leases not renewed until the next sync).";
+    per_zone(out, "nginx_rl_lease_sync_failures_total", "counter", help, |z| z.sync_failures);
+    // A summary without quantiles: the mean is all a sync's time needs (a sync per interval).
+    let h = "nginx_rl_lease_sync_duration_seconds";
+    family(out, h, "summary", "Time from a lease call's start to its answer (or failure).");
+    for z in zones {
+        sample(out, &format!("{h}_sum"), &[("zone", &z.zone)], Seconds(z.sync_latency_sum_us));
+        sample(out, &format!("{h}_count"), &[("zone", &z.zone)], z.syncs);
+    }
+    let help = "Keys sent in lease calls (per call: over syncs_total).";
+    per_zone(out, "nginx_rl_lease_keys_synced_total", "counter", help, |z| z.keys_synced);
+    let help = "Leases of at least one unit Redis granted.";
+    per_zone(out, "nginx_rl_leases_granted_total", "counter", help, |z| z.leases_granted);
+    let help = "Units Redis granted in leases.";
+    per_zone(out, "nginx_rl_lease_units_granted_total", "counter", help, |z| z.units_granted);
+    let help = "Units left by ended leases, given back and taken back by Redis.";
+    per_zone(out, "nginx_rl_lease_units_returned_total", "counter", help, |z| z.units_returned);
+    let help = "Times this nginx lost Redis and limited alone, with its share of each line (on_error=local).";
+    per_zone(out, "nginx_rl_lease_alone_total", "counter", help, |z| z.alone);
+    let help = "Keys a lease zone keeps a lease record for.";
+    per_zone(out, "nginx_rl_lease_keys", "gauge", help, |z| z.keys);
+    let help = "Keys a lease zone can keep a lease record for.";
+    per_zone(out, "nginx_rl_lease_capacity_keys", "gauge", help, |z| z.capacity_keys);
 }
 
 fn redis_prometheus(zones: &[RedisZoneSample], out: &mut String) {
@@ -359,7 +427,7 @@ fn json_object<'a>(out: &mut String, pairs: impl IntoIterator<Item = (&'a str, u
 }
 
 /// The same numbers as [`prometheus`], as one JSON object:
-/// `{"lines":[...],"zones":[...],"redis":[...]}`.
+/// `{"lines":[...],"zones":[...],"redis":[...],"leases":[...]}`.
 pub fn json(s: &Snapshot, out: &mut String) {
     out.push_str("{\"lines\":[");
     for (i, l) in s.lines.iter().enumerate() {
@@ -434,6 +502,30 @@ pub fn json(s: &Snapshot, out: &mut String) {
             escape_json(m, out);
         }
         out.push_str("]}");
+    }
+    out.push_str("],\"leases\":[");
+    for (i, z) in s.leases.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"zone\":");
+        escape_json(&z.zone, out);
+        let _ = write!(
+            out,
+            ",\"syncs\":{},\"sync_failures\":{},\"sync_duration_seconds\":{{\"sum\":{},\"count\":{}}},\"keys_synced\":{},\
+             \"leases_granted\":{},\"units_granted\":{},\"units_returned\":{},\"alone\":{},\"keys\":{},\"capacity_keys\":{}}}",
+            z.syncs,
+            z.sync_failures,
+            Seconds(z.sync_latency_sum_us),
+            z.syncs,
+            z.keys_synced,
+            z.leases_granted,
+            z.units_granted,
+            z.units_returned,
+            z.alone,
+            z.keys,
+            z.capacity_keys
+        );
     }
     out.push_str("]}\n");
 }

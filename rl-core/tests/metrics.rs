@@ -36,6 +36,19 @@ fn snapshot() -> Snapshot {
             charge_unknown: 4,
             masters: vec!["127.0.0.1:6380".into()],
         }],
+        leases: vec![LeaseZoneSample {
+            zone: "l\"e".into(),
+            syncs: 12,
+            sync_failures: 2,
+            sync_latency_sum_us: 36_500,
+            keys_synced: 30,
+            leases_granted: 9,
+            units_granted: 240,
+            units_returned: 17,
+            alone: 1,
+            keys: 3,
+            capacity_keys: 7_000,
+        }],
     }
 }
 
@@ -99,7 +112,7 @@ fn nothing_configured_renders_nothing() {
     prometheus(&Snapshot::default(), &mut out);
     assert_eq!(out, "");
     json(&Snapshot::default(), &mut out);
-    assert_eq!(out, "{\"lines\":[],\"zones\":[],\"redis\":[]}\n");
+    assert_eq!(out, "{\"lines\":[],\"zones\":[],\"redis\":[],\"leases\":[]}\n");
 }
 
 #[test]
@@ -114,6 +127,68 @@ fn json_has_the_same_numbers() {
     assert!(out.contains(
         r#""on_error":{"allowed":5,"denied":6},"charge_failures":3,"charge_unknown":4,"connects":2,"masters":["127.0.0.1:6380"]"#
     ));
+}
+
+/// A lease zone: its counters, the sync time as a summary (sum exact, count
+/// the calls), its keys as gauges, the zone label escaped; JSON has the same
+/// numbers. No lease family without a lease zone.
+#[test]
+fn lease_zones() {
+    let mut out = String::new();
+    prometheus(&snapshot(), &mut out);
+    let z = r#"{zone="l\"e"}"#;
+    for (name, kind, value) in [
+        ("nginx_rl_lease_syncs_total", "counter", "12"),
+        ("nginx_rl_lease_sync_failures_total", "counter", "2"),
+        ("nginx_rl_lease_keys_synced_total", "counter", "30"),
+        ("nginx_rl_leases_granted_total", "counter", "9"),
+        ("nginx_rl_lease_units_granted_total", "counter", "240"),
+        ("nginx_rl_lease_units_returned_total", "counter", "17"),
+        ("nginx_rl_lease_alone_total", "counter", "1"),
+        ("nginx_rl_lease_keys", "gauge", "3"),
+        ("nginx_rl_lease_capacity_keys", "gauge", "7000"),
+    ] {
+        assert!(out.contains(&format!("# TYPE {name} {kind}\n")), "{name}: {out}");
+        assert!(out.contains(&format!("\n{name}{z} {value}\n")), "{name}: {out}");
+    }
+    assert!(out.contains("# TYPE nginx_rl_lease_sync_duration_seconds summary\n"), "{out}");
+    assert!(out.contains(&format!("\nnginx_rl_lease_sync_duration_seconds_sum{z} 0.0365\n")), "{out}");
+    assert!(out.contains(&format!("\nnginx_rl_lease_sync_duration_seconds_count{z} 12\n")), "{out}");
+    // Every family has its HELP and TYPE, once, and its samples right after them.
+    let families: Vec<&str> =
+        out.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
+    for name in &families {
+        assert_eq!(out.matches(&format!("# HELP {name} ")).count(), 1, "{name}");
+        assert_eq!(out.matches(&format!("# TYPE {name} ")).count(), 1, "{name}");
+    }
+    let mut current = "";
+    for l in out.lines() {
+        if let Some(t) = l.strip_prefix("# TYPE ") {
+            current = t.split(' ').next().unwrap_or("");
+        } else if !l.starts_with('#') {
+            assert!(l.starts_with(current), "{l} after # TYPE {current}");
+        }
+    }
+
+    let mut out = String::new();
+    json(&snapshot(), &mut out);
+    assert!(
+        out.ends_with(
+            r#"],"leases":[{"zone":"l\"e","syncs":12,"sync_failures":2,"sync_duration_seconds":{"sum":0.0365,"count":12},"keys_synced":30,"leases_granted":9,"units_granted":240,"units_returned":17,"alone":1,"keys":3,"capacity_keys":7000}]}
+"#
+        ),
+        "{out}"
+    );
+
+    // Without a lease zone: no lease family, an empty list.
+    let s = Snapshot { leases: Vec::new(), ..snapshot() };
+    let mut out = String::new();
+    prometheus(&s, &mut out);
+    assert!(!out.contains("lease"), "{out}");
+    assert!(out.contains("nginx_rl_redis_calls_total"), "{out}");
+    let mut out = String::new();
+    json(&s, &mut out);
+    assert!(out.ends_with("],\"leases\":[]}\n"), "{out}");
 }
 
 #[test]

@@ -10,6 +10,7 @@
 //! twice or beyond the line (see rl-core's `lease::Slot`).
 
 use core::sync::atomic::Ordering;
+use std::time::Instant;
 
 use futures_util::future::join_all;
 use ngx::async_::{sleep, spawn};
@@ -19,6 +20,7 @@ use rl_core::lease::Kept;
 use rl_core::redis::{LeaseArg, LeaseGrant};
 
 use super::LeaseZone;
+use crate::metrics::store::{lease_slot, LeaseSlot};
 use crate::redis_zone::{self, JobLine, LeaseKey, RedisError, RedisZone};
 use crate::shm::now_us;
 
@@ -36,9 +38,9 @@ pub fn init_worker(leases: &'static [LeaseZone], redis: &'static [Box<RedisZone>
         return;
     }
     let node = node_name();
-    for lz in leases {
+    for (i, lz) in leases.iter().enumerate() {
         if let Some(zone) = redis.get(lz.redis) {
-            spawn(run(lz, zone, node.clone())).detach();
+            spawn(run(lz, zone, node.clone(), lease_slot(i))).detach();
         }
     }
 }
@@ -61,17 +63,18 @@ const MEMBERSHIP_INTERVALS: u64 = 3;
 const ALONE_AFTER_INTERVALS: u64 = 2;
 
 /// Syncs `lz` every interval, for as long as the worker runs.
-async fn run(lz: &'static LeaseZone, zone: &'static RedisZone, node: String) {
+async fn run(lz: &'static LeaseZone, zone: &'static RedisZone, node: String, counters: Option<&'static LeaseSlot>) {
     let mut members = String::new();
     rl_core::redis::write_members_key(&mut members, &zone.spec.prefix, &lz.name);
     loop {
         sleep(lz.sync).await;
-        once(lz, zone, &members, &node).await;
+        once(lz, zone, &members, &node, counters).await;
     }
 }
 
-/// One sync of the zone: the heartbeat, then the records'.
-async fn once(lz: &LeaseZone, zone: &RedisZone, members: &str, node: &str) {
+/// One sync of the zone: the heartbeat, then the records' (counted in
+/// `counters`, with `rl_metrics`).
+async fn once(lz: &LeaseZone, zone: &RedisZone, members: &str, node: &str, counters: Option<&LeaseSlot>) {
     let sent = now_us();
     let interval = lz.sync.as_micros() as u64;
     let shared = lz.shared();
@@ -87,8 +90,27 @@ async fn once(lz: &LeaseZone, zone: &RedisZone, members: &str, node: &str) {
     let asks = collect(lz, sent, next);
     if !asks.is_empty() {
         let keys: Vec<LeaseKey> = asks.iter().map(|(_, k)| *k).collect();
-        let calls = keys.chunks(MAX_KEYS).map(|chunk| redis_zone::lease(lz.redis, chunk, lz.life_us));
+        let calls = keys.chunks(MAX_KEYS).map(|chunk| async move {
+            // (timed on the clock itself: nginx's cached one moves in whole milliseconds)
+            let start = Instant::now();
+            let got = redis_zone::lease(lz.redis, chunk, lz.life_us).await;
+            if let Some(c) = counters {
+                let us = start.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+                c.synced(chunk.len(), us, got.iter().any(Result::is_err));
+            }
+            got
+        });
         let grants: Vec<Result<LeaseGrant, RedisError>> = join_all(calls).await.into_iter().flatten().collect();
+        if let Some(c) = counters {
+            for ((_, k), g) in asks.iter().zip(&grants) {
+                if let Ok(g) = g {
+                    c.granted(g.units);
+                    if g.taken_back {
+                        c.returned(k.arg.back);
+                    }
+                }
+            }
+        }
         match grants.iter().find_map(|g| g.as_ref().err()) {
             Some(e) => zone.failed_doing(log(), e, "leases not renewed until the next sync"),
             None => shared.answered.store(sent, Ordering::Relaxed),
@@ -96,20 +118,23 @@ async fn once(lz: &LeaseZone, zone: &RedisZone, members: &str, node: &str) {
         apply(lz, &asks, &grants, sent);
     }
     if lz.local {
-        alone_or_not(lz, zone, now_us());
+        alone_or_not(lz, zone, now_us(), counters);
     }
 }
 
 /// `on_error=local`: this nginx starts limiting alone once Redis has not
 /// answered for [`ALONE_AFTER_INTERVALS`] intervals, and stops when it
 /// answers again, charging Redis what it admitted alone; each said once.
-fn alone_or_not(lz: &LeaseZone, zone: &RedisZone, now: u64) {
+fn alone_or_not(lz: &LeaseZone, zone: &RedisZone, now: u64, counters: Option<&LeaseSlot>) {
     let shared = lz.shared();
     let answered = shared.answered.load(Ordering::Relaxed);
     let since = shared.alone_since.load(Ordering::Relaxed);
     let silent = now.saturating_sub(answered) > ALONE_AFTER_INTERVALS * lz.sync.as_micros() as u64;
     if since == 0 && silent {
         shared.alone_since.store(answered.max(1), Ordering::Relaxed);
+        if let Some(c) = counters {
+            c.went_alone();
+        }
         ngx_log_error!(
             NGX_LOG_WARN,
             log(),

@@ -1,11 +1,12 @@
 //! The counters of `rl_metrics` in shared memory: one zone of this module,
 //! laid out by the master when a cycle starts, holding one row per line
-//! identity and per Redis zone. A row has one slot per worker (by
-//! `ngx_worker`, modulo the row's slot count), a cache line or four: a
-//! worker only adds to its own slot, so its increments are atomic adds that
-//! no other worker contends for (but for the old worker of the same index
-//! while a reload drains it, which the atomics keep exact), and a scrape
-//! sums the slots. No lock is taken on the request path.
+//! identity, per Redis zone and per Redis zone in lease mode. A row has
+//! one slot per worker (by `ngx_worker`, modulo the row's slot count), a
+//! cache line or four: a worker only adds to its own slot, so its
+//! increments are atomic adds that no other worker contends for (but for
+//! the old worker of the same index while a reload drains it, which the
+//! atomics keep exact), and a scrape sums the slots. No lock is taken on
+//! the request path.
 //!
 //! On reload nginx hands the memory over when the zone's size is unchanged
 //! (see [`zone_size`]); the rows of lines and zones that are unchanged are
@@ -13,7 +14,7 @@
 //! freed: the old cycle's workers may still write to them while they drain.
 //!
 //! This file imports nothing of the rest of the module: the Redis I/O
-//! thread writes to its worker's slots through it.
+//! thread and the lease syncs write to their worker's slots through it.
 
 use core::ffi::c_void;
 use core::ptr;
@@ -53,9 +54,31 @@ pub struct RedisSlot {
     master: [AtomicU64; 6],
 }
 
+/// One worker's counters of one Redis zone in lease mode: a cache line.
+/// Only the worker that syncs the zone writes them (one per nginx; while a
+/// reload drains the old one, both may: the atomics keep that exact).
+#[repr(C, align(64))]
+pub struct LeaseSlot {
+    /// Lease calls made, answered or failed.
+    pub syncs: AtomicU64,
+    /// Lease calls that failed or timed out.
+    pub sync_failures: AtomicU64,
+    pub sync_latency_sum_us: AtomicU64,
+    /// Keys sent in lease calls.
+    pub keys_synced: AtomicU64,
+    /// Grants of at least one unit, and their units.
+    pub leases_granted: AtomicU64,
+    pub units_granted: AtomicU64,
+    /// Units given back that Redis took back.
+    pub units_returned: AtomicU64,
+    /// Times this nginx lost Redis and limited alone (`on_error=local`).
+    pub alone: AtomicU64,
+}
+
 const _: () = assert!(RESULTS.len() <= 8);
 const _: () = assert!(core::mem::size_of::<LineSlot>() == 64);
 const _: () = assert!(core::mem::size_of::<RedisSlot>() == 256);
+const _: () = assert!(core::mem::size_of::<LeaseSlot>() == 64);
 
 /// A row's header: a cache line before its slots.
 #[repr(C, align(64))]
@@ -85,6 +108,7 @@ const MAX_SLOTS: usize = 256;
 pub enum Kind {
     Line = 1,
     Redis = 2,
+    Lease = 3,
 }
 
 impl Kind {
@@ -92,6 +116,7 @@ impl Kind {
         match self {
             Kind::Line => core::mem::size_of::<LineSlot>(),
             Kind::Redis => core::mem::size_of::<RedisSlot>(),
+            Kind::Lease => core::mem::size_of::<LeaseSlot>(),
         }
     }
 }
@@ -198,23 +223,67 @@ impl RedisSlot {
     }
 }
 
+impl LeaseSlot {
+    /// A lease call for `keys` keys took `us` µs; `failed`: it failed or
+    /// timed out.
+    pub fn synced(&self, keys: usize, us: u64, failed: bool) {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        if failed {
+            self.sync_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        self.sync_latency_sum_us.fetch_add(us, Ordering::Relaxed);
+        self.keys_synced.fetch_add(keys as u64, Ordering::Relaxed);
+    }
+
+    /// Redis granted a key `units` units (a lease when at least one).
+    pub fn granted(&self, units: u64) {
+        if units > 0 {
+            self.leases_granted.fetch_add(1, Ordering::Relaxed);
+            self.units_granted.fetch_add(units, Ordering::Relaxed);
+        }
+    }
+
+    /// This nginx lost Redis and limits alone.
+    pub fn went_alone(&self) {
+        self.alone.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Redis took back `units` units given back.
+    pub fn returned(&self, units: u64) {
+        self.units_returned.fetch_add(units, Ordering::Relaxed);
+    }
+}
+
 /// This worker's index among the slots of a row (`ngx_worker`).
 static WORKER: AtomicUsize = AtomicUsize::new(0);
 
 /// The Redis zones' rows, by zone index, for this worker's I/O thread.
 static REDIS_ROWS: OnceLock<Vec<Option<Row<RedisSlot>>>> = OnceLock::new();
 
-/// Records this worker's slot and its Redis rows (once, when the worker
-/// starts, before its I/O thread does).
-pub fn init_worker(worker: usize, redis: &[Option<Row<RedisSlot>>]) {
+/// The lease zones' rows, by lease zone index, for this worker's syncs.
+static LEASE_ROWS: OnceLock<Vec<Option<Row<LeaseSlot>>>> = OnceLock::new();
+
+/// Records this worker's slot, its Redis rows and its lease rows (once,
+/// when the worker starts, before its I/O thread and its syncs do).
+pub fn init_worker(worker: usize, redis: &[Option<Row<RedisSlot>>], lease: &[Option<Row<LeaseSlot>>]) {
     WORKER.store(worker, Ordering::Relaxed);
     let _ = REDIS_ROWS.set(redis.to_vec());
+    let _ = LEASE_ROWS.set(lease.to_vec());
 }
 
 /// This worker's counters of Redis zone `zone` (`None` without `rl_metrics`).
 pub fn redis_slot(zone: usize) -> Option<&'static RedisSlot> {
     REDIS_ROWS.get()?.get(zone)?.as_ref().map(|r| {
         let r: &'static Row<RedisSlot> = r;
+        r.mine()
+    })
+}
+
+/// This worker's counters of lease zone `zone` (its index among the lease
+/// zones; `None` without `rl_metrics`).
+pub fn lease_slot(zone: usize) -> Option<&'static LeaseSlot> {
+    LEASE_ROWS.get()?.get(zone)?.as_ref().map(|r| {
+        let r: &'static Row<LeaseSlot> = r;
         r.mine()
     })
 }
@@ -247,15 +316,18 @@ pub fn zone_size(wants: &[Want], nslots: usize) -> usize {
 pub struct Layout {
     pub wants: Vec<Want>,
     pub nslots: usize,
-    /// Index into `wants` of each line (by [`crate::line::LineId`]) and of
-    /// each Redis zone.
+    /// Index into `wants` of each line (by [`crate::line::LineId`]), of
+    /// each Redis zone and of each lease zone.
     pub line_want: Vec<usize>,
     pub redis_want: Vec<usize>,
+    pub lease_want: Vec<usize>,
     /// Each line's row, by line (lines with one identity share one), once
     /// the zone is initialised (before the workers start).
     pub lines: Vec<Option<Row<LineSlot>>>,
     /// Each Redis zone's row, by zone index.
     pub redis: Vec<Option<Row<RedisSlot>>>,
+    /// Each lease zone's row, by lease zone index.
+    pub lease: Vec<Option<Row<LeaseSlot>>>,
 }
 
 /// Lays out the zone, or takes over the previous cycle's: finds or
@@ -312,6 +384,7 @@ pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) ->
         let kind = match h.kind {
             1 => Kind::Line,
             2 => Kind::Redis,
+            3 => Kind::Lease,
             _ => break,
         };
         let nslots = h.nslots as usize;
@@ -360,6 +433,7 @@ pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) ->
     let row_of = |i: &usize| rows.get(*i).copied().flatten();
     layout.lines = layout.line_want.iter().map(|i| row_of(i).map(|(a, n)| row(a, n))).collect();
     layout.redis = layout.redis_want.iter().map(|i| row_of(i).map(|(a, n)| row(a, n))).collect();
+    layout.lease = layout.lease_want.iter().map(|i| row_of(i).map(|(a, n)| row(a, n))).collect();
     if lost > 0 {
         ngx_log_error!(
             ngx::ffi::NGX_LOG_WARN,
@@ -395,8 +469,10 @@ impl Default for Metrics {
                 nslots: 1,
                 line_want: Vec::new(),
                 redis_want: Vec::new(),
+                lease_want: Vec::new(),
                 lines: Vec::new(),
                 redis: Vec::new(),
+                lease: Vec::new(),
             },
         }
     }
