@@ -276,15 +276,6 @@ fn fleet_zipf_skewed_gcra() {
 #[test]
 fn redis_lost_limits_locally() {
     let redis = Redis::start();
-    let pid: u32 = redis
-        .cli(&["INFO", "server"])
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("process_id:").and_then(|p| p.parse().ok()))
-        .expect("no process_id in INFO server");
-    let signal = |sig: &str| {
-        let ok = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success();
-        assert!(ok, "kill {sig} {pid}");
-    };
     let conf = server(
         &format!("rl_zone r redis={} timeout=100ms on_error=local lease=1m sync=50ms;", redis.url()),
         "location / { rl_limit zone=r key=$http_x_k rate=300r/d burst=300 algorithm=fixed; }\n\
@@ -296,11 +287,11 @@ fn redis_lost_limits_locally() {
     assert_eq!(statuses_of(&warm), [(200, 90)].into_iter().collect());
     // Every nginx's heartbeat counted, its leases ended and given back.
     thread::sleep(Duration::from_millis(400));
-    signal("-STOP");
+    redis.signal("-STOP");
     // Redis silent for more than two syncs (and a heartbeat's timeout).
     thread::sleep(Duration::from_millis(500));
     let alone = load(&ports, "/index.html", 10, 30, Duration::from_millis(50), "k");
-    signal("-CONT");
+    redis.signal("-CONT");
     let admitted = alone.iter().filter(|&&s| s == 200).count();
     eprintln!("Redis stopped: {admitted} of {} admitted by the 3 nginx alone", alone.len());
     assert!(admitted >= 190, "{admitted} admitted alone: the 210 left, less at most a unit a nginx, expected");
@@ -389,18 +380,9 @@ fn membership_follows_nginx_started_and_killed() {
     kill_nginx(&nginx[1]);
     thread::sleep(Duration::from_millis(400));
     assert_eq!(members(&redis), "2", "the killed nginx's membership lapsed");
-    let pid: u32 = redis
-        .cli(&["INFO", "server"])
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("process_id:").and_then(|p| p.parse().ok()))
-        .expect("no process_id in INFO server");
-    let signal = |sig: &str| {
-        let ok = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success();
-        assert!(ok, "kill {sig} {pid}");
-    };
-    signal("-STOP");
+    redis.signal("-STOP");
     thread::sleep(Duration::from_millis(600));
-    signal("-CONT");
+    redis.signal("-CONT");
     for i in [0, 2] {
         let log = nginx[i].error_log();
         assert!(log.contains("limiting locally at 1/2 of each line"), "nginx {i}: {log}");

@@ -175,11 +175,6 @@ fn mute_server_is_not_reconnected_per_request() {
 #[test]
 fn frozen_redis_is_replaced_and_limiting_resumes() {
     let redis = Redis::start();
-    let pid: u32 = redis
-        .cli(&["INFO", "server"])
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("process_id:").and_then(|p| p.parse().ok()))
-        .expect("no process_id in INFO server");
     let received = || -> u64 {
         redis
             .cli(&["INFO", "stats"])
@@ -204,13 +199,9 @@ fn frozen_redis_is_replaced_and_limiting_resumes() {
     }
     let before = received();
 
-    let signal = |sig: &str| {
-        let ok = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success();
-        assert!(ok, "kill {sig} {pid}");
-    };
-    signal("-STOP");
+    redis.signal("-STOP");
     let hits = hammer(ngx.port, "/a.html", 4, Duration::from_secs(4), 100_000);
-    signal("-CONT");
+    redis.signal("-CONT");
     let within = Duration::from_millis(100) + MARGIN;
     assert_answered(&hits, 429, within, "Redis frozen, on_error=deny");
     // The connections the zone tried while Redis was frozen waited in the

@@ -253,9 +253,22 @@ impl ZoneConn {
         });
         let mut out: Vec<Result<LeaseGrant, RedisError>> = keys.iter().map(|_| Err(RedisError::Unanswered)).collect();
         for (g, r) in groups.iter().zip(futures_util::future::join_all(calls).await) {
+            // (a group's indices are the keys': within `out`)
             match r {
-                Ok(grants) => g.iter().zip(grants).for_each(|(&j, grant)| out[j] = Ok(grant)),
-                Err(e) => g.iter().for_each(|&j| out[j] = Err(e.clone())),
+                Ok(grants) => {
+                    for (&j, grant) in g.iter().zip(grants) {
+                        if let Some(o) = out.get_mut(j) {
+                            *o = Ok(grant);
+                        }
+                    }
+                }
+                Err(e) => {
+                    for &j in g {
+                        if let Some(o) = out.get_mut(j) {
+                            *o = Err(e.clone());
+                        }
+                    }
+                }
             }
         }
         out

@@ -147,6 +147,13 @@ impl Redis {
         }
     }
 
+    /// Sends the server `sig` (`-STOP`, `-CONT`: `kill`'s form).
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().map(Child::id).expect("redis-server is not running");
+        let ok = Command::new("kill").args([sig, &pid.to_string()]).status().is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    }
+
     /// `redis-cli -p PORT args...` (authenticated if the server has a
     /// password): its output, trimmed.
     pub fn cli(&self, args: &[&str]) -> String {
