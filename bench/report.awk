@@ -138,7 +138,7 @@ function vswhere(r) { return (r ~ /_rl$/) ? ", in the same nginx" : "" }
 function vsstock(id, r, stock) {
     return (r != stock && (stock in R)) ? sprintf(" (%.3fx stock nginx's)", R[id] / R[stock]) : ""
 }
-function refname(g) { return (g ~ /lease/) ? "ref" : (g ~ /^redis/) ? "Lua peer" : "limit_req" }
+function refname(g) { return (g ~ /Lua peer/) ? "Lua peer" : (g ~ /lease/) ? "ref" : (g ~ /^redis/) ? "Lua peer" : "limit_req" }
 # Script calls redis-server ran per 1,000 requests of the scenario's timed runs ("-": not counted).
 function calls1k(id) { return (sreq[id] > 0 && scalls[id] != "") ? sprintf("%.1f", 1000 * scalls[id] / sreq[id]) : "-" }
 # The Redis zone against the Lua peer: every rlredis_* row whose ref is a peer

@@ -294,7 +294,9 @@ fn redis_lost_limits_locally() {
     redis.signal("-CONT");
     let admitted = alone.iter().filter(|&&s| s == 200).count();
     eprintln!("Redis stopped: {admitted} of {} admitted by the 3 nginx alone", alone.len());
-    assert!(admitted >= 190, "{admitted} admitted alone: the 210 left, less at most a unit a nginx, expected");
+    // (each nginx starts from what it last heard the line had used: a view that may lag, on the
+    // strict side)
+    assert!(admitted >= 180, "{admitted} admitted alone: about the 210 left expected");
     assert!(admitted <= 210, "{admitted} admitted alone, beyond the 210 the line had left");
     // Back: each nginx charges Redis what it admitted alone.
     let deadline = Instant::now() + Duration::from_secs(10);

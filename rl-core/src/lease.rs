@@ -199,7 +199,8 @@ fn held_back(l: &Limit, life: u64) -> Option<u64> {
 
 /// A node's demand for one key, for sizing its leases: an estimate of the
 /// units it spends in a sync interval (an average over the last few,
-/// weighted to the latest: a quarter each interval), in thousandths.
+/// weighted to the latest: a quarter each interval; an interval above it
+/// at once), in thousandths.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Demand {
     milli: u64,
@@ -211,9 +212,11 @@ impl Demand {
     pub fn observe(&mut self, units: u64) {
         let x = units.saturating_mul(1000);
         // (3 parts the old estimate, 1 the new, rounded: a steady demand of
-        // n settles within a few thousandths of n)
+        // n settles within a few thousandths of n; a demand above the
+        // estimate is taken at once: leases grow with a rising demand in
+        // one interval, where an average would leave them short for many)
         let sum = u128::from(self.milli) * 3 + u128::from(x) + 2;
-        self.milli = u64::try_from(sum / 4).unwrap_or(u64::MAX);
+        self.milli = u64::try_from(sum / 4).unwrap_or(u64::MAX).max(x);
     }
 
     /// The units one interval's demand is estimated at, rounded.
@@ -350,14 +353,22 @@ impl Slot {
     /// the last unit is let go at once: it has nothing to give back, and
     /// its place may hold the next.
     pub fn sync(&mut self, now: u64, next: u64, remaining: u64, nodes: u64) -> Option<SyncArg> {
+        self.end_interval();
         self.sync_asking(now, next, remaining, nodes, true)
     }
 
-    /// [`Slot::sync`], asking for no lease unless `ask` (what ended is
-    /// given back all the same).
-    pub fn sync_asking(&mut self, now: u64, next: u64, remaining: u64, nodes: u64, ask: bool) -> Option<SyncArg> {
+    /// Folds the interval's demand into the estimate (what [`Slot::sync`]
+    /// does first): at each sync of the regular cadence, the intervals
+    /// the estimate counts in.
+    pub fn end_interval(&mut self) {
         self.demand.observe(self.asked);
         self.asked = 0;
+    }
+
+    /// [`Slot::sync`] without folding the demand (a sync between two of
+    /// the cadence, where a lease ended: see [`Slot::ends_first`]), asking
+    /// for no lease unless `ask` (what ended is given back all the same).
+    pub fn sync_asking(&mut self, now: u64, next: u64, remaining: u64, nodes: u64, ask: bool) -> Option<SyncArg> {
         for h in self.held.iter_mut() {
             if h.granted > 0 && now >= h.ends {
                 if h.left > 0 && self.back.left == 0 {
@@ -375,13 +386,22 @@ impl Slot {
         }
         let live = self.held.iter().filter(|h| h.granted > 0).count();
         let lasting: u64 = self.held.iter().filter(|h| h.ends > next).map(|h| h.left).sum();
-        let want = match ask && !self.asking && live < 2 && self.demand.per_interval() > 0 {
+        // (a lease pays for the call that carries it when it serves more than a request an
+        // interval: a key seen less often is left to Redis)
+        let want = match ask && !self.asking && live < 2 && self.demand.per_interval() >= 2 {
             true => self.demand.want(remaining, nodes).saturating_sub(lasting),
             false => 0,
         };
         let back = core::mem::take(&mut self.back);
         self.asking |= want > 0;
         (want > 0 || back.left > 0).then_some(SyncArg { want, back: back.left, words: back.words })
+    }
+
+    /// When the first of the leases it holds ends, if it holds any: a
+    /// lease that ends with its window, before the next sync, is best
+    /// replaced as the window ends, not up to an interval later.
+    pub fn ends_first(&self) -> Option<u64> {
+        self.held.iter().filter(|h| h.granted > 0).map(|h| h.ends).min()
     }
 
     /// The lease a sync sent at `sent` brought: `units` (0: none) for

@@ -10,7 +10,7 @@
 //! twice or beyond the line (see rl-core's `lease::Slot`).
 
 use core::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use ngx::async_::{sleep, spawn};
@@ -66,28 +66,50 @@ const ALONE_AFTER_INTERVALS: u64 = 2;
 async fn run(lz: &'static LeaseZone, zone: &'static RedisZone, node: String, counters: Option<&'static LeaseSlot>) {
     let mut members = String::new();
     rl_core::redis::write_members_key(&mut members, &zone.spec.prefix, &lz.name);
+    let interval = lz.sync.as_micros() as u64;
+    let mut cadence = now_us().saturating_add(interval);
+    let mut ends = None;
     loop {
-        sleep(lz.sync).await;
-        once(lz, zone, &members, &node, counters).await;
+        // The next sync of the cadence, or, sooner, the end of a lease
+        // (with its window), just past it.
+        let at = ends.filter(|&e| e < cadence).map_or(cadence, |e: u64| e.saturating_add(1000));
+        // (a millisecond at least: never a busy loop, whatever the clock says)
+        sleep(Duration::from_micros(at.saturating_sub(now_us()).max(1000))).await;
+        let regular = now_us() >= cadence;
+        if regular {
+            cadence = now_us().saturating_add(interval);
+        }
+        ends = once(lz, zone, &members, &node, counters, regular, cadence).await;
     }
 }
 
-/// One sync of the zone: the heartbeat, then the records' (counted in
-/// `counters`, with `rl_metrics`).
-async fn once(lz: &LeaseZone, zone: &RedisZone, members: &str, node: &str, counters: Option<&LeaseSlot>) {
+/// One sync of the zone, the next of the cadence at `next`: on the
+/// cadence (`regular`), the heartbeat and every record's, the interval's
+/// demand folded in; between, the records' whose leases ended (counted in
+/// `counters`, with `rl_metrics`). When the first lease still held ends.
+async fn once(
+    lz: &LeaseZone,
+    zone: &RedisZone,
+    members: &str,
+    node: &str,
+    counters: Option<&LeaseSlot>,
+    regular: bool,
+    next: u64,
+) -> Option<u64> {
     let sent = now_us();
     let interval = lz.sync.as_micros() as u64;
     let shared = lz.shared();
-    let ttl_ms = (interval * MEMBERSHIP_INTERVALS).div_ceil(1000).max(1);
-    match redis_zone::beat(lz.redis, members, node, ttl_ms).await {
-        Ok(nodes) => {
-            shared.nodes.store(nodes, Ordering::Relaxed);
-            shared.answered.store(sent, Ordering::Relaxed);
+    if regular {
+        let ttl_ms = (interval * MEMBERSHIP_INTERVALS).div_ceil(1000).max(1);
+        match redis_zone::beat(lz.redis, members, node, ttl_ms).await {
+            Ok(nodes) => {
+                shared.nodes.store(nodes, Ordering::Relaxed);
+                shared.answered.store(sent, Ordering::Relaxed);
+            }
+            Err(e) => zone.failed_doing(log(), &e, "leases not renewed until the next sync"),
         }
-        Err(e) => zone.failed_doing(log(), &e, "leases not renewed until the next sync"),
     }
-    let next = sent.saturating_add(interval);
-    let asks = collect(lz, sent, next);
+    let (asks, ends) = collect(lz, sent, next, regular);
     if !asks.is_empty() {
         let keys: Vec<LeaseKey> = asks.iter().map(|(_, k)| *k).collect();
         let calls = keys.chunks(MAX_KEYS).map(|chunk| async move {
@@ -117,9 +139,10 @@ async fn once(lz: &LeaseZone, zone: &RedisZone, members: &str, node: &str, count
         }
         apply(lz, &asks, &grants, sent);
     }
-    if lz.local {
+    if lz.local && regular {
         alone_or_not(lz, zone, now_us(), counters);
     }
+    ends
 }
 
 /// `on_error=local`: this nginx starts limiting alone once Redis has not
@@ -194,18 +217,29 @@ fn settle(lz: &LeaseZone) -> u64 {
     total
 }
 
-/// What the sync at `now` sends (the next at `next`): each record's
-/// [`Kept::sync`], which also folds in the interval's demand, for every
-/// record, asked for or not.
-fn collect(lz: &LeaseZone, now: u64, next: u64) -> Vec<([u64; 2], LeaseKey)> {
+/// What the sync at `now` sends (the next of the cadence at `next`): on
+/// the cadence (`regular`), each record's [`Kept::sync`], which also folds
+/// in the interval's demand, for every record, asked for or not; between,
+/// the records' whose leases ended. And when the first lease held ends.
+fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2], LeaseKey)>, Option<u64>) {
     let mut asks = Vec::new();
-    let Some(mut locked) = lz.table.lock() else { return asks };
+    let mut ends: Option<u64> = None;
+    let Some(mut locked) = lz.table.lock() else { return (asks, ends) };
     locked.expire((now / 1_000_000) as u32);
     let entries: Vec<_> = locked.table.live_entries().collect();
     for (slot, hash) in entries {
         let Some(words) = locked.words(slot, hash, Kept::WORDS) else { continue };
         let Some(mut kept) = Kept::read(words) else { continue };
-        if let Some(arg) = kept.sync(now, next, lz.nodes()) {
+        let arg = match regular {
+            true => kept.sync(now, next, lz.nodes()),
+            // (between two syncs of the cadence: only the keys whose leases ended)
+            false if kept.slot.ends_first().is_some_and(|e| e <= now) => kept.sync_between(now, next, lz.nodes()),
+            false => None,
+        };
+        if let Some(e) = kept.slot.ends_first() {
+            ends = Some(ends.map_or(e, |x| x.min(e)));
+        }
+        if let Some(arg) = arg {
             match lz.leasing(kept.line_id) {
                 Some(leasing) => {
                     let arg = LeaseArg { line: *leasing.line(), want: arg.want, back: arg.back, words: arg.words };
@@ -218,7 +252,7 @@ fn collect(lz: &LeaseZone, now: u64, next: u64) -> Vec<([u64; 2], LeaseKey)> {
         kept.write(words);
     }
     locked.unlock();
-    asks
+    (asks, ends)
 }
 
 /// Writes the sync's grants (sent at `sent`) into the records; a key with

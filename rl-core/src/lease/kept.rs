@@ -142,6 +142,13 @@ impl Kept {
     /// be granted nothing, and a key refused under a flood would cost
     /// Redis a call every interval).
     pub fn sync(&mut self, now: u64, next: u64, nodes: u64) -> Option<super::SyncArg> {
+        self.slot.end_interval();
+        self.sync_between(now, next, nodes)
+    }
+
+    /// [`Kept::sync`] between two syncs of the cadence, the interval's
+    /// demand not folded in yet (see [`Slot::sync_asking`]).
+    pub fn sync_between(&mut self, now: u64, next: u64, nodes: u64) -> Option<super::SyncArg> {
         let ask = next >= self.refused_until;
         self.slot.sync_asking(now, next, self.last_remaining(), nodes, ask)
     }
