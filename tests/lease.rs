@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::cutting_proxy::{Block, CuttingProxy};
 use common::redis::*;
 use common::*;
 
@@ -388,5 +389,112 @@ fn membership_follows_nginx_started_and_killed() {
     for i in [0, 2] {
         let log = nginx[i].error_log();
         assert!(log.contains("limiting locally at 1/2 of each line"), "nginx {i}: {log}");
+    }
+}
+
+/// `on_error=local` across a Redis killed (SIGKILL) and restarted: 3 nginx
+/// spend 90 of a key's 300, Redis dies, the nginx limit alone, Redis comes
+/// back (with its data, or empty), they charge it what they admitted alone,
+/// and requests go on. What the fleet admitted in all, in the one window.
+fn across_a_restart(mut redis: Redis) -> usize {
+    let conf = server(
+        &format!("rl_zone r redis={} timeout=100ms on_error=local lease=1m sync=50ms;", redis.url()),
+        "location / { rl_limit zone=r key=$http_x_k rate=300r/d burst=300 algorithm=fixed; }",
+    );
+    let nginx: Vec<Nginx> = (0..3).map(|_| Nginx::start(&conf)).collect();
+    let ports: Vec<u16> = nginx.iter().map(|n| n.port).collect();
+    let admitted = |got: &[u16]| got.iter().filter(|&&s| s == 200).count();
+    let warm = admitted(&load(&ports, "/index.html", 3, 10, Duration::from_millis(50), "k"));
+    thread::sleep(Duration::from_millis(400));
+    redis.stop();
+    thread::sleep(Duration::from_millis(500));
+    let alone = admitted(&load(&ports, "/index.html", 10, 30, Duration::from_millis(50), "k"));
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !nginx.iter().all(|n| n.error_log().contains("is back, leases resume;")) {
+        assert!(Instant::now() < deadline, "not every nginx saw Redis back");
+        thread::sleep(Duration::from_millis(50));
+    }
+    thread::sleep(Duration::from_millis(300));
+    let after = admitted(&load(&ports, "/index.html", 10, 30, Duration::from_millis(50), "k"));
+    for n in &nginx {
+        let log = n.error_log();
+        assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+    }
+    eprintln!("Redis restarted: {warm} admitted before, {alone} alone, {after} after");
+    assert_eq!(warm, 90);
+    assert!(alone <= 210, "{alone} admitted alone, beyond the 210 the line had left");
+    warm + alone + after
+}
+
+/// With its data (AOF): the window is not given twice.
+#[test]
+fn redis_restarted_with_its_data() {
+    let total = across_a_restart(Redis::with_aof());
+    assert!(total <= 300, "{total} admitted across the restart, beyond the line's 300");
+}
+
+/// Empty: Redis forgot what it held before; what the nginx admitted alone
+/// is charged to it all the same: at most twice the line in the window.
+#[test]
+fn redis_restarted_empty() {
+    let total = across_a_restart(Redis::start());
+    assert!(total <= 600, "{total} admitted across the restart, beyond twice the line's 300");
+}
+
+/// `on_error=local`, one nginx cut off from Redis (a proxy between them
+/// that loses a reply and then refuses connections for 3 s) while the
+/// others are not: it limits alone with its third, less its third of what
+/// was used; the others go on with Redis, which may give them all it has
+/// left. The fleet stays within the line and that nginx's share, and the
+/// cut-off nginx charges Redis what it admitted alone once it is back.
+#[test]
+fn one_nginx_cut_off_from_redis() {
+    let redis = Redis::start();
+    let proxy = CuttingProxy::start(redis.port);
+    let conf = |url: String| {
+        server(
+            &format!("rl_zone r redis={url} timeout=100ms on_error=local lease=1m sync=50ms;"),
+            "location / { rl_limit zone=r key=$http_x_k rate=300r/d burst=300 algorithm=fixed; }",
+        )
+    };
+    let nginx = [Nginx::start(&conf(redis.url())), Nginx::start(&conf(redis.url())), Nginx::start(&conf(proxy.url()))];
+    let ports: Vec<u16> = nginx.iter().map(|n| n.port).collect();
+    let warm = load(&ports, "/index.html", 3, 10, Duration::from_millis(50), "k");
+    assert_eq!(statuses_of(&warm), [(200, 90)].into_iter().collect());
+    thread::sleep(Duration::from_millis(400));
+    proxy.cut_every(1);
+    proxy.block_after_cut(Some((Duration::from_secs(3), Block::Refuse)));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while proxy.stats().cuts == 0 {
+        assert!(Instant::now() < deadline, "the proxy cut nothing");
+        thread::sleep(Duration::from_millis(5));
+    }
+    proxy.stop_cutting();
+    thread::sleep(Duration::from_millis(400));
+    let each: Vec<usize> = ports
+        .iter()
+        .map(|&p| {
+            let got = load(&[p], "/index.html", 5, 20, Duration::from_millis(50), "k");
+            got.iter().filter(|&&s| s == 200).count()
+        })
+        .collect();
+    let total = 90 + each.iter().sum::<usize>();
+    eprintln!("one nginx cut off: {each:?} admitted after the 90, {total} in all");
+    assert!(nginx[2].error_log().contains("lost Redis redis://"), "{}", nginx[2].error_log());
+    for n in &nginx[..2] {
+        assert!(!n.error_log().contains("lost Redis"), "{}", n.error_log());
+    }
+    // (its share: 100, less its third of the 90 used)
+    assert!(each[2] <= 70, "the cut-off nginx admitted {} alone, beyond its share", each[2]);
+    assert!(total <= 300 + 70, "{total} admitted, beyond the line and the cut-off nginx's share");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !nginx[2].error_log().contains("is back, leases resume;") {
+        assert!(Instant::now() < deadline, "the cut-off nginx never saw Redis back");
+        thread::sleep(Duration::from_millis(50));
+    }
+    for n in &nginx {
+        let log = n.error_log();
+        assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
     }
 }

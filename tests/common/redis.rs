@@ -92,6 +92,13 @@ impl Redis {
         Redis::start_with(Some(pw.to_string()), Vec::new())
     }
 
+    /// A server that keeps its data in an append-only file, synced at every
+    /// write: [`Redis::restart`] brings it back with what it held.
+    pub fn with_aof() -> Redis {
+        let extra = ["--appendonly", "yes", "--appendfsync", "always"];
+        Redis::start_with(None, extra.iter().map(|a| a.to_string()).collect())
+    }
+
     fn start_with(password: Option<String>, extra: Vec<String>) -> Redis {
         let dir = temp_dir("redis");
         for _ in 0..5 {
