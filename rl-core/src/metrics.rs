@@ -426,16 +426,22 @@ fn json_object<'a>(out: &mut String, pairs: impl IntoIterator<Item = (&'a str, u
     out.push('}');
 }
 
+/// Opens the `i`-th object of a JSON array (a comma before all but the
+/// first) with its first member, `"zone"`; the caller writes the rest.
+fn open_object(out: &mut String, i: usize, zone: &str) {
+    if i > 0 {
+        out.push(',');
+    }
+    out.push_str("{\"zone\":");
+    escape_json(zone, out);
+}
+
 /// The same numbers as [`prometheus`], as one JSON object:
 /// `{"lines":[...],"zones":[...],"redis":[...],"leases":[...]}`.
 pub fn json(s: &Snapshot, out: &mut String) {
     out.push_str("{\"lines\":[");
     for (i, l) in s.lines.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str("{\"zone\":");
-        escape_json(&l.zone, out);
+        open_object(out, i, &l.zone);
         out.push_str(",\"line\":");
         escape_json(&l.line, out);
         out.push_str(",\"requests\":");
@@ -446,11 +452,7 @@ pub fn json(s: &Snapshot, out: &mut String) {
     }
     out.push_str("],\"zones\":[");
     for (i, z) in s.shm.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str("{\"zone\":");
-        escape_json(&z.zone, out);
+        open_object(out, i, &z.zone);
         let _ = write!(
             out,
             ",\"keys\":{},\"capacity_keys\":{},\"size_bytes\":{},\"bytes_used\":{},\"evictions\":",
@@ -461,11 +463,7 @@ pub fn json(s: &Snapshot, out: &mut String) {
     }
     out.push_str("],\"redis\":[");
     for (i, z) in s.redis.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str("{\"zone\":");
-        escape_json(&z.zone, out);
+        open_object(out, i, &z.zone);
         let _ = write!(
             out,
             ",\"calls\":{},\"call_requests\":{},\"call_duration_seconds\":{{\"buckets\":{{",
@@ -505,11 +503,7 @@ pub fn json(s: &Snapshot, out: &mut String) {
     }
     out.push_str("],\"leases\":[");
     for (i, z) in s.leases.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str("{\"zone\":");
-        escape_json(&z.zone, out);
+        open_object(out, i, &z.zone);
         let _ = write!(
             out,
             ",\"syncs\":{},\"sync_failures\":{},\"sync_duration_seconds\":{{\"sum\":{},\"count\":{}}},\"keys_synced\":{},\
