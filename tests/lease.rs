@@ -498,3 +498,33 @@ fn one_nginx_cut_off_from_redis() {
         assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
     }
 }
+
+/// A Redis user with the README's least-privilege ACL and what lease mode
+/// adds to it (the heartbeat's sorted set): leases are granted, no sync
+/// fails.
+#[test]
+fn least_privilege_acl_user_in_lease_mode() {
+    let redis = Redis::start();
+    let acl = "on >acl-pw ~rl:* +fcall +function|load +evalsha +eval +time +mget +get +set +setrange +del +llen \
+               +lindex +lpush +ltrim +lrem +pexpire +select +zadd +zremrangebyscore +zcard";
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("a zone in lease mode also needs `+zadd +zremrangebyscore +zcard`"),
+        "the README says otherwise"
+    );
+    let mut args = vec!["ACL", "SETUSER", "nginx"];
+    args.extend(acl.split_whitespace());
+    assert_eq!(redis.cli(&args), "OK");
+    let ngx = Nginx::start(&server(
+        &format!("rl_zone r redis=redis://nginx:acl-pw@127.0.0.1:{}/1 timeout=1s lease=1m sync=50ms;", redis.port),
+        "location / { rl_limit zone=r key=$http_x_k rate=100r/d burst=100 algorithm=fixed; }",
+    ));
+    let got = load(&[ngx.port], "/index.html", 4, 10, Duration::from_millis(50), "k");
+    assert_eq!(statuses_of(&got), [(200, 40)].into_iter().collect());
+    thread::sleep(Duration::from_millis(200));
+    let members = redis.cli(&["-n", "1", "ZCARD", "rl:{nodes}:r"]);
+    assert_eq!(members, "1", "the heartbeat counted this nginx");
+    let log = ngx.error_log();
+    assert!(failed_lines(&log, "r").is_empty(), "{:?}", failed_lines(&log, "r"));
+}
