@@ -14,17 +14,6 @@ use common::cutting_proxy::{Block, CuttingProxy};
 use common::redis::*;
 use common::*;
 
-/// `redis-cli INFO commandstats`: the calls of `command` (lower case) so far.
-fn calls_of(redis: &Redis, command: &str) -> u64 {
-    let info = redis.cli(&["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.trim().strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Requests for `path` on every nginx of `ports` at once, `per_round` a round on each,
 /// one round every `gap` for `rounds` rounds (open loop: a round does not
 /// wait for the last): the statuses of all.
@@ -69,7 +58,7 @@ fn fleet_one_key(alg: &str) {
     let admitted = got.iter().filter(|&&s| s == 200).count();
     let refused = got.iter().filter(|&&s| s == 429).count();
     let logs: String = nginx.iter().map(|n| n.error_log()).collect();
-    let fcalls = calls_of(&redis, "fcall") + calls_of(&redis, "evalsha") + calls_of(&redis, "eval");
+    let fcalls = redis.calls("fcall") + redis.calls("evalsha") + redis.calls("eval");
     eprintln!("algorithm={alg}: {admitted} admitted, {refused} refused, {fcalls} script calls");
     assert_eq!(admitted + refused, got.len(), "algorithm={alg}: other statuses: {:?}", statuses_of(&got));
     assert!(admitted <= 600, "algorithm={alg}: {admitted} admitted, above the line's 600");
