@@ -22,7 +22,7 @@ use rl_core::redis::{LeaseArg, LeaseGrant};
 use super::LeaseZone;
 use crate::metrics::store::{lease_slot, LeaseSlot};
 use crate::redis_zone::{self, JobLine, LeaseKey, RedisError, RedisZone};
-use crate::shm::now_us;
+use crate::shm::{now_us, Locked};
 
 /// Keys per lease call at most: a larger sync goes in several calls
 /// (pipelined on the zone's connection), so that no call runs long in
@@ -186,16 +186,12 @@ fn alone_or_not(lz: &LeaseZone, zone: &RedisZone, now: u64, counters: Option<&Le
 fn settle(lz: &LeaseZone) -> u64 {
     let mut owed = Vec::new();
     if let Some(mut locked) = lz.table.lock() {
-        let entries: Vec<_> = locked.table.live_entries().collect();
-        for (slot, hash) in entries {
-            let Some(words) = locked.words(slot, hash, Kept::WORDS) else { continue };
-            let Some(mut kept) = Kept::read(words) else { continue };
+        each_kept(&mut locked, |_, kept| {
             if kept.owed > 0 {
                 owed.push((kept.tag, kept.line_id, kept.owed));
                 kept.owed = 0;
-                kept.write(words);
             }
-        }
+        });
         locked.unlock();
     }
     let mut total: u64 = 0;
@@ -226,10 +222,7 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
     let mut ends: Option<u64> = None;
     let Some(mut locked) = lz.table.lock() else { return (asks, ends) };
     locked.expire((now / 1_000_000) as u32);
-    let entries: Vec<_> = locked.table.live_entries().collect();
-    for (slot, hash) in entries {
-        let Some(words) = locked.words(slot, hash, Kept::WORDS) else { continue };
-        let Some(mut kept) = Kept::read(words) else { continue };
+    each_kept(&mut locked, |hash, kept| {
         let arg = match regular {
             true => kept.sync(now, next, lz.nodes()),
             // (between two syncs of the cadence: only the keys whose leases ended)
@@ -249,10 +242,21 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
                 None => kept.slot.unanswered(),
             }
         }
-        kept.write(words);
-    }
+    });
     locked.unlock();
     (asks, ends)
+}
+
+/// Runs `f` on every record of the locked lease zone (with its key's
+/// hash), each read from its words and written back.
+fn each_kept(locked: &mut Locked, mut f: impl FnMut([u64; 2], &mut Kept)) {
+    let entries: Vec<_> = locked.table.live_entries().collect();
+    for (slot, hash) in entries {
+        let Some(words) = locked.words(slot, hash, Kept::WORDS) else { continue };
+        let Some(mut kept) = Kept::read(words) else { continue };
+        f(hash, &mut kept);
+        kept.write(words);
+    }
 }
 
 /// Writes the sync's grants (sent at `sent`) into the records; a key with
