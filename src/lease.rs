@@ -224,11 +224,12 @@ pub fn put_back(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut n
 }
 
 /// Learns from Redis' replies for the request's lines in lease mode that
-/// Redis decided (the leases did not hold them): what the line has left,
-/// and when a lone request passes again if it refused one. Their
-/// `remaining` becomes this nginx's view, as for a request a lease held:
-/// Redis' and what its leases hold.
-pub fn learn(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, log: *mut ngx_log_t) {
+/// Redis decided (the leases did not hold them) in a call it ran at `at`
+/// (its clock): what the line has left, and when a lone request passes
+/// again if it refused one. Their `remaining` becomes this nginx's view,
+/// as for a request a lease held: what Redis said last and what the
+/// leases hold.
+pub fn learn(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, at: u64, log: *mut ngx_log_t) {
     let now = now_us();
     for (line, res) in ctx.staged_mut(lines) {
         let Some((z, _)) = line.lease.filter(|_| res.active && !res.leased && line.backend.redis() == Some(redis))
@@ -237,15 +238,17 @@ pub fn learn(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, 
         };
         let Some(lz) = leases.get(z) else { continue };
         let (o, cost) = (*res.outcome(), res.cost);
-        let held = with_kept(lz, line, res.key.as_bytes(), now, log, |k| {
+        let view = with_kept(lz, line, res.key.as_bytes(), now, log, |k| {
             match o.admitted {
-                true => k.seen(now, o.remaining, o.reset_us),
-                false => k.refused(now, cost, o.retry_after_us, o.reset_us),
+                true => k.seen(now, at, o.remaining, o.reset_us),
+                false => k.refused(now, at, cost, o.retry_after_us, o.reset_us),
             }
-            k.slot.left(now)
+            (k.remaining, k.slot.left(now))
         });
-        // What the line has left, as this nginx sees it: Redis' and what its leases hold.
-        res.decision.outcome.remaining = o.remaining.saturating_add(held.unwrap_or(0));
+        // (a refusal's `remaining` is Redis' own: what Redis said last may be older)
+        let (said, held) = view.unwrap_or((o.remaining, 0));
+        let said = if o.admitted { said } else { o.remaining };
+        res.decision.outcome.remaining = said.saturating_add(held);
     }
 }
 

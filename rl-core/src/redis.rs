@@ -587,6 +587,8 @@ pub struct LeaseGrant {
     pub reset_us: u64,
     /// The units given back were taken back.
     pub taken_back: bool,
+    /// When Redis ran the call (µs of its clock).
+    pub at_us: u64,
 }
 
 /// Integers per key in the lease call's reply.
@@ -600,6 +602,7 @@ pub fn parse_lease_reply(reply: &[i64], keys: usize) -> Option<(u64, Vec<LeaseGr
         return None;
     }
     let n = |v: i64| u64::try_from(v).ok();
+    let at_us = n(now_us)?;
     let grants = rest
         .chunks_exact(LEASE_REPLY_PER_KEY)
         .map(|c| {
@@ -614,10 +617,11 @@ pub fn parse_lease_reply(reply: &[i64], keys: usize) -> Option<(u64, Vec<LeaseGr
                     1 => true,
                     _ => return None,
                 },
+                at_us,
             })
         })
         .collect::<Option<Vec<_>>>()?;
-    Some((n(now_us)?, grants))
+    Some((at_us, grants))
 }
 
 /// One request's lines' outcomes (inline up to two lines: no allocation for
@@ -625,8 +629,10 @@ pub fn parse_lease_reply(reply: &[i64], keys: usize) -> Option<(u64, Vec<LeaseGr
 pub type Lines = SmallVec<[Outcome; 2]>;
 
 /// One request's outcome: admitted (every enforced line admits it, see
-/// [`crate::verdict::combine`]), and each line's outcome.
-pub type RequestReply = (bool, Lines);
+/// [`crate::verdict::combine`]), each line's outcome, and when Redis ran
+/// the call (µs of its clock; 0 when its lines took calls to several
+/// nodes).
+pub type RequestReply = (bool, Lines, u64);
 
 /// Integers per line in the script's reply.
 pub const REPLY_PER_LINE: usize = 5;
@@ -729,7 +735,7 @@ pub fn parse_reply<S: Shape>(reply: &[i64], requests: &[S]) -> Option<ScriptRepl
             })
             .collect::<Option<Lines>>()?;
         let decision = crate::verdict::combine(lines.iter().enumerate().map(|(i, o)| (o, shape.dry_run(i))));
-        out.push((decision.admitted, lines));
+        out.push((decision.admitted, lines, now_us));
     }
     if !rest.is_empty() {
         return None;

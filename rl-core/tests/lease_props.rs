@@ -542,6 +542,7 @@ fn through_words(slot: Slot) -> Slot {
         line_id: 9,
         remaining: 3,
         full_at: 5,
+        heard_at: 31,
         refused_until: 11,
         local: [13, 17, 19],
         local_since: 23,
@@ -569,7 +570,15 @@ fn a_kept_key_by_hand() {
     k.decide(120, 1);
     k.decide(130, 1);
     assert!(k.slot.sync(200, 300, 1000, 1).is_some());
-    let g = LeaseGrant { units: 2, words: (1, 2), life_us: 500, remaining: 40, reset_us: 1000, taken_back: false };
+    let g = LeaseGrant {
+        units: 2,
+        words: (1, 2),
+        life_us: 500,
+        remaining: 40,
+        reset_us: 1000,
+        taken_back: false,
+        at_us: 0,
+    };
     k.granted(200, &g);
     let spent = match k.decide(250, 1) {
         Local::Spent { spent, remaining, reset_us } => {
@@ -581,9 +590,9 @@ fn a_kept_key_by_hand() {
     k.slot.put_back(spent, 1);
     assert_eq!(k.slot.left(260), 2, "the refused request's unit is back");
     assert_eq!(k.decide(260, 3), Local::Ask, "more than the lease holds");
-    k.refused(260, 3, Some(100), 800);
+    k.refused(260, 0, 3, Some(100), 800);
     assert_eq!(k.refused_until, 0, "a costlier refusal says nothing of a lone request");
-    k.refused(260, 1, Some(640), 800);
+    k.refused(260, 0, 1, Some(640), 800);
     assert!(matches!(k.decide(270, 1), Local::Spent { .. }), "the lease first");
     k.decide(280, 1);
     assert_eq!(k.decide(300, 1), Local::Refused { retry_after_us: 600, reset_us: 760 });
@@ -591,6 +600,62 @@ fn a_kept_key_by_hand() {
     let mut w = vec![0; Kept::WORDS + 2];
     k.write(&mut w);
     assert_eq!(Kept::read(&w), Some(k));
+}
+
+/// Replies of calls that crossed come back in either order; what the
+/// node reports follows the call Redis ran last. A grant of 12 (Redis
+/// left with 35) and a request Redis decided (left with 34), run in that
+/// order: the node's view is 34 and the lease's 12 whichever reply comes
+/// first; run the other way round (the request leaves 47, the grant 35),
+/// 35 and 12. Until the grant's reply comes, the node does not know its
+/// units: the request's view then is Redis' alone.
+#[test]
+fn crossed_replies_keep_the_later_view() {
+    let grant = |remaining, at_us| LeaseGrant {
+        units: 12,
+        words: (1, 1),
+        life_us: 1_000,
+        remaining,
+        reset_us: 900,
+        taken_back: false,
+        at_us,
+    };
+    let view = |k: &Kept| k.remaining + k.slot.left(150);
+    let fresh = || {
+        let mut k = Kept::default();
+        for t in 0..8 {
+            k.decide(t, 1);
+        }
+        assert!(k.sync(100, 200, 1).is_some());
+        k
+    };
+    // The grant ran first (at 9,005,000), then the request (9,005,010).
+    let mut k = fresh();
+    k.seen(110, 9_005_010, 34, 900);
+    assert_eq!(view(&k), 34, "the grant not back yet: Redis' view alone");
+    k.granted(100, &grant(35, 9_005_000));
+    assert_eq!(view(&k), 46, "the request's reply is the later: 34 and the lease's 12");
+    let mut k = fresh();
+    k.granted(100, &grant(35, 9_005_000));
+    k.seen(110, 9_005_010, 34, 900);
+    assert_eq!(view(&k), 46);
+    // The request ran first (9,005,000), then the grant (9,005,010).
+    let mut k = fresh();
+    k.granted(100, &grant(35, 9_005_010));
+    k.seen(110, 9_005_000, 47, 900);
+    assert_eq!(view(&k), 47, "the request's reply is the older: the grant's 35 and 12, not 47 and 12");
+    let mut k = fresh();
+    k.seen(110, 9_005_000, 47, 900);
+    k.granted(100, &grant(35, 9_005_010));
+    assert_eq!(view(&k), 47);
+    // Redis' clock stepped back by more than calls can cross: news.
+    k.seen(120, 1_000, 20, 900);
+    assert_eq!(view(&k), 32, "a reply a whole second older than the last is not one that crossed it");
+    // A refusal, older than the grant: lone requests are still refused, the view is the grant's.
+    let mut k = fresh();
+    k.granted(100, &grant(0, 9_005_010));
+    k.refused(110, 9_005_000, 1, Some(300), 900);
+    assert_eq!((k.remaining, k.refused_until), (0, 410));
 }
 
 /// A slot asks for what its leases lack to last the next interval and
@@ -636,10 +701,10 @@ fn a_refused_key_asks_for_nothing() {
     assert!(k.sync(100, 200, 1).is_some_and(|a| a.want > 0));
     k.granted(
         100,
-        &LeaseGrant { units: 2, words: (4, 4), life_us: 150, remaining: 0, reset_us: 900, taken_back: false },
+        &LeaseGrant { units: 2, words: (4, 4), life_us: 150, remaining: 0, reset_us: 900, taken_back: false, at_us: 0 },
     );
     assert!(matches!(k.decide(110, 1), Local::Spent { .. }));
-    k.refused(120, 1, Some(500), 900);
+    k.refused(120, 0, 1, Some(500), 900);
     for t in 0..8 {
         // (more than the lease's last unit: refused, the unit left to go back)
         assert!(matches!(k.decide(130 + t, 2), Local::Refused { .. }));
@@ -665,7 +730,15 @@ fn a_refused_key_asks_for_nothing() {
 fn a_key_alone_while_redis_is_gone() {
     let line = Limit::new(Algorithm::Fixed, Rate { count: 30, period_us: 1_000_000 }, 30).unwrap();
     let third = share(&line, 3);
-    let grant = LeaseGrant { units: 0, words: (0, 0), life_us: 0, remaining: 12, reset_us: 500_000, taken_back: false };
+    let grant = LeaseGrant {
+        units: 0,
+        words: (0, 0),
+        life_us: 0,
+        remaining: 12,
+        reset_us: 500_000,
+        taken_back: false,
+        at_us: 0,
+    };
     let mut admitted = 0;
     for _ in 0..3 {
         let mut k = Kept::default();
@@ -703,7 +776,7 @@ fn a_lease_ends_with_its_window_between_syncs() {
     // The window ends at 150.
     k.granted(
         100,
-        &LeaseGrant { units: 3, words: (5, 5), life_us: 50, remaining: 90, reset_us: 50, taken_back: false },
+        &LeaseGrant { units: 3, words: (5, 5), life_us: 50, remaining: 90, reset_us: 50, taken_back: false, at_us: 0 },
     );
     assert_eq!(k.slot.ends_first(), Some(150));
     assert!(matches!(k.decide(120, 1), Local::Spent { .. }));
@@ -713,7 +786,7 @@ fn a_lease_ends_with_its_window_between_syncs() {
     assert_eq!(k.slot.ends_first(), None);
     k.granted(
         151,
-        &LeaseGrant { units: 3, words: (6, 6), life_us: 150, remaining: 90, reset_us: 150, taken_back: true },
+        &LeaseGrant { units: 3, words: (6, 6), life_us: 150, remaining: 90, reset_us: 150, taken_back: true, at_us: 0 },
     );
     // At the next sync of the cadence the interval's demand (2) is folded in.
     assert_eq!(k.sync(200, 300, 1), None, "3 held, to last past 300: enough for an estimate of 2");

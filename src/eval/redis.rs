@@ -154,8 +154,9 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
     let Some(zone) = mcf.redis.get(reply.zone) else { return };
     let ask = Ask::of(req);
     ctx.awaited &= !(1 << reply.zone);
+    let at = reply.result.as_ref().map_or(0, |(_, _, at)| *at);
     match reply.result {
-        Ok((all, outcomes)) => {
+        Ok((all, outcomes, _)) => {
             for ((line, res), o) in on_zone(ctx, &mcf.lines, reply.zone, ask).zip(outcomes) {
                 // A line is charged iff the request's enforced lines admit it and so does the
                 // line (rl-core's Decision::charges); a read charges nothing, nor does a
@@ -166,7 +167,7 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
         Err(e) => failed(req.log(), mcf, ctx, reply.zone, zone, &e, ask),
     }
     if ask == Ask::Decide && !mcf.leases.is_empty() {
-        lease::learn(&mcf.leases, &mcf.lines, ctx, reply.zone, req.log());
+        lease::learn(&mcf.leases, &mcf.lines, ctx, reply.zone, at, req.log());
     }
     if ctx.reply_in() {
         redis_zone::resume(r);

@@ -44,7 +44,7 @@ impl ZoneConn {
             async move {
                 let committed = Cell::new(0);
                 let r = self.retrying(deadline, |conn| self.run_job(conn, code, job, until, ids, &committed)).await;
-                if !matches!(r, Ok((true, _))) || fate.answered.get() {
+                if !matches!(r, Ok((true, ..))) || fate.answered.get() {
                     undo_groups(job, ids, committed.get(), fate);
                 }
                 r
@@ -98,13 +98,13 @@ impl ZoneConn {
             let results = futures_util::future::join_all(calls).await;
             if commit {
                 let applied = results.iter().enumerate().filter(|(_, r)| match r {
-                    Ok((ok, _)) => *ok,
+                    Ok((ok, ..)) => *ok,
                     Err(e) => !e.not_applied(),
                 });
                 committed.set(applied.fold(committed.get(), |m, (n, _)| m | group_bit(n)));
             }
             for (g, r) in groups.iter().zip(results) {
-                let (ok, res) = r?;
+                let (ok, res, _) = r?;
                 all &= ok;
                 for (i, l) in g.iter().zip(res) {
                     lines[*i] = l;
@@ -114,7 +114,8 @@ impl ZoneConn {
                 break;
             }
         }
-        Ok((all, lines))
+        // (Redis ran its lines in several calls: when is not one time)
+        Ok((all, lines, 0))
     }
 }
 

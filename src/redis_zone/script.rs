@@ -128,7 +128,7 @@ pub async fn call(
         ScriptReply::Done { requests, .. } => requests,
         ScriptReply::Late { .. } => return Err(RedisError::Late),
     };
-    for (lines, (_, outcomes)) in requests.iter().zip(&replies) {
+    for (lines, (_, outcomes, _)) in requests.iter().zip(&replies) {
         for (line, outcome) in lines.iter().zip(outcomes) {
             check_line(&line.limit, line.cost, outcome, line.deepest_queue)
                 .map_err(|e| RedisError::Malformed(e.to_string()))?;

@@ -306,7 +306,7 @@ impl ZoneConn {
         let result = self.retrying(deadline, |conn| call(conn, via, &self.spec.prefix, &requests, commit, id)).await;
         if let Some(id) = id {
             let taken_back = match &result {
-                Ok(replies) => fate.answered.get() && replies.iter().any(|(admitted, _)| *admitted),
+                Ok(replies) => fate.answered.get() && replies.iter().any(|(admitted, ..)| *admitted),
                 Err(e) => !e.not_applied(),
             };
             if taken_back {

@@ -16,10 +16,15 @@ pub struct Kept {
     /// The Redis state key's parts: the client key's tag and the line id.
     pub tag: u64,
     pub line_id: u64,
-    /// What the line had left at once after the last grant, and when (on
-    /// the node's clock) it is back to full, as that grant saw it.
+    /// What the line had left at once when Redis last said (a grant, or
+    /// a reply to a request the leases did not hold), and when (on the
+    /// node's clock) it is back to full, as Redis saw it then; and when
+    /// that was on Redis' clock, which orders what the node hears: the
+    /// replies of two calls that crossed (a sync's and a request's) may
+    /// come back in either order, and only the later call's view holds.
     pub remaining: u64,
     pub full_at: u64,
+    pub heard_at: u64,
     /// Until when a lone request is refused without asking: Redis refused
     /// one, and said when one would pass.
     pub refused_until: u64,
@@ -47,7 +52,7 @@ pub enum Local {
 
 impl Kept {
     /// Words a [`Kept`] takes.
-    pub const WORDS: usize = 3 * HELD_WORDS + 3 + 5 + 5;
+    pub const WORDS: usize = 3 * HELD_WORDS + 3 + 6 + 5;
 
     /// The kept record of the words (zeroes: a key with nothing kept);
     /// `None` if they are too few.
@@ -71,10 +76,11 @@ impl Kept {
             line_id: w[s + 4],
             remaining: w[s + 5],
             full_at: w[s + 6],
-            refused_until: w[s + 7],
-            local: [w[s + 8], w[s + 9], w[s + 10]],
-            local_since: w[s + 11],
-            owed: w[s + 12],
+            heard_at: w[s + 7],
+            refused_until: w[s + 8],
+            local: [w[s + 9], w[s + 10], w[s + 11]],
+            local_since: w[s + 12],
+            owed: w[s + 13],
         })
     }
 
@@ -94,6 +100,7 @@ impl Kept {
             self.line_id,
             self.remaining,
             self.full_at,
+            self.heard_at,
             self.refused_until,
             self.local[0],
             self.local[1],
@@ -120,20 +127,20 @@ impl Kept {
         Local::Ask
     }
 
-    /// Redis refused a request of `cost` at `now` that the leases did not
-    /// hold, a lone one passing `retry_after_us` later (`None`: never),
-    /// the line full `reset_us` later: lone requests are refused here
-    /// until then. Only a request of one unit says when a lone request
-    /// passes; a costlier one teaches nothing.
-    pub fn refused(&mut self, now: u64, cost: u64, retry_after_us: Option<u64>, reset_us: u64) {
+    /// Redis refused at `at` (its clock) a request of `cost` that the
+    /// leases did not hold, answered at `now`, a lone one passing
+    /// `retry_after_us` later (`None`: never), the line full `reset_us`
+    /// later: lone requests are refused here until then. Only a request
+    /// of one unit says when a lone request passes; a costlier one
+    /// teaches nothing.
+    pub fn refused(&mut self, now: u64, at: u64, cost: u64, retry_after_us: Option<u64>, reset_us: u64) {
         if cost != 1 {
             return;
         }
         // (never: a line whose burst is below one unit, which nginx -t refuses)
         let wait = retry_after_us.unwrap_or(reset_us);
         self.refused_until = now.saturating_add(wait);
-        self.remaining = 0;
-        self.full_at = now.saturating_add(reset_us);
+        self.heard(at, 0, now.saturating_add(reset_us));
     }
 
     /// What the sync at `now` sends for the key, the next at `next`, with
@@ -197,12 +204,32 @@ impl Kept {
         d.outcome
     }
 
-    /// Redis admitted at `now` a request the leases did not hold, the
-    /// line left with `remaining` at once and full `reset_us` later.
-    pub fn seen(&mut self, now: u64, remaining: u64, reset_us: u64) {
-        self.remaining = remaining;
-        self.full_at = now.saturating_add(reset_us);
+    /// Redis admitted at `at` (its clock) a request the leases did not
+    /// hold, answered at `now`, the line left with `remaining` at once and
+    /// full `reset_us` later.
+    pub fn seen(&mut self, now: u64, at: u64, remaining: u64, reset_us: u64) {
+        self.heard(at, remaining, now.saturating_add(reset_us));
         self.refused_until = 0;
+    }
+
+    /// What the node knows of the line, and so what it reports, once
+    /// Redis said at `at` (its clock; 0: unknown, taken as the latest)
+    /// that the line has `remaining` at once, full at `full_at`: unless
+    /// Redis said something later already (a grant ran after the request
+    /// whose reply comes now, or the other way round), which holds then.
+    /// What the line has left, as the node sees it, is then this plus
+    /// what its leases hold, but while a grant Redis made before `at` has
+    /// not come back: those units are the node's, yet not known to it.
+    fn heard(&mut self, at: u64, remaining: u64, full_at: u64) {
+        if at != 0 && at < self.heard_at && self.heard_at - at <= CROSSING_US {
+            return;
+        }
+        self.remaining = remaining;
+        self.full_at = full_at;
+        self.heard_at = match at {
+            0 => self.heard_at,
+            _ => at,
+        };
     }
 
     /// What the line had left at once when last heard of: as much as may
@@ -218,13 +245,18 @@ impl Kept {
     /// and what it says of the line.
     pub fn granted(&mut self, sent: u64, g: &LeaseGrant) {
         self.slot.granted(sent, g.units, g.words, g.life_us);
-        self.remaining = g.remaining;
-        self.full_at = sent.saturating_add(g.reset_us);
+        self.heard(g.at_us, g.remaining, sent.saturating_add(g.reset_us));
         if g.units > 0 {
             self.refused_until = 0;
         }
     }
 }
+
+/// How much earlier than the last word heard a reply may say Redis ran
+/// its call, and be taken for one that crossed it (and so be older): more,
+/// and Redis' clock stepped back (a restart, a failover to another host),
+/// and the reply is news.
+const CROSSING_US: u64 = 1_000_000;
 
 /// Words of a [`Held`].
 const HELD_WORDS: usize = 5;

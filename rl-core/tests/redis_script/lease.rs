@@ -83,6 +83,7 @@ impl Both {
                 remaining: left.remaining,
                 reset_us: left.reset_us,
                 taken_back: g.taken_back,
+                at_us: now,
             };
             assert_eq!(*g, want, "key {i} at {now}: the script's grant, the model's");
             out.push(Held { lease, words: g.words });
