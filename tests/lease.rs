@@ -146,6 +146,104 @@ fn refused_by_another_line_keeps_the_lease() {
     assert!(crash_lines(&log).is_empty() && failed_lines(&log, "l").is_empty(), "{log}");
 }
 
+/// What each nginx reports is within the README's bound of the fleet's
+/// view. 3 nginx, one key with a line of 600 for the day, 900 requests
+/// over three seconds taken in turn by the nginx (open loop). The fleet's
+/// `remaining` at a request's decision is what the line will still admit:
+/// 600 less what was admitted before (no unit is lost in this run but
+/// what leases give back). For each admitted request of an nginx, its
+/// `X-RateLimit-Remaining` is above that by no more than what the other
+/// nginx admitted within a lease's life (sync + timeout) before it, and
+/// below it by no more than what they admitted within a lease's life after
+/// it (what they held then) and what leases gave back.
+#[test]
+fn what_each_nginx_reports_is_within_its_bound() {
+    let (line, life_us) = (600u64, 300_000u64);
+    let redis = Redis::start();
+    let conf = server(
+        &format!("rl_zone r redis={} timeout=250ms lease=1m sync=50ms;", redis.url()),
+        &format!(
+            "location / {{ rl_limit zone=r key=$http_x_k rate={line}r/d burst={line} algorithm=fixed; }}\n\
+             location = /metrics {{ rl_metrics; }}"
+        ),
+    );
+    let nginx: Vec<Nginx> = (0..3).map(|_| Nginx::start(&conf)).collect();
+    let ports: Vec<u16> = nginx.iter().map(|n| n.port).collect();
+    // (node, sent, answered, admitted, remaining)
+    type Seen = (usize, u64, u64, bool, Option<u64>);
+    let got: Arc<Mutex<Vec<Seen>>> = Arc::new(Mutex::new(Vec::new()));
+    let plan = Arc::new(Mutex::new((0..900usize).rev().collect::<Vec<_>>()));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..24)
+        .map(|_| {
+            let (plan, got, ports) = (plan.clone(), got.clone(), ports.clone());
+            thread::spawn(move || loop {
+                let Some(n) = plan.lock().unwrap().pop() else { return };
+                if let Some(wait) =
+                    (start + Duration::from_micros(n as u64 * 3333)).checked_duration_since(Instant::now())
+                {
+                    thread::sleep(wait);
+                }
+                let sent = wall_us();
+                let r = get(ports[n % 3], "/index.html", &[("X-K", "h")]);
+                let answered = wall_us();
+                let remaining: Option<u64> = r.header("X-RateLimit-Remaining").and_then(|v| v.parse().ok());
+                got.lock().unwrap().push((n % 3, sent, answered, r.status == 200, remaining));
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let got = got.lock().unwrap().clone();
+    let returned: u64 = ports
+        .iter()
+        .map(|&p| {
+            let m = get(p, "/metrics", &[]).body;
+            m.lines()
+                .find_map(|l| l.strip_prefix("nginx_rl_lease_units_returned_total{zone=\"r\"} "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no units returned in {m}"))
+        })
+        .sum();
+    let admitted: Vec<_> = got.iter().filter(|g| g.3).collect();
+    assert!(admitted.len() as u64 <= line, "{} admitted of {line}", admitted.len());
+    assert!(admitted.len() as u64 >= line * 95 / 100, "{} admitted of {line}", admitted.len());
+    let (mut worst_over, mut worst_under, mut most_above, mut most_below) = (i64::MIN, i64::MIN, 0, 0);
+    for &&(node, sent, answered, _, remaining) in &admitted {
+        let v = remaining.expect("an admitted request reports what is left") as i64;
+        let count = |f: &dyn Fn(&&Seen) -> bool| admitted.iter().filter(|g| f(g)).count() as i64;
+        // The fleet's view just after the decision, at least and at most (this request counted).
+        let fleet_least = line as i64 - count(&|g| g.1 < answered);
+        let fleet_most = line as i64 - count(&|g| g.2 < sent) - 1;
+        let others_before = count(&|g| g.0 != node && g.2 + life_us > sent && g.1 < answered);
+        let others_after = count(&|g| g.0 != node && g.2 > sent && g.1 < answered + life_us);
+        let over = v - fleet_least - others_before;
+        let under = fleet_most - v - others_after - 2 * returned as i64;
+        worst_over = worst_over.max(over);
+        worst_under = worst_under.max(under);
+        most_above = most_above.max(v - fleet_least);
+        most_below = most_below.max(fleet_most - v);
+        assert!(
+            over <= 0,
+            "nginx {node} said {v} left at {sent}..{answered}; the fleet had at most {fleet_least} \
+             and the others admitted {others_before} in a lease's life before"
+        );
+        assert!(
+            under <= 0,
+            "nginx {node} said {v} left at {sent}..{answered}; the fleet had at least {fleet_most}, \
+             the others admitted {others_after} in a lease's life after and leases gave back {returned}"
+        );
+    }
+    eprintln!(
+        "{} admitted; reported above the fleet's by {most_above} at most, below by {most_below}; \
+         the closest to the bounds (0: on them): over {worst_over}, under {worst_under} ({returned} units given back)",
+        admitted.len()
+    );
+    let logs: String = nginx.iter().map(|n| n.error_log()).collect();
+    assert!(crash_lines(&logs).is_empty() && failed_lines(&logs, "r").is_empty(), "{logs}");
+}
+
 /// The leases nginx on `port` has been granted (its zone `l`).
 fn grants(port: u16) -> u64 {
     let body = get(port, "/metrics", &[]).body;
