@@ -160,15 +160,7 @@ fn refused_by_another_line_keeps_the_lease() {
 fn what_each_nginx_reports_is_within_its_bound() {
     let (line, life_us) = (600u64, 300_000u64);
     let redis = Redis::start();
-    let conf = server(
-        &format!("rl_zone r redis={} timeout=250ms lease=1m sync=50ms;", redis.url()),
-        &format!(
-            "location / {{ rl_limit zone=r key=$http_x_k rate={line}r/d burst={line} algorithm=fixed; }}\n\
-             location = /metrics {{ rl_metrics; }}"
-        ),
-    );
-    let nginx: Vec<Nginx> = (0..3).map(|_| Nginx::start(&conf)).collect();
-    let ports: Vec<u16> = nginx.iter().map(|n| n.port).collect();
+    let (nginx, ports) = leased_fleet(&redis.url(), 3, &format!("rate={line}r/d burst={line} algorithm=fixed"));
     // (node, sent, answered, admitted, remaining)
     type Seen = (usize, u64, u64, bool, Option<u64>);
     let got: Arc<Mutex<Vec<Seen>>> = Arc::new(Mutex::new(Vec::new()));
@@ -196,16 +188,7 @@ fn what_each_nginx_reports_is_within_its_bound() {
         t.join().unwrap();
     }
     let got = got.lock().unwrap().clone();
-    let returned: u64 = ports
-        .iter()
-        .map(|&p| {
-            let m = get(p, "/metrics", &[]).body;
-            m.lines()
-                .find_map(|l| l.strip_prefix("nginx_rl_lease_units_returned_total{zone=\"r\"} "))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or_else(|| panic!("no units returned in {m}"))
-        })
-        .sum();
+    let returned: u64 = ports.iter().map(|&p| metric(p, "nginx_rl_lease_units_returned_total", "r")).sum();
     let admitted: Vec<_> = got.iter().filter(|g| g.3).collect();
     assert!(admitted.len() as u64 <= line, "{} admitted of {line}", admitted.len());
     assert!(admitted.len() as u64 >= line * 95 / 100, "{} admitted of {line}", admitted.len());
@@ -244,13 +227,36 @@ fn what_each_nginx_reports_is_within_its_bound() {
     assert!(crash_lines(&logs).is_empty() && failed_lines(&logs, "r").is_empty(), "{logs}");
 }
 
+/// `n` nginx on Redis `url`, zone `r` in lease mode (`sync=50ms`, a
+/// lease life of 300 ms with the timeout), `/` limited by a line of
+/// `limit` on the `X-K` header, `/metrics` the metrics: the nginx and
+/// their ports.
+fn leased_fleet(url: &str, n: usize, limit: &str) -> (Vec<Nginx>, Vec<u16>) {
+    let conf = server(
+        &format!("rl_zone r redis={url} timeout=250ms lease=1m sync=50ms;"),
+        &format!(
+            "location / {{ rl_limit zone=r key=$http_x_k {limit}; }}\n\
+             location = /metrics {{ rl_metrics; }}"
+        ),
+    );
+    let nginx: Vec<Nginx> = (0..n).map(|_| Nginx::start(&conf)).collect();
+    let ports = nginx.iter().map(|n| n.port).collect();
+    (nginx, ports)
+}
+
 /// The leases nginx on `port` has been granted (its zone `l`).
 fn grants(port: u16) -> u64 {
+    metric(port, "nginx_rl_leases_granted_total", "l")
+}
+
+/// The value of the metric `name` of zone `zone` of nginx on `port`.
+fn metric(port: u16, name: &str, zone: &str) -> u64 {
     let body = get(port, "/metrics", &[]).body;
+    let series = format!("{name}{{zone=\"{zone}\"}} ");
     body.lines()
-        .find_map(|l| l.strip_prefix("nginx_rl_leases_granted_total{zone=\"l\"} "))
+        .find_map(|l| l.strip_prefix(series.as_str()))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no nginx_rl_leases_granted_total for zone l in {body}"))
+        .unwrap_or_else(|| panic!("no {series} in {body}"))
 }
 
 /// Key `i` of `n` drawn by Zipf's law (s = 1), from `u` uniform in [0, 1).
@@ -379,12 +385,7 @@ fn beyond_envelope(admitted: &[(u64, u64)], burst: u64, per_s: u64) -> Option<(u
 fn fleet_zipf(alg: &str, shares: &[f64], fill: f64) {
     let (per_s, burst) = (40, 80);
     let redis = Redis::start();
-    let conf = server(
-        &format!("rl_zone r redis={} timeout=250ms lease=1m sync=50ms;", redis.url()),
-        &format!("location / {{ rl_limit zone=r key=$http_x_k rate={per_s}r/s burst={burst} algorithm={alg}; }}"),
-    );
-    let nginx: Vec<Nginx> = (0..3).map(|_| Nginx::start(&conf)).collect();
-    let ports: Vec<u16> = nginx.iter().map(|n| n.port).collect();
+    let (nginx, ports) = leased_fleet(&redis.url(), 3, &format!("rate={per_s}r/s burst={burst} algorithm={alg}"));
     let sent = zipf_load(&ports, shares, 1000, 12_000, 4.0);
     let algorithm: rl_core::limit::Algorithm = alg.parse().expect("an algorithm");
     let rate = rl_core::parse::Rate { count: per_s, period_us: 1_000_000 };
@@ -707,4 +708,41 @@ fn least_privilege_acl_user_in_lease_mode() {
     assert_eq!(members, "1", "the heartbeat counted this nginx");
     let log = ngx.error_log();
     assert!(failed_lines(&log, "r").is_empty(), "{:?}", failed_lines(&log, "r"));
+}
+
+/// Lease mode on a Redis Cluster of three masters: 2 nginx, 300 keys (their
+/// states on every master) by Zipf's law. The syncs lease key by slot (one
+/// call per slot), the heartbeat counts both nginx; no key admits more than
+/// its line, nearly all of what it admits, and no call fails.
+#[test]
+fn on_a_cluster() {
+    let cluster = Cluster::start(3);
+    let (line, keys) = (20usize, 300);
+    let (nginx, ports) = leased_fleet(&cluster.url(), 2, &format!("rate={line}r/d burst={line} algorithm=fixed"));
+    let sent = zipf_load(&ports, &[0.5, 0.5], keys, 6000, 3.0);
+    let (mut admitted, mut possible, mut over) = (0, 0, Vec::new());
+    for key in 1..=keys {
+        let demand = sent.iter().filter(|s| s.key == key).count();
+        let yes = sent.iter().filter(|s| s.key == key && s.admitted).count();
+        if yes > line {
+            over.push((key, yes));
+        }
+        admitted += yes;
+        possible += demand.min(line);
+    }
+    eprintln!("on a cluster: {admitted} admitted of the {possible} the line admits");
+    assert!(over.is_empty(), "keys admitted above their line's {line}: {over:?}");
+    assert!(admitted * 100 >= possible * 95, "{admitted} admitted, less than 95% of {possible}");
+    let masters_with_states =
+        cluster.ports.iter().filter(|&&p| !cluster.cli(p, &["--scan", "--pattern", "rl:{*"]).is_empty()).count();
+    assert_eq!(masters_with_states, 3, "the keys' states are on every master");
+    for &p in &ports {
+        assert!(metric(p, "nginx_rl_leases_granted_total", "r") >= 1, "nginx on {p} leased nothing");
+        assert_eq!(metric(p, "nginx_rl_lease_sync_failures_total", "r"), 0);
+    }
+    let members: Vec<String> = cluster.ports.iter().map(|&p| cluster.cli(p, &["ZCARD", "rl:{nodes}:r"])).collect();
+    assert!(members.iter().any(|m| m == "2"), "the heartbeat counts both nginx: {members:?}");
+    let logs: String = nginx.iter().map(|n| n.error_log()).collect();
+    assert!(crash_lines(&logs).is_empty(), "{:?}", crash_lines(&logs));
+    assert!(failed_lines(&logs, "r").is_empty(), "{:?}", failed_lines(&logs, "r"));
 }
