@@ -17,7 +17,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ngx::ffi::ngx_log_t;
-use rl_core::lease::{Kept, Leasing, Local};
+use rl_core::lease::{Kept, Leasing, Local, Spent};
 use rl_core::verdict::Outcome;
 
 pub use self::sync::init_worker;
@@ -134,51 +134,43 @@ pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         };
         let cost = res.cost;
         let decided = with_kept(lz, line, res.key.as_bytes(), now, log, |k| match k.decide(now, cost) {
-            Local::Ask if alone != 0 => Decided::Alone(decide_alone(lz, line, k, now, cost, alone)),
-            local => Decided::Here(local),
+            Local::Ask if alone != 0 => Some((decide_alone(lz, line, k, now, cost, alone), None)),
+            local => outcome_of(local),
         });
-        let local = match decided {
-            Some(Decided::Here(local)) => local,
-            Some(Decided::Alone(o)) => {
-                res.set(&o, false);
-                admitted &= o.admitted || res.dry_run;
-                res.leased = true;
-                continue;
-            }
-            None => continue,
-        };
-        match local {
-            Local::Spent { spent, remaining, reset_us } => {
-                res.set(
-                    &Outcome { admitted: true, remaining, reset_us, retry_after_us: None, delay_us: 0, next_us: 0 },
-                    true,
-                );
-                res.spent = spent;
-            }
-            Local::Refused { retry_after_us, reset_us } => {
-                let o = Outcome {
-                    admitted: false,
-                    remaining: 0,
-                    reset_us,
-                    retry_after_us: Some(retry_after_us),
-                    delay_us: 0,
-                    next_us: retry_after_us,
-                };
-                res.set(&o, false);
-                admitted &= res.dry_run;
-            }
-            Local::Ask => continue,
+        let Some(Some((o, spent))) = decided else { continue };
+        // (a line decided alone is charged to Redis later, as what it owes: not here)
+        res.set(&o, spent.is_some());
+        if let Some(spent) = spent {
+            res.spent = spent;
         }
+        admitted &= o.admitted || res.dry_run;
         res.leased = true;
     }
     admitted
 }
 
-/// How a request was decided on this nginx: on its leases (or not), or,
-/// Redis gone, alone.
-enum Decided {
-    Here(Local),
-    Alone(Outcome),
+/// The outcome of a request decided on this nginx's leases, and what it
+/// spent of them; `None`: Redis decides.
+fn outcome_of(local: Local) -> Option<(Outcome, Option<Spent>)> {
+    let (o, spent) = match local {
+        Local::Spent { spent, remaining, reset_us } => (
+            Outcome { admitted: true, remaining, reset_us, retry_after_us: None, delay_us: 0, next_us: 0 },
+            Some(spent),
+        ),
+        Local::Refused { retry_after_us, reset_us } => (
+            Outcome {
+                admitted: false,
+                remaining: 0,
+                reset_us,
+                retry_after_us: Some(retry_after_us),
+                delay_us: 0,
+                next_us: retry_after_us,
+            },
+            None,
+        ),
+        Local::Ask => return None,
+    };
+    Some((o, spent))
 }
 
 /// A request of `cost` on `line` decided on `kept` at `now` by this nginx
