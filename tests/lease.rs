@@ -561,15 +561,26 @@ fn membership_follows_nginx_started_and_killed() {
         "location / { rl_limit zone=r key=$http_x_k rate=300r/d burst=300 algorithm=fixed; }",
     );
     let mut nginx: Vec<Nginx> = (0..2).map(|_| Nginx::start(&conf)).collect();
-    thread::sleep(Duration::from_millis(200));
-    let members = |redis: &Redis| redis.cli(&["ZCARD", "rl:{nodes}:r"]);
-    assert_eq!(members(&redis), "2");
+    // (a heartbeat every 50 ms, a membership lapsing 150 ms after the last: each change
+    // shows within a few syncs; 2 s allows for a loaded machine)
+    let members_become = |n: &str, why: &str| {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let now = redis.cli(&["ZCARD", "rl:{nodes}:r"]);
+            if now == n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{why}: {now} members, not {n}");
+            thread::sleep(Duration::from_millis(20));
+        }
+    };
+    members_become("2", "two nginx started");
     nginx.push(Nginx::start(&conf));
-    thread::sleep(Duration::from_millis(200));
-    assert_eq!(members(&redis), "3", "the third nginx joins");
+    members_become("3", "the third nginx joins");
     kill_nginx(&nginx[1]);
-    thread::sleep(Duration::from_millis(400));
-    assert_eq!(members(&redis), "2", "the killed nginx's membership lapsed");
+    members_become("2", "the killed nginx's membership lapsed");
+    // (each nginx learns the count from its next heartbeat's reply: a few syncs)
+    thread::sleep(Duration::from_millis(300));
     redis.signal("-STOP");
     thread::sleep(Duration::from_millis(600));
     redis.signal("-CONT");
