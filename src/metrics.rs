@@ -299,6 +299,7 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
                 add(&mut l.alone, &slot.alone);
             }
         }
+        l.nodes = lz.nodes();
         // (a zone not initialised yet shows no keys)
         if let Some((stats, _)) = lz.table.usage() {
             l.keys = stats.used as u64;

@@ -558,7 +558,8 @@ fn membership_follows_nginx_started_and_killed() {
     let redis = Redis::start();
     let conf = server(
         &format!("rl_zone r redis={} timeout=100ms on_error=local lease=1m sync=50ms;", redis.url()),
-        "location / { rl_limit zone=r key=$http_x_k rate=300r/d burst=300 algorithm=fixed; }",
+        "location / { rl_limit zone=r key=$http_x_k rate=300r/d burst=300 algorithm=fixed; }\n\
+         location = /metrics { rl_metrics; }",
     );
     let mut nginx: Vec<Nginx> = (0..2).map(|_| Nginx::start(&conf)).collect();
     // (a heartbeat every 50 ms, a membership lapsing 150 ms after the last: each change
@@ -579,8 +580,12 @@ fn membership_follows_nginx_started_and_killed() {
     members_become("3", "the third nginx joins");
     kill_nginx(&nginx[1]);
     members_become("2", "the killed nginx's membership lapsed");
-    // (each nginx learns the count from its next heartbeat's reply: a few syncs)
-    thread::sleep(Duration::from_millis(300));
+    // Each nginx learns the count from its next heartbeat's reply.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while [0, 2].iter().any(|&i| metric(nginx[i].port, "nginx_rl_lease_nodes", "r") != 2) {
+        assert!(Instant::now() < deadline, "the nginx left do not count 2 of them");
+        thread::sleep(Duration::from_millis(20));
+    }
     redis.signal("-STOP");
     thread::sleep(Duration::from_millis(600));
     redis.signal("-CONT");

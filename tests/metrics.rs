@@ -321,6 +321,7 @@ fn lease_syncs_and_grants() {
     // (there: what ended leases gave back, none maybe in so short a time)
     get(&s, "nginx_rl_lease_units_returned_total", &z);
     assert_eq!(get(&s, "nginx_rl_lease_keys", &z), 1.0);
+    assert_eq!(get(&s, "nginx_rl_lease_nodes", &z), 1.0, "its own heartbeat, alone on this Redis");
     assert!(get(&s, "nginx_rl_lease_capacity_keys", &z) >= 1.0);
     // The Redis zone's own series are there too (the requests no lease held).
     assert!(get(&s, "nginx_rl_redis_calls_total", &z) >= 1.0);

@@ -145,6 +145,9 @@ pub struct LeaseZoneSample {
     pub units_returned: u64,
     /// Times this nginx lost Redis and limited alone (`on_error=local`).
     pub alone: u64,
+    /// The nginx that share the zone, as this one last heard (its
+    /// heartbeat's count; 1 before any).
+    pub nodes: u64,
     /// Keys the zone keeps a lease record for, and most it can.
     pub keys: u64,
     pub capacity_keys: u64,
@@ -320,6 +323,8 @@ fn lease_prometheus(zones: &[LeaseZoneSample], out: &mut String) {
     per_zone(out, "nginx_rl_lease_units_returned_total", "counter", help, |z| z.units_returned);
     let help = "Times this nginx lost Redis and limited alone, with its share of each line (on_error=local).";
     per_zone(out, "nginx_rl_lease_alone_total", "counter", help, |z| z.alone);
+    let help = "Live nginx sharing a lease zone's Redis, as this one's last heartbeat counted them.";
+    per_zone(out, "nginx_rl_lease_nodes", "gauge", help, |z| z.nodes);
     let help = "Keys a lease zone keeps a lease record for.";
     per_zone(out, "nginx_rl_lease_keys", "gauge", help, |z| z.keys);
     let help = "Keys a lease zone can keep a lease record for.";
@@ -507,7 +512,7 @@ pub fn json(s: &Snapshot, out: &mut String) {
         let _ = write!(
             out,
             ",\"syncs\":{},\"sync_failures\":{},\"sync_duration_seconds\":{{\"sum\":{},\"count\":{}}},\"keys_synced\":{},\
-             \"leases_granted\":{},\"units_granted\":{},\"units_returned\":{},\"alone\":{},\"keys\":{},\"capacity_keys\":{}}}",
+             \"leases_granted\":{},\"units_granted\":{},\"units_returned\":{},\"alone\":{},\"nodes\":{},\"keys\":{},\"capacity_keys\":{}}}",
             z.syncs,
             z.sync_failures,
             Seconds(z.sync_latency_sum_us),
@@ -517,6 +522,7 @@ pub fn json(s: &Snapshot, out: &mut String) {
             z.units_granted,
             z.units_returned,
             z.alone,
+            z.nodes,
             z.keys,
             z.capacity_keys
         );
