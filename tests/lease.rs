@@ -517,13 +517,27 @@ fn redis_lost_limits_locally() {
 }
 
 /// Kills an nginx, master and workers, with SIGKILL: what it holds is gone
-/// with it.
+/// with it. The whole process group at once (the master leads it): a
+/// worker killed alone would be started again by its master.
 fn kill_nginx(n: &Nginx) {
     let master = std::fs::read_to_string(n.prefix.join("nginx.pid")).expect("no pid file");
-    let mut pids: Vec<String> = n.worker_pids().iter().map(u32::to_string).collect();
-    pids.push(master.trim().to_string());
-    let ok = std::process::Command::new("kill").arg("-KILL").args(&pids).status().unwrap().success();
-    assert!(ok, "kill -KILL {pids:?}");
+    let master = master.trim().to_string();
+    let workers = n.worker_pids();
+    let ok =
+        std::process::Command::new("kill").args(["-KILL", "--", &format!("-{master}")]).status().unwrap().success();
+    assert!(ok, "kill -KILL -- -{master}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let pids: Vec<String> = workers.iter().map(u32::to_string).chain([master]).collect();
+    while pids.iter().any(|p| std::path::Path::new(&format!("/proc/{p}")).exists() && !dead(p)) {
+        assert!(Instant::now() < deadline, "nginx {pids:?} still running 5 s after SIGKILL");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether process `pid` is a zombie (dead, not yet reaped).
+fn dead(pid: &str) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    matches!(stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()), Some('Z') | Some('X') | None)
 }
 
 /// An nginx killed (SIGKILL) while it holds leases: the fleet admits no
