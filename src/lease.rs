@@ -17,7 +17,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ngx::ffi::ngx_log_t;
-use rl_core::lease::{Kept, Leasing, Local, Spent};
+use rl_core::lease::{Kept, Leasing, Local};
 use rl_core::verdict::Outcome;
 
 pub use self::sync::init_worker;
@@ -135,7 +135,7 @@ pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         let cost = res.cost;
         let decided = with_kept(lz, line, res.key.as_bytes(), now, log, |k| match k.decide(now, cost) {
             Local::Ask if alone != 0 => Some((decide_alone(lz, line, k, now, cost, alone), None)),
-            local => outcome_of(local),
+            local => local.outcome(),
         });
         let Some(Some((o, spent))) = decided else { continue };
         // (a line decided alone is charged to Redis later, as what it owes: not here)
@@ -147,30 +147,6 @@ pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         res.leased = true;
     }
     admitted
-}
-
-/// The outcome of a request decided on this nginx's leases, and what it
-/// spent of them; `None`: Redis decides.
-fn outcome_of(local: Local) -> Option<(Outcome, Option<Spent>)> {
-    let (o, spent) = match local {
-        Local::Spent { spent, remaining, reset_us } => (
-            Outcome { admitted: true, remaining, reset_us, retry_after_us: None, delay_us: 0, next_us: 0 },
-            Some(spent),
-        ),
-        Local::Refused { retry_after_us, reset_us } => (
-            Outcome {
-                admitted: false,
-                remaining: 0,
-                reset_us,
-                retry_after_us: Some(retry_after_us),
-                delay_us: 0,
-                next_us: retry_after_us,
-            },
-            None,
-        ),
-        Local::Ask => return None,
-    };
-    Some((o, spent))
 }
 
 /// A request of `cost` on `line` decided on `kept` at `now` by this nginx
@@ -231,16 +207,20 @@ pub fn learn(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, 
         let Some(lz) = leases.get(z) else { continue };
         let (o, cost) = (*res.outcome(), res.cost);
         let view = with_kept(lz, line, res.key.as_bytes(), now, log, |k| {
-            match o.admitted {
-                true => k.seen(now, at, o.remaining, o.reset_us),
-                false => k.refused(now, at, cost, o.retry_after_us, o.reset_us),
-            }
-            (k.remaining, k.slot.left(now))
+            // (a refusal's `remaining` is Redis' own: what Redis said last may be older)
+            let said = match o.admitted {
+                true => {
+                    k.seen(now, at, o.remaining, o.reset_us);
+                    k.remaining
+                }
+                false => {
+                    k.refused(now, at, cost, o.retry_after_us, o.reset_us);
+                    o.remaining
+                }
+            };
+            said.saturating_add(k.slot.left(now))
         });
-        // (a refusal's `remaining` is Redis' own: what Redis said last may be older)
-        let (said, held) = view.unwrap_or((o.remaining, 0));
-        let said = if o.admitted { said } else { o.remaining };
-        res.decision.outcome.remaining = said.saturating_add(held);
+        res.decision.outcome.remaining = view.unwrap_or(o.remaining);
     }
 }
 

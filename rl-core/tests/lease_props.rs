@@ -583,6 +583,11 @@ fn a_kept_key_by_hand() {
     let spent = match k.decide(250, 1) {
         Local::Spent { spent, remaining, reset_us } => {
             assert_eq!((remaining, reset_us), (41, 950), "40 in Redis, 1 left in the lease; full at 1200");
+            let (o, by) = Local::Spent { spent, remaining, reset_us }.outcome().expect("decided on the node");
+            assert_eq!(
+                (o.admitted, o.remaining, o.reset_us, o.retry_after_us, o.delay_us, by),
+                (true, 41, 950, None, 0, Some(spent))
+            );
             spent
         }
         other => panic!("{other:?}"),
@@ -596,6 +601,13 @@ fn a_kept_key_by_hand() {
     assert!(matches!(k.decide(270, 1), Local::Spent { .. }), "the lease first");
     k.decide(280, 1);
     assert_eq!(k.decide(300, 1), Local::Refused { retry_after_us: 600, reset_us: 760 });
+    let (o, spent) = Local::Refused { retry_after_us: 600, reset_us: 760 }.outcome().expect("decided on the node");
+    assert_eq!(
+        (o.admitted, o.remaining, o.reset_us, o.retry_after_us, o.delay_us, o.next_us, spent),
+        (false, 0, 760, Some(600), 0, 600, None),
+        "refused as Redis refused a lone request, one more unit passing with it"
+    );
+    assert_eq!(Local::Ask.outcome(), None, "Redis decides");
     assert_eq!(k.decide(900, 1), Local::Ask, "Redis said a lone request passes at 900");
     let mut w = vec![0; Kept::WORDS + 2];
     k.write(&mut w);

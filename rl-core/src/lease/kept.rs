@@ -50,6 +50,22 @@ pub enum Local {
     Ask,
 }
 
+impl Local {
+    /// The outcome of a request decided on the node, and what it spent of
+    /// its leases; `None`: Redis decides ([`Local::Ask`]).
+    pub fn outcome(self) -> Option<(Outcome, Option<Spent>)> {
+        match self {
+            Local::Spent { spent, remaining, reset_us } => Some((Outcome::admit(remaining, reset_us, 0), Some(spent))),
+            Local::Refused { retry_after_us, reset_us } => {
+                // (one more unit passes when a lone request does)
+                let o = Outcome { next_us: retry_after_us, ..Outcome::reject(0, reset_us, Some(retry_after_us)) };
+                Some((o, None))
+            }
+            Local::Ask => None,
+        }
+    }
+}
+
 impl Kept {
     /// Words a [`Kept`] takes.
     pub const WORDS: usize = 3 * HELD_WORDS + 3 + 6 + 5;
@@ -177,16 +193,7 @@ impl Kept {
         nodes: u64,
         since: u64,
     ) -> Outcome {
-        let Some(share) = share else {
-            return Outcome {
-                admitted: false,
-                remaining: 0,
-                reset_us: 0,
-                retry_after_us: None,
-                delay_us: 0,
-                next_us: 0,
-            };
-        };
+        let Some(share) = share else { return Outcome::reject(0, 0, None) };
         if self.local_since != since {
             self.local = [0; 3];
             self.local_since = since;
@@ -226,10 +233,9 @@ impl Kept {
         }
         self.remaining = remaining;
         self.full_at = full_at;
-        self.heard_at = match at {
-            0 => self.heard_at,
-            _ => at,
-        };
+        if at != 0 {
+            self.heard_at = at;
+        }
     }
 
     /// What the line had left at once when last heard of: as much as may
