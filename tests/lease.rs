@@ -163,49 +163,25 @@ fn what_each_nginx_reports_is_within_its_bound() {
     let (line, life_us) = (600u64, 300_000u64);
     let redis = Redis::start();
     let (nginx, ports) = leased_fleet(&redis.url(), 3, &format!("rate={line}r/d burst={line} algorithm=fixed"));
-    // (node, sent, answered, admitted, remaining)
-    type Seen = (usize, u64, u64, bool, Option<u64>);
-    let got: Arc<Mutex<Vec<Seen>>> = Arc::new(Mutex::new(Vec::new()));
-    let plan = Arc::new(Mutex::new((0..900usize).rev().collect::<Vec<_>>()));
-    let start = Instant::now();
-    let threads: Vec<_> = (0..24)
-        .map(|_| {
-            let (plan, got, ports) = (plan.clone(), got.clone(), ports.clone());
-            thread::spawn(move || loop {
-                let Some(n) = plan.lock().unwrap().pop() else { return };
-                if let Some(wait) =
-                    (start + Duration::from_micros(n as u64 * 3333)).checked_duration_since(Instant::now())
-                {
-                    thread::sleep(wait);
-                }
-                let sent = wall_us();
-                let r = get(ports[n % 3], "/index.html", &[("X-K", "h")]);
-                let answered = wall_us();
-                let remaining: Option<u64> = r.header("X-RateLimit-Remaining").and_then(|v| v.parse().ok());
-                got.lock().unwrap().push((n % 3, sent, answered, r.status == 200, remaining));
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    let got = got.lock().unwrap().clone();
+    // 900 requests, one every 3,333 us, to the nginx in turn.
+    let plan = (0..900).map(|n| (Duration::from_micros(n as u64 * 3333), n % 3, 0)).collect();
+    let got = open_loop(&ports, plan);
     let returned: u64 = ports.iter().map(|&p| metric(p, "nginx_rl_lease_units_returned_total", "r")).sum();
-    let admitted: Vec<_> = got.iter().filter(|g| g.3).collect();
+    let admitted: Vec<&Sent> = got.iter().filter(|g| g.admitted).collect();
     assert!(admitted.len() as u64 <= line, "{} admitted of {line}", admitted.len());
     assert!(admitted.len() as u64 >= line * 95 / 100, "{} admitted of {line}", admitted.len());
     let (mut worst_over, mut worst_under, mut most_above, mut most_below) = (i64::MIN, i64::MIN, 0, 0);
-    for &&(node, sent, answered, _, remaining) in &admitted {
+    for &&Sent { node, sent_us: sent, got_us: answered, remaining, .. } in &admitted {
         let v = remaining.expect("an admitted request reports what is left") as i64;
-        let count = |f: &dyn Fn(&&Seen) -> bool| admitted.iter().filter(|g| f(g)).count() as i64;
+        let count = |f: &dyn Fn(&Sent) -> bool| admitted.iter().filter(|g| f(g)).count() as i64;
         // The fleet's view just after the decision, at least and at most (this request counted).
-        let fleet_least = line as i64 - count(&|g| g.1 < answered);
-        let fleet_most = line as i64 - count(&|g| g.2 < sent) - 1;
-        let others_before = count(&|g| g.0 != node && g.2 + life_us > sent && g.1 < answered);
-        let others_after = count(&|g| g.0 != node && g.2 > sent && g.1 < answered + life_us);
+        let fleet_least = line as i64 - count(&|g| g.sent_us < answered);
+        let fleet_most = line as i64 - count(&|g| g.got_us < sent) - 1;
+        let others_before = count(&|g| g.node != node && g.got_us + life_us > sent && g.sent_us < answered);
+        let others_after = count(&|g| g.node != node && g.got_us > sent && g.sent_us < answered + life_us);
         // (this nginx's requests that overlap this one in time were decided before or after it:
         // they count on either side of the fleet's view, not in this nginx's)
-        let own_overlapping = count(&|g| g.0 == node && g.1 < answered && g.2 > sent) - 1;
+        let own_overlapping = count(&|g| g.node == node && g.sent_us < answered && g.got_us > sent) - 1;
         let over = v - fleet_least - others_before - own_overlapping;
         let under = fleet_most - v - others_after - own_overlapping - 2 * returned as i64;
         worst_over = worst_over.max(over);
@@ -290,15 +266,18 @@ impl Draws {
     }
 }
 
-/// A request of the Zipf load: its key, when it was sent and its answer
-/// came (µs of the wall clock, which Redis' windows follow: Redis runs
-/// on this host), and whether it was admitted.
+/// A request of an open-loop load: the nginx it went to (its index), its
+/// key, when it was sent and its answer came (µs of the wall clock, which
+/// Redis' windows follow: Redis runs on this host), whether it was
+/// admitted, and the `X-RateLimit-Remaining` it reported.
 #[derive(Clone, Copy)]
 struct Sent {
+    node: usize,
     key: usize,
     sent_us: u64,
     got_us: u64,
     admitted: bool,
+    remaining: Option<u64>,
 }
 
 fn wall_us() -> u64 {
@@ -306,12 +285,45 @@ fn wall_us() -> u64 {
     d.as_micros() as u64
 }
 
-/// `total` requests over `secs` seconds (open loop: each sent at its time,
-/// by a pool of client threads), each to nginx `i` with the share
-/// `shares[i]` and for a key of `keys` drawn by Zipf's law.
+/// Sends every request of `plan` (when after the start, to which nginx of
+/// `ports`, for key `u{key}`) at its time, by a pool of client threads
+/// (open loop: a request does not wait for the last's answer); each
+/// answered 200 or 429.
+fn open_loop(ports: &[u16], plan: Vec<(Duration, usize, usize)>) -> Vec<Sent> {
+    let total = plan.len();
+    let plan = Arc::new(Mutex::new(plan.into_iter().rev().collect::<Vec<_>>()));
+    let sent = Arc::new(Mutex::new(Vec::with_capacity(total)));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..48)
+        .map(|_| {
+            let (plan, sent, ports) = (plan.clone(), sent.clone(), ports.to_vec());
+            thread::spawn(move || loop {
+                let Some((at, node, key)) = plan.lock().unwrap().pop() else { return };
+                if let Some(wait) = (start + at).checked_duration_since(Instant::now()) {
+                    thread::sleep(wait);
+                }
+                let sent_us = wall_us();
+                let r = get(ports[node], "/index.html", &[("X-K", &format!("u{key}"))]);
+                let got_us = wall_us();
+                assert!(r.status == 200 || r.status == 429, "status {}", r.status);
+                let remaining = r.header("X-RateLimit-Remaining").and_then(|v| v.parse().ok());
+                let answer = Sent { node, key, sent_us, got_us, admitted: r.status == 200, remaining };
+                sent.lock().unwrap().push(answer);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let sent = sent.lock().unwrap().clone();
+    sent
+}
+
+/// `total` requests over `secs` seconds (open loop), each to nginx `i`
+/// with the share `shares[i]` and for a key of `keys` drawn by Zipf's law.
 fn zipf_load(ports: &[u16], shares: &[f64], keys: usize, total: usize, secs: f64) -> Vec<Sent> {
     let mut draws = Draws(0x9e37_79b9_7f4a_7c15);
-    let plan: Vec<(Duration, u16, usize)> = (0..total)
+    let plan = (0..total)
         .map(|n| {
             let at = Duration::from_secs_f64(secs * n as f64 / total as f64);
             let (u, mut pick) = (draws.next(), 0);
@@ -323,33 +335,10 @@ fn zipf_load(ports: &[u16], shares: &[f64], keys: usize, total: usize, secs: f64
                     break;
                 }
             }
-            (at, ports[pick], zipf_key(keys, draws.next()))
+            (at, pick, zipf_key(keys, draws.next()))
         })
         .collect();
-    let plan = Arc::new(Mutex::new(plan.into_iter().rev().collect::<Vec<_>>()));
-    let sent = Arc::new(Mutex::new(Vec::with_capacity(total)));
-    let start = Instant::now();
-    let threads: Vec<_> = (0..48)
-        .map(|_| {
-            let (plan, sent) = (plan.clone(), sent.clone());
-            thread::spawn(move || loop {
-                let Some((at, port, key)) = plan.lock().unwrap().pop() else { return };
-                if let Some(wait) = (start + at).checked_duration_since(Instant::now()) {
-                    thread::sleep(wait);
-                }
-                let sent_us = wall_us();
-                let r = get(port, "/index.html", &[("X-K", &format!("u{key}"))]);
-                let got_us = wall_us();
-                assert!(r.status == 200 || r.status == 429, "status {}", r.status);
-                sent.lock().unwrap().push(Sent { key, sent_us, got_us, admitted: r.status == 200 });
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    let sent = sent.lock().unwrap().clone();
-    sent
+    open_loop(ports, plan)
 }
 
 /// What the exact line `limit` admits of one key's requests (by when they
@@ -506,8 +495,7 @@ fn redis_lost_limits_locally() {
             .and_then(|n| n.parse::<usize>().ok())
             .unwrap_or_else(|| panic!("no count in {line:?}"));
         assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
-        let m = get(n.port, "/metrics", &[]).body;
-        assert!(m.contains("\nnginx_rl_lease_alone_total{zone=\"r\"} 1\n"), "counted once: {m}");
+        assert_eq!(metric(n.port, "nginx_rl_lease_alone_total", "r"), 1, "counted once");
     }
     assert_eq!(charged, admitted, "what the nginx admitted alone, charged to Redis");
     // Redis now holds all 300: a new request is refused, by Redis.
