@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use ngx::ffi::ngx_log_t;
 use rl_core::lease::{Kept, Leasing, Local};
+use rl_core::limit::Limit;
+use rl_core::redis::Lives;
 use rl_core::verdict::Outcome;
 
 pub use self::sync::init_worker;
@@ -44,11 +46,20 @@ pub struct LeaseZone {
     pub table: Box<Zone>,
     /// `sync=`: how often this nginx syncs its leases.
     pub sync: Duration,
-    /// How long a lease lives: an interval, and the zone's timeout for
-    /// the next sync's reply (a key in steady demand is never without one).
-    pub life_us: u64,
+    /// How long a lease lives: for the buckets and `gcra`, an interval and
+    /// the zone's timeout for the next sync's reply (a key in steady demand
+    /// is never without one); for `fixed` and `sliding`, `life=` (to the
+    /// end of its window at most).
+    pub lives: Lives,
     /// Each leased line's identity, and how it is leased.
     pub lines: Vec<(u64, Leasing)>,
+}
+
+/// A lease zone's times: `sync=`, the Redis zone's `timeout=`, `life=`.
+pub struct Times {
+    pub sync: Duration,
+    pub timeout: Duration,
+    pub life: Duration,
 }
 
 /// The default `sync=`.
@@ -68,15 +79,8 @@ pub struct Shared {
 }
 
 impl LeaseZone {
-    pub fn new(
-        name: &str,
-        redis: usize,
-        table: Box<Zone>,
-        sync: Duration,
-        timeout: Duration,
-        local: bool,
-    ) -> LeaseZone {
-        let life = sync.saturating_add(timeout);
+    pub fn new(name: &str, redis: usize, table: Box<Zone>, times: Times, local: bool) -> LeaseZone {
+        let us = |d: Duration| d.as_micros().min(u128::from(u64::MAX)) as u64;
         LeaseZone {
             name: name.to_string(),
             redis,
@@ -84,10 +88,15 @@ impl LeaseZone {
             shared: core::ptr::null(),
             own: Shared::default(),
             table,
-            sync,
-            life_us: life.as_micros().min(u128::from(u64::MAX)) as u64,
+            sync: times.sync,
+            lives: Lives { bucket_us: us(times.sync.saturating_add(times.timeout)), window_us: us(times.life) },
             lines: Vec::new(),
         }
+    }
+
+    /// How long the leases of `limit` live.
+    pub fn life_of(&self, limit: &Limit) -> u64 {
+        self.lives.of(limit)
     }
 
     /// Keeps what the workers know of Redis in `shared`, which every

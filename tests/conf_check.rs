@@ -507,6 +507,13 @@ fn cases(certs: &TestCerts) -> Vec<Case> {
         ("lease=1m sync=5ms".into(), "invalid sync \"5ms\", it must be from 10ms to 10s".into()),
         ("lease=1m sync=11s".into(), "invalid sync \"11s\", it must be from 10ms to 10s".into()),
         ("lease=1m sync=".into(), "invalid sync \"\"".into()),
+        ("life=1s".into(), "\"life\" needs \"lease\"".into()),
+        (
+            "lease=1m sync=100ms life=100ms".into(),
+            "invalid life \"100ms\", it must be from 150ms (sync plus timeout) to 60s".into(),
+        ),
+        ("lease=1m life=61s".into(), "invalid life \"61s\", it must be from 150ms (sync plus timeout) to 60s".into()),
+        ("lease=1m sync=10s timeout=60s life=1m".into(), "invalid life \"1m\", it must be from 70000ms".into()),
         ("lease=big".into(), "invalid zone size \"lease=big\"".into()),
         ("lease=".into(), "invalid zone size \"lease=\"".into()),
         ("lease=1k".into(), "is too small in \"rl_zone\" directive: lease=1k".into()),
@@ -747,6 +754,8 @@ fn their_good_forms_are_accepted() {
         "rl_zone a redis=redis://127.0.0.1:6379 lease=1m on_error=local;".to_string(),
         format!("rl_zone a redis=rediss+cluster://{CREDS}127.0.0.1:7000 lease=10m sync=10ms {tls};"),
         "rl_zone a redis=redis+sentinel://127.0.0.1:26379/m lease=64k sync=10s timeout=1s;".to_string(),
+        "rl_zone a redis=redis://127.0.0.1:6379 lease=1m sync=100ms life=60s;".to_string(),
+        "rl_zone a redis=redis://127.0.0.1:6379 lease=1m sync=10s timeout=60s life=70s;".to_string(),
     ];
     for z in &zones {
         let (ok, out) = common::nginx_t(&server(z, "location / { rl_limit zone=a rate=1r/s; }"));

@@ -770,3 +770,39 @@ fn on_a_cluster() {
     assert!(crash_lines(&logs).is_empty(), "{:?}", crash_lines(&logs));
     assert!(failed_lines(&logs, "r").is_empty(), "{:?}", failed_lines(&logs, "r"));
 }
+
+/// `life=`: a key of a per-minute `fixed` line seen five times a second
+/// (a quarter of a request a sync interval) gets no lease whose life is
+/// the sync and the timeout (it would serve one request at most): Redis
+/// decides each of its requests. With `life=10s` its leases live to the
+/// window's end, up to ten seconds, and hold most of them: few calls.
+#[test]
+fn life_leases_a_slow_key_for_its_window() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let conf = server(
+        &format!(
+            "rl_zone short redis={url} prefix=short: timeout=100ms lease=1m sync=50ms;\n\
+             rl_zone long redis={url} prefix=long: timeout=100ms lease=1m sync=50ms life=10s;"
+        ),
+        "location = /index.html { rl_limit zone=short key=$http_x_k rate=600r/m algorithm=fixed; }\n\
+         location = /a.html { rl_limit zone=long key=$http_x_k rate=600r/m algorithm=fixed; }\n\
+         location = /metrics { rl_metrics; }",
+    );
+    let nginx = Nginx::start(&conf);
+    let mut calls = Vec::new();
+    for (zone, path) in [("short", "/index.html"), ("long", "/a.html")] {
+        let got = load(&[nginx.port], path, 20, 1, Duration::from_millis(200), "k");
+        assert_eq!(statuses_of(&got), [(200, 20)].into_iter().collect(), "{zone}");
+        calls.push((
+            metric(nginx.port, "nginx_rl_redis_calls_total", zone),
+            metric(nginx.port, "nginx_rl_lease_units_granted_total", zone),
+        ));
+    }
+    eprintln!("(Redis calls of requests, units granted): short {:?}, long {:?}", calls[0], calls[1]);
+    assert_eq!(calls[0], (20, 0), "leases of 150 ms: each request decided by Redis");
+    assert!(calls[1].0 <= 4, "life=10s: {} of 20 requests decided by Redis", calls[1].0);
+    assert!(calls[1].1 >= 16, "life=10s: {} units granted", calls[1].1);
+    let log = nginx.error_log();
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+}

@@ -176,8 +176,14 @@ impl Leasing {
         lo
     }
 
+    /// How long a lease may live (for `fixed` and `sliding`, at most to
+    /// the end of its window).
+    pub fn life(&self) -> u64 {
+        self.life
+    }
+
     /// When a lease granted at `now` ends.
-    fn end(&self, now: u64) -> u64 {
+    pub fn end(&self, now: u64) -> u64 {
         let end = now.saturating_add(self.life);
         match self.line.algorithm() {
             Algorithm::Fixed | Algorithm::Sliding => {
@@ -197,13 +203,22 @@ fn held_back(l: &Limit, life: u64) -> Option<u64> {
     u64::try_from(units).ok()
 }
 
+/// `per_interval` over `span` µs, intervals being `interval` µs long.
+fn spread(per_interval: u64, span: u64, interval: u64) -> u64 {
+    let x = u128::from(per_interval) * u128::from(span) / u128::from(interval.max(1));
+    u64::try_from(x).unwrap_or(u64::MAX)
+}
+
 /// A node's demand for one key, for sizing its leases: an estimate of the
 /// units it spends in a sync interval (an average over the last few,
 /// weighted to the latest: a quarter each interval; an interval above it
-/// at once), in thousandths.
+/// at once), in thousandths; and the plain average, which says whether
+/// the key is seen often enough to be leased at all (one request now and
+/// then looks, the interval it comes in, like a steady one).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Demand {
     milli: u64,
+    mean: u64,
 }
 
 impl Demand {
@@ -217,11 +232,34 @@ impl Demand {
         // one interval, where an average would leave them short for many)
         let sum = u128::from(self.milli) * 3 + u128::from(x) + 2;
         self.milli = u64::try_from(sum / 4).unwrap_or(u64::MAX).max(x);
+        let mean = u128::from(self.mean) * 3 + u128::from(x) + 2;
+        self.mean = u64::try_from(mean / 4).unwrap_or(u64::MAX);
     }
 
     /// The units one interval's demand is estimated at, rounded.
     pub fn per_interval(&self) -> u64 {
         self.milli.saturating_add(500) / 1000
+    }
+
+    /// The units the demand is estimated at over `span` µs, intervals
+    /// being `interval` µs long, in thousandths.
+    pub fn over(&self, span: u64, interval: u64) -> u64 {
+        spread(self.milli, span, interval)
+    }
+
+    /// How many units to ask for a lease that would live `life` µs (see
+    /// [`Demand::want`]): none when the plain average over its life is
+    /// under two units (a lease that serves one request costs Redis what
+    /// deciding the request would); else at least two, and no more than
+    /// the estimate over its life.
+    pub fn want_for(&self, life: u64, interval: u64, remaining: u64, nodes: u64) -> u64 {
+        if spread(self.mean, life, interval) < 2000 {
+            return 0;
+        }
+        let over = self.over(life, interval);
+        let est = self.per_interval();
+        let want = est.saturating_add(est.div_ceil(2)).max(2).min(over.div_ceil(1000));
+        want.min((remaining / nodes.max(1)).max(1))
     }
 
     /// How many units to ask for: half again the demand of an interval
@@ -277,6 +315,26 @@ pub struct SyncArg {
     pub want: u64,
     pub back: u64,
     pub words: (u64, u64),
+}
+
+/// What a sync knows of time, for sizing a key's leases (on the node's
+/// clock): when the next sync of the cadence runs, how long an interval
+/// is, and when a lease granted now would end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Horizon {
+    pub next: u64,
+    pub interval: u64,
+    pub ends: u64,
+}
+
+impl Horizon {
+    /// A sync at `now`, the next at `next`, one interval later, of a key
+    /// whose lease would live half an interval beyond it (a bucket line
+    /// of a zone whose `timeout` is half its `sync`).
+    pub fn of(now: u64, next: u64) -> Horizon {
+        let interval = next.saturating_sub(now);
+        Horizon { next, interval, ends: next.saturating_add(interval / 2) }
+    }
 }
 
 /// One key's leases as a node keeps them (all its workers, in shared
@@ -354,7 +412,7 @@ impl Slot {
     /// its place may hold the next.
     pub fn sync(&mut self, now: u64, next: u64, remaining: u64, nodes: u64) -> Option<SyncArg> {
         self.end_interval();
-        self.sync_asking(now, next, remaining, nodes, true)
+        self.sync_asking(now, Horizon::of(now, next), remaining, nodes, true)
     }
 
     /// Folds the interval's demand into the estimate (what [`Slot::sync`]
@@ -366,9 +424,21 @@ impl Slot {
     }
 
     /// [`Slot::sync`] without folding the demand (a sync between two of
-    /// the cadence, where a lease ended: see [`Slot::ends_first`]), asking
-    /// for no lease unless `ask` (what ended is given back all the same).
-    pub fn sync_asking(&mut self, now: u64, next: u64, remaining: u64, nodes: u64, ask: bool) -> Option<SyncArg> {
+    /// the cadence, where a lease ended: see [`Slot::ends_first`]), with
+    /// the times of `h`, asking for no lease unless `ask` (what ended is
+    /// given back all the same). A lease that holds more than twice what
+    /// the key's demand is estimated at to its end, and two units, is
+    /// ended now, so that what it holds goes back at once, not when it
+    /// ends (for `fixed` and `sliding`, with its window).
+    pub fn sync_asking(&mut self, now: u64, h: Horizon, remaining: u64, nodes: u64, ask: bool) -> Option<SyncArg> {
+        let Horizon { next, interval, .. } = h;
+        let demand = self.demand;
+        for h in self.held.iter_mut().filter(|h| h.granted > 0 && now < h.ends) {
+            let to_end = demand.over(h.ends - now, interval).div_ceil(1000);
+            if h.left > to_end.saturating_mul(2).saturating_add(2) {
+                h.ends = now;
+            }
+        }
         for h in self.held.iter_mut() {
             if h.granted > 0 && now >= h.ends {
                 if h.left > 0 && self.back.left == 0 {
@@ -386,10 +456,13 @@ impl Slot {
         }
         let live = self.held.iter().filter(|h| h.granted > 0).count();
         let lasting: u64 = self.held.iter().filter(|h| h.ends > next).map(|h| h.left).sum();
-        // (a lease pays for the call that carries it when it serves more than a request an
-        // interval: a key seen less often is left to Redis)
-        let want = match ask && !self.asking && live < 2 && self.demand.per_interval() >= 2 {
-            true => self.demand.want(remaining, nodes).saturating_sub(lasting),
+        // (a lease pays for the call that carries it when it serves more than a request in
+        // its life: a key seen less often is left to Redis)
+        let want = match ask && !self.asking && live < 2 {
+            true => {
+                let life = h.ends.saturating_sub(now);
+                self.demand.want_for(life, interval, remaining, nodes).saturating_sub(lasting)
+            }
             false => 0,
         };
         let back = core::mem::take(&mut self.back);

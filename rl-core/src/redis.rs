@@ -547,15 +547,35 @@ pub struct LeaseArg {
     pub words: (u64, u64),
 }
 
+/// How long the leases of a lease call live at most: a bucket or `gcra`
+/// line's, and a `fixed` or `sliding` line's (to the end of its window at
+/// most), in µs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lives {
+    pub bucket_us: u64,
+    pub window_us: u64,
+}
+
+impl Lives {
+    /// How long a lease of `limit` lives at most.
+    pub fn of(&self, limit: &Limit) -> u64 {
+        match limit.algorithm() {
+            Algorithm::Fixed | Algorithm::Sliding => self.window_us,
+            _ => self.bucket_us,
+        }
+    }
+}
+
 /// Emits the lease call's `ARGV` for `keys`, in the order of their `KEYS`
 /// (the memo key after them): `now_us` replaces Redis `TIME` (tests); a
-/// lease lives `life_us` at most.
-pub fn write_lease_args(keys: &[LeaseArg], now_us: Option<u64>, life_us: u64, mut emit: impl FnMut(Arg<'_>)) {
+/// lease lives as `lives` says at most.
+pub fn write_lease_args(keys: &[LeaseArg], now_us: Option<u64>, lives: Lives, mut emit: impl FnMut(Arg<'_>)) {
     match now_us {
         Some(t) => emit(Arg::Int(t)),
         None => emit(Arg::Str("")),
     }
-    emit(Arg::Int(life_us));
+    emit(Arg::Int(lives.bucket_us));
+    emit(Arg::Int(lives.window_us));
     let mut spec = Spec::default();
     for k in keys {
         emit(Arg::Str(spec.of((k.line, 1).into())));
@@ -567,9 +587,9 @@ pub fn write_lease_args(keys: &[LeaseArg], now_us: Option<u64>, life_us: u64, mu
 }
 
 /// [`write_lease_args`] as strings.
-pub fn lease_args(keys: &[LeaseArg], now_us: Option<u64>, life_us: u64) -> Vec<String> {
+pub fn lease_args(keys: &[LeaseArg], now_us: Option<u64>, lives: Lives) -> Vec<String> {
     let mut args = Vec::new();
-    write_lease_args(keys, now_us, life_us, |a| args.push(a.to_string()));
+    write_lease_args(keys, now_us, lives, |a| args.push(a.to_string()));
     args
 }
 

@@ -16,7 +16,7 @@
 
 use proptest::prelude::*;
 use proptest::sample::select;
-use rl_core::lease::{share, Demand, Kept, Lease, LeaseError, Leasing, Local, Slot};
+use rl_core::lease::{share, Demand, Horizon, Kept, Lease, LeaseError, Leasing, Local, Slot};
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
 use rl_core::redis::LeaseGrant;
@@ -566,9 +566,9 @@ fn a_kept_key_by_hand() {
     assert!(Kept::read(&[0; Kept::WORDS - 1]).is_none(), "too few words");
     assert_eq!(k.decide(10, 1), Local::Ask, "no lease");
     assert_eq!(k.slot.sync(100, 200, 0, 1), None, "one unit asked: too little to lease");
-    k.decide(110, 1);
-    k.decide(120, 1);
-    k.decide(130, 1);
+    for t in 110..115 {
+        k.decide(t, 1);
+    }
     assert!(k.slot.sync(200, 300, 1000, 1).is_some());
     let g = LeaseGrant {
         units: 2,
@@ -638,7 +638,7 @@ fn crossed_replies_keep_the_later_view() {
         for t in 0..8 {
             k.decide(t, 1);
         }
-        assert!(k.sync(100, 200, 1).is_some());
+        assert!(k.sync(100, Horizon::of(100, 200), 1).is_some());
         k
     };
     // The grant ran first (at 9,005,000), then the request (9,005,010).
@@ -710,7 +710,7 @@ fn a_refused_key_asks_for_nothing() {
     for t in 0..8 {
         k.decide(t, 1);
     }
-    assert!(k.sync(100, 200, 1).is_some_and(|a| a.want > 0));
+    assert!(k.sync(100, Horizon::of(100, 200), 1).is_some_and(|a| a.want > 0));
     k.granted(
         100,
         &LeaseGrant { units: 2, words: (4, 4), life_us: 150, remaining: 0, reset_us: 900, taken_back: false, at_us: 0 },
@@ -721,16 +721,16 @@ fn a_refused_key_asks_for_nothing() {
         // (more than the lease's last unit: refused, the unit left to go back)
         assert!(matches!(k.decide(130 + t, 2), Local::Refused { .. }));
     }
-    let arg = k.sync(300, 400, 1).expect("a unit to give back");
+    let arg = k.sync(300, Horizon::of(300, 400), 1).expect("a unit to give back");
     assert_eq!((arg.want, arg.back), (0, 1), "refused until 620: nothing asked, the ended lease given back");
     for t in 0..8 {
         k.decide(310 + t, 1);
     }
-    assert_eq!(k.sync(400, 500, 1), None, "still refused past the next sync");
+    assert_eq!(k.sync(400, Horizon::of(400, 500), 1), None, "still refused past the next sync");
     for t in 0..8 {
         k.decide(510 + t, 1);
     }
-    assert!(k.sync(600, 700, 1).is_some_and(|a| a.want > 0), "the refusal ends before the next sync");
+    assert!(k.sync(600, Horizon::of(600, 700), 1).is_some_and(|a| a.want > 0), "the refusal ends before the next sync");
 }
 
 /// Three nodes lose Redis when the line (30 a window) had 12 left: each
@@ -780,26 +780,82 @@ fn a_key_alone_while_redis_is_gone() {
 #[test]
 fn a_lease_ends_with_its_window_between_syncs() {
     let mut k = Kept::default();
-    for t in 0..2 {
+    for t in 0..8 {
         k.decide(t, 1);
     }
-    let arg = k.sync(100, 200, 1).expect("asked for");
-    assert_eq!(arg.want, 3);
+    let arg = k.sync(100, Horizon::of(100, 200), 1).expect("asked for");
+    assert_eq!(arg.want, 12);
     // The window ends at 150.
     k.granted(
         100,
-        &LeaseGrant { units: 3, words: (5, 5), life_us: 50, remaining: 90, reset_us: 50, taken_back: false, at_us: 0 },
+        &LeaseGrant { units: 12, words: (5, 5), life_us: 50, remaining: 90, reset_us: 50, taken_back: false, at_us: 0 },
     );
     assert_eq!(k.slot.ends_first(), Some(150));
     assert!(matches!(k.decide(120, 1), Local::Spent { .. }));
     assert_eq!(k.decide(150, 1), Local::Ask, "ended with its window");
-    let arg = k.sync_between(151, 200, 1).expect("ended: given back, and the next asked for");
-    assert_eq!((arg.want, arg.back, arg.words), (3, 2, (5, 5)), "the estimate as it was: 2 an interval");
+    let h = Horizon { next: 200, interval: 100, ends: 300 };
+    let arg = k.sync_between(151, h, 1).expect("ended: given back, and the next asked for");
+    assert_eq!((arg.want, arg.back, arg.words), (12, 11, (5, 5)), "the estimate as it was: 8 an interval");
     assert_eq!(k.slot.ends_first(), None);
     k.granted(
         151,
-        &LeaseGrant { units: 3, words: (6, 6), life_us: 150, remaining: 90, reset_us: 150, taken_back: true, at_us: 0 },
+        &LeaseGrant {
+            units: 12,
+            words: (6, 6),
+            life_us: 150,
+            remaining: 90,
+            reset_us: 150,
+            taken_back: true,
+            at_us: 0,
+        },
     );
     // At the next sync of the cadence the interval's demand (2) is folded in.
-    assert_eq!(k.sync(200, 300, 1), None, "3 held, to last past 300: enough for an estimate of 2");
+    assert_eq!(k.sync(200, Horizon::of(200, 300), 1), None, "12 held, to last past 300: enough for an estimate of 6.5");
+}
+
+/// A key of a window line seen about once an interval: a lease of an
+/// interval and a half would serve one request, and is not asked for; one
+/// that lives to its window's end (900 more) is, of two units, the least
+/// that pays for its call, and no more than the demand to its end.
+#[test]
+fn a_slow_key_is_leased_for_its_window() {
+    let mut s = Slot::default();
+    assert!(!s.spend(10, 1), "nothing held");
+    assert_eq!(s.sync(100, 200, 1000, 1), None, "one request a bucket lease's life: left to Redis");
+    let mut s = Slot::default();
+    assert!(!s.spend(10, 1));
+    s.end_interval();
+    let window = Horizon { next: 200, interval: 100, ends: 1000 };
+    let arg = s.sync_asking(100, window, 1000, 1, true).expect("asked for");
+    assert_eq!((arg.want, arg.back), (2, 0));
+    s.granted(100, 2, (1, 1), 900);
+    assert!(s.spend(150, 1) && s.spend(250, 1), "two requests, no round trip");
+    assert!(!s.spend(260, 1));
+    let short = Horizon { next: 300, interval: 100, ends: 260 + 150 };
+    assert_eq!(s.sync_asking(260, short, 1000, 1, true), None, "a short life: not worth a lease");
+}
+
+/// A lease that holds more than twice what its key is expected to spend
+/// before it ends, and two units, is ended at a sync and given back at
+/// once: the demand (one an interval) falls by a quarter each idle
+/// interval; 10 units to 1000 are kept while the key would spend 4 of
+/// them, and go back when it would spend 3.
+#[test]
+fn a_lease_its_key_no_longer_spends_goes_back_early() {
+    let mut s = Slot::default();
+    assert!(!s.spend(10, 1));
+    s.end_interval();
+    s.sync_asking(100, Horizon { next: 200, interval: 100, ends: 1000 }, 1000, 1, true).expect("asked for");
+    s.granted(100, 10, (3, 3), 900);
+    let at = |t: u64| Horizon { next: t + 100, interval: 100, ends: 1000 };
+    for t in [200, 300] {
+        s.end_interval();
+        assert_eq!(s.sync_asking(t, at(t), 1000, 1, true), None, "kept at {t}");
+        assert_eq!(s.left(t), 10);
+    }
+    s.end_interval();
+    let arg = s.sync_asking(400, at(400), 1000, 1, true).expect("given back");
+    assert_eq!((arg.want, arg.back, arg.words), (0, 10, (3, 3)), "nothing asked: seen too seldom now");
+    assert_eq!(s.left(400), 0, "ended: nothing spent from it any more");
+    assert!(!s.spend(410, 1));
 }

@@ -178,7 +178,7 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
         }
         if let Some(z) = line.backend.redis().and_then(|r| mcf.leases.iter().position(|l| l.redis == r)) {
             let lz = &mut mcf.leases[z];
-            let leasing = match Leasing::new(line.limit, lz.life_us) {
+            let leasing = match Leasing::new(line.limit, lz.life_of(&line.limit)) {
                 Ok(leasing) => leasing,
                 Err(e) => refuse!(
                     "{} (zone \"{}\" has \"lease\") in \"rl_limit\" directive in {}",

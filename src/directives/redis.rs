@@ -15,7 +15,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use crate::redis_zone::{self, RedisZone, Target, ZoneSpec};
 
 /// The parameters of a Redis zone besides `redis`.
-pub const PARAMS: [&str; 8] = [
+pub const PARAMS: [&str; 9] = [
     "timeout",
     "on_error",
     "prefix",
@@ -24,6 +24,7 @@ pub const PARAMS: [&str; 8] = [
     "ssl_certificate_key",
     "lease",
     "sync",
+    "life",
 ];
 
 /// The shortest and longest `sync=`: more often than every 10 ms, the
@@ -47,6 +48,41 @@ pub fn sync_param<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Result<Option<Du
     match parse_duration_ms(v).map(Duration::from_millis) {
         Ok(t) if (MIN_SYNC..=MAX_SYNC).contains(&t) => Ok(Some(t)),
         _ => Err(format!("invalid sync \"{}\", it must be from 10ms to 10s", Quote(v))),
+    }
+}
+
+/// The longest `life=`: a lease must end before its record, idle for a
+/// minute, can go.
+const MAX_LIFE: Duration = Duration::from_secs(60);
+
+/// `life=` of a zone with `lease=`, `sync` and `timeout` given: from a
+/// sync interval and the timeout (the life of every lease where it is not
+/// given: a key in steady demand always holds one while the next sync's
+/// reply comes); an error where it is given without `lease=`, or out of
+/// range.
+pub fn life_param<'a>(
+    get: impl Fn(&str) -> Option<&'a str>,
+    sync: Option<Duration>,
+    timeout: Duration,
+) -> Result<Option<Duration>, String> {
+    let life = get("life");
+    let Some(sync) = sync else {
+        return match life {
+            Some(_) => Err("\"life\" needs \"lease\"".into()),
+            None => Ok(None),
+        };
+    };
+    let least = sync.saturating_add(timeout);
+    let most = MAX_LIFE.max(least);
+    let Some(v) = life else { return Ok(Some(least)) };
+    match parse_duration_ms(v).map(Duration::from_millis) {
+        Ok(t) if (least..=most).contains(&t) => Ok(Some(t)),
+        _ => Err(format!(
+            "invalid life \"{}\", it must be from {}ms (sync plus timeout) to {}s",
+            Quote(v),
+            least.as_millis(),
+            most.as_secs()
+        )),
     }
 }
 

@@ -60,14 +60,19 @@ fn rl_zone(cf: *mut ngx_conf_t, mcf: &mut MainConf, args: &[ngx_str_t]) -> Resul
             Ok(sync) => sync,
             Err(e) => refuse!("{} in \"rl_zone\" directive", e),
         };
-        if let (Some(sync), Some(value)) = (sync, given.get("lease")) {
+        let life = match redis::life_param(|p| given.get(p), sync, zone.spec.timeout) {
+            Ok(life) => life,
+            Err(e) => refuse!("{} in \"rl_zone\" directive", e),
+        };
+        if let (Some(sync), Some(life), Some(value)) = (sync, life, given.get("lease")) {
             let size = checked_size(name, "lease", value)?;
             // (Zone::add logs why it fails, as nginx's ngx_shared_memory_add does)
             let mut table = Zone::add(cf, name, size).map_err(|()| ConfError::Logged)?;
             table.origin = origin(cf);
             table.note_words(Kept::WORDS);
             let local = given.get("on_error") == Some("local");
-            mcf.leases.push(LeaseZone::new(name, mcf.redis.len(), table, sync, zone.spec.timeout, local));
+            let times = crate::lease::Times { sync, timeout: zone.spec.timeout, life };
+            mcf.leases.push(LeaseZone::new(name, mcf.redis.len(), table, times, local));
         }
         mcf.redis.push(zone);
         return Ok(());

@@ -16,7 +16,7 @@ use futures_util::future::join_all;
 use ngx::async_::{sleep, spawn};
 use ngx::ffi::{ngx_cycle, ngx_log_t, ngx_worker, NGX_LOG_NOTICE, NGX_LOG_WARN};
 use ngx::ngx_log_error;
-use rl_core::lease::Kept;
+use rl_core::lease::{Horizon, Kept};
 use rl_core::redis::{LeaseArg, LeaseGrant};
 
 use super::LeaseZone;
@@ -115,7 +115,7 @@ async fn once(
         let calls = keys.chunks(MAX_KEYS).map(|chunk| async move {
             // (timed on the clock itself: nginx's cached one moves in whole milliseconds)
             let start = Instant::now();
-            let got = redis_zone::lease(lz.redis, chunk, lz.life_us).await;
+            let got = redis_zone::lease(lz.redis, chunk, lz.lives).await;
             if let Some(c) = counters {
                 let us = start.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
                 c.synced(chunk.len(), us, got.iter().any(Result::is_err));
@@ -222,18 +222,22 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
     let mut ends: Option<u64> = None;
     let Some(mut locked) = lz.table.lock() else { return (asks, ends) };
     locked.expire((now / 1_000_000) as u32);
+    let interval = lz.sync.as_micros() as u64;
     each_kept(&mut locked, |hash, kept| {
+        let leasing = lz.leasing(kept.line_id);
+        // (when a lease granted now would end: what it is sized for)
+        let h = Horizon { next, interval, ends: leasing.map_or(next, |l| l.end(now)) };
         let arg = match regular {
-            true => kept.sync(now, next, lz.nodes()),
+            true => kept.sync(now, h, lz.nodes()),
             // (between two syncs of the cadence: only the keys whose leases ended)
-            false if kept.slot.ends_first().is_some_and(|e| e <= now) => kept.sync_between(now, next, lz.nodes()),
+            false if kept.slot.ends_first().is_some_and(|e| e <= now) => kept.sync_between(now, h, lz.nodes()),
             false => None,
         };
         if let Some(e) = kept.slot.ends_first() {
             ends = Some(ends.map_or(e, |x| x.min(e)));
         }
         if let Some(arg) = arg {
-            match lz.leasing(kept.line_id) {
+            match leasing {
                 Some(leasing) => {
                     let arg = LeaseArg { line: *leasing.line(), want: arg.want, back: arg.back, words: arg.words };
                     asks.push((hash, LeaseKey { tag: kept.tag, line_id: kept.line_id, arg }));

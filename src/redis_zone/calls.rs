@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ngx::async_::spawn;
+use rl_core::redis::Lives;
 
 use super::clock::script_deadline;
 use super::conn::Target;
@@ -82,12 +83,12 @@ impl Calls {
         &self,
         zone: usize,
         keys: &[LeaseKey],
-        life_us: u64,
+        lives: Lives,
     ) -> Vec<Result<rl_core::redis::LeaseGrant, RedisError>> {
         let Some(zc) = self.conns.get(zone) else {
             return keys.iter().map(|_| Err(RedisError::NoZone)).collect();
         };
-        match timeout(zc.spec.timeout, zc.run_lease(&self.code, keys, life_us)).await {
+        match timeout(zc.spec.timeout, zc.run_lease(&self.code, keys, lives)).await {
             Ok(grants) => grants,
             Err(_) => keys.iter().map(|_| Err(RedisError::Timeout)).collect(),
         }

@@ -11,7 +11,7 @@ use rl_core::redis::{
     beat_function_name, beat_script, charge_function_name, charge_script, check_line, function_library, function_name,
     lease_function_name, lease_script, parse_beat_reply, parse_charge_reply, parse_lease_reply, parse_reply,
     undo_function_name, undo_script, write_args, write_charge_args, write_lease_args, write_memo_key, write_state_key,
-    Arg, Call, LeaseArg, LeaseGrant, LineArg, RequestReply, ScriptReply, LIMIT_SCRIPT, REPLY_PER_LINE,
+    Arg, Call, LeaseArg, LeaseGrant, LineArg, Lives, RequestReply, ScriptReply, LIMIT_SCRIPT, REPLY_PER_LINE,
 };
 
 use super::clock::Clock;
@@ -238,31 +238,36 @@ fn keys_and_memo(cmd: &mut Cmd, prefix: &str, keys: impl ExactSizeIterator<Item 
 
 /// The lease call (`NAME_lease`) for `keys`, named `memo` (a copy sent
 /// again answers what the first did: nothing is granted or given back
-/// twice); a lease lives `life_us` at most. Each key's grant, in order. A
+/// twice); a lease lives as `lives` says at most. Each key's grant, in order. A
 /// grant above what was wanted is not one the script can have made.
 pub async fn lease(
     mut conn: Conn,
     via: Via<'_>,
     prefix: &str,
     keys: &[LeaseKey],
-    life_us: u64,
+    lives: Lives,
     memo: CallId,
 ) -> Result<Vec<LeaseGrant>, RedisError> {
     let args: Vec<LeaseArg> = keys.iter().map(|k| k.arg).collect();
     let command = |how: How| {
         let mut cmd = via.code.lease.command(how);
         keys_and_memo(&mut cmd, prefix, keys.iter().map(|k| (k.tag, k.line_id)), memo);
-        write_lease_args(&args, None, life_us, |a| push_arg(&mut cmd, a));
+        write_lease_args(&args, None, lives, |a| push_arg(&mut cmd, a));
         cmd
     };
     let reply = integers(invoke(&mut conn, via, command).await?)?;
     let Some((_, grants)) = parse_lease_reply(&reply, keys.len()) else {
         return Err(RedisError::Malformed(format!("{} integers for a lease call of {} keys", reply.len(), keys.len())));
     };
-    if let Some((k, g)) = keys.iter().zip(&grants).find(|(k, g)| g.units > k.arg.want || g.life_us > life_us) {
+    if let Some((k, g)) =
+        keys.iter().zip(&grants).find(|(k, g)| g.units > k.arg.want || g.life_us > lives.of(&k.arg.line))
+    {
         return Err(RedisError::Malformed(format!(
             "a grant of {} units for {} us where {} units for {} us were asked",
-            g.units, g.life_us, k.arg.want, life_us
+            g.units,
+            g.life_us,
+            k.arg.want,
+            lives.of(&k.arg.line)
         )));
     }
     Ok(grants)

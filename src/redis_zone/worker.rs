@@ -14,6 +14,7 @@ use ngx::ffi::{
     ngx_msec_t, ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, ngx_resolver_t, NGX_LOG_ALERT,
 };
 use ngx::ngx_log_error;
+use rl_core::redis::Lives;
 
 use super::calls::Calls;
 use super::conn::Target;
@@ -205,13 +206,13 @@ pub fn charge(log: *mut ngx_log_t, zone: usize, line: super::JobLine) {
 pub async fn lease(
     zone: usize,
     keys: &[LeaseKey],
-    life_us: u64,
+    lives: Lives,
 ) -> Vec<Result<rl_core::redis::LeaseGrant, RedisError>> {
     // (the calls are taken out of the worker's state: the call runs outside it)
     let Some(calls) = with_worker(cycle_log(), |w| w.calls.clone()) else {
         return keys.iter().map(|_| Err(RedisError::NotSent)).collect();
     };
-    calls.lease(zone, keys, life_us).await
+    calls.lease(zone, keys, lives).await
 }
 
 /// A node's heartbeat on zone `zone`, from this worker (see

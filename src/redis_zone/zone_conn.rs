@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rl_core::redis::{write_state_key, LeaseGrant, RequestReply};
+use rl_core::redis::{write_state_key, LeaseGrant, Lives, RequestReply};
 use rustls::ClientConfig;
 
 use super::clock::Clock;
@@ -233,7 +233,7 @@ impl ZoneConn {
     /// A node's sync of its leases on this zone: one lease call for `keys`
     /// (on a cluster, one per slot), each named once for all its attempts.
     /// Each key's grant, in order, or why it has none.
-    pub async fn run_lease(&self, code: &Code, keys: &[LeaseKey], life_us: u64) -> Vec<Result<LeaseGrant, RedisError>> {
+    pub async fn run_lease(&self, code: &Code, keys: &[LeaseKey], lives: Lives) -> Vec<Result<LeaseGrant, RedisError>> {
         // (no deadline for Redis, as for a charge: a grant's life counts from
         // when the node sent the call, and what arrives late is only shorter)
         let until = Instant::now() + self.spec.timeout;
@@ -248,7 +248,7 @@ impl ZoneConn {
             let id = ids.nth(i);
             async move {
                 let group = &group;
-                self.retrying(until, move |conn| lease(conn, via, &self.spec.prefix, group, life_us, id)).await
+                self.retrying(until, move |conn| lease(conn, via, &self.spec.prefix, group, lives, id)).await
             }
         });
         let mut out: Vec<Result<LeaseGrant, RedisError>> = keys.iter().map(|_| Err(RedisError::Unanswered)).collect();

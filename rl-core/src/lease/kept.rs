@@ -4,7 +4,7 @@
 //! ([`Kept::decide`]). A plain copy in and out of the words, so that memory
 //! every worker maps holds nothing but integers.
 
-use super::{Held, Slot, Spent};
+use super::{Held, Horizon, Slot, Spent};
 use crate::limit::{Decision, Limit};
 use crate::redis::LeaseGrant;
 use crate::verdict::Outcome;
@@ -68,7 +68,7 @@ impl Local {
 
 impl Kept {
     /// Words a [`Kept`] takes.
-    pub const WORDS: usize = 3 * HELD_WORDS + 3 + 6 + 5;
+    pub const WORDS: usize = 3 * HELD_WORDS + 4 + 6 + 5;
 
     /// The kept record of the words (zeroes: a key with nothing kept);
     /// `None` if they are too few.
@@ -82,21 +82,21 @@ impl Kept {
         let slot = Slot {
             held: [held(0), held(1)],
             back: held(2),
-            demand: super::Demand { milli: w[s] },
-            asked: w[s + 1],
-            asking: w[s + 2] != 0,
+            demand: super::Demand { milli: w[s], mean: w[s + 1] },
+            asked: w[s + 2],
+            asking: w[s + 3] != 0,
         };
         Some(Kept {
             slot,
-            tag: w[s + 3],
-            line_id: w[s + 4],
-            remaining: w[s + 5],
-            full_at: w[s + 6],
-            heard_at: w[s + 7],
-            refused_until: w[s + 8],
-            local: [w[s + 9], w[s + 10], w[s + 11]],
-            local_since: w[s + 12],
-            owed: w[s + 13],
+            tag: w[s + 4],
+            line_id: w[s + 5],
+            remaining: w[s + 6],
+            full_at: w[s + 7],
+            heard_at: w[s + 8],
+            refused_until: w[s + 9],
+            local: [w[s + 10], w[s + 11], w[s + 12]],
+            local_since: w[s + 13],
+            owed: w[s + 14],
         })
     }
 
@@ -110,6 +110,7 @@ impl Kept {
         let o = 3 * HELD_WORDS;
         w[o..].copy_from_slice(&[
             s.demand.milli,
+            s.demand.mean,
             s.asked,
             u64::from(s.asking),
             self.tag,
@@ -159,21 +160,21 @@ impl Kept {
         self.heard(at, 0, now.saturating_add(reset_us));
     }
 
-    /// What the sync at `now` sends for the key, the next at `next`, with
+    /// What the sync at `now` sends for the key, with the times of `h`,
     /// `nodes` nodes sharing the line ([`Slot::sync`]): no new lease while
     /// Redis' last refusal holds past the next sync (a lease then would
     /// be granted nothing, and a key refused under a flood would cost
     /// Redis a call every interval).
-    pub fn sync(&mut self, now: u64, next: u64, nodes: u64) -> Option<super::SyncArg> {
+    pub fn sync(&mut self, now: u64, h: Horizon, nodes: u64) -> Option<super::SyncArg> {
         self.slot.end_interval();
-        self.sync_between(now, next, nodes)
+        self.sync_between(now, h, nodes)
     }
 
     /// [`Kept::sync`] between two syncs of the cadence, the interval's
     /// demand not folded in yet (see [`Slot::sync_asking`]).
-    pub fn sync_between(&mut self, now: u64, next: u64, nodes: u64) -> Option<super::SyncArg> {
-        let ask = next >= self.refused_until;
-        self.slot.sync_asking(now, next, self.last_remaining(), nodes, ask)
+    pub fn sync_between(&mut self, now: u64, h: Horizon, nodes: u64) -> Option<super::SyncArg> {
+        let ask = h.next >= self.refused_until;
+        self.slot.sync_asking(now, h, self.last_remaining(), nodes, ask)
     }
 
     /// A request of `cost` at `now` that the leases do not hold, decided on

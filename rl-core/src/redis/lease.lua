@@ -7,7 +7,9 @@
 -- one: the most units up to what the node wants that the line admits at
 -- once, charged as one request. KEYS: the state keys, then the call's memo
 -- key (a lease call is applied once, as a commit is). ARGV: now ("" =
--- TIME), a lease's life in us, then per key five arguments: its line (as
+-- TIME), a lease's life in us (token_bucket, leaky_bucket, gcra), the life
+-- of a fixed or sliding line's lease (to the end of its window at most),
+-- then per key five arguments: its line (as
 -- `limit` takes one; the line that grants leases, its burst already less
 -- what nginx holds back), the units wanted, the units given back (0:
 -- none), and the words v1, v2 the grant of those units returned. Returns
@@ -17,15 +19,15 @@
 -- grant, 1 if the units given back were taken back (else 0)}.
 local function lease(KEYS, ARGV)
   start(ARGV[1])
-  if #KEYS < 2 or #ARGV ~= 2 + 5 * (#KEYS - 1) then
+  if #KEYS < 2 or #ARGV ~= 3 + 5 * (#KEYS - 1) then
     return redis.error_reply('rl: malformed arguments')
   end
   local again = repeat_of(KEYS)
   if again then
     return again
   end
-  local life = tonumber(ARGV[2])
-  if not life or life < 1 then
+  local life, wlife = tonumber(ARGV[2]), tonumber(ARGV[3])
+  if not life or life < 1 or not wlife or wlife < 1 then
     return redis.error_reply('rl: malformed arguments')
   end
   read(KEYS)
@@ -37,7 +39,7 @@ local function lease(KEYS, ARGV)
   shared = true
   local out = { now }
   for i = 1, #KEYS do
-    local a = 2 + 5 * (i - 1)
+    local a = 3 + 5 * (i - 1)
     local key, lim = KEYS[i], line(ARGV[a + 1])
     local want, back = tonumber(ARGV[a + 2]) or 0, tonumber(ARGV[a + 3]) or 0
     local o = 7 * (i - 1) + 2
@@ -71,6 +73,7 @@ local function lease(KEYS, ARGV)
             local W = lim[6]
             local k = now / W
             k = k - k % 1
+            ends = now + wlife
             if (k + 1) * W < ends then ends = (k + 1) * W end
           end
           out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = g, v1, v2, ends - now, rem, rst

@@ -12,7 +12,7 @@ use proptest::test_runner::FileFailurePersistence;
 use rl_core::lease::{Lease, Leasing};
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
-use rl_core::redis::{lease_args, parse_lease_reply, LeaseArg, LeaseGrant};
+use rl_core::redis::{lease_args, parse_lease_reply, LeaseArg, LeaseGrant, Lives};
 
 use crate::fixtures::{keys, T0};
 use crate::harness::{memo_key, Mode, Redis};
@@ -46,7 +46,7 @@ impl Both {
 
     /// One lease call at `now` for every key (`want` units each, giving
     /// back `held`); the raw reply, named `id`.
-    fn call(&self, now: u64, life: u64, wants: &[u64], held: &[Option<Held>], id: (u64, u64)) -> Vec<i64> {
+    fn call(&self, now: u64, life: Lives, wants: &[u64], held: &[Option<Held>], id: (u64, u64)) -> Vec<i64> {
         let args: Vec<LeaseArg> = (0..self.keys.len())
             .map(|i| {
                 let (back, words) = held[i].map_or((0, (0, 0)), |h| (h.lease.left(), h.words));
@@ -62,7 +62,7 @@ impl Both {
 
     /// A node's sync at `now`: the same call on both sides, compared; the
     /// node's new leases.
-    fn sync(&mut self, now: u64, life: u64, wants: &[u64], held: &[Option<Held>]) -> Vec<Held> {
+    fn sync(&mut self, now: u64, life: Lives, wants: &[u64], held: &[Option<Held>]) -> Vec<Held> {
         self.calls += 1;
         let id = (7, self.calls);
         let raw = self.call(now, life, wants, held, id);
@@ -149,11 +149,14 @@ proptest! {
     fn lease_calls_are_the_model(
         limits in prop::collection::vec(leased(), 1..=3),
         life_permille in 1u64..=400,
+        window_permille in 1u64..=3000,
         steps in steps(),
     ) {
-        // (one life for the call: a part of the first line's window)
-        let life = (u128::from(limits[0].window_us()) * u128::from(life_permille) / 1000).max(1) as u64;
-        let leasing: Vec<Leasing> = limits.iter().filter_map(|l| Leasing::new(*l, life).ok()).collect();
+        // (the call's lives: parts of the first line's window, a bucket's
+        // shorter, a window line's up to three windows)
+        let part = |p: u64| (u128::from(limits[0].window_us()) * u128::from(p) / 1000).max(1) as u64;
+        let life = Lives { bucket_us: part(life_permille), window_us: part(window_permille) };
+        let leasing: Vec<Leasing> = limits.iter().filter_map(|l| Leasing::new(*l, life_of(l, life)).ok()).collect();
         if leasing.is_empty() {
             return Ok(());
         }
@@ -181,6 +184,14 @@ proptest! {
     }
 }
 
+/// The life of `l`'s leases in a call of `lives`.
+fn life_of(l: &Limit, lives: Lives) -> u64 {
+    match l.algorithm() {
+        Algorithm::Fixed | Algorithm::Sliding => lives.window_us,
+        _ => lives.bucket_us,
+    }
+}
+
 /// By hand, as a function and as a script: a `fixed` line of 10 a second;
 /// a node takes 6, spends 2, gives back 4 and takes 8 in the same call: 8
 /// granted, 2 left at once; its lease ends with the window.
@@ -195,13 +206,17 @@ fn by_hand(mode: Mode) {
     let fixed = Limit::new(Algorithm::Fixed, Rate { count: 10, period_us: 1_000_000 }, 10).unwrap();
     let leasing = Leasing::new(fixed, 300_000).unwrap();
     let mut both = Both::with(mode, vec![leasing]);
+    let lives = Lives { bucket_us: 150_000, window_us: 300_000 };
     let t = T0 + 900_000;
-    let mut held = both.sync(t, 300_000, &[6], &[None]);
+    let mut held = both.sync(t, lives, &[6], &[None]);
     assert_eq!((held[0].lease.granted(), held[0].lease.until()), (6, T0 + 1_000_000), "ends with the window");
     assert!(held[0].lease.spend(t + 10, 2));
-    let again = both.sync(t + 20, 300_000, &[8], &[Some(held.remove(0))]);
+    let again = both.sync(t + 20, lives, &[8], &[Some(held.remove(0))]);
     assert_eq!(again[0].lease.granted(), 8, "4 given back, 8 of the 10 less the 2 spent");
-    let raw = both.call(t + 30, 300_000, &[0], &[None], (7, 99));
+    assert_eq!(again[0].lease.until(), T0 + 1_000_000, "ends with the window");
+    let raw = both.call(t + 30, lives, &[0], &[None], (7, 99));
     let (_, g) = parse_lease_reply(&raw, 1).unwrap();
     assert_eq!((g[0].units, g[0].remaining), (0, 0), "{g:?}");
+    let early = both.sync(T0 + 1_100_000, lives, &[2], &[None]);
+    assert_eq!(early[0].lease.until(), T0 + 1_400_000, "a window line's life (300 ms), before the window ends");
 }
