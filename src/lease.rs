@@ -17,14 +17,15 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ngx::ffi::ngx_log_t;
-use rl_core::lease::{Kept, Leasing, Local};
+use rl_core::lease::{Horizon, Kept, Leasing, Local};
 use rl_core::limit::Limit;
-use rl_core::redis::Lives;
+use rl_core::redis::{LeaseGrant, Lives};
 use rl_core::verdict::Outcome;
 
 pub use self::sync::init_worker;
 use crate::line::Line;
-use crate::request::Ctx;
+use crate::metrics::store::lease_slot;
+use crate::request::{Ctx, LineResult};
 use crate::shm::{now_us, Zone};
 
 /// A Redis zone in lease mode: where its leases live on this nginx, and
@@ -120,6 +121,14 @@ impl LeaseZone {
         self.shared().nodes.load(Ordering::Relaxed).max(1)
     }
 
+    /// The times a lease of `line` asked for at `now` is sized by (the next
+    /// sync taken to be an interval away).
+    fn horizon(&self, line: &Line, now: u64) -> Horizon {
+        let interval = self.sync.as_micros() as u64;
+        let ends = line.lease.map_or(now, |(_, l)| l.end(now));
+        Horizon { next: now.saturating_add(interval), interval, ends, wait: self.lives.bucket_us }
+    }
+
     /// How the line of identity `id` is leased.
     pub fn leasing(&self, id: u64) -> Option<&Leasing> {
         self.lines.iter().find(|(l, _)| *l == id).map(|(_, leasing)| leasing)
@@ -143,10 +152,14 @@ pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         };
         let cost = res.cost;
         let decided = with_kept(lz, line, res.key.as_bytes(), now, log, |k| match k.decide(now, cost) {
-            Local::Ask if alone != 0 => Some((decide_alone(lz, line, k, now, cost, alone), None)),
-            local => local.outcome(),
+            Local::Ask if alone != 0 => (Some((decide_alone(lz, line, k, now, cost, alone), None)), 0),
+            // (Redis decides: the key's lease may come with its answer)
+            Local::Ask => (None, k.ask_with(now, lz.horizon(line, now), lz.nodes())),
+            local => (local.outcome(), 0),
         });
-        let Some(Some((o, spent))) = decided else { continue };
+        let Some((decided, want)) = decided else { continue };
+        res.lease_want = want;
+        let Some((o, spent)) = decided else { continue };
         // (a line decided alone is charged to Redis later, as what it owes: not here)
         res.set(&o, spent.is_some());
         if let Some(spent) = spent {
@@ -230,6 +243,21 @@ pub fn learn(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, 
             said.saturating_add(k.slot.left(now))
         });
         res.decision.outcome.remaining = view.unwrap_or(o.remaining);
+    }
+}
+
+/// The answer to a request whose call asked for a lease of `line`
+/// ([`LineResult::lease_want`]): the grant it brought, `None` if it failed
+/// or brought none; the line asks for none any more.
+pub fn answered(leases: &[LeaseZone], line: &Line, res: &mut LineResult, g: Option<&LeaseGrant>, log: *mut ngx_log_t) {
+    if res.lease_want == 0 {
+        return;
+    }
+    res.lease_want = 0;
+    let Some((z, lz)) = line.lease.and_then(|(z, _)| Some((z, leases.get(z)?))) else { return };
+    with_kept(lz, line, res.key.as_bytes(), now_us(), log, |k| k.answered(g));
+    if let (Some(c), Some(g)) = (lease_slot(z), g) {
+        c.granted(g.units);
     }
 }
 

@@ -289,6 +289,10 @@ pub struct JobLine {
     pub next: bool,
     /// [`crate::line::Line::deepest_queue`]: the reply's range.
     pub deepest_queue: u64,
+    /// Not a line of the request but a lease of `cost` units at most asked
+    /// with it for the line before it, living this long (µs; 0: a line of
+    /// the request): rl-core's [`rl_core::redis::LineArg::lease_life`].
+    pub lease_life: u64,
 }
 
 /// One key of a node's sync in lease mode: whose state (as [`JobLine`]
@@ -309,6 +313,9 @@ impl rl_core::redis::Shape for JobShape<'_> {
     }
     fn dry_run(&self, i: usize) -> bool {
         self.0.get(i).is_some_and(|l| l.dry_run)
+    }
+    fn lease(&self, i: usize) -> bool {
+        self.0.get(i).is_some_and(|l| l.lease_life > 0)
     }
 }
 

@@ -58,6 +58,9 @@ pub struct LineResult {
     /// to put them back if the request is refused all the same.
     pub leased: bool,
     pub spent: Spent,
+    /// A line in lease mode that Redis decides: the units of the lease its
+    /// call asks for with the request (0: none).
+    pub lease_want: u64,
 }
 
 impl LineResult {

@@ -134,11 +134,11 @@ fn is_state_key(key: &[u8]) -> bool {
     rest.len() == 35 && rest[0] == b'{' && hex(&rest[1..17]) && &rest[17..19] == b"}:" && hex(&rest[19..])
 }
 
-/// What Redis has charged the line: the count of its fixed window (0 before
-/// anything is). The state is a string: a 0 byte, then little-endian
-/// doubles, for `fixed` [window + 1, count], then the key's expiry in ms;
-/// its key `PREFIX{tag}:line` (other keys, of other shapes, are not looked at).
-fn charged(redis: &Redis) -> u64 {
+/// Every state key of the line's and its state: a string, checked to be
+/// a `fixed` window's (a 0 byte, then little-endian doubles, [window + 1,
+/// count], then the key's expiry in ms); its key `PREFIX{tag}:line` (other
+/// keys, of other shapes, are not looked at).
+fn states(redis: &Redis) -> Vec<(String, [f64; 2])> {
     let mut c = Client::connect(redis.port).expect("cannot connect to redis-server");
     let pattern = format!("{PREFIX}*");
     let Reply::Array(keys) = c.cmd(&[b"KEYS", pattern.as_bytes()]).unwrap() else { panic!("KEYS: not an array") };
@@ -150,27 +150,45 @@ fn charged(redis: &Redis) -> u64 {
         }
         let name = String::from_utf8_lossy(&key).into_owned();
         match c.cmd(&[b"GET", &key]).unwrap() {
-            Reply::Bulk(Some(v)) if v.len() == 1 + 8 * 3 && v[0] == 0 => states.push((name, v)),
+            Reply::Bulk(Some(v)) if v.len() == 1 + 8 * 3 && v[0] == 0 => {
+                let word = |i: usize| f64::from_le_bytes(v[1 + 8 * i..9 + 8 * i].try_into().unwrap());
+                let (window, count) = (word(0), word(1));
+                assert!(window == 1.0 && count >= 0.0 && count.fract() == 0.0, "{name}: state [{window}, {count}]");
+                states.push((name, [window, count]));
+            }
             other => panic!("{name}: not a fixed window's state: {other:02x?}"),
         }
     }
-    assert!(states.len() <= 1, "one line, one key: one state expected, Redis has {states:02x?}");
-    let Some((name, v)) = states.pop() else { return 0 };
-    let word = |i: usize| f64::from_le_bytes(v[1 + 8 * i..9 + 8 * i].try_into().unwrap());
-    let (window, count) = (word(0), word(1));
-    assert!(window == 1.0 && count >= 0.0 && count.fract() == 0.0, "{name}: state [{window}, {count}]");
-    count as u64
+    states
+}
+
+/// What Redis has charged the line of one key: the count of its fixed
+/// window (0 before anything is).
+fn charged(redis: &Redis) -> u64 {
+    let states = states(redis);
+    assert!(states.len() <= 1, "one line, one key: one state expected, Redis has {states:?}");
+    states.first().map_or(0, |(_, [_, count])| *count as u64)
+}
+
+/// What Redis has charged a line of many keys: their counts, summed.
+fn charged_all(redis: &Redis) -> u64 {
+    states(redis).iter().map(|(_, [_, count])| *count as u64).sum()
 }
 
 /// Waits until nothing is in flight through the proxy and Redis' count has
 /// not changed for `settle` (polled, not slept through): the count. Fails
 /// if it is still changing after 20 s.
 fn settled(redis: &Redis, proxy: &CuttingProxy, settle: Duration) -> u64 {
+    settled_by(charged, redis, proxy, settle)
+}
+
+/// [`settled`], Redis' count read by `count`.
+fn settled_by(count: fn(&Redis) -> u64, redis: &Redis, proxy: &CuttingProxy, settle: Duration) -> u64 {
     let give_up = Instant::now() + Duration::from_secs(20);
-    let mut last = (charged(redis), Instant::now());
+    let mut last = (count(redis), Instant::now());
     loop {
         thread::sleep(Duration::from_millis(50));
-        let now = charged(redis);
+        let now = count(redis);
         if now != last.0 || proxy.outstanding() > 0 {
             last = (now, Instant::now());
         } else if last.1.elapsed() >= settle {
@@ -538,6 +556,59 @@ fn lease_calls_are_applied_once() {
         ok,
         "lease calls, every 3rd reply cut: Redis holds {in_redis} units for {ok} requests admitted; proxy: {stats:?}; \
          Redis failures logged: {:?}",
+        failed_lines(&ngx.error_log(), "r")
+    );
+}
+
+/// The calls of requests that ask for a lease with them (a lease spent
+/// before the next sync): the line string of the lease ends "0 16 LIFE".
+fn calls_asking_for_a_lease() -> Filter {
+    Arc::new(|cmd: &[Vec<u8>]| {
+        let asks = |a: &Vec<u8>| {
+            let s = String::from_utf8_lossy(a);
+            let mut w = s.rsplit(' ');
+            w.next().is_some_and(|life| life.bytes().all(|b| b.is_ascii_digit())) && w.next() == Some("16")
+        };
+        cmd.get(1).is_some_and(|f| !f.ends_with(b"_lease")) && cmd.iter().skip(2).any(asks)
+    })
+}
+
+/// Lease mode: a request its leases do not hold asks Redis, and asks for a
+/// lease in the same call. Keys of 10 ms each (`$msec` cut), `life=2s`:
+/// each key's first request asks for one. On each connection open for a
+/// second, every 2nd such call loses its reply after Redis ran it; nginx
+/// sends it again under its name, and the copy answers the same request
+/// and the same grant. Once every lease has ended and been given back,
+/// Redis holds exactly one unit per request answered 200: no grant applied
+/// twice.
+#[test]
+fn leases_asked_with_requests_are_applied_once() {
+    let redis = Redis::start();
+    let proxy = CuttingProxy::start(redis.port);
+    let ngx = Nginx::start(&server(
+        &format!(
+            "rl_zone r redis={} timeout=1s on_error=deny lease=16m sync=50ms life=2s;\n\
+             map $msec $per_10ms {{ \"~^(?<k>[0-9]+\\.[0-9][0-9])\" $k; }}",
+            proxy.url()
+        ),
+        "location / { rl_limit zone=r key=$per_10ms rate=1000r/h burst=1000000000 algorithm=fixed; }",
+    ));
+    proxy.only_calls(Some(calls_asking_for_a_lease()));
+    proxy.only_connections_older_than(SERVED);
+    proxy.cut_every(2);
+    let results = load(ngx.port, &costs(), Duration::from_secs(3), 8);
+    let in_redis = settled_by(charged_all, &redis, &proxy, Duration::from_millis(2500));
+    proxy.stop_cutting();
+    let stats = proxy.stats();
+    assert_sane(&stats, &ngx);
+    assert!(stats.cuts > 0, "no call that asked for a lease was cut: {stats:?}");
+    let ok = by_status(&results).get(&200).copied().unwrap_or(0) as u64;
+    assert_eq!(by_status(&results), counts(&[(200, results.len())]), "every request admitted; proxy: {stats:?}");
+    assert_eq!(
+        in_redis,
+        ok,
+        "calls asking for a lease, every 2nd reply cut: Redis holds {in_redis} units for {ok} requests admitted; \
+         proxy: {stats:?}; Redis failures logged: {:?}",
         failed_lines(&ngx.error_log(), "r")
     );
 }

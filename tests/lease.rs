@@ -806,3 +806,36 @@ fn life_leases_a_slow_key_for_its_window() {
     let log = nginx.error_log();
     assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
 }
+
+/// A key with no lease asks Redis, as exact mode does, and gets its first
+/// lease with the answer of the first request its demand warrants one for:
+/// the syncs (every 10 s) are not what lease it. 20 requests one after
+/// another on a fresh key (`life=20s`, a line of a day): the fourth comes
+/// to two units in a lease's life at the key's average so far, and asks
+/// for 6 (half again its 4) with its answer; the one that finds them spent
+/// asks for 17; Redis decides 5 of the 20.
+#[test]
+fn a_cold_key_gets_its_first_lease_with_its_answer() {
+    let redis = Redis::start();
+    let conf = server(
+        &format!("rl_zone c redis={} timeout=100ms lease=1m sync=10s life=20s;", redis.url()),
+        "location / { rl_limit zone=c key=$http_x_k rate=100000r/d algorithm=fixed; }\n\
+         location = /metrics { rl_metrics; }",
+    );
+    let nginx = Nginx::start(&conf);
+    let got = sequential(nginx.port, 20, "/index.html", "cold");
+    assert!(got.iter().all(|&(s, _)| s == 200), "{got:?}");
+    let calls = metric(nginx.port, "nginx_rl_redis_calls_total", "c");
+    let (leases, units) = (
+        metric(nginx.port, "nginx_rl_leases_granted_total", "c"),
+        metric(nginx.port, "nginx_rl_lease_units_granted_total", "c"),
+    );
+    eprintln!("20 requests: {calls} Redis calls, {leases} leases of {units} units");
+    assert_eq!(metric(nginx.port, "nginx_rl_lease_syncs_total", "c"), 0, "no sync's lease call yet");
+    assert_eq!((calls, leases, units), (5, 2, 23), "6 (4 seen), then 17 (11 seen)");
+    // What each reports: the line's remaining, request by request (one nginx: no other takes).
+    let remaining: Vec<u64> = got.iter().filter_map(|&(_, r)| r).collect();
+    assert_eq!(remaining, (0..20).map(|i| 99_999 - i).collect::<Vec<_>>());
+    let log = nginx.error_log();
+    assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+}

@@ -319,12 +319,14 @@ pub struct SyncArg {
 
 /// What a sync knows of time, for sizing a key's leases (on the node's
 /// clock): when the next sync of the cadence runs, how long an interval
-/// is, and when a lease granted now would end.
+/// is, when a lease granted now would end, and how long a call that asks
+/// for one may go unanswered (past that, given up on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Horizon {
     pub next: u64,
     pub interval: u64,
     pub ends: u64,
+    pub wait: u64,
 }
 
 impl Horizon {
@@ -333,7 +335,8 @@ impl Horizon {
     /// of a zone whose `timeout` is half its `sync`).
     pub fn of(now: u64, next: u64) -> Horizon {
         let interval = next.saturating_sub(now);
-        Horizon { next, interval, ends: next.saturating_add(interval / 2) }
+        let ends = next.saturating_add(interval / 2);
+        Horizon { next, interval, ends, wait: ends - now }
     }
 }
 
@@ -355,9 +358,11 @@ pub struct Slot {
     demand: Demand,
     /// Units this interval's requests asked for.
     asked: u64,
-    /// A sync that asked for a lease has not been answered yet: the next
-    /// asks for none (two grants at once would waste one).
-    asking: bool,
+    /// Since when (the node's clock) a call that asked for a lease for the
+    /// key (a sync's, or a request's) has not been answered (0: none):
+    /// while it may still be, within a lease's life, no other asks (two
+    /// grants at once would waste one). A lease it brings lives from then.
+    asking_since: u64,
 }
 
 impl Slot {
@@ -433,41 +438,88 @@ impl Slot {
     pub fn sync_asking(&mut self, now: u64, h: Horizon, remaining: u64, nodes: u64, ask: bool) -> Option<SyncArg> {
         let Horizon { next, interval, .. } = h;
         let demand = self.demand;
-        for h in self.held.iter_mut().filter(|h| h.granted > 0 && now < h.ends) {
-            let to_end = demand.over(h.ends - now, interval).div_ceil(1000);
-            if h.left > to_end.saturating_mul(2).saturating_add(2) {
+        // (one lease goes back a call: only while no other waits to)
+        let ended = |h: &Held| h.granted > 0 && now >= h.ends && h.left > 0;
+        if self.back.left == 0 && !self.held.iter().any(ended) {
+            let early = self.held.iter_mut().filter(|h| h.granted > 0 && now < h.ends).find(|h| {
+                let to_end = demand.over(h.ends - now, interval).div_ceil(1000);
+                h.left > to_end.saturating_mul(2).saturating_add(2)
+            });
+            if let Some(h) = early {
                 h.ends = now;
             }
         }
+        self.settle(now);
+        let live = self.held.iter().filter(|h| h.granted > 0).count();
+        let lasting: u64 = self.held.iter().filter(|h| h.ends > next).map(|h| h.left).sum();
+        let life = h.ends.saturating_sub(now);
+        // (a lease pays for the call that carries it when it serves more than a request in
+        // its life: a key seen less often is left to Redis)
+        let want = match ask && !self.asking(now, h.wait) && live < 2 {
+            true => self.demand.want_for(life, interval, remaining, nodes).saturating_sub(lasting),
+            false => 0,
+        };
+        let back = core::mem::take(&mut self.back);
+        if want > 0 {
+            self.asking_since = now.max(1);
+        }
+        (want > 0 || back.left > 0).then_some(SyncArg { want, back: back.left, words: back.words })
+    }
+
+    /// How many units to ask for with a request of the key that Redis
+    /// decides at `now` (its units counted in this interval's), with the
+    /// times of `h`: a lease in its call, asked for and sized as a sync
+    /// would, the interval's requests so far folded in as a whole
+    /// interval's (a key's first requests have no history to go by, and
+    /// one seen now and then must not take a lease it will not spend); 0:
+    /// none.
+    pub fn ask_with(&mut self, now: u64, h: Horizon, remaining: u64, nodes: u64) -> u64 {
+        let life = h.ends.saturating_sub(now);
+        // (what an ended lease left goes back at the next sync: until then it keeps its place)
+        for x in self.held.iter_mut().filter(|x| x.left == 0) {
+            *x = Held::default();
+        }
+        if self.held[0].granted == 0 {
+            self.held.swap(0, 1);
+        }
+        let live = self.held.iter().filter(|x| x.granted > 0).count();
+        if self.asking(now, h.wait) || live >= 2 {
+            return 0;
+        }
+        let mut seen = self.demand;
+        seen.observe(self.asked);
+        let lasting: u64 = self.held.iter().filter(|x| x.ends > h.next).map(|x| x.left).sum();
+        let want = seen.want_for(life, h.interval, remaining, nodes).saturating_sub(lasting);
+        if want > 0 {
+            self.asking_since = now.max(1);
+        }
+        want
+    }
+
+    /// Whether a call that asked for a lease may still be answered at
+    /// `now`, calls going unanswered `wait` at most.
+    fn asking(&self, now: u64, wait: u64) -> bool {
+        self.asking_since != 0 && now < self.asking_since.saturating_add(wait)
+    }
+
+    /// Lets go of the leases ended at `now` (what one left moves out, to be
+    /// given back; one a sync) and those spent to the last unit: their
+    /// places may hold the next.
+    fn settle(&mut self, now: u64) {
         for h in self.held.iter_mut() {
-            if h.granted > 0 && now >= h.ends {
-                if h.left > 0 && self.back.left == 0 {
-                    self.back = *h;
+            if h.granted > 0 && now >= h.ends && h.left > 0 {
+                // (a second ended lease with units left, while one waits to go back: kept,
+                // ended, for the next sync, which its end calls at once)
+                if self.back.left == 0 {
+                    self.back = core::mem::take(h);
                 }
-                // (a second ended lease with units left, while one waits to
-                // go back: wasted, never given back twice)
-                *h = Held::default();
-            } else if h.granted > 0 && h.left == 0 {
+            } else if h.granted > 0 && (now >= h.ends || h.left == 0) {
                 *h = Held::default();
             }
         }
         if self.held[0].granted == 0 {
             self.held.swap(0, 1);
         }
-        let live = self.held.iter().filter(|h| h.granted > 0).count();
-        let lasting: u64 = self.held.iter().filter(|h| h.ends > next).map(|h| h.left).sum();
-        // (a lease pays for the call that carries it when it serves more than a request in
-        // its life: a key seen less often is left to Redis)
-        let want = match ask && !self.asking && live < 2 {
-            true => {
-                let life = h.ends.saturating_sub(now);
-                self.demand.want_for(life, interval, remaining, nodes).saturating_sub(lasting)
-            }
-            false => 0,
-        };
-        let back = core::mem::take(&mut self.back);
-        self.asking |= want > 0;
-        (want > 0 || back.left > 0).then_some(SyncArg { want, back: back.left, words: back.words })
     }
 
     /// When the first of the leases it holds ends, if it holds any: a
@@ -480,7 +532,7 @@ impl Slot {
     /// The lease a sync sent at `sent` brought: `units` (0: none) for
     /// `life_us` from when Redis ran the call, given back with `words`.
     pub fn granted(&mut self, sent: u64, units: u64, words: (u64, u64), life_us: u64) {
-        self.asking = false;
+        self.answered(sent);
         if units == 0 {
             return;
         }
@@ -492,10 +544,26 @@ impl Slot {
         }
     }
 
-    /// A sync's call got no answer (failed, or given up on): the next sync
-    /// may ask again. What the call asked for, and gave back, is lost.
-    pub fn unanswered(&mut self) {
-        self.asking = false;
+    /// A call sent at `sent` got no answer (failed, or given up on): the
+    /// next may ask again, if it was the one that asked. What the call
+    /// asked for, and gave back, is lost.
+    pub fn unanswered(&mut self, sent: u64) {
+        self.answered(sent);
+    }
+
+    /// The call sent at `sent` is answered: if it asked for a lease, the
+    /// next may. (Another call's answer, a sync's that only gave back,
+    /// leaves the one that asked waiting: a lease it brings must find it.)
+    fn answered(&mut self, sent: u64) {
+        if self.asking_since == sent.max(1) {
+            self.asking_since = 0;
+        }
+    }
+
+    /// Since when a call that asked for a lease has not been answered (0:
+    /// none): when a lease it brings lives from.
+    pub fn asking_since(&self) -> u64 {
+        self.asking_since
     }
 }
 

@@ -357,18 +357,24 @@ pub struct LineArg {
     /// The line reports [`Outcome::next_us`] (the `t` of the `RateLimit`
     /// field, which costs the script a little more).
     pub next: bool,
+    /// Not a line of the request but a lease asked with it, of `cost`
+    /// units at most, living this long (µs; 0: a line of the request): the
+    /// lease call's grant for its key, made after the request's lines
+    /// whatever they decide, and read as a [`LeaseGrant`] (see
+    /// [`parse_reply`]).
+    pub lease_life: u64,
 }
 
 impl From<(Limit, u64)> for LineArg {
     /// An enforced line.
     fn from((limit, cost): (Limit, u64)) -> Self {
-        LineArg { limit, cost, dry_run: false, check_only: false, next: false }
+        LineArg { limit, cost, dry_run: false, check_only: false, next: false, lease_life: 0 }
     }
 }
 
 impl From<(Limit, u64, bool)> for LineArg {
     fn from((limit, cost, dry_run): (Limit, u64, bool)) -> Self {
-        LineArg { limit, cost, dry_run, check_only: false, next: false }
+        LineArg { limit, cost, dry_run, check_only: false, next: false, lease_life: 0 }
     }
 }
 
@@ -451,8 +457,23 @@ fn flush_run(run: Option<(LineArg, u64)>, spec: &mut Spec, emit: &mut impl FnMut
 /// queue flags"`, `flags` being the sum of 1 for a dry-run line, 2 for a
 /// [`Limit::varying`] one (whose state carries its scale tag), 4 for a
 /// `charge=after` line's check and 8 for a line that reports
-/// [`Outcome::next_us`].
+/// [`Outcome::next_us`]; a lease asked with the request is `"... 16
+/// life"`.
 pub fn write_spec(out: &mut String, line: &LineArg) {
+    if line.lease_life > 0 {
+        let (limit, rate) = (&line.limit, line.limit.rate());
+        let name = limit.algorithm().name();
+        let _ = write!(
+            out,
+            "{name} {} {} {} {} 0 16 {}",
+            rate.count,
+            rate.period_us,
+            limit.burst(),
+            line.cost,
+            line.lease_life
+        );
+        return;
+    }
     let (limit, rate) = (&line.limit, line.limit.rate());
     // Writing to a String cannot fail.
     let _ = write!(
@@ -649,21 +670,31 @@ pub fn parse_lease_reply(reply: &[i64], keys: usize) -> Option<(u64, Vec<LeaseGr
 pub type Lines = SmallVec<[Outcome; 2]>;
 
 /// One request's outcome: admitted (every enforced line admits it, see
-/// [`crate::verdict::combine`]), each line's outcome, and when Redis ran
-/// the call (µs of its clock; 0 when its lines took calls to several
-/// nodes).
-pub type RequestReply = (bool, Lines, u64);
+/// [`crate::verdict::combine`]), each line's outcome, when Redis ran the
+/// call (µs of its clock; 0 when its lines took calls to several nodes),
+/// and the leases asked with it (by the index of their line among the
+/// request's; the lines then are the others).
+pub type RequestReply = (bool, Lines, u64, Grants);
+
+/// The leases asked with a request, as it got them (inline: none, or one).
+pub type Grants = SmallVec<[(usize, LeaseGrant); 1]>;
 
 /// Integers per line in the script's reply.
 pub const REPLY_PER_LINE: usize = 5;
 
 /// A request's lines as [`parse_reply`] reads them: how many, and which are
-/// dry-run (a number: that many enforced lines).
+/// dry-run, and which are leases asked with the request, each right after
+/// its line (a number: that many enforced lines).
 pub trait Shape {
     /// The request's number of lines.
     fn lines(&self) -> usize;
     /// Whether its line `i` is dry-run.
     fn dry_run(&self, i: usize) -> bool;
+    /// Whether its line `i` is a lease asked with it
+    /// ([`LineArg::lease_life`]).
+    fn lease(&self, _i: usize) -> bool {
+        false
+    }
 }
 
 impl Shape for usize {
@@ -690,6 +721,9 @@ impl<S: Shape + ?Sized> Shape for &S {
     }
     fn dry_run(&self, i: usize) -> bool {
         (**self).dry_run(i)
+    }
+    fn lease(&self, i: usize) -> bool {
+        (**self).lease(i)
     }
 }
 
@@ -731,36 +765,68 @@ pub fn parse_reply<S: Shape>(reply: &[i64], requests: &[S]) -> Option<ScriptRepl
         }
         let (mine, after) = rest.split_at(len);
         rest = after;
-        let lines = mine
-            .chunks_exact(REPLY_PER_LINE)
-            .map(|l| {
-                let &[remaining, reset_us, code, delay_us, next_us] = l else { return None };
-                let (admitted, retry_after_us) = match code {
-                    -2 => (true, None),
-                    -1 => (false, None),
-                    r => (false, Some(u64::try_from(r).ok()?)),
-                };
-                let delay_us = u64::try_from(delay_us).ok()?;
-                if delay_us > 0 && !admitted {
-                    return None;
-                }
-                Some(Outcome {
-                    admitted,
-                    remaining: u64::try_from(remaining).ok()?,
-                    reset_us: u64::try_from(reset_us).ok()?,
-                    retry_after_us,
-                    delay_us,
-                    next_us: u64::try_from(next_us).ok()?,
-                })
-            })
-            .collect::<Option<Lines>>()?;
-        let decision = crate::verdict::combine(lines.iter().enumerate().map(|(i, o)| (o, shape.dry_run(i))));
-        out.push((decision.admitted, lines, now_us));
+        let mut lines = Lines::new();
+        let mut grants = Grants::new();
+        let mut enforced: SmallVec<[bool; 2]> = SmallVec::new();
+        for (i, l) in mine.chunks_exact(REPLY_PER_LINE).enumerate() {
+            if shape.lease(i) {
+                // (asked with the line before it, on the same key: what that line has left,
+                // less the units, is what the line has left after the grant)
+                let mut g = parse_grant(l, now_us)?;
+                g.remaining = lines.last()?.remaining.saturating_sub(g.units);
+                grants.push((i, g));
+                continue;
+            }
+            lines.push(parse_line(l)?);
+            enforced.push(!shape.dry_run(i));
+        }
+        let decision = crate::verdict::combine(lines.iter().zip(&enforced).map(|(o, e)| (o, !*e)));
+        out.push((decision.admitted, lines, now_us, grants));
     }
     if !rest.is_empty() {
         return None;
     }
     Some(ScriptReply::Done { now_us, requests: out })
+}
+
+/// One line's outcome in the script's reply; `None` if it is malformed.
+fn parse_line(l: &[i64]) -> Option<Outcome> {
+    let &[remaining, reset_us, code, delay_us, next_us] = l else { return None };
+    let (admitted, retry_after_us) = match code {
+        -2 => (true, None),
+        -1 => (false, None),
+        r => (false, Some(u64::try_from(r).ok()?)),
+    };
+    let delay_us = u64::try_from(delay_us).ok()?;
+    if delay_us > 0 && !admitted {
+        return None;
+    }
+    Some(Outcome {
+        admitted,
+        remaining: u64::try_from(remaining).ok()?,
+        reset_us: u64::try_from(reset_us).ok()?,
+        retry_after_us,
+        delay_us,
+        next_us: u64::try_from(next_us).ok()?,
+    })
+}
+
+/// A lease asked with a request, in the script's reply (units, words, life
+/// left, reset after the grant), Redis having run the call at `at_us`;
+/// `None` if it is malformed. What the line has left is the caller's to
+/// fill in (the request's line on the key, less the units).
+fn parse_grant(l: &[i64], at_us: u64) -> Option<LeaseGrant> {
+    let n = |v: i64| u64::try_from(v).ok();
+    let &[units, v1, v2, life_us, reset_us] = l else { return None };
+    Some(LeaseGrant {
+        units: n(units)?,
+        words: (n(v1)?, n(v2)?),
+        life_us: n(life_us)?,
+        remaining: 0,
+        reset_us: n(reset_us)?,
+        taken_back: false,
+        at_us,
+    })
 }
 
 /// The hash tag of a client key as a number: its SipHash-1-3 with the

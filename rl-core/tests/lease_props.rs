@@ -446,7 +446,7 @@ proptest! {
                             (_, node, sent, Some((units, words, life_left))) => {
                                 slots[node].granted(sent, units, words, life_left)
                             }
-                            (_, node, _, None) => slots[node].unanswered(),
+                            (_, node, sent, None) => slots[node].unanswered(sent),
                         }
                     }
                     _ => break,
@@ -527,7 +527,9 @@ fn a_slot_by_hand() {
     let arg = s.sync(300, 400, 1000, 1).expect("a unit to give back");
     // (estimates: 8; then 6.25 with the 1 asked at 105; then 5.94 with the 5 since)
     assert_eq!((arg.want, arg.back, arg.words), (9, 1, (11, 22)), "an estimate of 6, and half again");
-    s.unanswered();
+    s.unanswered(200);
+    assert_eq!(s.asking_since(), 300, "another call's failure: still asking");
+    s.unanswered(300);
     let arg = s.sync(400, 500, 1000, 1).expect("still wanted, the last call unanswered");
     assert_eq!((arg.want, arg.back), (6, 0), "given back once; an estimate of 4.45");
     s.granted(400, 0, (0, 0), 0);
@@ -793,7 +795,7 @@ fn a_lease_ends_with_its_window_between_syncs() {
     assert_eq!(k.slot.ends_first(), Some(150));
     assert!(matches!(k.decide(120, 1), Local::Spent { .. }));
     assert_eq!(k.decide(150, 1), Local::Ask, "ended with its window");
-    let h = Horizon { next: 200, interval: 100, ends: 300 };
+    let h = Horizon { next: 200, interval: 100, ends: 300, wait: 150 };
     let arg = k.sync_between(151, h, 1).expect("ended: given back, and the next asked for");
     assert_eq!((arg.want, arg.back, arg.words), (12, 11, (5, 5)), "the estimate as it was: 8 an interval");
     assert_eq!(k.slot.ends_first(), None);
@@ -825,13 +827,13 @@ fn a_slow_key_is_leased_for_its_window() {
     let mut s = Slot::default();
     assert!(!s.spend(10, 1));
     s.end_interval();
-    let window = Horizon { next: 200, interval: 100, ends: 1000 };
+    let window = Horizon { next: 200, interval: 100, ends: 1000, wait: 150 };
     let arg = s.sync_asking(100, window, 1000, 1, true).expect("asked for");
     assert_eq!((arg.want, arg.back), (2, 0));
     s.granted(100, 2, (1, 1), 900);
     assert!(s.spend(150, 1) && s.spend(250, 1), "two requests, no round trip");
     assert!(!s.spend(260, 1));
-    let short = Horizon { next: 300, interval: 100, ends: 260 + 150 };
+    let short = Horizon { next: 300, interval: 100, ends: 260 + 150, wait: 150 };
     assert_eq!(s.sync_asking(260, short, 1000, 1, true), None, "a short life: not worth a lease");
 }
 
@@ -845,9 +847,9 @@ fn a_lease_its_key_no_longer_spends_goes_back_early() {
     let mut s = Slot::default();
     assert!(!s.spend(10, 1));
     s.end_interval();
-    s.sync_asking(100, Horizon { next: 200, interval: 100, ends: 1000 }, 1000, 1, true).expect("asked for");
+    s.sync_asking(100, Horizon { next: 200, interval: 100, ends: 1000, wait: 150 }, 1000, 1, true).expect("asked for");
     s.granted(100, 10, (3, 3), 900);
-    let at = |t: u64| Horizon { next: t + 100, interval: 100, ends: 1000 };
+    let at = |t: u64| Horizon { next: t + 100, interval: 100, ends: 1000, wait: 150 };
     for t in [200, 300] {
         s.end_interval();
         assert_eq!(s.sync_asking(t, at(t), 1000, 1, true), None, "kept at {t}");
@@ -858,4 +860,64 @@ fn a_lease_its_key_no_longer_spends_goes_back_early() {
     assert_eq!((arg.want, arg.back, arg.words), (0, 10, (3, 3)), "nothing asked: seen too seldom now");
     assert_eq!(s.left(400), 0, "ended: nothing spent from it any more");
     assert!(!s.spend(410, 1));
+}
+
+/// A request Redis decides asks, in its call, for the key's lease when the
+/// demand seen so far, this interval's requests folded in, would spend two
+/// units in a lease's life, as a sync would: with leases of an interval
+/// and a half, on a fresh key's sixth request in an interval (9 units, as
+/// a sync would size them); with a window's life, on its first (2). One
+/// ask at a time, until it is answered or a call could be no longer; the
+/// lease lives from when it was asked for.
+#[test]
+fn a_request_redis_decides_brings_the_first_lease() {
+    let short = |now: u64| Horizon::of(now, now + 100);
+    let mut k = Kept::default();
+    for t in 15..20 {
+        assert_eq!(k.decide(t, 1), Local::Ask);
+        assert_eq!(k.ask_with(t, short(t), 1), 0, "{} requests: too few to lease", t - 14);
+    }
+    assert_eq!(k.decide(20, 1), Local::Ask);
+    assert_eq!(k.ask_with(20, short(20), 1), 9, "a sixth in the interval");
+    assert_eq!(k.decide(30, 1), Local::Ask);
+    assert_eq!(k.ask_with(30, short(30), 1), 0, "asked already");
+    k.answered(Some(&LeaseGrant {
+        units: 3,
+        words: (7, 7),
+        life_us: 150,
+        remaining: 10,
+        reset_us: 500,
+        taken_back: false,
+        at_us: 0,
+    }));
+    assert_eq!(k.slot.ends_first(), Some(170), "its life from when it was asked for (20)");
+    assert!((0..3).all(|t| matches!(k.decide(40 + t, 1), Local::Spent { .. })));
+    assert_eq!(k.decide(50, 1), Local::Ask);
+
+    let window = |now: u64| Horizon { next: now + 100, interval: 100, ends: 1000, wait: 150 };
+    let mut k = Kept::default();
+    assert_eq!(k.decide(10, 1), Local::Ask);
+    assert_eq!(k.ask_with(10, window(10), 1), 2, "a window's life: on the first request");
+    k.answered(None);
+    assert_eq!(k.ask_with(20, window(20), 1), 2, "unanswered: asked again");
+    assert_eq!(k.ask_with(30, window(30), 1), 0);
+    assert_eq!(k.ask_with(170, window(170), 1), 2, "unanswered for as long as a call may be: asked again");
+}
+
+/// Two leases that end before one sync, both with units left: a sync gives
+/// back one, and the other stays, ended (nothing spends from it), until
+/// the next, which gives it back too: neither is wasted.
+#[test]
+fn two_ended_leases_both_go_back() {
+    let mut s = Slot::default();
+    s.granted(0, 4, (1, 1), 100);
+    s.granted(0, 3, (2, 2), 120);
+    assert!(s.spend(10, 1));
+    let first = s.sync_asking(200, Horizon::of(200, 300), 1000, 1, false).expect("one given back");
+    assert_eq!((first.back, first.words), (3, (1, 1)));
+    assert!(!s.spend(210, 1), "the other ended");
+    assert_eq!(s.ends_first(), Some(120), "and waits to go back");
+    let second = s.sync_asking(211, Horizon::of(211, 300), 1000, 1, false).expect("the other given back");
+    assert_eq!((second.back, second.words), (3, (2, 2)));
+    assert_eq!(s.ends_first(), None);
 }

@@ -7,6 +7,7 @@
 
 use ngx::ffi::{ngx_http_request_t, ngx_log_t};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
+use rl_core::redis::Grants;
 
 use crate::conf::{LocConf, MainConf};
 use crate::lease;
@@ -54,6 +55,7 @@ pub fn job_line(line: &Line, res: &LineResult, cost: u64) -> JobLine {
         check_only: false,
         next: false,
         deepest_queue: line.deepest_queue,
+        lease_life: 0,
     }
 }
 
@@ -85,10 +87,16 @@ pub fn send(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ask: Ask)
     for (z, zone) in mcf.redis.iter().enumerate() {
         let mut job = Job { id: 0, zone: z, commit: ask == Ask::Decide, charge: false, lines: Default::default() };
         for (line, res) in on_zone(ctx, &mcf.lines, z, ask) {
+            let l = job_line(line, res, res.cost);
             job.lines.push(match ask {
-                Ask::Decide => JobLine { check_only: line.charge_after, next, ..job_line(line, res, res.cost) },
+                Ask::Decide => JobLine { check_only: line.charge_after, next, ..l },
                 Ask::Read => JobLine { dry_run: false, next, ..job_line(line, res, 0) },
             });
+            // (a lease asked with the request, right after its line: see lease::spend)
+            if let (Ask::Decide, Some((_, leasing))) = (ask, line.lease.filter(|_| res.lease_want > 0)) {
+                let lease_life = leasing.life();
+                job.lines.push(JobLine { cost: res.lease_want, dry_run: false, lease_life, ..l });
+            }
         }
         if job.lines.is_empty() {
             continue;
@@ -154,9 +162,11 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
     let Some(zone) = mcf.redis.get(reply.zone) else { return };
     let ask = Ask::of(req);
     ctx.awaited &= !(1 << reply.zone);
-    let at = reply.result.as_ref().map_or(0, |(_, _, at)| *at);
+    let at = reply.result.as_ref().map_or(0, |(_, _, at, _)| *at);
+    let mut grants = Grants::new();
     match reply.result {
-        Ok((all, outcomes, _)) => {
+        Ok((all, outcomes, _, got)) => {
+            grants = got;
             for ((line, res), o) in on_zone(ctx, &mcf.lines, reply.zone, ask).zip(outcomes) {
                 // A line is charged iff the request's enforced lines admit it and so does the
                 // line (rl-core's Decision::charges); a read charges nothing, nor does a
@@ -164,13 +174,33 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
                 res.set(&o, ask == Ask::Decide && all && o.admitted && !line.charge_after);
             }
         }
-        Err(e) => failed(req.log(), mcf, ctx, reply.zone, zone, &e, ask),
+        Err(e) => {
+            leases_answered(mcf, ctx, reply.zone, &grants, req.log());
+            failed(req.log(), mcf, ctx, reply.zone, zone, &e, ask)
+        }
     }
     if ask == Ask::Decide && !mcf.leases.is_empty() {
         lease::learn(&mcf.leases, &mcf.lines, ctx, reply.zone, at, req.log());
+        leases_answered(mcf, ctx, reply.zone, &grants, req.log());
     }
     if ctx.reply_in() {
         redis_zone::resume(r);
+    }
+}
+
+/// The leases asked with the request's lines on Redis zone `zone`
+/// ([`LineResult::lease_want`]) answered: `grants` (by the index of their
+/// line in the job: each right after the line it was asked with), none for
+/// a call that failed.
+fn leases_answered(mcf: &MainConf, ctx: &mut Ctx, zone: usize, grants: &Grants, log: *mut ngx_log_t) {
+    let mut at = 0;
+    for (line, res) in on_zone(ctx, &mcf.lines, zone, Ask::Decide) {
+        let asked = res.lease_want > 0;
+        if asked {
+            let g = grants.iter().find(|(i, _)| *i == at + 1).map(|(_, g)| g);
+            lease::answered(&mcf.leases, line, res, g, log);
+        }
+        at += 1 + usize::from(asked);
     }
 }
 
@@ -183,6 +213,7 @@ pub fn on_lost(r: *mut ngx_http_request_t) {
     let ask = Ask::of(req);
     for (z, zone) in mcf.redis.iter().enumerate() {
         if ctx.awaited & (1 << z) != 0 {
+            leases_answered(mcf, ctx, z, &Grants::new(), req.log());
             failed(req.log(), mcf, ctx, z, zone, &RedisError::Unanswered, ask);
         }
     }

@@ -207,6 +207,7 @@ fn settle(lz: &LeaseZone) -> u64 {
             check_only: false,
             next: false,
             deepest_queue: rl_core::redis::OVERDRAWN,
+            lease_life: 0,
         };
         redis_zone::charge(log(), lz.redis, line);
     }
@@ -226,7 +227,7 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
     each_kept(&mut locked, |hash, kept| {
         let leasing = lz.leasing(kept.line_id);
         // (when a lease granted now would end: what it is sized for)
-        let h = Horizon { next, interval, ends: leasing.map_or(next, |l| l.end(now)) };
+        let h = Horizon { next, interval, ends: leasing.map_or(next, |l| l.end(now)), wait: lz.lives.bucket_us };
         let arg = match regular {
             true => kept.sync(now, h, lz.nodes()),
             // (between two syncs of the cadence: only the keys whose leases ended)
@@ -243,7 +244,7 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
                     asks.push((hash, LeaseKey { tag: kept.tag, line_id: kept.line_id, arg }));
                 }
                 // (a line no longer configured: its lease is left to end)
-                None => kept.slot.unanswered(),
+                None => kept.slot.unanswered(now),
             }
         }
     });
@@ -274,7 +275,7 @@ fn apply(lz: &LeaseZone, asks: &[([u64; 2], LeaseKey)], grants: &[Result<LeaseGr
         let Some(mut kept) = Kept::read(words) else { continue };
         match grant {
             Ok(g) => kept.granted(sent, g),
-            Err(_) => kept.slot.unanswered(),
+            Err(_) => kept.slot.unanswered(sent),
         }
         kept.write(words);
     }

@@ -15,7 +15,7 @@ use std::cell::Cell;
 use std::time::Instant;
 
 use rl_core::limit::Outcome;
-use rl_core::redis::{write_state_key, Lines, RequestReply};
+use rl_core::redis::{write_state_key, Grants, Lines, RequestReply};
 
 use super::conn::Conn;
 use super::script::{call_one, CallId, Code};
@@ -83,15 +83,18 @@ impl ZoneConn {
     ) -> Result<RequestReply, RedisError> {
         let prefix = &self.spec.prefix;
         let via = self.via(code, until);
-        let tags: Vec<u64> = job.lines.iter().map(|l| l.tag).collect();
+        // (in calls to several slots, no lease is asked with the request: the key is leased
+        // at the next sync)
+        let job_lines: Vec<JobLine> = job.lines.iter().copied().filter(|l| l.lease_life == 0).collect();
+        let tags: Vec<u64> = job_lines.iter().map(|l| l.tag).collect();
         let Some(groups) = groups(&tags) else {
             return call_one(conn, via, prefix, &job.lines, job.commit, Some(ids)).await;
         };
-        let mut lines: Lines = smallvec::smallvec![Outcome::default(); job.lines.len()];
+        let mut lines: Lines = smallvec::smallvec![Outcome::default(); job_lines.len()];
         let mut all = true;
         for commit in [false, true] {
             let calls = groups.iter().enumerate().map(|(n, g)| {
-                let sub: Vec<JobLine> = g.iter().map(|&i| job.lines[i]).collect();
+                let sub: Vec<JobLine> = g.iter().map(|&i| job_lines[i]).collect();
                 let conn = conn.clone();
                 async move { call_one(conn, via, prefix, &sub, commit, Some(ids.nth(n))).await }
             });
@@ -104,7 +107,7 @@ impl ZoneConn {
                 committed.set(applied.fold(committed.get(), |m, (n, _)| m | group_bit(n)));
             }
             for (g, r) in groups.iter().zip(results) {
-                let (ok, res, _) = r?;
+                let (ok, res, ..) = r?;
                 all &= ok;
                 for (i, l) in g.iter().zip(res) {
                     lines[*i] = l;
@@ -115,7 +118,7 @@ impl ZoneConn {
             }
         }
         // (Redis ran its lines in several calls: when is not one time)
-        Ok((all, lines, 0))
+        Ok((all, lines, 0, Grants::new()))
     }
 }
 

@@ -109,6 +109,7 @@ pub async fn call(
                 dry_run: l.dry_run,
                 check_only: l.check_only,
                 next: l.next,
+                lease_life: l.lease_life,
             })
         });
         write_args(lines, Call { commit, now_us: None, deadline_us, memo: memo.is_some() }, |a| push_arg(&mut cmd, a));
@@ -128,8 +129,8 @@ pub async fn call(
         ScriptReply::Done { requests, .. } => requests,
         ScriptReply::Late { .. } => return Err(RedisError::Late),
     };
-    for (lines, (_, outcomes, _)) in requests.iter().zip(&replies) {
-        for (line, outcome) in lines.iter().zip(outcomes) {
+    for (lines, (_, outcomes, ..)) in requests.iter().zip(&replies) {
+        for (line, outcome) in lines.iter().filter(|l| l.lease_life == 0).zip(outcomes) {
             check_line(&line.limit, line.cost, outcome, line.deepest_queue)
                 .map_err(|e| RedisError::Malformed(e.to_string()))?;
         }

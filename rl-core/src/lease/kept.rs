@@ -84,7 +84,7 @@ impl Kept {
             back: held(2),
             demand: super::Demand { milli: w[s], mean: w[s + 1] },
             asked: w[s + 2],
-            asking: w[s + 3] != 0,
+            asking_since: w[s + 3],
         };
         Some(Kept {
             slot,
@@ -112,7 +112,7 @@ impl Kept {
             s.demand.milli,
             s.demand.mean,
             s.asked,
-            u64::from(s.asking),
+            s.asking_since,
             self.tag,
             self.line_id,
             self.remaining,
@@ -245,6 +245,26 @@ impl Kept {
         match self.full_at {
             0 => u64::MAX,
             _ => self.remaining,
+        }
+    }
+
+    /// How many units to ask for, in its call, with a request of `cost`
+    /// at `now` that [`Kept::decide`] left to Redis, with the times of `h`
+    /// and `nodes` nodes sharing the line ([`Slot::ask_with`]).
+    pub fn ask_with(&mut self, now: u64, h: Horizon, nodes: u64) -> u64 {
+        self.slot.ask_with(now, h, self.last_remaining(), nodes)
+    }
+
+    /// The answer to a request that asked for a lease ([`Kept::ask_with`]):
+    /// the grant it brought (`None`: the call failed, or its reply held
+    /// none), living from when it was asked for.
+    pub fn answered(&mut self, g: Option<&LeaseGrant>) {
+        let sent = self.slot.asking_since();
+        match g {
+            // (asked for since, by no other call: a lease never lives from a later time than
+            // its call was sent)
+            Some(g) if sent != 0 => self.granted(sent, g),
+            _ => self.slot.unanswered(sent),
         }
     }
 

@@ -18,7 +18,9 @@
 -- "algorithm count period_us burst cost queue flags" (flags: the sum of 1
 -- for a dry-run line, 2 for a varying one, 4 for a charge=after line's
 -- check, 8 for a line that reports the wait for one more unit, i.e. 0 to
--- 15; queue 0 but
+-- 15; or "algorithm count period_us burst units 0 16 life": not a line of
+-- the request but a lease asked with it, right after the line of its key,
+-- see `grant` below; queue 0 but
 -- for the buckets and gcra; the same string for every
 -- request with the same limit and cost, so parsed once per call); a
 -- request of other than one line is preceded by its number of lines; n
@@ -34,10 +36,13 @@
 -- else the retry-after in us or -1 (never), the delay in us (0: at once),
 -- and for a line of flag 8 the wait until one more unit passes at once
 -- (rl-core's Limit::next_us of its state after the call's writes; 0 when
--- full, and for a line without the flag)}, all integers. In a call that
--- commits, a line that admits its request but is not charged (the request
--- is rejected, or the line is a charge=after check) reports what its state
--- has left: remaining, reset and wait of a cost of 0. A request is
+-- full, and for a line without the flag); for a lease asked with a
+-- request, the units granted, the words to give them back with, the
+-- lease's life left and the line's reset after the grant}, all integers.
+-- In a call that commits, a line that admits its request but is not
+-- charged (the request is rejected, or the line is a charge=after check)
+-- reports what its state has left: remaining, reset and wait of a cost of
+-- 0. A request is
 -- admitted iff all its enforced (not dry-run) lines admit it; then its
 -- enforced lines are committed, and its dry-run lines that admit it. A queue=N line (buckets, gcra) admits beyond
 -- the burst, delayed, what conforms to the rate within N emission
@@ -70,11 +75,12 @@
 -- is a copy of one that ran (whose reply was lost on the way), and returns
 -- what that one returned, writing nothing; one that finds the mark "u" of
 -- an undone call returns as a late call does ({-1, now}), writing nothing.
--- A call that charged something leaves its memo for 10 s beyond its
--- deadline (a charge: 10 s): two doubles (the reply's length n, and d),
+-- A call that charged something (or granted a lease) leaves its memo for
+-- 10 s beyond its deadline (a charge: 10 s): two doubles (the reply's length n, and d),
 -- the reply's n integers, then d numbers: per line charged, its index in
 -- KEYS and the words v1, v2 its algorithm returned, from which `undo` finds
--- the charge. A call that charged nothing leaves none: run again, it is
+-- the charge (not a lease granted with a request: an undone call leaves it
+-- charged, units nginx never spends). A call that charged nothing leaves none: run again, it is
 -- still applied once.
 -- The undo call (`undo`: the library's NAME_undo) takes back what a call
 -- did, for requests nginx answered without its reply (per `on_error`):
@@ -938,12 +944,22 @@ local function parse(s)
     end
     return { 0, n }
   end
-  local a, w1, w2, w3, w4, w5, w6 = string.match(s, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%d+)$')
+  local a, w1, w2, w3, w4, w5, w6, w7 = string.match(s, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%d+) ?(%d*)$')
   local c, p, b, x, q, f = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4), tonumber(w5), tonumber(w6)
   -- flags: the sum of 1 dry-run, 2 varying, 4 charge-after check (checks a
   -- cost of 1, never charges), 8 next (reports the wait for one more
-  -- unit); no other bit is known
-  if not (f and f <= 15 and w6 == string.format('%d', f)) then
+  -- unit), 16 a lease asked with the request (then a last field, its life
+  -- in us); no other bit is known
+  if not (f and f <= 31 and w6 == string.format('%d', f)) then
+    return false
+  end
+  local life = false
+  if f >= 16 then
+    life = tonumber(w7)
+    if not (life and life >= 1 and life < TWO53 and w7 == string.format('%d', life) and f == 16) then
+      return false
+    end
+  elseif w7 ~= '' then
     return false
   end
   if not (c and p and b and x and q
@@ -992,7 +1008,7 @@ local function parse(s)
     end
     if not tag then K = false end
   end
-  return { a, c, p, b, x, K, BT, QK, f % 2 == 1, by_name[a], shape, NW[shape] or 0, tag, f % 8 >= 4, 8 <= f }
+  return { a, c, p, b, x, K, BT, QK, f % 2 == 1, by_name[a], shape, NW[shape] or 0, tag, f % 8 >= 4, f % 16 >= 8, life }
 end
 
 -- parse(s), kept in `specs` (nil, a malformed number, is not kept).
@@ -1226,6 +1242,54 @@ local function repeat_of(KEYS)
   return { -1, now }
 end
 
+-- A lease asked with a request (a line of flag 16 whose cost is the units
+-- wanted and whose last field is the lease's life; lease.lua's call, for
+-- one key, in the request's call): the most units up to that cost the line
+-- admits at once after the request's lines, charged as one request. Sets
+-- reply[n ..] to the units granted, the words v1, v2 to give them back
+-- with, the lease's life left (us: to the end of its window for fixed and
+-- sliding) and the line's reset after the grant; zeroes: none (and in a
+-- call that does not commit).
+local granted = false
+local function grant(n, lim, j, key)
+  if not (commit and key and lim[10] and lim[1] ~= 'sliding_log' and now <= E) then
+    return
+  end
+  commit = false
+  local ok, _, rem = lim[10](lim, j, key, 0)
+  commit = true
+  local g = 0
+  if ok then
+    g = lim[5]
+    if rem < g then g = rem end
+    if g < 0 then g = 0 end
+    g = g - g % 1
+  end
+  while g >= 1 do
+    local ok, adm, _, rst, _, dly, val, v1, v2, v3 = lim[10](lim, j, key, g)
+    if ok and adm and dly == 0 and val then
+      put(j, lim, val, v1, v2, v3, sx, rst)
+      -- (remembered with the call, but not as a charge an undo takes back:
+      -- its cost is not the line's, and a grant nginx never got is only
+      -- wasted)
+      granted = true
+      local ends = now + lim[16]
+      if lim[1] == 'fixed' or lim[1] == 'sliding' then
+        local W = lim[6]
+        local w = now / W
+        w = w - w % 1
+        if (w + 1) * W < ends then ends = (w + 1) * W end
+      end
+      reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = g, v1, v2, ends - now, rst
+      return
+    end
+    -- (the remaining at once is exact: only out of range would it not
+    -- admit; fewer units then, halved)
+    g = g - g % 2
+    g = g / 2
+  end
+end
+
 -- Checks (and commits) the requests of one call: the script's body.
 local function limit(KEYS, ARGV)
   start(ARGV[2])
@@ -1260,6 +1324,7 @@ local function limit(KEYS, ARGV)
   end
 
   commit = mode == '1' or mode == '2'
+  granted = false
   local nargs = #ARGV
   -- (sized for a request of one line: a table grown entry by entry costs
   -- Redis' Lua a resize at 2, 3 and 5 entries; the unused ones are cleared
@@ -1312,7 +1377,7 @@ local function limit(KEYS, ARGV)
       local key = KEYS[k]
       local n = nreply + 1
       nreply = n + 4
-      if key and lim and lim[10] and now <= E then
+      if key and lim and lim[10] and now <= E and not lim[16] then
         local cost, after = lim[5], lim[14]
         if after then
           -- a charge=after line's check: one unit left admits; its cost
@@ -1343,8 +1408,8 @@ local function limit(KEYS, ARGV)
           reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
         end
       else
-        -- no key, a malformed line, an unknown algorithm, or beyond 2^52
-        -- us: fails closed
+        -- no key, a malformed line, an unknown algorithm, beyond 2^52 us,
+        -- or a lease asked with no request: fails closed
         reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = 0, 0, -1, 0, 0
       end
     else
@@ -1359,62 +1424,76 @@ local function limit(KEYS, ARGV)
       -- (and, for what they have left if they are not charged, the lines that
       -- admit it as (reply index, line, slot) triples)
       local admits, nadmits = nil, 0
+      -- (and the leases asked with it, as (reply index, line, KEYS index)
+      -- triples)
+      local grants, ngrants = nil, 0
 
       for i = 1, nlines do
         lim = line(ARGV[argi])
         argi = argi + step
-        local alg, b, cost, K, QK
-        if lim then
-          alg, b, cost, K, QK = lim[1], lim[4], lim[5], lim[6], lim[8]
-          if lim[14] then
-            -- a charge=after line's check: one unit left admits
-            cost = 1
-          end
-        end
-        k = k + 1
-        local key = KEYS[k]
-        local j = slot[key]
-        -- The line's outcome; `val` says what to write if admitted and
-        -- committing: true for the words v1, v2, v3, or for sliding_log a
-        -- function that pushes the entries (`put` writes either).
-        local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
-        -- (the delay: a queued line's admission beyond the burst; the wait
-        -- for one more unit, if the line reports it)
-        local dly, nxt = 0, 0
-
-        if key and lim and lim[10] and now <= E then
-          ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, cost)
-          if lim[14] then
-            -- a charge=after line: its cost is charged later, by `charge`
-            val = nil
-          end
-          if ok and cost == 0 then
-            -- charges nothing: passes at once even over the limit, and writes
-            -- nothing
-            adm, rty, val, dly = true, -1, nil, 0
-          end
-        end
-
-        local n = at + 5 * i - 5
-        if adm then
-          reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, -2, dly, nxt
-          if val then
-            pending = pending or {}
-            local q = npending
-            pending[q + 1], pending[q + 2], pending[q + 3], pending[q + 4] = j, val, rst, lim
-            pending[q + 5], pending[q + 6], pending[q + 7], pending[q + 8] = v1, v2, v3, sx
-            pending[q + 9] = k
-            npending = q + 9
-          end
-          if commit and lim then
-            admits = admits or {}
-            admits[nadmits + 1], admits[nadmits + 2], admits[nadmits + 3] = n, lim, j
-            nadmits = nadmits + 3
-          end
+        if lim and lim[16] then
+          -- A lease asked with the request: granted after its lines
+          -- (below), whatever they decide.
+          k = k + 1
+          local n = at + 5 * i - 5
+          reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = 0, 0, 0, 0, 0
+          grants = grants or {}
+          grants[ngrants + 1], grants[ngrants + 2], grants[ngrants + 3] = n, lim, k
+          ngrants = ngrants + 3
         else
-          reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
-          if not (lim and lim[9]) then
-            all = 0
+          local alg, b, cost, K, QK
+          if lim then
+            alg, b, cost, K, QK = lim[1], lim[4], lim[5], lim[6], lim[8]
+            if lim[14] then
+              -- a charge=after line's check: one unit left admits
+              cost = 1
+            end
+          end
+          k = k + 1
+          local key = KEYS[k]
+          local j = slot[key]
+          -- The line's outcome; `val` says what to write if admitted and
+          -- committing: true for the words v1, v2, v3, or for sliding_log a
+          -- function that pushes the entries (`put` writes either).
+          local ok, adm, rem, rst, rty, val, v1, v2, v3 = false, false, 0, 0, -1, nil, 0, 0, 0
+          -- (the delay: a queued line's admission beyond the burst; the wait
+          -- for one more unit, if the line reports it)
+          local dly, nxt = 0, 0
+
+          if key and lim and lim[10] and now <= E then
+            ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, cost)
+            if lim[14] then
+              -- a charge=after line: its cost is charged later, by `charge`
+              val = nil
+            end
+            if ok and cost == 0 then
+              -- charges nothing: passes at once even over the limit, and writes
+              -- nothing
+              adm, rty, val, dly = true, -1, nil, 0
+            end
+          end
+
+          local n = at + 5 * i - 5
+          if adm then
+            reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, -2, dly, nxt
+            if val then
+              pending = pending or {}
+              local q = npending
+              pending[q + 1], pending[q + 2], pending[q + 3], pending[q + 4] = j, val, rst, lim
+              pending[q + 5], pending[q + 6], pending[q + 7], pending[q + 8] = v1, v2, v3, sx
+              pending[q + 9] = k
+              npending = q + 9
+            end
+            if commit and lim then
+              admits = admits or {}
+              admits[nadmits + 1], admits[nadmits + 2], admits[nadmits + 3] = n, lim, j
+              nadmits = nadmits + 3
+            end
+          else
+            reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
+            if not (lim and lim[9]) then
+              all = 0
+            end
           end
         end
       end
@@ -1440,6 +1519,10 @@ local function limit(KEYS, ARGV)
           end
         end
       end
+      for q = 1, ngrants, 3 do
+        local k = grants[q + 2]
+        grant(grants[q], grants[q + 1], slot[KEYS[k]], KEYS[k])
+      end
     end
   end
 
@@ -1447,9 +1530,9 @@ local function limit(KEYS, ARGV)
   for i = nreply + 1, 6 do
     reply[i] = nil
   end
-  -- (a call that charged nothing needs no memo: run again, it is still
-  -- applied once)
-  if memo and ndone > 0 then
+  -- (a call that charged nothing, and granted no lease, needs no memo:
+  -- run again, it is still applied once)
+  if memo and (ndone > 0 or granted) then
     remember(reply, nreply, MEMO_MS + floor((deadline - now) / 1000))
   end
   return reply

@@ -247,7 +247,9 @@ impl Redis {
         let reply = parse_reply(&reply, &shapes).expect("well-formed reply");
         assert_eq!(reply.now_us(), now);
         match reply {
-            ScriptReply::Done { requests, .. } => Some(requests.into_iter().map(|(a, l, _)| (a, l.to_vec())).collect()),
+            ScriptReply::Done { requests, .. } => {
+                Some(requests.into_iter().map(|(a, l, ..)| (a, l.to_vec())).collect())
+            }
             ScriptReply::Late { .. } => None,
         }
     }
@@ -401,7 +403,7 @@ pub(crate) fn parse_script_reply<T: Copy + Into<LineArg>>(reply: &[i64], request
     let reply = parse_reply(reply, &shapes).expect("well-formed reply");
     match reply {
         ScriptReply::Done { now_us, requests } => {
-            (now_us, Some(requests.into_iter().map(|(a, l, _)| (a, l.to_vec())).collect()))
+            (now_us, Some(requests.into_iter().map(|(a, l, ..)| (a, l.to_vec())).collect()))
         }
         ScriptReply::Late { now_us } => (now_us, None),
     }

@@ -12,7 +12,10 @@ use proptest::test_runner::FileFailurePersistence;
 use rl_core::lease::{Lease, Leasing};
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
-use rl_core::redis::{lease_args, parse_lease_reply, LeaseArg, LeaseGrant, Lives};
+use rl_core::redis::{
+    lease_args, parse_lease_reply, parse_reply, script_args, Call, LeaseArg, LeaseGrant, LineArg, Lives, ScriptReply,
+    Shape,
+};
 
 use crate::fixtures::{keys, T0};
 use crate::harness::{memo_key, Mode, Redis};
@@ -103,6 +106,52 @@ impl Both {
         }
     }
 
+    /// A request of `cost` on key `i` at `now` that asks, in its call, for a
+    /// lease of `want` units living `life` (as a node sends a request its
+    /// leases do not hold): the request decided, then the grant made, on
+    /// both sides alike. The node's new lease.
+    fn cold(&mut self, i: usize, now: u64, cost: u64, want: u64, life: u64) -> Held {
+        let line = *self.leasing[i].line();
+        let request = LineArg { limit: line, cost, dry_run: false, check_only: false, next: false, lease_life: 0 };
+        let grant = LineArg { cost: want, lease_life: life, ..request };
+        self.calls += 1;
+        let keys = [self.keys[i].clone(), self.keys[i].clone(), memo_key(&self.keys[i..=i], (8, self.calls))];
+        let call = |now| Call { commit: true, now_us: Some(now), deadline_us: None, memo: true };
+        let args = script_args([&[request, grant][..]], call(now));
+        self.redis.set_now(now);
+        let raw = self.redis.eval(&keys, &args);
+        let Some(ScriptReply::Done { requests, .. }) = parse_reply(&raw, &[AskedWith]) else {
+            panic!("a malformed reply {raw:?}");
+        };
+        let (admitted, lines, at, grants) = &requests[0];
+        let o = line.acquire(&mut self.states[i], now, cost);
+        assert_eq!((*admitted, lines[0]), (o.admitted, o), "key {i} at {now}, cost {cost}: the request");
+        let lease = self.leasing[i].grant(&mut self.states[i], now, want);
+        let left = line.check(&self.states[i], now, 0);
+        let g = grants[0].1;
+        let expect = LeaseGrant {
+            units: lease.granted(),
+            words: g.words,
+            life_us: if lease.granted() > 0 { lease.until() - now } else { 0 },
+            remaining: left.remaining,
+            reset_us: if lease.granted() > 0 { left.reset_us } else { 0 },
+            taken_back: false,
+            at_us: *at,
+        };
+        assert_eq!((grants.len(), grants[0].0, g), (1, 1, expect), "key {i} at {now}: the lease asked with it");
+        if *admitted || g.units > 0 {
+            // A copy of a call that charged something, sent again: what it answered, nothing
+            // changed. (One that charged nothing left no memo: run again, it is still applied
+            // once.)
+            let before = self.redis.snapshot();
+            let again = script_args([&[request, grant][..]], call(now + 1));
+            self.redis.set_now(now + 1);
+            assert_eq!(self.redis.eval(&keys, &again), raw, "a copy of a request and its lease at {now}");
+            assert_eq!(self.redis.snapshot(), before, "a copy of a request and its lease changed the store");
+        }
+        Held { lease, words: g.words }
+    }
+
     /// A request on key `i` decided on the shared state at `now`.
     fn exact(&mut self, i: usize, now: u64, cost: u64) {
         let line = *self.leasing[i].line();
@@ -111,9 +160,25 @@ impl Both {
     }
 }
 
+/// A request of one line, then a lease asked with it.
+struct AskedWith;
+
+impl Shape for AskedWith {
+    fn lines(&self) -> usize {
+        2
+    }
+    fn dry_run(&self, _: usize) -> bool {
+        false
+    }
+    fn lease(&self, i: usize) -> bool {
+        i == 1
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Step {
     Sync { node: usize, wants: [u64; 3] },
+    Cold { node: usize, key: usize, cost: u64, want: u64 },
     Spend { node: usize, key: usize, cost: u64 },
     Exact { key: usize, cost: u64 },
     Die { node: usize },
@@ -124,6 +189,7 @@ fn steps() -> impl Strategy<Value = Vec<(u64, Step)>> {
         3 => (0usize..3, [0u64..=8, 0u64..=8, 0u64..=8]).prop_map(|(node, wants)| Step::Sync { node, wants }),
         4 => (0usize..3, 0usize..3, 1u64..=3).prop_map(|(node, key, cost)| Step::Spend { node, key, cost }),
         2 => (0usize..3, 1u64..=3).prop_map(|(key, cost)| Step::Exact { key, cost }),
+        2 => (0usize..3, 0usize..3, 1u64..=3, 1u64..=8).prop_map(|(node, key, cost, want)| Step::Cold { node, key, cost, want }),
         1 => (0usize..3).prop_map(|node| Step::Die { node }),
     ];
     prop::collection::vec((0u64..1_500_000, step), 1..40)
@@ -177,6 +243,12 @@ proptest! {
                     }
                 }
                 Step::Exact { key, cost } => both.exact(key % n, t, cost),
+                Step::Cold { node, key, cost, want } => {
+                    let k = key % n;
+                    let h = both.cold(k, t, cost, want, life_of(both.leasing[k].line(), life));
+                    // (a lease the node held on the key before is lost: units wasted)
+                    held[node][k] = Some(h);
+                }
                 Step::Die { node } => held[node] = vec![None; n],
             }
             both.same_views(t);

@@ -45,6 +45,7 @@ fn replay(limits: &[Limit], dry: &[bool], ops: &[(Raw, Vec<u8>)], start: u64, ji
             check_only: false,
             // (every other line reports the wait for one more unit)
             next: i % 2 == 0,
+            lease_life: 0,
         })
         .collect();
     let mut p = Pair::new(&lines);
@@ -126,7 +127,14 @@ fn replay_charges(limits: &[Limit], kinds: &[u8], ops: &[(Raw, Vec<u8>)], start:
     let mut lines: Vec<LineArg> = limits
         .iter()
         .zip(kinds)
-        .map(|(l, k)| LineArg { limit: *l, cost: 1, dry_run: k & 1 == 1, check_only: k & 2 == 2, next: k & 4 == 4 })
+        .map(|(l, k)| LineArg {
+            limit: *l,
+            cost: 1,
+            dry_run: k & 1 == 1,
+            check_only: k & 2 == 2,
+            next: k & 4 == 4,
+            lease_life: 0,
+        })
         .collect();
     let mut p = Pair::new(&lines);
     let (mut t, mut prev) = (start, Outcome::default());
@@ -245,7 +253,8 @@ fn replay_varying(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], start: u6
 /// requests `charge=after` lines' checks.
 fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool, charges: bool) {
     let w = limits.iter().map(Limit::window_us).max().unwrap();
-    let mut p = Pair::new(&[LineArg { limit: limits[0], cost: 1, dry_run: dry, check_only: false, next: dry }]);
+    let mut p =
+        Pair::new(&[LineArg { limit: limits[0], cost: 1, dry_run: dry, check_only: false, next: dry, lease_life: 0 }]);
     let (mut t, mut prev) = (start, Outcome::default());
     for ((sel, f, flags), picks) in ops {
         let (sel, f) = (*sel, *f);
@@ -280,7 +289,7 @@ fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], star
         }
         let commit = sel >> 5 != 7;
         let check_only = charges && sel & 8 == 8;
-        let line = [LineArg { limit: l, cost, dry_run: dry, check_only, next: sel & 16 == 16 }];
+        let line = [LineArg { limit: l, cost, dry_run: dry, check_only, next: sel & 16 == 16, lease_life: 0 }];
         prev = p.step(&line, now, commit, flags & 1 == 1).1[0];
     }
 }
@@ -310,8 +319,14 @@ fn memo_deadline(now: u64, sel: u8, f: u16) -> Option<u64> {
 /// the first reply (nothing read or written).
 fn replay_memo(limits: &[Limit], kinds: &[u8], varying: bool, ops: &[(Raw, Vec<u8>)], start: u64, mode: Mode) {
     let w = limits.iter().map(Limit::window_us).max().unwrap();
-    let kind =
-        |l: Limit, k: u8| LineArg { limit: l, cost: 1, dry_run: k & 1 == 1, check_only: k & 2 == 2, next: k & 4 == 4 };
+    let kind = |l: Limit, k: u8| LineArg {
+        limit: l,
+        cost: 1,
+        dry_run: k & 1 == 1,
+        check_only: k & 2 == 2,
+        next: k & 4 == 4,
+        lease_life: 0,
+    };
     let base: Vec<LineArg> = match varying {
         true => vec![kind(limits[0], kinds[0])],
         false => limits.iter().zip(kinds).map(|(l, k)| kind(*l, *k)).collect(),
@@ -458,7 +473,14 @@ fn replay_memo_batches(ls: &[Vec<Limit>], batches: &[RawBatch], start: u64, mode
                             7 => bu + 1,
                             _ => 1,
                         };
-                        let a = LineArg { limit: l, cost, dry_run: costs[i] >= 224, check_only: false, next: i == 1 };
+                        let a = LineArg {
+                            limit: l,
+                            cost,
+                            dry_run: costs[i] >= 224,
+                            check_only: false,
+                            next: i == 1,
+                            lease_life: 0,
+                        };
                         (i, a)
                     })
                     .collect()
