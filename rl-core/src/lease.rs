@@ -247,15 +247,34 @@ impl Demand {
         spread(self.milli, span, interval)
     }
 
-    /// How many units to ask for a lease that would live `life` µs (see
-    /// [`Demand::want`]): none when the plain average over its life is
-    /// under two units (a lease that serves one request costs Redis what
-    /// deciding the request would); else at least two, and no more than
-    /// the estimate over its life.
+    /// How many units a sync asks for, for a lease that would live `life`
+    /// µs (see [`Demand::want`]): none for a key seen less than twice in
+    /// an interval lately (the estimate, which takes a busier interval at
+    /// once, under two) whose plain average over the lease's life is under
+    /// two units (a lease that serves one request costs Redis what deciding
+    /// the request would); else at least two, and no more than the
+    /// estimate over its life.
     pub fn want_for(&self, life: u64, interval: u64, remaining: u64, nodes: u64) -> u64 {
+        if self.per_interval() < 2 && spread(self.mean, life, interval) < 2000 {
+            return 0;
+        }
+        self.size(life, interval, remaining, nodes)
+    }
+
+    /// [`Demand::want_for`] for a lease asked with a request, which only
+    /// the plain average warrants (a lease asked for on the request path,
+    /// on a key's busy moment, would mostly go back unspent).
+    pub fn want_with(&self, life: u64, interval: u64, remaining: u64, nodes: u64) -> u64 {
         if spread(self.mean, life, interval) < 2000 {
             return 0;
         }
+        self.size(life, interval, remaining, nodes)
+    }
+
+    /// A lease's size, for a lease living `life` µs: half again an
+    /// interval's estimate, at least two units, no more than the estimate
+    /// over its life, and at most this node's share of what is left.
+    fn size(&self, life: u64, interval: u64, remaining: u64, nodes: u64) -> u64 {
         let over = self.over(life, interval);
         let est = self.per_interval();
         let want = est.saturating_add(est.div_ceil(2)).max(2).min(over.div_ceil(1000));
@@ -432,16 +451,20 @@ impl Slot {
     /// the cadence, where a lease ended: see [`Slot::ends_first`]), with
     /// the times of `h`, asking for no lease unless `ask` (what ended is
     /// given back all the same). A lease that holds more than twice what
-    /// the key's demand is estimated at to its end, and two units, is
-    /// ended now, so that what it holds goes back at once, not when it
-    /// ends (for `fixed` and `sliding`, with its window).
+    /// the key's demand is estimated at to its end, and two units, and
+    /// would outlive the sync after next, is ended now, so that what it
+    /// holds goes back at once, not when it ends (a `fixed` or `sliding`
+    /// line's, with a long `life`).
     pub fn sync_asking(&mut self, now: u64, h: Horizon, remaining: u64, nodes: u64, ask: bool) -> Option<SyncArg> {
         let Horizon { next, interval, .. } = h;
         let demand = self.demand;
         // (one lease goes back a call: only while no other waits to)
         let ended = |h: &Held| h.granted > 0 && now >= h.ends && h.left > 0;
         if self.back.left == 0 && !self.held.iter().any(ended) {
-            let early = self.held.iter_mut().filter(|h| h.granted > 0 && now < h.ends).find(|h| {
+            // (a lease that ends by the sync after next is left to end: what it holds comes back
+            // soon enough)
+            let late = next.saturating_add(interval);
+            let early = self.held.iter_mut().filter(|h| h.granted > 0 && late < h.ends).find(|h| {
                 let to_end = demand.over(h.ends - now, interval).div_ceil(1000);
                 h.left > to_end.saturating_mul(2).saturating_add(2)
             });
@@ -486,10 +509,13 @@ impl Slot {
         if self.asking(now, h.wait) || live >= 2 {
             return 0;
         }
+        // (the interval so far folded into the average, as a whole one; the estimate that
+        // sizes it is not lowered by a part of an interval)
         let mut seen = self.demand;
         seen.observe(self.asked);
+        seen.milli = self.demand.milli.max(self.asked.saturating_mul(1000));
         let lasting: u64 = self.held.iter().filter(|x| x.ends > h.next).map(|x| x.left).sum();
-        let want = seen.want_for(life, h.interval, remaining, nodes).saturating_sub(lasting);
+        let want = seen.want_with(life, h.interval, remaining, nodes).saturating_sub(lasting);
         if want > 0 {
             self.asking_since = now.max(1);
         }

@@ -68,17 +68,22 @@ async fn run(lz: &'static LeaseZone, zone: &'static RedisZone, node: String, cou
     rl_core::redis::write_members_key(&mut members, &zone.spec.prefix, &lz.name);
     let interval = lz.sync.as_micros() as u64;
     let mut cadence = now_us().saturating_add(interval);
-    let mut ends = None;
+    let (mut ends, mut last) = (None, 0u64);
     loop {
         // The next sync of the cadence, or, sooner, the end of a lease
-        // (with its window), just past it.
-        let at = ends.filter(|&e| e < cadence).map_or(cadence, |e: u64| e.saturating_add(1000));
+        // (with its window), just past it; a quarter of an interval after
+        // the last sync at the soonest (leases asked with requests end at
+        // any time: each sync walks every record).
+        let soonest = last.saturating_add(interval / 4);
+        let at =
+            ends.filter(|&e| e < cadence).map_or(cadence, |e: u64| e.saturating_add(1000).max(soonest).min(cadence));
         // (a millisecond at least: never a busy loop, whatever the clock says)
         sleep(Duration::from_micros(at.saturating_sub(now_us()).max(1000))).await;
         let regular = now_us() >= cadence;
         if regular {
             cadence = now_us().saturating_add(interval);
         }
+        last = now_us();
         ends = once(lz, zone, &members, &node, counters, regular, cadence).await;
     }
 }
