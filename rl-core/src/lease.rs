@@ -272,12 +272,20 @@ impl Demand {
     }
 
     /// A lease's size, for a lease living `life` µs: half again an
-    /// interval's estimate, at least two units, no more than the estimate
-    /// over its life, and at most this node's share of what is left.
+    /// interval's estimate (the syncs top it up), or, for a key seen less
+    /// than twice an interval, half the plain average over its life (such
+    /// a key renews a long lease on its requests, not at the syncs: a lease
+    /// of two would cost Redis a call every other request); at least two
+    /// units, no more than the estimate over its life, and at most this
+    /// node's share of what is left.
     fn size(&self, life: u64, interval: u64, remaining: u64, nodes: u64) -> u64 {
         let over = self.over(life, interval);
         let est = self.per_interval();
-        let want = est.saturating_add(est.div_ceil(2)).max(2).min(over.div_ceil(1000));
+        let base = match est {
+            0 | 1 => spread(self.mean, life, interval).div_ceil(2000),
+            _ => est.saturating_add(est.div_ceil(2)),
+        };
+        let want = base.max(2).min(over.div_ceil(1000));
         want.min((remaining / nodes.max(1)).max(1))
     }
 

@@ -921,3 +921,21 @@ fn two_ended_leases_both_go_back() {
     assert_eq!((second.back, second.words), (3, (2, 2)));
     assert_eq!(s.ends_first(), None);
 }
+
+/// A key seen once an interval, leased for a long life (100 intervals):
+/// a lease of two would be spent in two intervals and renewed on the
+/// requests, a call every other one; it is sized to half its life's plain
+/// average (50), no more than the estimate over its life.
+#[test]
+fn a_long_lease_of_a_slow_key_covers_half_its_life() {
+    let mut s = Slot::default();
+    for i in 0..20u64 {
+        s.spend(i * 100 + 10, 1);
+        s.end_interval();
+    }
+    let h = Horizon { next: 2_100, interval: 100, ends: 12_000, wait: 150 };
+    let arg = s.sync_asking(2_000, h, 1_000_000, 1, true).expect("asked for");
+    assert_eq!(arg.want, 50);
+    let short = Horizon::of(2_000, 2_100);
+    assert_eq!(s.sync_asking(2_000, short, 1_000_000, 1, true), None, "asking already");
+}
