@@ -481,8 +481,7 @@ impl Slot {
             }
         }
         self.settle(now);
-        let live = self.held.iter().filter(|h| h.granted > 0).count();
-        let lasting: u64 = self.held.iter().filter(|h| h.ends > next).map(|h| h.left).sum();
+        let (live, lasting) = (self.live(), self.lasting(next));
         let life = h.ends.saturating_sub(now);
         // (a lease pays for the call that carries it when it serves more than a request in
         // its life: a key seen less often is left to Redis)
@@ -491,9 +490,7 @@ impl Slot {
             false => 0,
         };
         let back = core::mem::take(&mut self.back);
-        if want > 0 {
-            self.asking_since = now.max(1);
-        }
+        let want = self.ask(now, want);
         (want > 0 || back.left > 0).then_some(SyncArg { want, back: back.left, words: back.words })
     }
 
@@ -513,8 +510,7 @@ impl Slot {
         if self.held[0].granted == 0 {
             self.held.swap(0, 1);
         }
-        let live = self.held.iter().filter(|x| x.granted > 0).count();
-        if self.asking(now, h.wait) || live >= 2 {
+        if self.asking(now, h.wait) || self.live() >= 2 {
             return 0;
         }
         // (the interval so far folded into the average, as a whole one; the estimate that
@@ -522,8 +518,23 @@ impl Slot {
         let mut seen = self.demand;
         seen.observe(self.asked);
         seen.milli = self.demand.milli.max(self.asked.saturating_mul(1000));
-        let lasting: u64 = self.held.iter().filter(|x| x.ends > h.next).map(|x| x.left).sum();
-        let want = seen.want_with(life, h.interval, remaining, nodes).saturating_sub(lasting);
+        let want = seen.want_with(life, h.interval, remaining, nodes).saturating_sub(self.lasting(h.next));
+        self.ask(now, want)
+    }
+
+    /// The leases held, ended or not.
+    fn live(&self) -> usize {
+        self.held.iter().filter(|h| h.granted > 0).count()
+    }
+
+    /// The units of the leases held that last past `next`.
+    fn lasting(&self, next: u64) -> u64 {
+        self.held.iter().filter(|h| h.ends > next).map(|h| h.left).sum()
+    }
+
+    /// `want` units asked for at `now` (0: none): the call that carries
+    /// them is the one that asks, until answered.
+    fn ask(&mut self, now: u64, want: u64) -> u64 {
         if want > 0 {
             self.asking_since = now.max(1);
         }
