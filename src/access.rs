@@ -20,10 +20,14 @@
 //! yet charged in Redis for it; while Redis decides, its shared-memory
 //! units are taken.
 
-use core::ffi::CStr;
+use core::ffi::{c_void, CStr};
+use core::mem;
 
 use ngx::core::Status;
-use ngx::ffi::{ngx_http_handler_pt, ngx_http_request_t, ngx_log_error_core, ngx_log_t, ngx_str_t, ngx_uint_t};
+use ngx::ffi::{
+    ngx_http_handler_pt, ngx_http_request_t, ngx_log_error_core, ngx_log_t, ngx_pool_cleanup_add, ngx_str_t,
+    ngx_uint_t, NGX_HTTP_INTERNAL_SERVER_ERROR,
+};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::log::DebugMask;
 use ngx::ngx_log_debug;
@@ -35,7 +39,7 @@ use crate::lease;
 use crate::line::Stage;
 use crate::metrics;
 use crate::request::{get_ctx, new_ctx, Ctx, Phase, Verdict};
-use crate::shm::decide::{decide, refund};
+use crate::shm::decide::{decide, refund, release};
 use crate::Module;
 
 ngx::http_request_handler!(preaccess_handler, preaccess);
@@ -157,6 +161,9 @@ fn start(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut 
         // Nothing goes to Redis if shared memory rejects, nor if this nginx's leases refuse.
         let charged = decide(&mcf.zones, &mcf.lines, ctx, log);
         ctx.reserved = Some(charged);
+        if lcf.has_conn && !release_at_end(raw, mcf, ctx) {
+            return Some(Status(NGX_HTTP_INTERNAL_SERVER_ERROR as isize));
+        }
         if charged && (mcf.leases.is_empty() || lease::spend(&mcf.leases, &mcf.lines, ctx, log)) {
             if redis::send(raw, mcf, ctx, Ask::Decide) {
                 return Some(Status::NGX_AGAIN);
@@ -187,6 +194,9 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
         None => redis_ok && decide(&mcf.zones, &mcf.lines, ctx, r.log()),
     };
     metrics::count(mcf, ctx);
+    if lcf.has_conn && !release_at_end(raw, mcf, ctx) {
+        return Status(NGX_HTTP_INTERNAL_SERVER_ERROR as isize);
+    }
     if admitted {
         debug_verdicts(r.log(), mcf, ctx);
         // A delay, or a dry-run line that would have limited.
@@ -220,6 +230,47 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
     debug_verdicts(r.log(), mcf, ctx);
     log_limited(r.log(), lcf, mcf, ctx);
     Status(lcf.status as isize)
+}
+
+/// Registers, once per request, the give-back of what its `rl_conn` lines
+/// hold, in a cleanup of the request's pool, as `limit_conn` does: it runs
+/// however the request ends (answered, aborted by the client, timed out,
+/// closed by a worker shutting down). False when nginx could not allocate
+/// it (and logged why): the units are given back at once, and the request
+/// is answered 500.
+fn release_at_end(raw: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> bool {
+    if ctx.release_set || !ctx.iter(&mcf.lines).any(|(l, res)| res.charged && l.limit.is_concurrent()) {
+        return true;
+    }
+    // SAFETY: the request (a main request) and its pool are valid.
+    let cln = unsafe { ngx_pool_cleanup_add((*raw).pool, mem::size_of::<Release>()) };
+    // SAFETY: null or a cleanup nginx allocated with room for a Release in its data.
+    let Some(cln) = (unsafe { cln.as_mut() }) else {
+        release(&mcf.zones, &mcf.lines, ctx);
+        return false;
+    };
+    // SAFETY: the context lives in the same pool, whose cleanups run before its memory is freed;
+    // the main configuration lives as long as the cycle, which outlives its requests.
+    unsafe { cln.data.cast::<Release>().write(Release { ctx, mcf }) };
+    cln.handler = Some(release_handler);
+    ctx.release_set = true;
+    true
+}
+
+/// What the give-back needs when the request's pool goes.
+struct Release {
+    ctx: *mut Ctx,
+    mcf: *const MainConf,
+}
+
+extern "C" fn release_handler(data: *mut c_void) {
+    // SAFETY: the Release release_at_end wrote in the cleanup's data; the context and the
+    // configuration it points to are alive (see there).
+    let (ctx, mcf) = unsafe {
+        let rel = &*data.cast::<Release>();
+        (&mut *rel.ctx, &*rel.mcf)
+    };
+    release(&mcf.zones, &mcf.lines, ctx);
 }
 
 /// The verdict of each active line of the stage, at `debug` level (compiled in where nginx
@@ -281,8 +332,11 @@ fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
     if unsafe { (*log).log_level } < level {
         return;
     }
-    let excess = res.limit(line).excess_milli(res.outcome(), res.cost);
     let zone = ngx_str_t { len: line.zone_name.len(), data: line.zone_name.as_ptr().cast_mut() };
+    if line.limit.is_concurrent() {
+        return log_conn_limited(log, level, res.dry_run, &zone);
+    }
+    let excess = res.limit(line).excess_milli(res.outcome(), res.cost);
     // nginx appends " while <action>" before ", client: ..."; after an `auth_request`
     // subrequest the connection's action is left at "sending to client", which would keep
     // fail2ban's filter from matching a line after authentication: none for this line, as in
@@ -306,6 +360,25 @@ fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
     // SAFETY: as above.
     unsafe { (*log).action = action };
 }
+
+/// [`log_limited`] for an `rl_conn` line, in `limit_conn`'s words (which
+/// fail2ban's and crowdsec's filters for it know): no excess, the dry run
+/// between commas.
+#[cold]
+fn log_conn_limited(log: *mut ngx_log_t, level: ngx_uint_t, dry_run: bool, zone: &ngx_str_t) {
+    let dry_run = if dry_run { c", dry run," } else { c"" };
+    // As in log_limited: no action, so that the line ends as fail2ban's filter expects.
+    // SAFETY: the request's log is valid; the action is a static string or null.
+    let action = unsafe { core::mem::replace(&mut (*log).action, core::ptr::null_mut()) };
+    // SAFETY: the format's conversions take a NUL-terminated string (%s) and a pointer to an
+    // ngx_str_t (%V), both valid for the call.
+    unsafe { ngx_log_error_core(level, log, 0, LIMITING_CONN.as_ptr(), dry_run.as_ptr(), zone as *const ngx_str_t) };
+    // SAFETY: as above.
+    unsafe { (*log).action = action };
+}
+
+/// `limit_conn`'s format, word for word.
+const LIMITING_CONN: &CStr = c"limiting connections%s by zone \"%V\"";
 
 /// `limit_req`'s formats, word for word (the comma before "by zone" too).
 const LIMITING: &CStr = c"limiting requests%s, excess: %ui.%03ui by zone \"%V\"";

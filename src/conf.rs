@@ -63,10 +63,18 @@ pub struct Given {
 }
 
 pub struct LocConf {
-    /// Lines of this level; empty means "inherit".
+    /// The `rl_limit` lines of this level; empty means "inherit" them.
+    pub limits: Vec<LineId>,
+    /// The `rl_conn` lines of this level; empty means "inherit" them.
+    pub conns: Vec<LineId>,
+    /// Once merged, the lines that apply: the `rl_limit` lines, then the
+    /// `rl_conn` lines, each inherited on its own.
     pub lines: Vec<LineId>,
     /// Some line is on a Redis zone (set at postconfiguration).
     pub has_redis: bool,
+    /// Some line is an `rl_conn` line: what it holds is given back when the
+    /// request ends (set at postconfiguration).
+    pub has_conn: bool,
     /// Some line is `after_auth` (set at postconfiguration).
     pub after_auth: bool,
     /// Some line has a queue: a request may be delayed (set at postconfiguration).
@@ -91,8 +99,11 @@ pub struct LocConf {
 impl Default for LocConf {
     fn default() -> Self {
         LocConf {
+            limits: Vec::new(),
+            conns: Vec::new(),
             lines: Vec::new(),
             has_redis: false,
+            has_conn: false,
             after_auth: false,
             may_delay: false,
             may_dry_run: false,
@@ -118,13 +129,18 @@ impl ngx::http::Merge for LocConf {
 }
 
 impl LocConf {
-    /// Merges with the enclosing level, as nginx does for `limit_req`: lines
-    /// at an inner level replace the outer ones; a value not given here is
-    /// the enclosing level's, else the default.
+    /// Merges with the enclosing level, as nginx does for `limit_req` and
+    /// `limit_conn`: lines at an inner level replace the outer ones, the
+    /// `rl_limit` and the `rl_conn` lines each on their own; a value not
+    /// given here is the enclosing level's, else the default.
     pub fn merge(&mut self, prev: &LocConf) {
-        if self.lines.is_empty() {
-            self.lines = prev.lines.clone();
+        if self.limits.is_empty() {
+            self.limits = prev.limits.clone();
         }
+        if self.conns.is_empty() {
+            self.conns = prev.conns.clone();
+        }
+        self.lines = self.limits.iter().chain(&self.conns).copied().collect();
         let (given, outer) = (&mut self.given, &prev.given);
         given.status = given.status.or(outer.status);
         given.headers = given.headers.or(outer.headers);

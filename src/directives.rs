@@ -24,7 +24,7 @@ use ngx::ffi::{
     ngx_http_get_variable_index, ngx_str_t, ngx_uint_t,
 };
 
-pub use self::limit::cmd_rl_limit;
+pub use self::limit::{cmd_rl_conn, cmd_rl_limit};
 // `rl_status`, `rl_headers`, `rl_dry_run` and `rl_log_level`: one handler,
 // which finds the directive in its table by name.
 pub use self::values::{

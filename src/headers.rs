@@ -236,7 +236,8 @@ fn add_headers(r: *mut ngx_http_request_t, ctx: &Ctx, lines: &[Line]) -> Result<
 fn ietf_len(mode: HeadersMode, ctx: &Ctx, lines: &[Line]) -> usize {
     let mut len = 0;
     if mode.draft() {
-        len += ctx.enforced(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12)).sum::<usize>();
+        // (a concurrency line's `;qu="concurrent-requests"` in place of a number)
+        len += ctx.enforced(lines).map(|(l, _)| 2 * (l.item.len() + 2 * NUM + 12) + QU.len()).sum::<usize>();
     }
     if mode.draft6() {
         // Three numbers, and draft 6's policy list unless draft's is sent.
@@ -279,8 +280,11 @@ fn ietf(
                     out.bytes(b", ");
                 }
                 out.num(limit.burst());
-                out.bytes(b";w=");
-                out.num(ceil_s(limit.window_us()).max(1));
+                // (requests in flight have no window)
+                if !limit.is_concurrent() {
+                    out.bytes(b";w=");
+                    out.num(ceil_s(limit.window_us()).max(1));
+                }
             }
             push(r, "RateLimit-Policy", out.since(at))?;
         }
@@ -289,12 +293,23 @@ fn ietf(
         let at = out.len;
         for (i, (line, res)) in ctx.enforced(lines).enumerate() {
             let limit = res.limit(line);
-            item(out, i, &line.item, b"\";q=", limit.burst(), b";w=", ceil_s(limit.window_us()).max(1));
+            match limit.is_concurrent() {
+                // Requests in flight have no window: draft 11's quota unit says what the quota counts.
+                true => {
+                    item(out, i, &line.item, b"\";q=", limit.burst(), b"", u64::MAX);
+                    out.bytes(QU);
+                }
+                false => item(out, i, &line.item, b"\";q=", limit.burst(), b";w=", ceil_s(limit.window_us()).max(1)),
+            }
         }
         push(r, "RateLimit-Policy", out.since(at))?;
         let at = out.len;
         for (i, (line, res)) in ctx.enforced(lines).enumerate() {
-            item(out, i, &line.item, b"\";r=", res.remaining(), b";t=", res.next_s());
+            match line.limit.is_concurrent() {
+                // (no one knows when a request in flight ends: no `t`)
+                true => item(out, i, &line.item, b"\";r=", res.remaining(), b"", u64::MAX),
+                false => item(out, i, &line.item, b"\";r=", res.remaining(), b";t=", res.next_s()),
+            }
         }
         push(r, "RateLimit", out.since(at))?;
     }
@@ -317,15 +332,21 @@ fn retry_after_s(ctx: &Ctx, lines: &[Line]) -> Option<u64> {
     wait.filter(|w| *w != u64::MAX).map(|w| ceil_s(w).max(1))
 }
 
-/// One structured-field item: `"name";a=1;b=2`, comma-separated after the first.
+/// One structured-field item: `"name";a=1;b=2`, comma-separated after the
+/// first (`"name";a=1` when `b` is empty).
 fn item(out: &mut Out, i: usize, name: &str, a: &[u8], x: u64, b: &[u8], y: u64) {
     out.bytes(if i == 0 { b"\"" } else { b", \"" });
     out.bytes(name.as_bytes());
     out.bytes(a);
     out.num(x);
-    out.bytes(b);
-    out.num(y);
+    if !b.is_empty() {
+        out.bytes(b);
+        out.num(y);
+    }
 }
+
+/// The quota unit of a concurrency line's policy (draft 11).
+const QU: &[u8] = b";qu=\"concurrent-requests\"";
 
 /// Appends `name: value` to the response headers (the value lives in the request pool).
 fn push(r: *mut ngx_http_request_t, name: &'static str, value: ngx_str_t) -> Result<(), NoMemory> {

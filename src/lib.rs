@@ -63,7 +63,9 @@ mod shm;
 mod variables;
 
 use conf::{ConfError, LocConf, MainConf};
-use directives::{cmd_rl_dry_run, cmd_rl_headers, cmd_rl_limit, cmd_rl_log_level, cmd_rl_status, cmd_rl_zone};
+use directives::{
+    cmd_rl_conn, cmd_rl_dry_run, cmd_rl_headers, cmd_rl_limit, cmd_rl_log_level, cmd_rl_status, cmd_rl_zone,
+};
 use line::Stage;
 
 pub struct Module;
@@ -173,9 +175,10 @@ const FLAG: ngx_uint_t = NGX_CONF_FLAG as ngx_uint_t;
 const MORE: ngx_uint_t = NGX_CONF_1MORE as ngx_uint_t;
 const NOARGS: ngx_uint_t = ngx::ffi::NGX_CONF_NOARGS as ngx_uint_t;
 
-static mut COMMANDS: [ngx_command_t; 9] = [
+static mut COMMANDS: [ngx_command_t; 10] = [
     command(ngx_string!("rl_zone"), NGX_HTTP_MAIN_CONF as ngx_uint_t | MORE, cmd_rl_zone, MAIN),
     command(ngx_string!("rl_limit"), ANY_LEVEL | MORE, cmd_rl_limit, LOC),
+    command(ngx_string!("rl_conn"), ANY_LEVEL | MORE, cmd_rl_conn, LOC),
     command(ngx_string!("rl_status"), ANY_LEVEL | TAKE1, cmd_rl_status, LOC),
     command(ngx_string!("rl_headers"), ANY_LEVEL | MORE, cmd_rl_headers, LOC),
     command(ngx_string!("rl_dry_run"), ANY_LEVEL | FLAG, cmd_rl_dry_run, LOC),
@@ -231,14 +234,21 @@ extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     Status::NGX_OK.into()
 }
 
-/// Sets up the worker's Redis zones, if any (workers only: nginx calls this
-/// after forking, never in the master).
+/// Gives back what dead workers held in the `rl_conn` zones, and sets up
+/// the worker's Redis zones, if any (workers only: nginx calls this after
+/// forking, never in the master).
 extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     // SAFETY: nginx passes the running cycle.
     let Some(mcf) = (unsafe { cycle.as_ref() }).and_then(Module::main_conf) else {
         return Status::NGX_OK.into();
     };
     shm::init_clock();
+    // SAFETY: nginx passes the running cycle, its log set.
+    let log = unsafe { (*cycle).log };
+    let now_s = (shm::now_us() / 1_000_000) as u32;
+    for zone in mcf.zones.iter().filter(|z| z.has_conn) {
+        shm::holds::reclaim(zone, now_s, log);
+    }
     metrics::init_worker(mcf);
     let hooks = redis_zone::Hooks {
         on_reply: eval::redis::on_reply,

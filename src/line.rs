@@ -402,6 +402,14 @@ impl Line {
         ngx_str_t { len: self.burst_text.len(), data: self.burst_text.as_ptr() as *mut u8 }
     }
 
+    /// The directive the line comes from, as messages name it.
+    pub fn directive(&self) -> &'static str {
+        match self.limit.is_concurrent() {
+            true => "rl_conn",
+            false => "rl_limit",
+        }
+    }
+
     /// Whether `name` may name a line: a token, as it is quoted in the
     /// `RateLimit` fields and logged.
     pub fn valid_name(name: &str) -> bool {
@@ -421,6 +429,12 @@ impl Line {
             // An unnamed line's text starts with its zone name, which is
             // never empty and holds no NUL: named and unnamed never share.
             return sip.hash(format!("\0{}\0{}", self.zone_name, name).as_bytes());
+        }
+        if self.limit.is_concurrent() {
+            // Requests in flight of one key, whatever the max each line allows (as limit_conn's
+            // nodes): never shared with a rate's.
+            let canon = format!("{}|{}|{}", self.zone_name, self.key_src, self.limit.algorithm());
+            return sip.hash(canon.as_bytes());
         }
         if self.vars.as_deref().is_some_and(Varying::limit_varies) {
             // A state that keeps its scale: never shared with a static line's.

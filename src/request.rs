@@ -265,6 +265,9 @@ pub struct Ctx {
     /// A `charge=after` line applies: its cost is charged when the request
     /// is logged (then this is cleared: once).
     pub charge_after: bool,
+    /// The give-back of what the request's `rl_conn` lines hold is
+    /// registered in a cleanup of its pool (once).
+    pub release_set: bool,
     /// Room for the legacy fields' values ([`HeadersMode::LEGACY_BYTES`]),
     /// allocated with the context where they are sent (else null).
     pub legacy_values: *mut u8,
@@ -454,6 +457,7 @@ pub fn new_ctx(
         headers,
         now_unix: ngx_time() as i64,
         charge_after: false,
+        release_set: false,
         // SAFETY: within the size bytes allocated (the last `values` of them).
         legacy_values: if values > 0 { unsafe { results.add(ids.len()).cast::<u8>() } } else { ptr::null_mut() },
     };

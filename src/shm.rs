@@ -7,6 +7,7 @@
 //! [`decide`] is the decision on a request's lines.
 
 pub mod decide;
+pub mod holds;
 mod init;
 mod mutex;
 
@@ -72,6 +73,9 @@ pub struct Zone {
     shm_zone: *mut ngx_shm_zone_t,
     /// Largest sliding_log state (in u64 words) of any line on this zone.
     pub(crate) log_words: usize,
+    /// Some `rl_conn` line counts requests in flight here: a worker that
+    /// starts gives back what dead ones held ([`holds::reclaim`]).
+    pub(crate) has_conn: bool,
     /// Where the table lives and how it is split, once the zone is
     /// initialised: laid out once per cycle, so worked out once, not on
     /// every request.
@@ -115,6 +119,7 @@ impl Zone {
             origin: String::new(),
             shm_zone: ptr::null_mut(),
             log_words: 0,
+            has_conn: false,
             table: None,
         });
         let mut ngx_name = ngx_str_t { len: zone.name.len(), data: zone.name.as_ptr() as *mut u8 };
@@ -137,6 +142,7 @@ impl Zone {
 
     /// Records that a limit uses this zone (sizes the sliding_log area).
     pub fn note_line(&mut self, limit: &Limit) {
+        self.has_conn |= limit.is_concurrent();
         if limit.algorithm() == Algorithm::SlidingLog {
             self.log_words = self.log_words.max(limit.state_words());
         }

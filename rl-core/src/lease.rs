@@ -53,6 +53,9 @@ pub enum LeaseError {
     SlidingLog,
     /// A line that delays (`queue=`): a lease admits at once or not at all.
     Queue,
+    /// Requests in flight (`rl_conn`): units held until the request ends,
+    /// which no lease of a rate can hold.
+    Concurrent,
     /// A line whose rate and burst vary from request to request.
     Varying,
     /// A lease life of 0, or one past which its figures overflow.
@@ -68,6 +71,7 @@ impl fmt::Display for LeaseError {
             LeaseError::SlidingLog => {
                 write!(f, "algorithm=sliding_log cannot be leased: it keeps a timestamp per request")
             }
+            LeaseError::Concurrent => write!(f, "a concurrency limit cannot be leased"),
             LeaseError::Queue => write!(f, "a line with a queue cannot be leased: a lease admits at once"),
             LeaseError::Varying => write!(f, "a line whose rate or burst varies cannot be leased"),
             LeaseError::Life => write!(f, "invalid lease life"),
@@ -119,6 +123,7 @@ impl Leasing {
         }
         let line = match limit.algorithm() {
             Algorithm::SlidingLog => return Err(LeaseError::SlidingLog),
+            Algorithm::Concurrent => return Err(LeaseError::Concurrent),
             Algorithm::Fixed | Algorithm::Sliding => limit,
             Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
                 let held_back = held_back(&limit, life_us).ok_or(LeaseError::Life)?;
@@ -636,6 +641,8 @@ pub fn share(limit: &Limit, nodes: u64) -> Option<Limit> {
             Rate { count: r.count, period_us: r.period_us.checked_mul(nodes)? }
         }
         Algorithm::Gcra => Rate { count: 1, period_us: r.period_us.div_ceil(r.count).checked_mul(nodes)? },
+        // (never leased)
+        Algorithm::Concurrent => return None,
     };
     let shared = Limit::new(limit.algorithm(), rate, burst).ok()?.with_queue(limit.queue() / nodes).ok()?;
     Some(if limit.is_varying() { shared.varying() } else { shared })

@@ -57,6 +57,7 @@
 //! for `sliding`).
 
 mod bucket;
+mod conn;
 mod fixed;
 mod gcra;
 mod log;
@@ -98,6 +99,10 @@ pub enum Algorithm {
     LeakyBucket,
     /// Generic cell rate algorithm (theoretical arrival time).
     Gcra,
+    /// Requests in flight (`rl_conn`), at most the burst: held from
+    /// admission until given back ([`Limit::concurrent`]). Not one of
+    /// [`Algorithm::ALL`], the algorithms of a rate.
+    Concurrent,
 }
 
 impl Algorithm {
@@ -120,6 +125,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::LeakyBucket => "leaky_bucket",
             Algorithm::Gcra => "gcra",
+            Algorithm::Concurrent => "concurrent",
         }
     }
 }
@@ -236,6 +242,7 @@ enum Path {
     Log,
     Bucket,
     Gcra,
+    Conn,
     Varying,
 }
 
@@ -285,7 +292,7 @@ impl Limit {
         let words = match algorithm {
             Algorithm::Fixed | Algorithm::TokenBucket | Algorithm::LeakyBucket => 2,
             Algorithm::Sliding => 3,
-            Algorithm::Gcra => 1,
+            Algorithm::Gcra | Algorithm::Concurrent => 1,
             // burst <= MAX_LOG_BURST, so this fits.
             Algorithm::SlidingLog => u32::try_from(burst).map_or(u32::MAX, |b| b + 2),
         };
@@ -304,9 +311,32 @@ impl Limit {
                 Algorithm::SlidingLog => Path::Log,
                 Algorithm::TokenBucket | Algorithm::LeakyBucket => Path::Bucket,
                 Algorithm::Gcra => Path::Gcra,
+                Algorithm::Concurrent => Path::Conn,
             },
             words,
         })
+    }
+
+    /// A limit of `max` requests (cost units) in flight at once
+    /// ([`Algorithm::Concurrent`]); `max` of 0 is refused. Its rate is
+    /// nominal (`max` a second), for the code that reads every limit's.
+    pub fn concurrent(max: u64) -> Result<Limit, LimitError> {
+        Limit::new(Algorithm::Concurrent, Rate { count: max.max(1), period_us: 1_000_000 }, max)
+    }
+
+    /// Whether this is a [`Limit::concurrent`] limit: its units are held
+    /// until given back, not refilled in time.
+    #[inline(always)]
+    pub fn is_concurrent(&self) -> bool {
+        self.path == Path::Conn
+    }
+
+    /// Whether `state` holds units that only a give-back frees (a
+    /// [`Limit::concurrent`] state with requests in flight): such a state
+    /// must be kept whatever time passes.
+    #[inline(always)]
+    pub fn held(&self, state: &[u64]) -> bool {
+        self.is_concurrent() && state.first().is_some_and(|&n| n > 0)
     }
 
     /// This limit with a queue of `queue` requests (see the module docs):
@@ -353,6 +383,8 @@ impl Limit {
         match self.algorithm {
             // Its timestamps are absolute: no tag, the static code.
             Algorithm::SlidingLog => Limit { varying: true, ..self },
+            // (its burst is fixed by the configuration: no plans vary it)
+            Algorithm::Concurrent => self,
             _ => Limit { varying: true, path: Path::Varying, words: self.words + 1, ..self },
         }
     }
@@ -405,7 +437,7 @@ impl Limit {
     pub fn excess_milli(&self, o: &Outcome, cost: u64) -> u64 {
         let rate = self.rate;
         let held = match self.algorithm {
-            Algorithm::Fixed | Algorithm::Sliding | Algorithm::SlidingLog => {
+            Algorithm::Fixed | Algorithm::Sliding | Algorithm::SlidingLog | Algorithm::Concurrent => {
                 u128::from(self.burst.saturating_sub(o.remaining)) * 1000
             }
             // Rounded to the nearest thousandth: the level drains between two requests, and a
@@ -497,6 +529,9 @@ impl Limit {
                 false => Outcome::default(),
             },
             Algorithm::Gcra => s.first_chunk().map_or(Outcome::default(), |s| gcra::check(self, s, now, cost)),
+            Algorithm::Concurrent => {
+                s.first_chunk().map_or(Outcome::default(), |s| zero_cost(conn::check(self, s, cost), cost))
+            }
         }
     }
 
@@ -538,6 +573,9 @@ impl Limit {
             },
             Algorithm::Gcra => {
                 s.first_chunk_mut().map_or(Charge::NONE, |s| charge_of(|d| gcra::acquire(self, s, now, cost, d)))
+            }
+            Algorithm::Concurrent => {
+                s.first_chunk_mut().map_or(Charge::NONE, |s| charge_of(|d| conn::acquire(self, s, cost, d)))
             }
         }
     }
@@ -596,6 +634,18 @@ impl Limit {
         }
     }
 
+    /// `concurrent`'s check and commit; too few words reject.
+    #[inline(never)]
+    fn acquire_conn(&self, s: &mut [u64], cost: u64, out: &mut Decision) {
+        match s.first_chunk_mut() {
+            Some(s) => {
+                conn::acquire(self, s, cost, out);
+                out.outcome = zero_cost(out.outcome, cost);
+            }
+            None => *out = Decision::REJECTED,
+        }
+    }
+
     /// Charges `cost` in full at `now`, whatever the state: beyond the burst
     /// (and the queue) if need be, for a cost known only once the request
     /// has been served. The state records the overdraft, and [`Limit::check`]
@@ -635,6 +685,7 @@ impl Limit {
             Algorithm::SlidingLog => log::overdraw(self, state, now, cost),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::overdraw(self, state, now, cost),
             Algorithm::Gcra => gcra::overdraw(self, state, now, cost),
+            Algorithm::Concurrent => conn::overdraw(state, cost),
         }
     }
 
@@ -684,6 +735,7 @@ impl Limit {
             Algorithm::SlidingLog => log::refund(self, state, charge),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::refund(self, state, charge),
             Algorithm::Gcra => gcra::refund(self, state, charge, now),
+            Algorithm::Concurrent => conn::refund(state, charge),
         }
     }
 
@@ -738,6 +790,7 @@ impl Limit {
             Path::Log => self.acquire_log(state, now, cost, out),
             Path::Bucket => self.acquire_bucket(state, now, cost, out),
             Path::Gcra => self.acquire_gcra(state, now, cost, out),
+            Path::Conn => self.acquire_conn(state, cost, out),
             Path::Varying => self.acquire_varying(state, now, cost, out),
         }
     }
@@ -767,6 +820,7 @@ impl Limit {
                 Algorithm::Gcra => self.acquire_gcra(state, now, cost, out),
                 // (never tagged)
                 Algorithm::SlidingLog => self.acquire_log(state, now, cost, out),
+                Algorithm::Concurrent => self.acquire_conn(state, cost, out),
             }
             if out.charge.cost == 0 {
                 return;

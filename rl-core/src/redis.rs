@@ -304,6 +304,8 @@ pub fn exact(limit: &Limit) -> bool {
         Algorithm::Sliding => window <= bound / 2,
         Algorithm::TokenBucket | Algorithm::LeakyBucket => held * u128::from(rate.period_us) <= bound,
         Algorithm::Gcra => held * u128::from(rate.period_us.div_ceil(rate.count)) <= bound,
+        // (never on Redis)
+        Algorithm::Concurrent => false,
     }
 }
 

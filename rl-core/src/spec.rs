@@ -11,12 +11,16 @@
 //! order the checks run, so that the first error nginx reports stays the
 //! same whichever side finds it.
 
+mod conn;
+
 use std::fmt::{self, Write as _};
 
 use crate::habits;
 use crate::limit::{Algorithm, Limit, LimitError};
 use crate::parse::{parse_number, parse_rate, parse_u64, ParseError, ParseErrorKind, Rate};
 use crate::url::redact;
+
+pub use self::conn::{ConnError, ConnSpec, MAX_CONN};
 
 /// Text from the configuration as a message quotes it: control characters
 /// escaped (a message is one line) and cut after [`Quote::MAX`] bytes, so

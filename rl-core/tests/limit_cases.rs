@@ -44,6 +44,7 @@ fn refill_wait(alg: Algorithm) -> u64 {
         // next window: prev = 5, admits when 5·(W−e)/W + 1 ≤ 5 → e = W/5.
         Sliding => W + W / 5,
         TokenBucket | LeakyBucket | Gcra => T,
+        Concurrent => unreachable!("the rate algorithms only"),
     }
 }
 
@@ -142,6 +143,7 @@ fn reset_is_time_to_full_capacity() {
             Sliding => 2 * W - 10,
             SlidingLog => W,
             TokenBucket | LeakyBucket | Gcra => 2 * T,
+            Concurrent => unreachable!("the rate algorithms only"),
         };
         assert_eq!(o.reset_us, expected, "{alg}");
         assert_eq!(o.remaining, B - 2, "{alg}");

@@ -48,6 +48,12 @@ impl From<SpecError> for ConfError {
     }
 }
 
+impl From<rl_core::spec::ConnError> for ConfError {
+    fn from(e: rl_core::spec::ConnError) -> Self {
+        ConfError::Refused(e.to_string())
+    }
+}
+
 impl From<ParamError> for ConfError {
     fn from(e: ParamError) -> Self {
         ConfError::Refused(e.to_string())

@@ -36,7 +36,8 @@ fn check_names(lines: &[Line]) -> Result<(), ConfError> {
         };
         if let Some((what, was, is)) = differs {
             refuse!(
-                "rl_limit \"{}\" of zone \"{}\" uses {}={} while previously ({}) it used {}={} in {}",
+                "{} \"{}\" of zone \"{}\" uses {}={} while previously ({}) it used {}={} in {}",
+                line.directive(),
                 name,
                 Quote(&line.zone_name),
                 what,
@@ -155,14 +156,23 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
                 // (a limit_req habit's hint before the place, where nginx's own messages end)
                 let hint = rl_core::habits::limit_zone(&line.zone_name).map(|h| format!(", {h}")).unwrap_or_default();
                 refuse!(
-                    "unknown zone \"{}\" in \"rl_limit\" directive{} in {}",
+                    "unknown zone \"{}\" in \"{}\" directive{} in {}",
                     Quote(&line.zone_name),
+                    line.directive(),
                     hint,
                     line.origin
                 );
             }
         };
         line.id = line.identity();
+        if line.limit.is_concurrent() && line.backend.redis().is_some() {
+            refuse!(
+                "Redis zone \"{}\" cannot count requests in flight in \"rl_conn\" directive in {}, \
+                 use a shared-memory zone (\"rl_zone NAME size=...\")",
+                Quote(&line.zone_name),
+                line.origin
+            );
+        }
         match line.backend {
             Backend::Shm(i) => mcf.zones[i].note_line(&line.limit),
             // A rate or burst from variables is checked per request.
@@ -219,6 +229,7 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
         // (at most MAX_ZONES_PER_LOCATION zones: cmd_rl_limit counts them)
         loc.lines.sort_by_key(backend);
         loc.has_redis = loc.lines.iter().any(|id| matches!(backend(id), Some(Backend::Redis(_))));
+        loc.has_conn = !loc.conns.is_empty();
         loc.after_auth =
             loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.stage == Stage::AfterAuth));
         loc.may_delay = loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.limit.queue() > 0));

@@ -1,8 +1,10 @@
 //! `rl_limit zone=NAME rate=RATE [key=KEY] [algorithm=ALG] [burst=N]
 //! [cost=N] [name=NAME] [queue=N] [charge=before|after] [dry_run]
-//! [after_auth];`: its arguments are read by [`LineSpec::parse`]; here is
-//! what needs nginx: variables compiled, the location's zones counted, the
-//! line stored in the main configuration.
+//! [after_auth];` and `rl_conn zone=NAME max=N [key=KEY] [cost=N]
+//! [name=NAME] [dry_run] [after_auth];`: their arguments are read by
+//! [`LineSpec::parse`] and [`ConnSpec::parse`]; here is what needs nginx:
+//! variables compiled, the location's zones counted, the line stored in the
+//! main configuration.
 
 use core::ffi::{c_char, c_void};
 use core::ptr;
@@ -10,10 +12,11 @@ use core::sync::atomic::AtomicPtr;
 
 use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_str_t};
 use ngx::http::HttpModuleMainConf;
-use rl_core::spec::{one_variable, LineSpec, SpecError};
+use rl_core::limit::Limit;
+use rl_core::spec::{one_variable, ConnSpec, LineSpec, SpecError};
 
 use super::{args, bytes, compile_complex_value, origin, variable_index};
-use crate::conf::{self, refuse, ConfError, LocConf};
+use crate::conf::{self, refuse, ConfError, LocConf, MainConf};
 use crate::line::{Backend, KeySource, Line, LineId, Stage, VarParam, VarValue, Varying};
 use crate::shm::MAX_ZONES_PER_LOCATION;
 use crate::Module;
@@ -24,6 +27,14 @@ pub extern "C" fn cmd_rl_limit(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, co
     // SAFETY: called by nginx while parsing, cf is valid.
     let args = unsafe { args(cf) };
     conf::at_directive(cf, rl_limit(cf, lcf, args))
+}
+
+pub extern "C" fn cmd_rl_conn(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+    // SAFETY: the location configuration of this module (NGX_HTTP_LOC_CONF_OFFSET).
+    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: called by nginx while parsing, cf is valid.
+    let args = unsafe { args(cf) };
+    conf::at_directive(cf, rl_conn(cf, lcf, args))
 }
 
 fn rl_limit(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Result<(), ConfError> {
@@ -39,22 +50,79 @@ fn rl_limit(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Resul
         Some(n) if Line::valid_name(n) => Some(n.to_string()),
         Some(n) => return Err(SpecError::Name(n.to_string()).into()),
     };
-    // The lines of one level are all a location has (inner levels replace
-    // outer ones), so its zones are counted here, where the message can
-    // point at the line that goes over (zone names are unique across kinds).
-    let mut zones: Vec<&str> = lcf.lines.iter().filter_map(|&id| mcf.line(id)).map(|l| l.zone_name.as_str()).collect();
-    zones.push(spec.zone);
+    count_zones(mcf, lcf, spec.zone, "rl_limit")?;
+    let key_src = spec.key()?;
+    let limit = spec.limit;
+    let line = Line {
+        burst_text: if spec.burst_varies { String::new() } else { limit.burst().to_string() },
+        queue: spec.queue,
+        deepest_queue: spec.queue,
+        rate_src: spec.rate_src,
+        burst_src: spec.burst_src,
+        vars: Varying::new(spec.vars.rate, spec.vars.burst, spec.vars.cost),
+        charge_after: spec.charge_after,
+        ..new_line(cf, spec.zone, key_src, limit, spec.cost, name, spec.dry_run, spec.after_auth)?
+    };
+    push_line(mcf, lcf, line, "rl_limit")
+}
+
+fn rl_conn(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Result<(), ConfError> {
+    // SAFETY: the module's main configuration exists while parsing http{}.
+    let Some(mcf) = (unsafe { Module::main_conf_mut(&*cf) }) else {
+        refuse!("\"rl_conn\" directive is not allowed here");
+    };
+    let spec = ConnSpec::parse(&bytes(args.get(1..).unwrap_or_default()))?;
+    let name = match spec.name {
+        None => None,
+        Some(n) if Line::valid_name(n) => Some(n.to_string()),
+        Some(n) => {
+            refuse!("invalid name \"{}\" in \"rl_conn\" directive, it must be letters, digits, \"_\" and \"-\"", n)
+        }
+    };
+    count_zones(mcf, lcf, spec.zone, "rl_conn")?;
+    let key_src = spec.key()?;
+    // (the limit is not part of a concurrency line's identity: as limit_conn's, lines of one zone
+    // and key count the same requests, each against its own max)
+    let line = Line {
+        burst_text: spec.limit.burst().to_string(),
+        ..new_line(cf, spec.zone, key_src, spec.limit, spec.cost, name, spec.dry_run, spec.after_auth)?
+    };
+    push_line(mcf, lcf, line, "rl_conn")
+}
+
+/// Counts the location's zones with `zone`: the lines of one level are all a
+/// location has (inner levels replace outer ones), so its zones are counted
+/// here, where the message can point at the line that goes over (zone names
+/// are unique across kinds).
+fn count_zones(mcf: &MainConf, lcf: &LocConf, zone: &str, directive: &str) -> Result<(), ConfError> {
+    let mut zones: Vec<&str> =
+        lcf.limits.iter().chain(&lcf.conns).filter_map(|&id| mcf.line(id)).map(|l| l.zone_name.as_str()).collect();
+    zones.push(zone);
     zones.sort_unstable();
     zones.dedup();
     if zones.len() > MAX_ZONES_PER_LOCATION {
         refuse!(
-            "too many zones in one location in \"rl_limit\" directive, at most {} are supported",
+            "too many zones in one location in \"{}\" directive, at most {} are supported",
+            directive,
             MAX_ZONES_PER_LOCATION
         );
     }
+    Ok(())
+}
 
+/// A line of what both directives give; the rest as a static line has it.
+#[allow(clippy::too_many_arguments)]
+fn new_line(
+    cf: *mut ngx_conf_t,
+    zone: &str,
+    key_src: &str,
+    limit: Limit,
+    cost: u64,
+    name: Option<String>,
+    dry_run: bool,
+    after_auth: bool,
+) -> Result<Line, ConfError> {
     // (the value is part of an argument, or static: either lives as long as the cycle)
-    let key_src = spec.key()?;
     let key = compile_complex_value(cf, key_src)?;
     let key_source = match one_variable(key_src) {
         // (variable names are not case-sensitive)
@@ -62,50 +130,57 @@ fn rl_limit(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Resul
         Some(name) if VarValue::matches() => KeySource::Var(variable_index(cf, name)?),
         _ => KeySource::Complex,
     };
-
-    let zone = spec.zone;
-    let same_zone = lcf.lines.iter().filter_map(|&id| mcf.line(id)).filter(|l| l.zone_name == zone).count();
-    let item = match &name {
-        Some(n) => n.clone(),
-        None if same_zone == 0 => zone.to_string(),
-        None => format!("{}-{}", zone, same_zone + 1),
-    };
-    let Ok(id) = u32::try_from(mcf.lines.len()) else {
-        refuse!("too many \"rl_limit\" directives");
-    };
-    let limit = spec.limit;
-    let line = Line {
+    Ok(Line {
         backend: Backend::Shm(usize::MAX),
         zone_name: zone.to_string(),
         key,
         key_source,
         key_src: key_src.to_string(),
         limit,
-        cost: spec.cost,
+        cost,
         id: 0,
-        item,
-        burst_text: if spec.burst_varies { String::new() } else { limit.burst().to_string() },
+        item: String::new(),
+        burst_text: String::new(),
         origin: origin(cf),
         name,
-        dry_run: spec.dry_run,
-        queue: spec.queue,
-        deepest_queue: spec.queue,
-        rate_src: spec.rate_src,
-        burst_src: spec.burst_src,
-        vars: Varying::new(spec.vars.rate, spec.vars.burst, spec.vars.cost),
-        charge_after: spec.charge_after,
-        stage: if spec.after_auth { Stage::AfterAuth } else { Stage::BeforeAuth },
+        dry_run,
+        queue: 0,
+        deepest_queue: 0,
+        rate_src: String::new(),
+        burst_src: String::new(),
+        vars: None,
+        charge_after: false,
+        stage: if after_auth { Stage::AfterAuth } else { Stage::BeforeAuth },
         lease: None,
         counters: AtomicPtr::new(ptr::null_mut()),
+    })
+}
+
+/// Names the line's item, refuses it where the level has its identity
+/// already, and stores it with the level's lines of its directive.
+fn push_line(mcf: &mut MainConf, lcf: &mut LocConf, mut line: Line, directive: &str) -> Result<(), ConfError> {
+    let level = |lcf: &LocConf| -> Vec<LineId> { lcf.limits.iter().chain(&lcf.conns).copied().collect() };
+    let same_zone = level(lcf).iter().filter_map(|&id| mcf.line(id)).filter(|l| l.zone_name == line.zone_name).count();
+    line.item = match &line.name {
+        Some(n) => n.clone(),
+        None if same_zone == 0 => line.zone_name.clone(),
+        None => format!("{}-{}", line.zone_name, same_zone + 1),
+    };
+    let Ok(id) = u32::try_from(mcf.lines.len()) else {
+        refuse!("too many \"{}\" directives", directive);
     };
     // One budget per identity: the same line twice in one block would be
     // charged twice for one request.
     let identity = line.identity();
-    if lcf.lines.iter().filter_map(|&id| mcf.line(id)).any(|l| l.identity() == identity) {
-        refuse!("\"rl_limit\" directive is duplicate");
+    if level(lcf).iter().filter_map(|&id| mcf.line(id)).any(|l| l.identity() == identity) {
+        refuse!("\"{}\" directive is duplicate", directive);
     }
+    let conn = line.limit.is_concurrent();
     mcf.lines.push(line);
-    lcf.lines.push(LineId(id));
+    match conn {
+        true => lcf.conns.push(LineId(id)),
+        false => lcf.limits.push(LineId(id)),
+    }
     Ok(())
 }
 

@@ -142,7 +142,11 @@ fn decide_lines(
                 res.decision.outcome.next_us = limit.next_us(state, now_us);
             }
             res.charged = true;
-            locked.charged(res.slot, now_us, o.reset_us);
+            let held = limit.held(state);
+            locked.charged(res.slot, now_us, if held { u64::MAX } else { o.reset_us });
+            if limit.is_concurrent() && res.decision.charge.cost() > 0 {
+                locked.hold(res.hash, res.decision.charge.cost(), now_s, log);
+            }
         }
     }
 
@@ -212,6 +216,9 @@ fn decide_locked(
             true
         }
     };
+    if res.charged && line.limit.is_concurrent() {
+        locked.hold(hash, res.charge().cost(), now_s, log);
+    }
     locked.unlock();
     admitted
 }
@@ -231,7 +238,11 @@ fn decide_state(line: &Line, res: &mut LineResult, state: &mut [u64], idle: &mut
     limit.acquire_into(state, now_us, res.cost, &mut res.decision);
     let admitted = res.admitted();
     if admitted {
-        *idle = idle_at(now_us, res.reset_us());
+        *idle = match limit.held(state) {
+            // (units in flight: kept whatever time passes, until given back)
+            true => u32::MAX,
+            false => idle_at(now_us, res.reset_us()),
+        };
     }
     res.charged = admitted;
     if next {
@@ -270,7 +281,31 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
         let limit = res.var_limit.unwrap_or(&line.limit);
         limit.refund(state, res.charge(), now_us);
         not_charged(limit, res, state, now_us, next);
-        locked.charged(res.slot, now_us, res.reset_us());
+        let held = limit.held(state);
+        locked.charged(res.slot, now_us, if held { u64::MAX } else { res.reset_us() });
+        if limit.is_concurrent() {
+            locked.unhold(res.hash, res.charge().cost());
+        }
+    }
+}
+
+/// Gives back the units the request's concurrency lines (`rl_conn`) hold,
+/// of every stage: the request has ended (its pool is being destroyed).
+/// Once: a line given back is no longer charged.
+pub fn release(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
+    let now_us = crate::shm::now_us();
+    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| res.active && res.charged && l.limit.is_concurrent()) {
+        res.charged = false;
+        let Some(mut locked) = line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock()) else {
+            continue;
+        };
+        let cost = res.charge().cost();
+        if let Some(state) = locked.state(res.slot, res.hash, &line.limit) {
+            line.limit.refund(state, res.charge(), now_us);
+            let held = line.limit.held(state);
+            locked.charged(res.slot, now_us, if held { u64::MAX } else { 0 });
+        }
+        locked.unhold(res.hash, cost);
     }
 }
 

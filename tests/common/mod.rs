@@ -381,6 +381,13 @@ impl Nginx {
         }
     }
 
+    /// Sends `nginx -s reload` with the same configuration and returns at
+    /// once, the old workers perhaps still draining; returns the error log's
+    /// length before, where what the reload logs starts.
+    pub fn reload_now(&self) -> usize {
+        self.send_reload(&self.http_block)
+    }
+
     /// Writes the configuration and sends `nginx -s reload`; returns the
     /// error log's length before, where what the reload logs starts.
     fn send_reload(&self, http_block: &str) -> usize {

@@ -107,7 +107,7 @@ pub(super) fn scale(l: &Limit) -> u64 {
         Algorithm::TokenBucket | Algorithm::LeakyBucket => rate_tag(l.rate),
         Algorithm::Gcra => l.interval,
         // (untagged: never called)
-        Algorithm::SlidingLog => 0,
+        Algorithm::SlidingLog | Algorithm::Concurrent => 0,
     }
 }
 
@@ -159,7 +159,7 @@ fn convert(l: &Limit, s: &[u64], tag: u64, now: u64) -> Option<[u64; 3]> {
                 _ => [tat, 0, 0],
             }
         }
-        Algorithm::SlidingLog => return None,
+        Algorithm::SlidingLog | Algorithm::Concurrent => return None,
     })
 }
 

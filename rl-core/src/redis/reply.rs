@@ -133,6 +133,8 @@ pub fn max_reset_us(limit: &Limit, deepest: u64) -> u64 {
         Algorithm::Fixed | Algorithm::SlidingLog => w,
         Algorithm::Sliding => w.saturating_mul(2),
         Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => at_rate(limit, held),
+        // (never on Redis: no time bounds what it holds)
+        Algorithm::Concurrent => 0,
     };
     reach.saturating_add(CLOCK_STEP_US)
 }
@@ -158,6 +160,8 @@ pub fn max_retry_after_us(limit: &Limit, cost: u64, deepest: u64) -> Option<u64>
             let q = limit.queue();
             at_rate(limit, (deepest.max(q) - q).saturating_add(cost))
         }
+        // (never on Redis: no wait is known)
+        Algorithm::Concurrent => return None,
     };
     Some(reach.saturating_add(CLOCK_STEP_US))
 }
@@ -225,6 +229,7 @@ mod tests {
             Algorithm::SlidingLog => [vec![0, b], vec![t; b as usize]].concat(),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => vec![cap, t],
             Algorithm::Gcra => vec![t + b * interval(l)],
+            Algorithm::Concurrent => vec![b],
         }
     }
 

@@ -86,6 +86,7 @@ impl Limit {
             Algorithm::Sliding => 3,
             Algorithm::Gcra => 1,
             Algorithm::SlidingLog => usize::try_from(self.burst).map_or(usize::MAX, |b| b + 2),
+            Algorithm::Concurrent => unreachable!("the reference has the rate algorithms only"),
         }
     }
 
@@ -104,6 +105,7 @@ impl Limit {
             Algorithm::SlidingLog => log::check(self, state, now, cost),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::check(self, state, now, cost),
             Algorithm::Gcra => gcra::check(self, state, now, cost),
+            Algorithm::Concurrent => unreachable!("the reference has the rate algorithms only"),
         };
         match cost {
             0 => Outcome::admit(outcome.remaining, outcome.reset_us, 0),
@@ -122,6 +124,7 @@ impl Limit {
             Algorithm::SlidingLog => log::commit(self, state, now, cost),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::commit(self, state, now, cost),
             Algorithm::Gcra => gcra::commit(self, state, now, cost),
+            Algorithm::Concurrent => unreachable!("the reference has the rate algorithms only"),
         }
     }
 
@@ -136,6 +139,7 @@ impl Limit {
             Algorithm::SlidingLog => log::overdraw(self, state, now, cost),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::overdraw(self, state, now, cost),
             Algorithm::Gcra => gcra::overdraw(self, state, now, cost),
+            Algorithm::Concurrent => unreachable!("the reference has the rate algorithms only"),
         }
     }
 
@@ -150,6 +154,7 @@ impl Limit {
             Algorithm::SlidingLog => log::refund(self, state, charge),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::refund(self, state, charge),
             Algorithm::Gcra => gcra::refund(self, state, charge, now),
+            Algorithm::Concurrent => unreachable!("the reference has the rate algorithms only"),
         }
     }
 

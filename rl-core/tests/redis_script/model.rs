@@ -162,6 +162,7 @@ pub(crate) fn model_charge(lines: &[(Limit, u64)], states: &mut [Vec<u64>], now:
                 Algorithm::Fixed | Algorithm::Sliding | Algorithm::SlidingLog => after[1],
                 Algorithm::TokenBucket | Algorithm::LeakyBucket => after[0],
                 Algorithm::Gcra => after[0].saturating_sub(now),
+                Algorithm::Concurrent => unreachable!("never on Redis"),
             };
             if held > MAX_EXACT {
                 return false;

@@ -1,0 +1,187 @@
+//! Who holds the units of `rl_conn` lines, so that the units of a worker
+//! that died are given back without a restart.
+//!
+//! A concurrency line's state (one word: the units in flight of the key)
+//! says how many, not whose. Beside it, each worker that holds units of the
+//! key keeps a *hold* entry in the same table: its hash is the key's, mixed
+//! with the worker's process slot, and its state is the key's hash (to find
+//! the line's state again) and one word of owner and count ([`Meta`]).
+//! Taking and giving back units changes both under the zone's lock.
+//!
+//! A worker that dies (`kill -9`, a crash) ends no request: its units stay
+//! held. When nginx starts a worker, it takes the process slot of the one it
+//! replaces (at once after a crash), and the new worker's [`reclaim`] gives
+//! back every hold of its slot left by another process, and every hold of a
+//! process that no longer exists (an old worker killed while it drained
+//! after a reload, whose slot nobody takes).
+//!
+//! A hold is recognised in a scan by its hash: the table stores no key,
+//! but a hold's hash is the one its own state's key hash and slot make,
+//! which no other entry's is but by a 128-bit accident.
+
+use ngx::ffi::{ngx_log_t, ngx_pid, ngx_process_slot, NGX_LOG_NOTICE};
+use ngx::ngx_log_error;
+
+use super::{idle_at, Locked, Zone};
+
+/// The hash of a hold of `key` by process slot `slot`.
+fn hold_hash(key: [u64; 2], slot: u64) -> [u64; 2] {
+    [key[0] ^ 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(slot + 1), key[1] ^ 0xc2b2_ae3d_27d4_eb4f]
+}
+
+/// A hold's owner and count, in one word: the pid in the high 32 bits, the
+/// process slot in the next 10 (nginx has at most 1024), the units in the
+/// low 22 (a line holds at most `rl_core::spec::MAX_CONN`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Meta {
+    pid: u32,
+    slot: u64,
+    count: u64,
+}
+
+const SLOT_BITS: u32 = 10;
+const COUNT_BITS: u32 = 22;
+const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
+
+impl Meta {
+    fn read(w: u64) -> Meta {
+        Meta { pid: (w >> 32) as u32, slot: (w >> COUNT_BITS) & ((1 << SLOT_BITS) - 1), count: w & COUNT_MAX }
+    }
+
+    fn word(self) -> u64 {
+        (u64::from(self.pid) << 32) | (self.slot << COUNT_BITS) | self.count.min(COUNT_MAX)
+    }
+}
+
+/// This worker: its pid and process slot.
+fn me() -> Meta {
+    // SAFETY: process globals nginx sets before it starts a worker, read-only since.
+    let (pid, slot) = unsafe { (ngx_pid, ngx_process_slot) };
+    Meta { pid: pid as u32, slot: (slot.max(0) as u64) & ((1 << SLOT_BITS) - 1), count: 0 }
+}
+
+impl Locked<'_> {
+    /// Records that this worker holds `cost` more units of the key whose
+    /// state hash is `key`. A hold that cannot be recorded (the zone is too
+    /// small to keep it) costs only its reclaim, should this worker die.
+    pub fn hold(&mut self, key: [u64; 2], cost: u64, now_s: u32, log: *mut ngx_log_t) {
+        let me = me();
+        let h = hold_hash(key, me.slot);
+        let found = match self.table.find(h) {
+            Some(slot) => Some(slot),
+            None => self.insert(h, super::INLINE_WORDS, now_s, log),
+        };
+        let Some(slot) = found else {
+            return;
+        };
+        let Some(state) = self.table.state_at(slot, h) else {
+            return;
+        };
+        let held = Meta::read(state[2]);
+        let count = match state[..2] == key && held.pid == me.pid {
+            true => held.count,
+            // (a fresh entry; or a hold a worker of this slot left, which reclaim would have
+            // given back: its units are not this worker's)
+            false => 0,
+        };
+        *state = [key[0], key[1], Meta { count: count.saturating_add(cost), ..me }.word()];
+        self.table.set_idle_at(slot, u32::MAX);
+    }
+
+    /// Records that this worker gives back `cost` units of the key whose
+    /// state hash is `key`; its hold goes once it holds none.
+    pub fn unhold(&mut self, key: [u64; 2], cost: u64) {
+        let me = me();
+        let h = hold_hash(key, me.slot);
+        let Some(slot) = self.table.find(h) else {
+            return;
+        };
+        let Some(state) = self.table.state_at(slot, h) else {
+            return;
+        };
+        let held = Meta::read(state[2]);
+        let count = held.count.saturating_sub(cost);
+        if count == 0 || held.pid != me.pid {
+            self.table.remove(slot);
+            return;
+        }
+        state[2] = Meta { count, ..held }.word();
+    }
+
+    /// Gives back `units` of the concurrency state of `key` (one word, the
+    /// units in flight), found by its hash: what a dead worker held.
+    fn give_back(&mut self, key: [u64; 2], units: u64, now_s: u32) {
+        let Some(slot) = self.table.find(key) else {
+            return;
+        };
+        let Some(state) = self.table.state_at(slot, key) else {
+            return;
+        };
+        state[0] = state[0].saturating_sub(units);
+        if state[0] == 0 {
+            self.table.set_idle_at(slot, idle_at(u64::from(now_s) * 1_000_000, 0));
+        }
+    }
+}
+
+/// Whether process `pid` exists (one of another user's counts: its pid is
+/// not free for a worker to have left).
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    if unsafe { libc::kill(pid, 0) } == 0 {
+        return true;
+    }
+    std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Gives back what the workers that died held in `zone`: every hold of
+/// this worker's process slot left by another process, and every hold of a
+/// process that is gone. Run once, when a worker starts; logged at
+/// `notice` per process, as nginx logs the locks of a worker that exited.
+pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
+    let Some(mut locked) = zone.lock() else {
+        return 0;
+    };
+    let me = me();
+    let mut dead: Vec<(rl_core::table::Slot, [u64; 2], [u64; 2], Meta)> = Vec::new();
+    let entries: Vec<_> = locked.table.live_entries().collect();
+    for (slot, hash) in entries {
+        let Some(state) = locked.table.state(slot) else { continue };
+        let meta = Meta::read(state[2]);
+        let key = [state[0], state[1]];
+        if hold_hash(key, meta.slot) != hash || meta.pid == me.pid {
+            continue;
+        }
+        if meta.slot == me.slot || !alive(meta.pid) {
+            dead.push((slot, hash, key, meta));
+        }
+    }
+    let mut total = 0;
+    for &(slot, hash, key, meta) in &dead {
+        if locked.table.state_at(slot, hash).is_none() {
+            continue;
+        }
+        locked.table.remove(slot);
+        locked.give_back(key, meta.count, now_s);
+        total += meta.count;
+    }
+    drop(locked);
+    let mut pids: Vec<u32> = dead.iter().map(|d| d.3.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        let units: u64 = dead.iter().filter(|d| d.3.pid == pid).map(|d| d.3.count).sum();
+        ngx_log_error!(
+            NGX_LOG_NOTICE,
+            log,
+            "rl_zone \"{}\": {} units held by worker process {}, which exited, given back",
+            zone.name,
+            units,
+            pid
+        );
+    }
+    total
+}

@@ -1,0 +1,273 @@
+//! `rl_conn`: requests in flight per key, held from the pre-access phase
+//! until the request ends, all-or-nothing with `rl_limit` lines, counted
+//! once per request, and given back when a worker dies or drains.
+//!
+//! A request holds its slot for as long as its client reads a file sent at
+//! 1 byte a second after its first kilobyte (`limit_rate_after 1k;
+//! limit_rate 1;`): the status line arrives at once, the rest never does
+//! within a test. A held request is known held once its status line is
+//! read (the slot is taken before any response).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpStream;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A file slow to send: its first kilobyte at once, then 1 byte a second.
+fn slow_file() -> String {
+    "x".repeat(4096)
+}
+
+const SLOW: &str = "limit_rate_after 1k; limit_rate 1;";
+
+/// A request to `path` whose response starts and does not end: returns
+/// its status and the connection holding it (dropping it closes it).
+fn hold(ngx: &Nginx, path: &str) -> (u16, TcpStream) {
+    let s = send_only(ngx.port, path);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line).unwrap_or_else(|e| panic!("no status line for {path}: {e}"));
+    let status = status_line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, s)
+}
+
+/// Sends `path` until it is answered `want` (10 s at most): a closed
+/// client's request ends when nginx next writes to it.
+fn until_status(ngx: &Nginx, path: &str, want: u16) -> Response {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = ngx.get(path, &[]);
+        if r.status == want {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "{path} never answered {want} (last {}):\n{}", r.status, ngx.error_log());
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn start(block: &str) -> Nginx {
+    Nginx::setup(block).file("html/slow/big.html", &slow_file()).file("html/fast.html", "fast\n").start()
+}
+
+/// Two requests of a key hold the two slots of `max=2`: a third is
+/// refused with the location's status, `limit_conn`'s log line and the
+/// policy's quota unit; once one of them ends (its client closes), a new
+/// one passes. Another key has slots of its own.
+#[test]
+fn holds_until_the_request_ends() {
+    let ngx = start(&format!(
+        "rl_zone c size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           rl_headers draft;\n\
+           location /slow/ {{ rl_conn zone=c max=2 key=$arg_k; {SLOW} }}\n\
+         }}"
+    ));
+    let (a, held_a) = hold(&ngx, "/slow/big.html?k=a");
+    let (b, _held_b) = hold(&ngx, "/slow/big.html?k=a");
+    assert_eq!((a, b), (200, 200));
+    let from = ngx.error_log().len();
+    let r = ngx.get("/slow/big.html?k=a", &[]);
+    assert_eq!(r.status, 429, "a third request in flight");
+    assert_eq!(r.header("RateLimit-Policy"), Some("\"c\";q=2;qu=\"concurrent-requests\""));
+    assert_eq!(r.header("RateLimit"), Some("\"c\";r=0"));
+    assert_eq!(r.header("Retry-After"), None, "no one knows when a request in flight ends");
+    let log = ngx.error_log_since(from);
+    assert!(
+        log.lines().any(|l| l.contains("[error]") && l.contains("limiting connections by zone \"c\", client: ")),
+        "{log}"
+    );
+    let (other, _held_other) = hold(&ngx, "/slow/big.html?k=b");
+    assert_eq!(other, 200, "another key");
+    drop(held_a);
+    let (again, _held_again) = {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, s) = hold(&ngx, "/slow/big.html?k=a");
+            if status == 200 {
+                break (status, s);
+            }
+            assert!(Instant::now() < deadline, "the closed client's slot was never given back");
+            thread::sleep(Duration::from_millis(20));
+        }
+    };
+    assert_eq!(again, 200);
+    assert_eq!(ngx.get("/slow/big.html?k=a", &[]).status, 429, "two held again");
+}
+
+/// All or nothing with `rl_limit`: a request another line refuses holds no
+/// slot, and a request `rl_conn` refuses is charged by no other line.
+#[test]
+fn refused_requests_hold_and_charge_nothing() {
+    let ngx = start(
+        "rl_zone c size=1m;\n\
+         rl_zone r size=1m;\n\
+         server { listen 127.0.0.1:{PORT}; root {ROOT};\n\
+           location = /fast.html { rl_conn zone=c max=1 key=all; rl_limit zone=r rate=1r/m burst=1 key=$arg_k; }\n\
+           location /slow/ { rl_conn zone=c max=1 key=all; limit_rate_after 1k; limit_rate 1; }\n\
+         }",
+    );
+    assert_eq!(ngx.get("/fast.html?k=a", &[]).status, 200);
+    // Refused by rl_limit: were its slot held, the one slot of `all` would be gone.
+    for _ in 0..3 {
+        assert_eq!(ngx.get("/fast.html?k=a", &[]).status, 429);
+    }
+    let (status, held) = hold(&ngx, "/slow/big.html");
+    assert_eq!(status, 200, "the slot was left free by the refused requests");
+    // Refused by rl_conn: were k=b charged, its one request a minute would be spent.
+    assert_eq!(ngx.get("/fast.html?k=b", &[]).status, 429);
+    drop(held);
+    let r = until_status(&ngx, "/fast.html?k=b", 200);
+    assert_eq!(r.body, "fast\n");
+}
+
+/// Counted once per request: `index` redirects `/slow/` to
+/// `/slow/index.html` in a location with the same line, and `max=1` lets it
+/// through; a second request is refused.
+#[test]
+fn an_internal_redirect_counts_once() {
+    let ngx = Nginx::setup(&format!(
+        "rl_zone c size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /slow/ {{ rl_conn zone=c max=1 key=all; {SLOW} }}\n\
+         }}"
+    ))
+    .file("html/slow/index.html", &slow_file())
+    .start();
+    let (status, _held) = hold(&ngx, "/slow/");
+    assert_eq!(status, 200, "counted twice:\n{}", ngx.error_log());
+    assert_eq!(ngx.get("/slow/", &[]).status, 429);
+}
+
+/// `rl_conn` and `rl_limit` are inherited each on its own, as `limit_conn`
+/// and `limit_req` are: a location with `rl_limit` lines keeps the server's
+/// `rl_conn`.
+#[test]
+fn inherited_apart_from_rl_limit() {
+    let ngx = start(&format!(
+        "rl_zone c size=1m;\n\
+         rl_zone r size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           rl_conn zone=c max=1 key=all;\n\
+           location /slow/ {{ rl_limit zone=r rate=100r/s; {SLOW} }}\n\
+         }}"
+    ));
+    let (status, _held) = hold(&ngx, "/slow/big.html");
+    assert_eq!(status, 200);
+    assert_eq!(ngx.get("/slow/big.html", &[]).status, 429, "the server's rl_conn applies");
+}
+
+/// A worker killed with `-9` ends none of its requests: the worker nginx
+/// starts in its place gives back what it held, and says so.
+#[test]
+fn a_killed_workers_slots_come_back() {
+    let ngx = start(&format!(
+        "rl_zone c size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /slow/ {{ rl_conn zone=c max=1 key=all; {SLOW} }}\n\
+         }}"
+    ));
+    let (status, held) = hold(&ngx, "/slow/big.html");
+    assert_eq!(status, 200);
+    assert_eq!(ngx.get("/slow/big.html", &[]).status, 429);
+    let before = ngx.worker_pids();
+    assert_eq!(before.len(), WORKERS);
+    for pid in &before {
+        Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    }
+    // (the kernel closes the dead worker's connection)
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = ngx.worker_pids();
+        if now.len() == WORKERS && now.iter().all(|p| !before.contains(p)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "nginx did not start new workers: {before:?} -> {now:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let (status, _held) = hold(&ngx, "/slow/big.html");
+    assert_eq!(status, 200, "the dead worker's slot was not given back:\n{}", ngx.error_log());
+    let log = ngx.error_log();
+    let given_back: Vec<&str> = log.lines().filter(|l| l.contains("units held by worker process")).collect();
+    assert_eq!(given_back.len(), 1, "{log}");
+    assert!(given_back[0].contains("[notice]") && given_back[0].contains("rl_zone \"c\": 1 units"), "{log}");
+    assert!(before.iter().any(|p| given_back[0].contains(&format!("worker process {p}, which exited"))), "{log}");
+}
+
+/// A reload keeps the zone and what is held in it: the new workers count
+/// the old worker's request in flight until it ends, and the old worker,
+/// draining, gives its slot back when it does.
+#[test]
+fn a_reload_keeps_requests_in_flight() {
+    let ngx = start(&format!(
+        "rl_zone c size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /slow/ {{ rl_conn zone=c max=1 key=all; {SLOW} }}\n\
+         }}"
+    ));
+    let (status, mut held) = hold(&ngx, "/slow/big.html");
+    assert_eq!(status, 200);
+    let old = ngx.worker_pids();
+    let from = ngx.reload_now();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ngx.error_log_since(from).matches("start worker process").count() < WORKERS {
+        assert!(Instant::now() < deadline, "no new workers:\n{}", ngx.error_log_since(from));
+        thread::sleep(Duration::from_millis(20));
+    }
+    // The old workers stop accepting at once: this request is a new worker's.
+    let r = until_status(&ngx, "/slow/big.html", 429);
+    assert_eq!(r.status, 429, "the old worker's request in flight is counted");
+    assert!(old.iter().any(|p| ngx.worker_pids().contains(p)), "the old worker drains");
+    // The held request's client reads a little, then leaves: the old worker ends it and exits.
+    let mut buf = [0u8; 64];
+    let _ = held.read(&mut buf);
+    drop(held);
+    let (status, _held) = {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, s) = hold(&ngx, "/slow/big.html");
+            if status == 200 {
+                break (status, s);
+            }
+            assert!(Instant::now() < deadline, "the old worker's slot was never given back");
+            thread::sleep(Duration::from_millis(20));
+        }
+    };
+    assert_eq!(status, 200);
+    assert!(!ngx.error_log().contains("units held by worker process"), "nothing to reclaim after a drain");
+}
+
+/// What `nginx -t` says of `rl_conn` lines it refuses.
+#[test]
+fn nginx_t_messages() {
+    let refused = |block: &str, want: &str| {
+        let (ok, out) = nginx_t(block);
+        assert!(!ok && out.contains(want), "{block}\nwanted: {want}\ngot: {out}");
+    };
+    refused(
+        "rl_zone c size=1m; server { location / { rl_conn zone=c; } }",
+        "\"rl_conn\" directive must have \"max\" parameter",
+    );
+    refused(
+        "rl_zone addr size=1m; server { location / { rl_conn addr 10; } }",
+        "invalid parameter \"addr\" in \"rl_conn\" directive, use \"zone=addr\"",
+    );
+    refused("server { location / { rl_conn zone=nope max=1; } }", "unknown zone \"nope\" in \"rl_conn\" directive");
+    refused(
+        "rl_zone r redis=redis://127.0.0.1:1; server { location / { rl_conn zone=r max=1; } }",
+        "Redis zone \"r\" cannot count requests in flight in \"rl_conn\" directive",
+    );
+    refused(
+        "rl_zone c size=1m; server { location / { rl_conn zone=c max=1; rl_conn zone=c max=1; } }",
+        "\"rl_conn\" directive is duplicate",
+    );
+    let (ok, out) =
+        nginx_t("rl_zone c size=1m; server { location / { rl_conn zone=c max=1 cost=1 name=ip dry_run after_auth; } }");
+    assert!(ok, "{out}");
+}
