@@ -225,16 +225,15 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
             }
         }
         let rate = line.limit.rate();
+        let conn = line.limit.is_concurrent();
         s.lines.push(LineSample {
             zone: line.zone_name.clone(),
             line: line_label(line),
             results,
-            rate_per_s: line
-                .vars
-                .as_ref()
-                .is_none_or(|v| v.rate.is_none())
+            rate_per_s: (!conn && line.vars.as_ref().is_none_or(|v| v.rate.is_none()))
                 .then(|| rate.count as f64 * 1e6 / rate.period_us.max(1) as f64),
-            burst: (!line.burst_varies()).then(|| line.limit.burst()),
+            burst: (!line.burst_varies() && !conn).then(|| line.limit.burst()),
+            max: conn.then(|| line.limit.burst()),
         });
     }
     for zone in &mcf.zones {
@@ -247,6 +246,7 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
             bytes_used: used as u64,
             evicted_idle: stats.evicted_idle,
             evicted_limited: stats.evictions,
+            conn: zone.conn_totals(),
         });
     }
     for (z, zone) in mcf.redis.iter().enumerate() {

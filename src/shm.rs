@@ -181,6 +181,16 @@ impl Zone {
         Some((stats, self.size.saturating_sub(free).saturating_sub(empty)))
     }
 
+    /// An `rl_conn` zone's units in flight and the units given back for
+    /// dead workers so far; `None` for a zone without `rl_conn` lines.
+    pub fn conn_totals(&self) -> Option<(u64, u64)> {
+        if !self.has_conn {
+            return None;
+        }
+        let mut locked = self.lock()?;
+        Some(holds::totals(&mut locked))
+    }
+
     fn shpool(&self) -> *mut ngx_slab_pool_t {
         // SAFETY: shm_zone was returned by ngx_shared_memory_add and lives as long as the cycle.
         unsafe { (*self.shm_zone).shm.addr.cast() }

@@ -170,11 +170,17 @@ fn a_killed_workers_slots_come_back() {
         "rl_zone c size=1m;\n\
          server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
            location /slow/ {{ rl_conn zone=c max=1 key=all; {SLOW} }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
          }}"
     ));
     let (status, held) = hold(&ngx, "/slow/big.html");
     assert_eq!(status, 200);
     assert_eq!(ngx.get("/slow/big.html", &[]).status, 429);
+    let m = ngx.get("/metrics", &[]).body;
+    promtool_check_metrics(&m);
+    assert!(m.contains("\nnginx_rl_conn_in_flight{zone=\"c\"} 1\n"), "{m}");
+    assert!(m.contains("\nnginx_rl_conn_reclaimed_total{zone=\"c\"} 0\n"), "{m}");
+    assert!(m.contains("param=\"max\"} 1\n") && !m.contains("param=\"rate\""), "{m}");
     let before = ngx.worker_pids();
     assert_eq!(before.len(), WORKERS);
     for pid in &before {
@@ -198,6 +204,9 @@ fn a_killed_workers_slots_come_back() {
     assert_eq!(given_back.len(), 1, "{log}");
     assert!(given_back[0].contains("[notice]") && given_back[0].contains("rl_zone \"c\": 1 units"), "{log}");
     assert!(before.iter().any(|p| given_back[0].contains(&format!("worker process {p}, which exited"))), "{log}");
+    let m = ngx.get("/metrics", &[]).body;
+    assert!(m.contains("\nnginx_rl_conn_in_flight{zone=\"c\"} 1\n"), "the new request's: {m}");
+    assert!(m.contains("\nnginx_rl_conn_reclaimed_total{zone=\"c\"} 1\n"), "{m}");
 }
 
 /// A reload keeps the zone and what is held in it: the new workers count

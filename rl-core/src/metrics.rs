@@ -75,8 +75,11 @@ pub struct LineSample {
     /// Requests per second (the rate's count over its period); `None` when
     /// the rate is taken from variables per request.
     pub rate_per_s: Option<f64>,
-    /// `None` when the burst is taken from variables per request.
+    /// `None` when the burst is taken from variables per request (and for
+    /// an `rl_conn` line).
     pub burst: Option<u64>,
+    /// An `rl_conn` line's `max=` (`None` for an `rl_limit` line).
+    pub max: Option<u64>,
 }
 
 /// A shared-memory zone.
@@ -91,6 +94,9 @@ pub struct ShmZoneSample {
     pub evicted_idle: u64,
     /// States dropped to make room that were still limiting their key.
     pub evicted_limited: u64,
+    /// A zone of `rl_conn` lines: its units in flight, and the units given
+    /// back for workers that died so far.
+    pub conn: Option<(u64, u64)>,
 }
 
 /// A Redis zone, summed over the workers.
@@ -256,6 +262,9 @@ pub fn prometheus(s: &Snapshot, out: &mut String) {
             if let Some(burst) = l.burst {
                 sample(out, "nginx_rl_limit", &[("zone", &l.zone), ("line", &l.line), ("param", "burst")], burst);
             }
+            if let Some(max) = l.max {
+                sample(out, "nginx_rl_limit", &[("zone", &l.zone), ("line", &l.line), ("param", "max")], max);
+            }
         }
     }
     if !s.shm.is_empty() {
@@ -284,6 +293,23 @@ pub fn prometheus(s: &Snapshot, out: &mut String) {
         for z in &s.shm {
             sample(out, "nginx_rl_zone_evictions_total", &[("zone", &z.zone), ("state", "idle")], z.evicted_idle);
             sample(out, "nginx_rl_zone_evictions_total", &[("zone", &z.zone), ("state", "limited")], z.evicted_limited);
+        }
+        let conn: Vec<(&str, u64, u64)> =
+            s.shm.iter().filter_map(|z| z.conn.map(|(n, back)| (z.zone.as_str(), n, back))).collect();
+        if !conn.is_empty() {
+            family(out, "nginx_rl_conn_in_flight", "gauge", "Units of rl_conn lines held by requests in flight.");
+            for (zone, n, _) in &conn {
+                sample(out, "nginx_rl_conn_in_flight", &[("zone", zone)], *n);
+            }
+            family(
+                out,
+                "nginx_rl_conn_reclaimed_total",
+                "counter",
+                "Units of rl_conn lines held by worker processes that died, given back by the workers started after them.",
+            );
+            for (zone, _, back) in &conn {
+                sample(out, "nginx_rl_conn_reclaimed_total", &[("zone", zone)], *back);
+            }
         }
     }
     if !s.redis.is_empty() {
@@ -453,7 +479,11 @@ pub fn json(s: &Snapshot, out: &mut String) {
         json_object(out, RESULTS.iter().copied().zip(l.results));
         let null = |x: Option<String>| x.unwrap_or_else(|| "null".to_owned());
         let (rate, burst) = (null(l.rate_per_s.map(|r| r.to_string())), null(l.burst.map(|b| b.to_string())));
-        let _ = write!(out, ",\"limit\":{{\"rate\":{rate},\"burst\":{burst}}}}}");
+        let _ = write!(out, ",\"limit\":{{\"rate\":{rate},\"burst\":{burst}");
+        if let Some(max) = l.max {
+            let _ = write!(out, ",\"max\":{max}");
+        }
+        out.push_str("}}");
     }
     out.push_str("],\"zones\":[");
     for (i, z) in s.shm.iter().enumerate() {
@@ -464,6 +494,10 @@ pub fn json(s: &Snapshot, out: &mut String) {
             z.keys, z.capacity_keys, z.size_bytes, z.bytes_used
         );
         json_object(out, [("idle", z.evicted_idle), ("limited", z.evicted_limited)]);
+        if let Some((in_flight, reclaimed)) = z.conn {
+            out.push_str(",\"conn\":");
+            json_object(out, [("in_flight", in_flight), ("reclaimed", reclaimed)]);
+        }
         out.push('}');
     }
     out.push_str("],\"redis\":[");

@@ -12,6 +12,7 @@ fn snapshot() -> Snapshot {
             results: [1, 2, 3, 4, 5, 6, 7],
             rate_per_s: Some(10.0 / 60.0),
             burst: Some(5),
+            max: None,
         }],
         shm: vec![ShmZoneSample {
             zone: "z".into(),
@@ -21,6 +22,7 @@ fn snapshot() -> Snapshot {
             bytes_used: 70_000,
             evicted_idle: 8,
             evicted_limited: 9,
+            conn: None,
         }],
         redis: vec![RedisZoneSample {
             zone: "r".into(),

@@ -24,6 +24,10 @@ use ngx::ngx_log_error;
 
 use super::{idle_at, Locked, Zone};
 
+/// The hash of the zone's totals: its units in flight and the units given
+/// back for dead workers so far ([`Zone::conn_totals`]).
+const TOTALS: [u64; 2] = [0x726c_5f63_6f6e_6e5f, 0x746f_7461_6c73_0001];
+
 /// The hash of a hold of `key` by process slot `slot`.
 fn hold_hash(key: [u64; 2], slot: u64) -> [u64; 2] {
     [key[0] ^ 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(slot + 1), key[1] ^ 0xc2b2_ae3d_27d4_eb4f]
@@ -86,11 +90,36 @@ impl Locked<'_> {
         };
         *state = [key[0], key[1], Meta { count: count.saturating_add(cost), ..me }.word()];
         self.table.set_idle_at(slot, u32::MAX);
+        self.add_totals(cost, 0, now_s, log);
+    }
+
+    /// Adds to the zone's totals; `taken` may be "negative" (wrapping),
+    /// for units given back. Kept whatever time passes.
+    fn add_totals(&mut self, taken: u64, reclaimed: u64, now_s: u32, log: *mut ngx_log_t) {
+        let found = match self.table.find(TOTALS) {
+            Some(slot) => Some(slot),
+            None => self.insert(TOTALS, super::INLINE_WORDS, now_s, log),
+        };
+        let Some(slot) = found else {
+            return;
+        };
+        if let Some(t) = self.table.state_at(slot, TOTALS) {
+            // (in flight never goes below 0, whatever was dropped from a full zone)
+            t[0] = match taken as i64 {
+                n if n < 0 => t[0].saturating_sub(n.unsigned_abs()),
+                _ => t[0].saturating_add(taken),
+            };
+            t[1] = t[1].saturating_add(reclaimed);
+        }
+        self.table.set_idle_at(slot, u32::MAX);
     }
 
     /// Records that this worker gives back `cost` units of the key whose
     /// state hash is `key`; its hold goes once it holds none.
     pub fn unhold(&mut self, key: [u64; 2], cost: u64) {
+        if let Some(t) = self.table.find(TOTALS).and_then(|slot| self.table.state_at(slot, TOTALS)) {
+            t[0] = t[0].saturating_sub(cost);
+        }
         let me = me();
         let h = hold_hash(key, me.slot);
         let Some(slot) = self.table.find(h) else {
@@ -122,6 +151,14 @@ impl Locked<'_> {
             self.table.set_idle_at(slot, idle_at(u64::from(now_s) * 1_000_000, 0));
         }
     }
+}
+
+/// The zone's totals (see [`TOTALS`]), none yet being 0.
+pub fn totals(locked: &mut Locked<'_>) -> (u64, u64) {
+    let Some(slot) = locked.table.peek(TOTALS) else {
+        return (0, 0);
+    };
+    locked.table.state_at(slot, TOTALS).map_or((0, 0), |t| (t[0], t[1]))
 }
 
 /// Whether process `pid` exists (one of another user's counts: its pid is
@@ -167,6 +204,9 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
         locked.table.remove(slot);
         locked.give_back(key, meta.count, now_s);
         total += meta.count;
+    }
+    if total > 0 {
+        locked.add_totals(total.wrapping_neg(), total, now_s, log);
     }
     drop(locked);
     let mut pids: Vec<u32> = dead.iter().map(|d| d.3.pid).collect();
