@@ -217,9 +217,10 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
         ngx_log_error!(
             NGX_LOG_NOTICE,
             log,
-            "rl_zone \"{}\": {} units held by worker process {}, which exited, given back",
+            "rl_zone \"{}\": {} unit{} held by worker process {}, which exited, given back",
             zone.name,
             units,
+            if units == 1 { "" } else { "s" },
             pid
         );
     }
