@@ -76,6 +76,9 @@ pub struct Zone {
     /// Some `rl_conn` line counts requests in flight here: a worker that
     /// starts gives back what dead ones held ([`holds::reclaim`]).
     pub(crate) has_conn: bool,
+    /// Where this worker last found the zone's `rl_conn` totals in the
+    /// table (checked against their hash on every use).
+    pub(crate) totals: core::cell::Cell<Slot>,
     /// Where the table lives and how it is split, once the zone is
     /// initialised: laid out once per cycle, so worked out once, not on
     /// every request.
@@ -120,6 +123,7 @@ impl Zone {
             shm_zone: ptr::null_mut(),
             log_words: 0,
             has_conn: false,
+            totals: core::cell::Cell::new(Slot::NONE),
             table: None,
         });
         let mut ngx_name = ngx_str_t { len: zone.name.len(), data: zone.name.as_ptr() as *mut u8 };

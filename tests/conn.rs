@@ -37,6 +37,20 @@ fn hold(ngx: &Nginx, path: &str) -> (u16, TcpStream) {
     (status, s)
 }
 
+/// [`hold`]s `path` once a slot is free (10 s at most): `what` was given
+/// back when nginx next wrote to the closed client.
+fn hold_when_free(ngx: &Nginx, path: &str, what: &str) -> TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, s) = hold(ngx, path);
+        if status == 200 {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "{what} was never given back (last {status})");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Sends `path` until it is answered `want` (10 s at most): a closed
 /// client's request ends when nginx next writes to it.
 fn until_status(ngx: &Nginx, path: &str, want: u16) -> Response {
@@ -85,18 +99,7 @@ fn holds_until_the_request_ends() {
     let (other, _held_other) = hold(&ngx, "/slow/big.html?k=b");
     assert_eq!(other, 200, "another key");
     drop(held_a);
-    let (again, _held_again) = {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let (status, s) = hold(&ngx, "/slow/big.html?k=a");
-            if status == 200 {
-                break (status, s);
-            }
-            assert!(Instant::now() < deadline, "the closed client's slot was never given back");
-            thread::sleep(Duration::from_millis(20));
-        }
-    };
-    assert_eq!(again, 200);
+    let _held_again = hold_when_free(&ngx, "/slow/big.html?k=a", "the closed client's slot");
     assert_eq!(ngx.get("/slow/big.html?k=a", &[]).status, 429, "two held again");
 }
 
@@ -237,18 +240,7 @@ fn a_reload_keeps_requests_in_flight() {
     let mut buf = [0u8; 64];
     let _ = held.read(&mut buf);
     drop(held);
-    let (status, _held) = {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let (status, s) = hold(&ngx, "/slow/big.html");
-            if status == 200 {
-                break (status, s);
-            }
-            assert!(Instant::now() < deadline, "the old worker's slot was never given back");
-            thread::sleep(Duration::from_millis(20));
-        }
-    };
-    assert_eq!(status, 200);
+    let _held = hold_when_free(&ngx, "/slow/big.html", "the old worker's slot");
     assert!(!ngx.error_log().contains("held by worker process"), "nothing to reclaim after a drain");
 }
 

@@ -162,6 +162,32 @@ pub fn params<'a>(
     Ok(Params(given))
 }
 
+/// The flags of a directive (`dry_run`, `after_auth`), each given at most
+/// once, and its other arguments, in order.
+fn flags<'a, const N: usize>(
+    directive: &'static str,
+    args: &[&'a [u8]],
+    names: [&'static str; N],
+) -> Result<([bool; N], Vec<&'a [u8]>), ParamError> {
+    let mut given = [false; N];
+    for (flag, name) in given.iter_mut().zip(names) {
+        match args.iter().filter(|a| text(a) == name).count() {
+            0 => {}
+            1 => *flag = true,
+            _ => return Err(ParamError { directive, kind: ParamErrorKind::Duplicate(name) }),
+        }
+    }
+    Ok((given, args.iter().copied().filter(|a| !names.contains(&text(a))).collect()))
+}
+
+/// The second half of an "invalid burst/cost/max" message.
+fn number_hint(e: &ParseError) -> &'static str {
+    match e.kind {
+        ParseErrorKind::TooLarge => "it is too large",
+        ParseErrorKind::NotPositive | ParseErrorKind::Invalid => "it must be a positive number",
+    }
+}
+
 /// Why `rl_limit`'s arguments are refused; displays as `nginx -t` says it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SpecError {
@@ -200,13 +226,7 @@ impl fmt::Display for SpecError {
                 write!(f, "invalid algorithm \"{}\" {AT}, it must be {}", Quote(a), one_of(&all))
             }
             SpecError::Rate(e) => write!(f, "invalid rate \"{}\" {AT}, {}", Quote(&e.value), rate_hint(e)),
-            SpecError::Number(what, e) => {
-                let hint = match e.kind {
-                    ParseErrorKind::TooLarge => "it is too large",
-                    ParseErrorKind::NotPositive | ParseErrorKind::Invalid => "it must be a positive number",
-                };
-                write!(f, "invalid {what} \"{}\" {AT}, {hint}", Quote(&e.value))
-            }
+            SpecError::Number(what, e) => write!(f, "invalid {what} \"{}\" {AT}, {}", Quote(&e.value), number_hint(e)),
             SpecError::Queue(e) => {
                 let hint = match e.kind {
                     ParseErrorKind::TooLarge => "it is too large",
@@ -309,19 +329,7 @@ impl<'a, V> LineSpec<'a, V> {
         args: &[&'a [u8]],
         mut compile: impl FnMut(&'a str) -> Result<V, E>,
     ) -> Result<Self, E> {
-        let mut flags = [false; 2];
-        for (flag, name) in flags.iter_mut().zip(FLAGS) {
-            match args.iter().filter(|a| text(a) == name).count() {
-                0 => {}
-                1 => *flag = true,
-                _ => {
-                    let kind = ParamErrorKind::Duplicate(name);
-                    return Err(SpecError::Param(ParamError { directive: "rl_limit", kind }).into());
-                }
-            }
-        }
-        let [dry_run, after_auth] = flags;
-        let rest: Vec<&'a [u8]> = args.iter().copied().filter(|a| !FLAGS.contains(&text(a))).collect();
+        let ([dry_run, after_auth], rest) = flags("rl_limit", args, FLAGS).map_err(SpecError::from)?;
         let burst_arg = rest.iter().find_map(|a| text(a).strip_prefix("burst="));
         let given =
             params("rl_limit", &rest, &KNOWN, |arg| habits::limit_param(arg, burst_arg)).map_err(SpecError::from)?;

@@ -29,6 +29,13 @@ use layout::{Entry, Geometry, Header, FREE, HEADER_SIZE, MAGIC, NIL, VERSION};
 /// Entries examined from the LRU tail to choose what to drop when full.
 const VICTIM_SCAN: usize = 16;
 
+/// The idle time of an entry whose state is to be kept whatever time
+/// passes (requests in flight): never expired, and moved to the head of the
+/// LRU list when [`Table::expire`] finds it at the tail, so that it does not
+/// keep the idle entries behind it from expiring. A full table drops one
+/// only when every entry it examines is pinned.
+pub const PINNED: u32 = u32::MAX;
+
 /// A view of a table laid out in a shared-memory region.
 pub struct Table<'a> {
     hdr: &'a mut Header,
@@ -418,22 +425,29 @@ impl<'a> Table<'a> {
 
     /// Drops up to `max` idle entries from the LRU tail, stopping at the
     /// first non-idle one; `on_drop` sees each dropped state. Returns how
-    /// many were dropped.
+    /// many were dropped. A [`PINNED`] entry at the tail is moved to the
+    /// head instead (counted in `max`, which so bounds the work).
     #[inline]
     pub fn expire(&mut self, now_s: u32, max: usize, on_drop: impl FnMut(&[u64; 3])) -> usize {
-        // The common case, checked where the caller is: nothing idle at the tail.
-        if self.live(self.hdr.lru_tail).is_none_or(|e| e.idle_at > now_s) {
+        // The common case, checked where the caller is: nothing idle (nor pinned) at the tail.
+        if self.live(self.hdr.lru_tail).is_none_or(|e| e.idle_at > now_s && e.idle_at != PINNED) {
             return 0;
         }
         self.expire_idle(now_s, max, on_drop)
     }
 
-    /// [`Table::expire`] once the tail is idle.
+    /// [`Table::expire`] once the tail is idle or pinned.
     #[inline(never)]
     fn expire_idle(&mut self, now_s: u32, max: usize, mut on_drop: impl FnMut(&[u64; 3])) -> usize {
         let mut n = 0;
-        while n < max {
+        let mut moved = 0;
+        while n + moved < max {
             let i = self.hdr.lru_tail;
+            if self.live(i).is_some_and(|e| e.idle_at == PINNED) {
+                self.touch(i);
+                moved += 1;
+                continue;
+            }
             let Some(state) = self.live(i).filter(|e| e.idle_at <= now_s).map(|e| e.state) else {
                 break;
             };

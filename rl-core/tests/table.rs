@@ -1,6 +1,6 @@
 //! Behaviour of the shared-memory table over a `Vec<u64>` region.
 
-use rl_core::table::{Attach, Dropped, Table, TableError};
+use rl_core::table::{Attach, Dropped, Table, TableError, PINNED};
 
 /// An 8-aligned region of `len` bytes (rounded down to 8).
 fn region(len: usize) -> Vec<u64> {
@@ -196,6 +196,29 @@ fn expire_drops_only_idle_tail_entries() {
     assert_eq!(dropped, [0, 1, 3]);
     assert_eq!(t.stats().expirations, 3);
     assert_eq!(t.stats().used, 1);
+    t.check_invariants().unwrap();
+}
+
+/// A pinned entry (requests in flight) at the tail is never dropped, and
+/// does not keep the idle entries behind it from expiring: it goes to the
+/// head; the moves count in `max`.
+#[test]
+fn expire_moves_pinned_tail_entries_to_the_head() {
+    let mut r = region(8192);
+    let (mut t, _) = attach(&mut r);
+    // Oldest first: pinned, idle at 10, pinned, idle at 20.
+    for (k, at) in [(0u64, PINNED), (1, 10), (2, PINNED), (3, 20)] {
+        let s = t.insert([k, 0], 0).slot;
+        *t.state_mut(s).unwrap() = [k; 3];
+        t.set_idle_at(s, at);
+    }
+    let mut dropped = Vec::new();
+    assert_eq!(t.expire(100, 2, |s| dropped.push(s[0])), 1, "moved 0, dropped 1");
+    assert_eq!(t.expire(100, 5, |s| dropped.push(s[0])), 1, "moved 2, dropped 3, then 0 and 2 again up to max");
+    assert_eq!(dropped, [1, 3]);
+    assert!(t.peek([0, 0]).is_some() && t.peek([2, 0]).is_some());
+    assert_eq!(t.expire(u32::MAX - 1, 8, |s| dropped.push(s[0])), 0, "pinned entries never expire");
+    assert_eq!(t.stats().used, 2);
     t.check_invariants().unwrap();
 }
 

@@ -12,6 +12,7 @@ use ngx::ffi::{ngx_log_t, NGX_LOG_ERR};
 use ngx::ngx_log_error;
 
 use rl_core::limit::Limit;
+use rl_core::table::PINNED;
 
 use super::{idle_at, Locked, Zone, MAX_ZONES_PER_LOCATION};
 use crate::line::Line;
@@ -240,7 +241,7 @@ fn decide_state(line: &Line, res: &mut LineResult, state: &mut [u64], idle: &mut
     if admitted {
         *idle = match limit.held(state) {
             // (units in flight: kept whatever time passes, until given back)
-            true => u32::MAX,
+            true => PINNED,
             false => idle_at(now_us, res.reset_us()),
         };
     }
@@ -284,7 +285,7 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
         let held = limit.held(state);
         locked.charged(res.slot, now_us, if held { u64::MAX } else { res.reset_us() });
         if limit.is_concurrent() {
-            locked.unhold(res.hash, res.charge().cost());
+            locked.unhold(res.hash, res.charge().cost(), (now_us / 1_000_000) as u32);
         }
     }
 }
@@ -305,7 +306,7 @@ pub fn release(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
             let held = line.limit.held(state);
             locked.charged(res.slot, now_us, if held { u64::MAX } else { 0 });
         }
-        locked.unhold(res.hash, cost);
+        locked.unhold(res.hash, cost, (now_us / 1_000_000) as u32);
     }
 }
 

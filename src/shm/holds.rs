@@ -22,6 +22,8 @@
 use ngx::ffi::{ngx_log_t, ngx_pid, ngx_process_slot, NGX_LOG_NOTICE};
 use ngx::ngx_log_error;
 
+use rl_core::table::PINNED;
+
 use super::{idle_at, Locked, Zone};
 
 /// The hash of the zone's totals: its units in flight and the units given
@@ -89,21 +91,33 @@ impl Locked<'_> {
             false => 0,
         };
         *state = [key[0], key[1], Meta { count: count.saturating_add(cost), ..me }.word()];
-        self.table.set_idle_at(slot, u32::MAX);
+        self.table.set_idle_at(slot, PINNED);
         self.add_totals(cost, 0, now_s, log);
+    }
+
+    /// The zone's totals, where this worker last found them (checked
+    /// against their hash), else looked up; `None` when there are none yet.
+    fn totals_mut(&mut self) -> Option<&mut [u64; 3]> {
+        let cached = self.zone.totals.get();
+        if self.table.state_at(cached, TOTALS).is_some() {
+            return self.table.state_at(cached, TOTALS);
+        }
+        let slot = self.table.peek(TOTALS)?;
+        self.zone.totals.set(slot);
+        self.table.state_at(slot, TOTALS)
     }
 
     /// Adds to the zone's totals; `taken` may be "negative" (wrapping),
     /// for units given back. Kept whatever time passes.
     fn add_totals(&mut self, taken: u64, reclaimed: u64, now_s: u32, log: *mut ngx_log_t) {
-        let found = match self.table.find(TOTALS) {
-            Some(slot) => Some(slot),
-            None => self.insert(TOTALS, super::INLINE_WORDS, now_s, log),
-        };
-        let Some(slot) = found else {
-            return;
-        };
-        if let Some(t) = self.table.state_at(slot, TOTALS) {
+        if self.totals_mut().is_none() {
+            let Some(slot) = self.insert(TOTALS, super::INLINE_WORDS, now_s, log) else {
+                return;
+            };
+            self.table.set_idle_at(slot, PINNED);
+            self.zone.totals.set(slot);
+        }
+        if let Some(t) = self.totals_mut() {
             // (in flight never goes below 0, whatever was dropped from a full zone)
             t[0] = match taken as i64 {
                 n if n < 0 => t[0].saturating_sub(n.unsigned_abs()),
@@ -111,13 +125,12 @@ impl Locked<'_> {
             };
             t[1] = t[1].saturating_add(reclaimed);
         }
-        self.table.set_idle_at(slot, u32::MAX);
     }
 
     /// Records that this worker gives back `cost` units of the key whose
     /// state hash is `key`; its hold goes once it holds none.
-    pub fn unhold(&mut self, key: [u64; 2], cost: u64) {
-        if let Some(t) = self.table.find(TOTALS).and_then(|slot| self.table.state_at(slot, TOTALS)) {
+    pub fn unhold(&mut self, key: [u64; 2], cost: u64, now_s: u32) {
+        if let Some(t) = self.totals_mut() {
             t[0] = t[0].saturating_sub(cost);
         }
         let me = me();
@@ -129,12 +142,13 @@ impl Locked<'_> {
             return;
         };
         let held = Meta::read(state[2]);
-        let count = held.count.saturating_sub(cost);
-        if count == 0 || held.pid != me.pid {
-            self.table.remove(slot);
-            return;
-        }
+        let count = if held.pid == me.pid { held.count.saturating_sub(cost) } else { 0 };
         state[2] = Meta { count, ..held }.word();
+        // A hold of nothing is kept while it is used (the key's next request finds it instead of
+        // making it anew), and expires as an idle state.
+        if count == 0 {
+            self.table.set_idle_at(slot, now_s);
+        }
     }
 
     /// Gives back `units` of the concurrency state of `key` (one word, the
@@ -189,7 +203,7 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
         let Some(state) = locked.table.state(slot) else { continue };
         let meta = Meta::read(state[2]);
         let key = [state[0], state[1]];
-        if hold_hash(key, meta.slot) != hash || meta.pid == me.pid {
+        if hold_hash(key, meta.slot) != hash || meta.pid == me.pid || meta.count == 0 {
             continue;
         }
         if meta.slot == me.slot || !alive(meta.pid) {
@@ -203,6 +217,7 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
         }
         locked.table.remove(slot);
         locked.give_back(key, meta.count, now_s);
+        // (a hold of another process left in this slot is this worker's to make anew)
         total += meta.count;
     }
     if total > 0 {

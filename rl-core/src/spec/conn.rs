@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{params, text, ParamError, ParamErrorKind, Quote};
+use super::{flags, number_hint, params, ParamError, Quote};
 use crate::limit::Limit;
 use crate::parse::{parse_u64, ParseError, ParseErrorKind};
 
@@ -45,13 +45,7 @@ impl fmt::Display for ConnError {
             ConnError::Param(e) => e.fmt(f),
             ConnError::Empty(name) => write!(f, "invalid parameter \"{name}=\" {AT}"),
             ConnError::Missing(name) => write!(f, "\"rl_conn\" directive must have \"{name}\" parameter"),
-            ConnError::Number(what, e) => {
-                let hint = match e.kind {
-                    ParseErrorKind::TooLarge => "it is too large",
-                    ParseErrorKind::NotPositive | ParseErrorKind::Invalid => "it must be a positive number",
-                };
-                write!(f, "invalid {what} \"{}\" {AT}, {hint}", Quote(&e.value))
-            }
+            ConnError::Number(what, e) => write!(f, "invalid {what} \"{}\" {AT}, {}", Quote(&e.value), number_hint(e)),
             ConnError::CostOverMax { cost, max } => {
                 write!(f, "cost={cost} exceeds max={max} {AT}: no request could ever pass")
             }
@@ -72,19 +66,7 @@ pub const MAX_CONN: u64 = 1 << 20;
 impl<'a> ConnSpec<'a> {
     /// Reads `rl_conn`'s arguments (its name not included).
     pub fn parse(args: &[&'a [u8]]) -> Result<Self, ConnError> {
-        let mut flags = [false; 2];
-        for (flag, name) in flags.iter_mut().zip(FLAGS) {
-            match args.iter().filter(|a| text(a) == name).count() {
-                0 => {}
-                1 => *flag = true,
-                _ => {
-                    let kind = ParamErrorKind::Duplicate(name);
-                    return Err(ConnError::Param(ParamError { directive: "rl_conn", kind }));
-                }
-            }
-        }
-        let [dry_run, after_auth] = flags;
-        let rest: Vec<&'a [u8]> = args.iter().copied().filter(|a| !FLAGS.contains(&text(a))).collect();
+        let ([dry_run, after_auth], rest) = flags("rl_conn", args, FLAGS).map_err(ConnError::Param)?;
         let given = params("rl_conn", &rest, &KNOWN, hint).map_err(ConnError::Param)?;
         let zone = match given.get("zone") {
             Some("") => return Err(ConnError::Empty("zone")),
