@@ -40,6 +40,7 @@ use crate::line::Stage;
 use crate::metrics;
 use crate::request::{get_ctx, new_ctx, Ctx, Phase, Verdict};
 use crate::shm::decide::{decide, refund, release};
+use crate::shm::wait;
 use crate::Module;
 
 ngx::http_request_handler!(preaccess_handler, preaccess);
@@ -97,6 +98,12 @@ fn preaccess(r: &mut Request) -> Status {
         Some(ctx) if ctx.stage == Stage::BeforeAuth => match ctx.phase {
             Phase::Decided => return Status::NGX_DECLINED,
             Phase::Waiting(_) | Phase::Delayed => return Status::NGX_AGAIN,
+            Phase::Queued => {
+                if let Some(status) = queued(raw, lcf, mcf, ctx) {
+                    return status;
+                }
+                ctx
+            }
             Phase::Replied => ctx,
         },
         // Both stages were decided, in an earlier pass.
@@ -140,7 +147,13 @@ fn precontent(r: &mut Request) -> Status {
         }
         (Stage::AfterAuth, Phase::Decided) => return Status::NGX_DECLINED,
         (Stage::AfterAuth, Phase::Replied) => ctx,
-        (_, Phase::Waiting(_) | Phase::Delayed | Phase::Replied) => return Status::NGX_AGAIN,
+        (Stage::AfterAuth, Phase::Queued) => {
+            if let Some(status) = queued(raw, lcf, mcf, ctx) {
+                return status;
+            }
+            ctx
+        }
+        (_, Phase::Waiting(_) | Phase::Delayed | Phase::Replied | Phase::Queued) => return Status::NGX_AGAIN,
     };
     finish(r, lcf, mcf, ctx)
 }
@@ -155,6 +168,45 @@ fn start(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut 
         return Some(e.into());
     }
     ctx.reserved = None;
+    if lcf.conn_queue {
+        // SAFETY: the request and its connection are valid.
+        let log = unsafe { (*(*raw).connection).log };
+        if let Some(ms) = wait::arrive(&mcf.zones, &mcf.lines, ctx, log) {
+            return Some(sleep_queued(raw, mcf, ctx, ms));
+        }
+    }
+    send(raw, lcf, mcf, ctx)
+}
+
+/// The request's `rl_conn` waiting lines, looked at again when it wakes:
+/// the handler's status while it waits (or failed), `None` once it waits
+/// no more, the stage then decided as [`start`] does after its arrival.
+fn queued(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Option<Status> {
+    // SAFETY: the request and its connection are valid.
+    let log = unsafe { (*(*raw).connection).log };
+    if let Some(ms) = wait::poll(&mcf.zones, &mcf.lines, ctx, log) {
+        return Some(sleep_queued(raw, mcf, ctx, ms));
+    }
+    ctx.phase = Phase::Decided;
+    send(raw, lcf, mcf, ctx)
+}
+
+/// Puts a request that waits for an `rl_conn` slot to sleep for `ms`, its
+/// places given up should it end meanwhile.
+fn sleep_queued(raw: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ms: u64) -> Status {
+    if !release_at_end(raw, mcf, ctx) {
+        return Status(NGX_HTTP_INTERNAL_SERVER_ERROR as isize);
+    }
+    ctx.phase = Phase::Queued;
+    delay::sleep(raw, ms);
+    Status::NGX_AGAIN
+}
+
+/// [`start`] once the request waits for no `rl_conn` slot: when the stage
+/// has Redis lines, decides the shared-memory ones and sends the Redis
+/// ones; `None` to [`finish`] now.
+#[inline(always)]
+fn send(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Option<Status> {
     if lcf.has_redis && ctx.staged(&mcf.lines).any(|(l, res)| res.active && l.backend.redis().is_some()) {
         // SAFETY: the request and its connection are valid.
         let log = unsafe { (*(*raw).connection).log };
@@ -205,9 +257,10 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
         }
         // The longest wait of the stage's enforced lines (dry-run lines never delay).
         let delay_us = match lcf.may_delay {
+            // (a line that made the request wait for a slot has its wait behind it)
             true => ctx
                 .staged(&mcf.lines)
-                .filter(|(_, res)| res.active && !res.dry_run)
+                .filter(|(_, res)| res.active && !res.dry_run && !res.waited)
                 .map(|(_, res)| res.delay_us())
                 .max(),
             false => None,
@@ -239,7 +292,9 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
 /// it (and logged why): the units are given back at once, and the request
 /// is answered 500.
 fn release_at_end(raw: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> bool {
-    if ctx.release_set || !ctx.iter(&mcf.lines).any(|(l, res)| res.charged && l.limit.is_concurrent()) {
+    if ctx.release_set
+        || !ctx.iter(&mcf.lines).any(|(l, res)| (res.charged || res.ticket != 0) && l.limit.is_concurrent())
+    {
         return true;
     }
     // SAFETY: the request (a main request) and its pool are valid.
@@ -334,7 +389,11 @@ fn log_limited(log: *mut ngx_log_t, lcf: &LocConf, mcf: &MainConf, ctx: &Ctx) {
     }
     let zone = ngx_str_t { len: line.zone_name.len(), data: line.zone_name.as_ptr().cast_mut() };
     if line.limit.is_concurrent() {
-        return log_conn_limited(log, level, res.dry_run, &zone);
+        // (limit_conn has no words for a request that waited: only refusals are logged)
+        if matches!(res.verdict(), Verdict::Rejected | Verdict::RejectedDryRun) {
+            log_conn_limited(log, level, res.dry_run, &zone);
+        }
+        return;
     }
     let excess = res.limit(line).excess_milli(res.outcome(), res.cost);
     // nginx appends " while <action>" before ", client: ..."; after an `auth_request`

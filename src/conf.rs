@@ -75,6 +75,9 @@ pub struct LocConf {
     /// Some line is an `rl_conn` line: what it holds is given back when the
     /// request ends (set at postconfiguration).
     pub has_conn: bool,
+    /// Some `rl_conn` line has a queue: a request may wait for a slot
+    /// before the other lines are decided (set at postconfiguration).
+    pub conn_queue: bool,
     /// Some line is `after_auth` (set at postconfiguration).
     pub after_auth: bool,
     /// Some line has a queue: a request may be delayed (set at postconfiguration).
@@ -104,6 +107,7 @@ impl Default for LocConf {
             lines: Vec::new(),
             has_redis: false,
             has_conn: false,
+            conn_queue: false,
             after_auth: false,
             may_delay: false,
             may_dry_run: false,

@@ -44,7 +44,8 @@ extern "C" fn wake(r: *mut ngx_http_request_t) {
             return;
         }
         let req = Request::from_ngx_http_request(r);
-        if let Some(ctx) = get_ctx(req) {
+        // (a request waiting for an rl_conn slot looks again: its phase stays)
+        if let Some(ctx) = get_ctx(req).filter(|ctx| ctx.phase == Phase::Delayed) {
             ctx.phase = Phase::Decided;
         }
         (*r).read_event_handler = Some(ngx_http_block_reading);

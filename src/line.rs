@@ -206,6 +206,8 @@ pub struct Line {
     pub dry_run: bool,
     /// `queue=`: requests of a key that may wait for their turn.
     pub queue: u64,
+    /// `rl_conn ... timeout=`: the longest a request waits for a slot (ms).
+    pub wait_ms: u64,
     /// `after_auth`: decided once access control has allowed the request.
     /// Not part of the identity: the stage is when a state is charged, not
     /// what it means.

@@ -61,6 +61,12 @@ pub struct LineResult {
     /// A line in lease mode that Redis decides: the units of the lease its
     /// call asks for with the request (0: none).
     pub lease_want: u64,
+    /// An `rl_conn` line with a queue: decided by its waiting line before
+    /// the stage's other lines ([`crate::shm::wait`]), which take its
+    /// verdict as it is; and, while the request waits, its ticket plus one
+    /// (0: none).
+    pub waited: bool,
+    pub ticket: u64,
 }
 
 impl LineResult {
@@ -227,6 +233,9 @@ pub enum Phase {
     Replied,
     /// Admitted, and sleeping until its turn (`queue=`).
     Delayed,
+    /// Waiting in the line of an `rl_conn` line's queue, looking again
+    /// when it wakes; the stage's other lines are decided after.
+    Queued,
     /// Decided: later passes through the stage's phase (internal redirects) let it through.
     Decided,
 }
@@ -268,6 +277,9 @@ pub struct Ctx {
     /// The give-back of what the request's `rl_conn` lines hold is
     /// registered in a cleanup of its pool (once).
     pub release_set: bool,
+    /// When the request started waiting for an `rl_conn` slot (µs, the
+    /// shared-memory clock).
+    pub queued_at_us: u64,
     /// Room for the legacy fields' values ([`HeadersMode::LEGACY_BYTES`]),
     /// allocated with the context where they are sent (else null).
     pub legacy_values: *mut u8,
@@ -458,6 +470,7 @@ pub fn new_ctx(
         now_unix: ngx_time() as i64,
         charge_after: false,
         release_set: false,
+        queued_at_us: 0,
         // SAFETY: within the size bytes allocated (the last `values` of them).
         legacy_values: if values > 0 { unsafe { results.add(ids.len()).cast::<u8>() } } else { ptr::null_mut() },
     };

@@ -10,6 +10,7 @@ pub mod decide;
 pub mod holds;
 mod init;
 mod mutex;
+pub mod wait;
 
 use core::sync::atomic::{AtomicU64, Ordering};
 use core::{mem, ptr};
@@ -147,7 +148,8 @@ impl Zone {
     /// Records that a limit uses this zone (sizes the sliding_log area).
     pub fn note_line(&mut self, limit: &Limit) {
         self.has_conn |= limit.is_concurrent();
-        if limit.algorithm() == Algorithm::SlidingLog {
+        // (an rl_conn line's waiting line lives out of line, as sliding_log's timestamps do)
+        if limit.algorithm() == Algorithm::SlidingLog || limit.state_words() > INLINE_WORDS {
             self.log_words = self.log_words.max(limit.state_words());
         }
     }
@@ -163,7 +165,7 @@ impl Zone {
         let need = self.log_words * 8 * 8;
         if self.log_words > 0 && need > self.size / 2 {
             return Err(format!(
-                "zone \"{}\" is too small for its sliding_log limits: each key needs {} bytes, \
+                "zone \"{}\" is too small for its sliding_log limits or rl_conn queues: each key needs {} bytes, \
                  the zone should be at least {}k",
                 self.name,
                 self.log_words * 8,
@@ -187,7 +189,7 @@ impl Zone {
 
     /// An `rl_conn` zone's units in flight and the units given back for
     /// dead workers so far; `None` for a zone without `rl_conn` lines.
-    pub fn conn_totals(&self) -> Option<(u64, u64)> {
+    pub fn conn_totals(&self) -> Option<rl_core::metrics::ConnSample> {
         if !self.has_conn {
             return None;
         }

@@ -200,6 +200,12 @@ fn a_killed_workers_slots_come_back() {
         assert!(Instant::now() < deadline, "nginx did not start new workers: {before:?} -> {now:?}");
         thread::sleep(Duration::from_millis(20));
     }
+    // (a new worker gives the units back when it starts, after nginx has forked it)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ngx.error_log().contains("which exited, given back") {
+        assert!(Instant::now() < deadline, "nothing given back:\n{}", ngx.error_log());
+        thread::sleep(Duration::from_millis(10));
+    }
     let (status, _held) = hold(&ngx, "/slow/big.html");
     assert_eq!(status, 200, "the dead worker's slot was not given back:\n{}", ngx.error_log());
     let log = ngx.error_log();
@@ -341,6 +347,12 @@ fn a_draining_workers_slots_come_back_with_the_next_worker() {
         assert!(Instant::now() < deadline, "no worker in place of {}: {now:?}", new[0]);
         thread::sleep(Duration::from_millis(20));
     }
+    // (the new worker gives the units back when it starts, after nginx has forked it)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ngx.error_log_since(from).contains("which exited, given back") {
+        assert!(Instant::now() < deadline, "nothing given back:\n{}", ngx.error_log_since(from));
+        thread::sleep(Duration::from_millis(10));
+    }
     let (status, _held) = hold(&ngx, "/slow/big.html");
     assert_eq!(status, 200, "{}", ngx.error_log_since(from));
     let log = ngx.error_log_since(from);
@@ -351,4 +363,140 @@ fn a_draining_workers_slots_come_back_with_the_next_worker() {
         )),
         "{log}"
     );
+}
+
+/// The zone's `nginx_rl_conn_waiting` gauge.
+fn waiting(ngx: &Nginx) -> u64 {
+    let m = ngx.get("/metrics", &[]).body;
+    m.lines()
+        .find_map(|l| l.strip_prefix("nginx_rl_conn_waiting{zone=\"c\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no waiting gauge:\n{m}"))
+}
+
+/// Polls the gauge until it reads `n` (10 s at most).
+fn until_waiting(ngx: &Nginx, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while waiting(ngx) != n {
+        assert!(Instant::now() < deadline, "never {n} waiting:\n{}", ngx.error_log());
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn queue_conf(params: &str) -> String {
+    format!(
+        "rl_zone c size=1m;\n\
+         log_format q '$request_uri $status $rl_status $rl_delay';\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           access_log {{ROOT}}/../q.log q;\n\
+           location /q/ {{ rl_conn zone=c max=1 key=all {params}; rl_headers off; {SLOW} }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}"
+    )
+}
+
+fn start_queue(params: &str) -> Nginx {
+    Nginx::setup(&queue_conf(params)).file("html/q/slow.html", &slow_file()).file("html/q/fast.html", "fast\n").start()
+}
+
+/// Reads a whole response from a request sent with [`send_only`].
+fn response(s: TcpStream) -> (u16, String) {
+    let mut text = String::new();
+    let mut r = BufReader::new(s);
+    let _ = r.read_to_string(&mut text);
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+/// `queue=2`: over the limit, two requests wait for the slot, a third is
+/// refused at once; when the slot is free they pass one after the other, in
+/// the order they came, `DELAYED` with the time they waited.
+#[test]
+fn a_queue_lets_requests_wait_their_turn() {
+    let ngx = start_queue("queue=2 timeout=20s");
+    let (status, held) = hold(&ngx, "/q/slow.html?n=a");
+    assert_eq!(status, 200);
+    let mut b = send_only(ngx.port, "/q/fast.html?n=b");
+    b.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    until_waiting(&ngx, 1);
+    let c = send_only(ngx.port, "/q/fast.html?n=c");
+    until_waiting(&ngx, 2);
+    let d = ngx.get("/q/fast.html?n=d", &[]);
+    assert_eq!(d.status, 429, "the line is full");
+    // Nothing for b while the slot is held.
+    b.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let mut byte = [0u8; 1];
+    assert!(b.read(&mut byte).is_err(), "b answered while the slot is held");
+    b.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    drop(held);
+    let (sb, tb) = response(b);
+    let (sc, tc) = response(c);
+    assert_eq!((sb, sc), (200, 200), "{tb}\n{tc}");
+    until_waiting(&ngx, 0);
+    let log = std::fs::read_to_string(ngx.prefix.join("q.log")).unwrap();
+    let order: Vec<&str> = log.lines().filter(|l| l.contains("fast.html")).collect();
+    assert_eq!(order.len(), 3, "{log}");
+    assert!(order[0].starts_with("/q/fast.html?n=d 429 REJECTED"), "{log}");
+    assert!(order[1].starts_with("/q/fast.html?n=b 200 DELAYED "), "first come, first served:\n{log}");
+    assert!(order[2].starts_with("/q/fast.html?n=c 200 DELAYED "), "{log}");
+    let waited_ms: u64 = order[1].rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(waited_ms >= 300, "b waited {waited_ms} ms: {log}");
+}
+
+/// A request that waits longer than `timeout=` is refused (the location's
+/// status, `limit_conn`'s log line) and gives its place up.
+#[test]
+fn a_wait_ends_at_its_timeout() {
+    let ngx = start_queue("queue=1 timeout=400ms");
+    let (status, _held) = hold(&ngx, "/q/slow.html");
+    assert_eq!(status, 200);
+    let from = ngx.error_log().len();
+    let t = Instant::now();
+    let r = ngx.get("/q/fast.html", &[]);
+    let took = t.elapsed();
+    assert_eq!(r.status, 429);
+    // (nginx's clock is the one cached at its event loop's last wake: a few ms behind ours)
+    assert!(took >= Duration::from_millis(380) && took < Duration::from_secs(3), "answered after {took:?}");
+    assert!(ngx.error_log_since(from).contains("limiting connections by zone \"c\""), "{}", ngx.error_log_since(from));
+    assert_eq!(waiting(&ngx), 0);
+    // Its place was given up: the line has room again.
+    let t = Instant::now();
+    assert_eq!(ngx.get("/q/fast.html", &[]).status, 429);
+    assert!(
+        t.elapsed() >= Duration::from_millis(380),
+        "refused without waiting ({:?}): the line was full\n{}\n{}",
+        t.elapsed(),
+        std::fs::read_to_string(ngx.prefix.join("q.log")).unwrap_or_default(),
+        ngx.error_log()
+    );
+}
+
+/// A client that goes away while it waits gives its place up at once: the
+/// next request takes it (a line of one place).
+#[test]
+fn a_waiter_that_leaves_gives_its_place_up() {
+    let ngx = start_queue("queue=1 timeout=20s");
+    let (status, held) = hold(&ngx, "/q/slow.html");
+    assert_eq!(status, 200);
+    let b = send_only(ngx.port, "/q/fast.html?n=b");
+    until_waiting(&ngx, 1);
+    drop(b);
+    until_waiting(&ngx, 0);
+    let c = send_only(ngx.port, "/q/fast.html?n=c");
+    until_waiting(&ngx, 1);
+    drop(held);
+    let (sc, text) = response(c);
+    assert_eq!(sc, 200, "{text}");
+}
+
+/// `nginx -t` on `queue=` and `timeout=`, and a zone too small for one
+/// key's waiting line.
+#[test]
+fn nginx_t_queue_messages() {
+    let (ok, out) = nginx_t("rl_zone c size=1m; server { location / { rl_conn zone=c max=1 timeout=1s; } }");
+    assert!(!ok && out.contains("\"timeout\" needs \"queue\" in \"rl_conn\" directive"), "{out}");
+    let (ok, out) = nginx_t("rl_zone c size=64k; server { location / { rl_conn zone=c max=1 queue=65536; } }");
+    assert!(!ok && out.contains("is too small for its sliding_log limits or rl_conn queues"), "{out}");
+    let (ok, out) = nginx_t("rl_zone c size=1m; server { location / { rl_conn zone=c max=1 queue=500 timeout=30s; } }");
+    assert!(ok, "{out}");
 }

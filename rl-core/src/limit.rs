@@ -63,6 +63,7 @@ mod gcra;
 mod log;
 mod sliding;
 mod vary;
+pub mod wait;
 
 use std::fmt;
 use std::str::FromStr;
@@ -272,6 +273,12 @@ impl Charge {
     pub fn cost(&self) -> u64 {
         self.cost
     }
+
+    /// What a [`Limit::concurrent`] request admitted from its waiting line
+    /// ([`wait::Wait`]) holds: `cost` units, given back as a commit's.
+    pub fn held(cost: u64) -> Charge {
+        Charge { cost, ..Charge::NONE }
+    }
 }
 
 impl Limit {
@@ -336,15 +343,39 @@ impl Limit {
     /// must be kept whatever time passes.
     #[inline(always)]
     pub fn held(&self, state: &[u64]) -> bool {
-        self.is_concurrent() && state.first().is_some_and(|&n| n > 0)
+        self.is_concurrent() && (state.first().is_some_and(|&n| n > 0) || self.has_waiters(state))
+    }
+
+    /// Whether a [`Limit::concurrent`] state with a queue has places taken
+    /// in its waiting line.
+    fn has_waiters(&self, state: &[u64]) -> bool {
+        self.queue > 0 && matches!(state.get(1..3), Some(&[head, tail]) if tail > head)
+    }
+
+    /// The waiting line of a [`Limit::concurrent`] state with a queue
+    /// ([`wait`]); `None` for any other limit, or a state too short.
+    pub fn wait<'a>(&self, state: &'a mut [u64]) -> Option<wait::Wait<'a>> {
+        if !self.is_concurrent() || self.queue == 0 || state.len() < self.state_words() {
+            return None;
+        }
+        let (units, line) = state.split_first_mut()?;
+        Some(wait::Wait { units, max: self.burst, q: self.queue, line })
     }
 
     /// This limit with a queue of `queue` requests (see the module docs):
-    /// `token_bucket`, `leaky_bucket` and `gcra` only, unless `queue` is 0.
+    /// `token_bucket`, `leaky_bucket` and `gcra` only, unless `queue` is 0;
+    /// a [`Limit::concurrent`] limit's is a waiting line ([`wait`]) of at
+    /// most [`MAX_LOG_BURST`] places, in words after its own.
     /// Refuses a queue whose `(burst + queue) * period_us` overflows `u64`.
     pub fn with_queue(self, queue: u64) -> Result<Limit, LimitError> {
         if queue == 0 {
             return Ok(Limit { queue, ..self });
+        }
+        if self.algorithm == Algorithm::Concurrent {
+            if queue > MAX_LOG_BURST {
+                return Err(LimitError::QueueOverflow { rate: self.rate, burst: self.burst, queue });
+            }
+            return Ok(Limit { queue, words: 1 + wait::words(queue) as u32, ..self });
         }
         if !matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra) {
             return Err(LimitError::QueueNotSupported(self.algorithm));

@@ -94,9 +94,20 @@ pub struct ShmZoneSample {
     pub evicted_idle: u64,
     /// States dropped to make room that were still limiting their key.
     pub evicted_limited: u64,
-    /// A zone of `rl_conn` lines: its units in flight, and the units given
-    /// back for workers that died so far.
-    pub conn: Option<(u64, u64)>,
+    /// A zone of `rl_conn` lines: its units in flight and for workers
+    /// that died, and its requests waiting for a slot.
+    pub conn: Option<ConnSample>,
+}
+
+/// An `rl_conn` zone's totals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnSample {
+    /// Units held by requests in flight.
+    pub in_flight: u64,
+    /// Units given back for workers that died, so far.
+    pub reclaimed: u64,
+    /// Requests waiting for a slot (`queue=`).
+    pub waiting: u64,
 }
 
 /// A Redis zone, summed over the workers.
@@ -294,12 +305,15 @@ pub fn prometheus(s: &Snapshot, out: &mut String) {
             sample(out, "nginx_rl_zone_evictions_total", &[("zone", &z.zone), ("state", "idle")], z.evicted_idle);
             sample(out, "nginx_rl_zone_evictions_total", &[("zone", &z.zone), ("state", "limited")], z.evicted_limited);
         }
-        let conn: Vec<(&str, u64, u64)> =
-            s.shm.iter().filter_map(|z| z.conn.map(|(n, back)| (z.zone.as_str(), n, back))).collect();
+        let conn: Vec<(&str, ConnSample)> = s.shm.iter().filter_map(|z| Some((z.zone.as_str(), z.conn?))).collect();
         if !conn.is_empty() {
             family(out, "nginx_rl_conn_in_flight", "gauge", "Units of rl_conn lines held by requests in flight.");
-            for (zone, n, _) in &conn {
-                sample(out, "nginx_rl_conn_in_flight", &[("zone", zone)], *n);
+            for (zone, c) in &conn {
+                sample(out, "nginx_rl_conn_in_flight", &[("zone", zone)], c.in_flight);
+            }
+            family(out, "nginx_rl_conn_waiting", "gauge", "Requests waiting for a slot of an rl_conn line (queue=).");
+            for (zone, c) in &conn {
+                sample(out, "nginx_rl_conn_waiting", &[("zone", zone)], c.waiting);
             }
             family(
                 out,
@@ -307,8 +321,8 @@ pub fn prometheus(s: &Snapshot, out: &mut String) {
                 "counter",
                 "Units of rl_conn lines held by worker processes that died, given back by the workers started after them.",
             );
-            for (zone, _, back) in &conn {
-                sample(out, "nginx_rl_conn_reclaimed_total", &[("zone", zone)], *back);
+            for (zone, c) in &conn {
+                sample(out, "nginx_rl_conn_reclaimed_total", &[("zone", zone)], c.reclaimed);
             }
         }
     }
@@ -494,9 +508,9 @@ pub fn json(s: &Snapshot, out: &mut String) {
             z.keys, z.capacity_keys, z.size_bytes, z.bytes_used
         );
         json_object(out, [("idle", z.evicted_idle), ("limited", z.evicted_limited)]);
-        if let Some((in_flight, reclaimed)) = z.conn {
+        if let Some(c) = z.conn {
             out.push_str(",\"conn\":");
-            json_object(out, [("in_flight", in_flight), ("reclaimed", reclaimed)]);
+            json_object(out, [("in_flight", c.in_flight), ("waiting", c.waiting), ("reclaimed", c.reclaimed)]);
         }
         out.push('}');
     }

@@ -127,6 +127,11 @@ fn a_plain_conn_line() {
     let s = ConnSpec::parse(&args("dry_run zone=a key=$server_name max=3 cost=2 name=srv after_auth")).unwrap();
     assert_eq!((s.key().unwrap(), s.cost, s.name), ("$server_name", 2, Some("srv")));
     assert!(s.dry_run && s.after_auth);
+    assert_eq!((s.queue, s.timeout_ms), (0, 60_000));
+    let s = ConnSpec::parse(&args("zone=a max=3 queue=100 timeout=1500ms")).unwrap();
+    assert_eq!((s.queue, s.timeout_ms, s.limit.queue()), (100, 1500, 100));
+    // The units, then the waiting line: head, tail and a deadline a place, two to a word.
+    assert_eq!(s.limit.state_words(), 1 + 2 + 50);
 }
 
 #[test]
@@ -147,6 +152,17 @@ fn refusals_say_what_and_where() {
     assert_eq!(refused("zone=a max=2 rate=1r/s"), "invalid parameter \"rate=1r/s\" in \"rl_conn\" directive");
     assert_eq!(refused("zone=a max=2 dry_run dry_run"), "duplicate \"dry_run\" parameter in \"rl_conn\" directive");
     assert_eq!(refused("zone=a max=2 max=3"), "duplicate \"max\" parameter in \"rl_conn\" directive");
+    assert_eq!(refused("zone=a max=1 queue=x"), "invalid queue \"x\" in \"rl_conn\" directive, it must be a number");
+    assert_eq!(
+        refused("zone=a max=1 queue=65537"),
+        "invalid queue \"65537\" in \"rl_conn\" directive, it is too large (at most 65536)"
+    );
+    assert_eq!(refused("zone=a max=1 queue=2 timeout=soon"), "invalid timeout \"soon\" in \"rl_conn\" directive");
+    assert_eq!(refused("zone=a max=1 queue=2 timeout=0"), "invalid timeout \"0\" in \"rl_conn\" directive");
+    assert_eq!(
+        refused("zone=a max=1 timeout=1s"),
+        "\"timeout\" needs \"queue\" in \"rl_conn\" directive: a request that cannot wait never times out"
+    );
     // limit_conn's habits.
     assert_eq!(refused("addr 10"), "invalid parameter \"addr\" in \"rl_conn\" directive, use \"zone=addr\"");
     assert_eq!(refused("zone=addr 10"), "invalid parameter \"10\" in \"rl_conn\" directive, use \"max=10\"");

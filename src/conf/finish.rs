@@ -230,6 +230,7 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
         loc.lines.sort_by_key(backend);
         loc.has_redis = loc.lines.iter().any(|id| matches!(backend(id), Some(Backend::Redis(_))));
         loc.has_conn = !loc.conns.is_empty();
+        loc.conn_queue = loc.conns.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.limit.queue() > 0));
         loc.after_auth =
             loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.stage == Stage::AfterAuth));
         loc.may_delay = loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.limit.queue() > 0));

@@ -85,6 +85,9 @@ fn rl_conn(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Result
     // and key count the same requests, each against its own max)
     let line = Line {
         burst_text: spec.limit.burst().to_string(),
+        queue: spec.queue,
+        deepest_queue: spec.queue,
+        wait_ms: spec.timeout_ms,
         ..new_line(cf, spec.zone, key_src, spec.limit, spec.cost, name, spec.dry_run, spec.after_auth)?
     };
     push_line(mcf, lcf, line, "rl_conn")
@@ -145,6 +148,7 @@ fn new_line(
         name,
         dry_run,
         queue: 0,
+        wait_ms: 0,
         deepest_queue: 0,
         rate_src: String::new(),
         burst_src: String::new(),

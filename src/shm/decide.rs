@@ -29,6 +29,8 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
     let next = ctx.headers.draft();
     match ctx.single() {
         Some((line, res)) => match line.backend.shm() {
+            // (an rl_conn line that made the request wait for a slot: decided already)
+            Some(_) if res.waited => res.admitted() || !res.active,
             Some(z) if res.active => decide_one(zones.get(z).map(|z| &**z), line, res, now_us, next, log),
             _ => true,
         },
@@ -62,18 +64,21 @@ fn decide_lines(
     log: *mut ngx_log_t,
 ) -> bool {
     let now_s = (now_us / 1_000_000) as u32;
+    // The rl_conn lines that made the request wait for a slot are decided already (shm::wait):
+    // the others are decided here, with their verdicts.
+    let waited_ok = ctx.staged(lines).filter(|(_, res)| res.active && res.waited).all(|(_, res)| res.admitted());
     {
-        let mut active = ctx.staged_mut(lines).filter(|(_, res)| res.active);
+        let mut active = ctx.staged_mut(lines).filter(|(_, res)| res.active && !res.waited);
         if let (Some((line, res)), None) = (active.next(), active.next()) {
             if let Some(z) = line.backend.shm() {
-                return decide_one(zones.get(z).map(|z| &**z), line, res, now_us, next, log);
+                return decide_one(zones.get(z).map(|z| &**z), line, res, now_us, next, log) && waited_ok;
             }
         }
     }
 
     // Locks and entries.
     let mut locks = Locks::new();
-    for (line, res) in ctx.staged_mut(lines).filter(|(_, res)| res.active) {
+    for (line, res) in ctx.staged_mut(lines).filter(|(_, res)| res.active && !res.waited) {
         let Some(z) = line.backend.shm() else { continue };
         if locks.last_zone() != Some(z) {
             let Some(zone) = zones.get(z) else {
@@ -105,8 +110,8 @@ fn decide_lines(
     }
 
     // Check every line, charging nothing.
-    let mut admitted = true;
-    for (line, res) in ctx.staged_mut(lines).filter(|(l, res)| res.active && l.backend.shm().is_some()) {
+    let mut admitted = waited_ok;
+    for (line, res) in ctx.staged_mut(lines).filter(|(l, res)| res.active && !res.waited && l.backend.shm().is_some()) {
         let Some(locked) = locks.get_mut(res.lock) else {
             res.active = false;
             continue;
@@ -123,10 +128,9 @@ fn decide_lines(
     // Every enforced line admits: charge them all, and each dry-run line
     // that admits, as if it were enforced.
     if admitted {
-        for (line, res) in ctx
-            .staged_mut(lines)
-            .filter(|(l, res)| res.active && res.admitted() && !l.charge_after && l.backend.shm().is_some())
-        {
+        for (line, res) in ctx.staged_mut(lines).filter(|(l, res)| {
+            res.active && !res.waited && res.admitted() && !l.charge_after && l.backend.shm().is_some()
+        }) {
             let Some(locked) = locks.get_mut(res.lock) else {
                 continue;
             };
@@ -152,7 +156,8 @@ fn decide_lines(
     }
 
     // The lines not charged.
-    for (line, res) in ctx.staged_mut(lines).filter(|(l, res)| res.active && !res.charged && l.backend.shm().is_some())
+    for (line, res) in
+        ctx.staged_mut(lines).filter(|(l, res)| res.active && !res.waited && !res.charged && l.backend.shm().is_some())
     {
         let Some(locked) = locks.get_mut(res.lock) else {
             continue;
@@ -294,6 +299,8 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
 /// of every stage: the request has ended (its pool is being destroyed).
 /// Once: a line given back is no longer charged.
 pub fn release(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
+    // (a request that ends while it waits gives its places up)
+    super::wait::leave_all(zones, lines, ctx);
     let now_us = crate::shm::now_us();
     for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| res.active && res.charged && l.limit.is_concurrent()) {
         res.charged = false;

@@ -26,8 +26,9 @@ use rl_core::table::PINNED;
 
 use super::{idle_at, Locked, Zone};
 
-/// The hash of the zone's totals: its units in flight and the units given
-/// back for dead workers so far ([`Zone::conn_totals`]).
+/// The hash of the zone's totals: its units in flight, the units given
+/// back for dead workers so far, and its requests waiting for a slot
+/// ([`Zone::conn_totals`]).
 const TOTALS: [u64; 2] = [0x726c_5f63_6f6e_6e5f, 0x746f_7461_6c73_0001];
 
 /// The hash of a hold of `key` by process slot `slot`.
@@ -107,6 +108,22 @@ impl Locked<'_> {
         self.table.state_at(slot, TOTALS)
     }
 
+    /// Counts a request that starts waiting for a slot in the zone's
+    /// totals.
+    pub fn wait_starts(&mut self, now_s: u32, log: *mut ngx_log_t) {
+        self.add_totals(0, 0, now_s, log);
+        if let Some(t) = self.totals_mut() {
+            t[2] = t[2].saturating_add(1);
+        }
+    }
+
+    /// Counts a request that stops waiting (let in, refused, or gone).
+    pub fn wait_ends(&mut self) {
+        if let Some(t) = self.totals_mut() {
+            t[2] = t[2].saturating_sub(1);
+        }
+    }
+
     /// Adds to the zone's totals; `taken` may be "negative" (wrapping),
     /// for units given back. Kept whatever time passes.
     fn add_totals(&mut self, taken: u64, reclaimed: u64, now_s: u32, log: *mut ngx_log_t) {
@@ -160,19 +177,30 @@ impl Locked<'_> {
         let Some(state) = self.table.state_at(slot, key) else {
             return;
         };
-        state[0] = state[0].saturating_sub(units);
-        if state[0] == 0 {
+        // (a line with a queue keeps its state out of line: its first word is the units too)
+        let words = if state[2] == super::RING_TAG { super::INLINE_WORDS + 1 } else { 1 };
+        let (shpool, size) = (self.shpool, self.zone.size);
+        let Some(held) = super::words_of(state, words, shpool, size).and_then(|s| s.first_mut()) else {
+            return;
+        };
+        *held = held.saturating_sub(units);
+        if *held == 0 {
+            // (a waiter still in its line pins it again when it looks)
             self.table.set_idle_at(slot, idle_at(u64::from(now_s) * 1_000_000, 0));
         }
     }
 }
 
 /// The zone's totals (see [`TOTALS`]), none yet being 0.
-pub fn totals(locked: &mut Locked<'_>) -> (u64, u64) {
+pub fn totals(locked: &mut Locked<'_>) -> rl_core::metrics::ConnSample {
     let Some(slot) = locked.table.peek(TOTALS) else {
-        return (0, 0);
+        return Default::default();
     };
-    locked.table.state_at(slot, TOTALS).map_or((0, 0), |t| (t[0], t[1]))
+    locked.table.state_at(slot, TOTALS).map_or(Default::default(), |t| rl_core::metrics::ConnSample {
+        in_flight: t[0],
+        reclaimed: t[1],
+        waiting: t[2],
+    })
 }
 
 /// Whether process `pid` exists (one of another user's counts: its pid is

@@ -3,8 +3,8 @@
 use std::fmt;
 
 use super::{flags, number_hint, params, ParamError, Quote};
-use crate::limit::Limit;
-use crate::parse::{parse_u64, ParseError, ParseErrorKind};
+use crate::limit::{Limit, MAX_LOG_BURST};
+use crate::parse::{parse_duration_ms, parse_number, parse_u64, ParseError, ParseErrorKind};
 
 /// One `rl_conn` line as its arguments specify it.
 #[derive(Debug)]
@@ -20,7 +20,15 @@ pub struct ConnSpec<'a> {
     pub name: Option<&'a str>,
     pub dry_run: bool,
     pub after_auth: bool,
+    /// `queue=`: requests of a key that may wait for a slot (0: none).
+    pub queue: u64,
+    /// `timeout=`: the longest a request waits, in ms.
+    pub timeout_ms: u64,
 }
+
+/// How long a request waits for a slot by default (`timeout=`): nginx's
+/// usual 60 s (`proxy_read_timeout`, `send_timeout`).
+pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
 
 /// Why `rl_conn`'s arguments are refused; displays as `nginx -t` says it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +44,10 @@ pub enum ConnError {
         cost: u64,
         max: u64,
     },
+    Queue(ParseError),
+    Timeout(ParseError),
+    /// `timeout=` without `queue=`.
+    TimeoutAlone,
 }
 
 impl fmt::Display for ConnError {
@@ -49,6 +61,17 @@ impl fmt::Display for ConnError {
             ConnError::CostOverMax { cost, max } => {
                 write!(f, "cost={cost} exceeds max={max} {AT}: no request could ever pass")
             }
+            ConnError::Queue(e) => {
+                let hint = match e.kind {
+                    ParseErrorKind::TooLarge => "it is too large (at most 65536)",
+                    _ => "it must be a number",
+                };
+                write!(f, "invalid queue \"{}\" {AT}, {hint}", Quote(&e.value))
+            }
+            ConnError::Timeout(e) => write!(f, "invalid timeout \"{}\" {AT}", Quote(&e.value)),
+            ConnError::TimeoutAlone => {
+                write!(f, "\"timeout\" needs \"queue\" {AT}: a request that cannot wait never times out")
+            }
         }
     }
 }
@@ -56,7 +79,7 @@ impl fmt::Display for ConnError {
 impl std::error::Error for ConnError {}
 
 /// `rl_conn`'s `name=value` parameters and flags.
-const KNOWN: [&str; 5] = ["zone", "max", "key", "cost", "name"];
+const KNOWN: [&str; 7] = ["zone", "max", "key", "cost", "name", "queue", "timeout"];
 const FLAGS: [&str; 2] = ["dry_run", "after_auth"];
 
 /// The largest `max=`: a request's units are counted in one word, and no
@@ -89,10 +112,39 @@ impl<'a> ConnSpec<'a> {
         if cost > max {
             return Err(ConnError::CostOverMax { cost, max });
         }
-        let limit = Limit::concurrent(max).map_err(|_| {
-            ConnError::Number("max", ParseError::new(ParseErrorKind::NotPositive, "max", &max.to_string()))
-        })?;
-        Ok(ConnSpec { zone, key: given.get("key"), limit, cost, name: given.get("name"), dry_run, after_auth })
+        let queue = match given.get("queue") {
+            None => 0,
+            Some(q) => match parse_number(q) {
+                Ok(n) if n > MAX_LOG_BURST => {
+                    return Err(ConnError::Queue(ParseError::new(ParseErrorKind::TooLarge, "queue", q)))
+                }
+                Ok(n) => n,
+                Err(e) => return Err(ConnError::Queue(e)),
+            },
+        };
+        let timeout_ms = match given.get("timeout") {
+            None => DEFAULT_TIMEOUT_MS,
+            Some(_) if queue == 0 => return Err(ConnError::TimeoutAlone),
+            Some(t) => match parse_duration_ms(t) {
+                Ok(ms) if ms > 0 => ms,
+                Ok(_) => return Err(ConnError::Timeout(ParseError::new(ParseErrorKind::NotPositive, "timeout", t))),
+                Err(e) => return Err(ConnError::Timeout(e)),
+            },
+        };
+        let bad_max =
+            |_| ConnError::Number("max", ParseError::new(ParseErrorKind::NotPositive, "max", &max.to_string()));
+        let limit = Limit::concurrent(max).map_err(bad_max)?.with_queue(queue).map_err(bad_max)?;
+        Ok(ConnSpec {
+            zone,
+            key: given.get("key"),
+            limit,
+            cost,
+            name: given.get("name"),
+            dry_run,
+            after_auth,
+            queue,
+            timeout_ms,
+        })
     }
 
     /// The key as written, `$binary_remote_addr` where none is given; an

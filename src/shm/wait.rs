@@ -1,0 +1,189 @@
+//! Requests waiting for a slot of an `rl_conn` line with `queue=`: at the
+//! start of a stage, the request arrives in the waiting line of each such
+//! line ([`arrive`]); while it waits it sleeps on a timer, as a delayed
+//! request does, and looks again when it wakes ([`poll`]), sooner the
+//! nearer it is to the head of the line. Once every line has let it in, the
+//! stage's other lines are decided with it, all or nothing; a line that
+//! refuses it (the line full, its wait over, its place gone) refuses the
+//! request, and the places it holds in other lines are given up
+//! ([`leave_all`], also when its client goes away).
+
+use ngx::ffi::ngx_log_t;
+use rl_core::limit::{Charge, Outcome};
+
+use super::{now_us, Zone};
+use crate::line::Line;
+use crate::request::{Ctx, LineResult};
+
+/// The first look after an arrival, and the step between two looks per
+/// place ahead of the request (ms); at most [`POLL_MAX_MS`].
+const POLL_STEP_MS: u64 = 5;
+const POLL_MAX_MS: u64 = 50;
+
+/// What a line's verdict says when it lets the request in: `free` units
+/// left after it, the units held, and how long it waited.
+fn admit(res: &mut LineResult, free: u64, waited_us: u64) {
+    res.decision.outcome =
+        Outcome { admitted: true, remaining: free, reset_us: 0, retry_after_us: None, delay_us: waited_us, next_us: 0 };
+    res.decision.charge = Charge::held(res.cost);
+    res.charged = true;
+}
+
+/// A refusal with `free` units left.
+fn refuse(res: &mut LineResult, free: u64) {
+    res.decision.outcome =
+        Outcome { admitted: false, remaining: free, reset_us: 0, retry_after_us: None, delay_us: 0, next_us: 0 };
+    res.ticket = 0;
+}
+
+/// Whether `line` is decided by its waiting line: an enforced `rl_conn`
+/// line with a queue (a dry-run one never waits).
+fn queued(line: &Line, res: &LineResult) -> bool {
+    res.active && !res.dry_run && line.limit.is_concurrent() && line.limit.queue() > 0
+}
+
+/// The deadline a place keeps in the line (whole seconds, rounded up, and
+/// one more: a look that a timer's tick makes late still finds it).
+fn deadline_s(now_us: u64, wait_ms: u64) -> u32 {
+    let end = now_us.saturating_add(wait_ms.saturating_mul(1000));
+    (end.div_ceil(1_000_000) + 1).min(u64::from(u32::MAX - 1)) as u32
+}
+
+/// The request arrives in the waiting line of each queued line of the
+/// stage. Returns the milliseconds to sleep before it looks again, or
+/// `None` when nothing waits (every line let it in or one refused it: the
+/// stage is then decided, these lines' verdicts as they are).
+pub fn arrive(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) -> Option<u64> {
+    let now = now_us();
+    let now_s = (now / 1_000_000) as u32;
+    ctx.queued_at_us = now;
+    let (mut waiting, mut refused) = (false, false);
+    for (line, res) in ctx.staged_mut(lines).filter(|(l, res)| queued(l, res)) {
+        res.waited = true;
+        let Some(mut locked) = line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock()) else {
+            res.active = false;
+            continue;
+        };
+        res.hash = locked.table.hash_key(line.id, res.key.as_bytes());
+        let Some(slot) = locked.ensure(res.hash, &line.limit, now_s, log) else {
+            res.active = false;
+            continue;
+        };
+        res.slot = slot;
+        let Some(mut wait) = locked.state(slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s)) else {
+            res.active = false;
+            continue;
+        };
+        let arrival = wait.arrive(now_s, res.cost, deadline_s(now, line.wait_ms));
+        let free = wait.free();
+        match arrival {
+            rl_core::limit::wait::Arrival::Admitted => admit(res, free, 0),
+            rl_core::limit::wait::Arrival::Waiting { ticket } => {
+                res.ticket = ticket + 1;
+                waiting = true;
+            }
+            rl_core::limit::wait::Arrival::Refused => {
+                refuse(res, free);
+                refused = true;
+            }
+        }
+        pin(&mut locked, slot, res, line, now);
+        if res.charged {
+            locked.hold(res.hash, res.cost, now_s, log);
+        }
+        if res.ticket != 0 {
+            locked.wait_starts(now_s, log);
+        }
+    }
+    if refused {
+        leave_all(zones, lines, ctx);
+        return None;
+    }
+    waiting.then_some(POLL_STEP_MS)
+}
+
+/// Keeps the state whatever time passes while it holds units or places,
+/// else lets it expire as an idle one.
+fn pin(locked: &mut super::Locked<'_>, slot: rl_core::table::Slot, res: &LineResult, line: &Line, now: u64) {
+    let held = locked.state(slot, res.hash, &line.limit).is_some_and(|s| line.limit.held(s));
+    locked.charged(slot, now, if held { u64::MAX } else { 0 });
+}
+
+/// The waiting request looks again at each line it waits in: as
+/// [`arrive`], the milliseconds until it looks again, or `None` when it
+/// waits no more.
+pub fn poll(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) -> Option<u64> {
+    let now = now_us();
+    let now_s = (now / 1_000_000) as u32;
+    let since = ctx.queued_at_us;
+    let (mut next_ms, mut refused) = (None::<u64>, false);
+    for (line, res) in ctx.staged_mut(lines).filter(|(_, res)| res.active && res.ticket != 0) {
+        let Some(mut locked) = line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock()) else {
+            continue;
+        };
+        let Some(mut wait) = locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s)) else {
+            // (the state was dropped from a full zone: the place with it)
+            refuse(res, 0);
+            refused = true;
+            locked.wait_ends();
+            continue;
+        };
+        let ticket = res.ticket - 1;
+        let end = since.saturating_add(line.wait_ms.saturating_mul(1000));
+        let turn = wait.poll(now_s, res.cost, ticket);
+        let free = wait.free();
+        let mut admitted = false;
+        match turn {
+            rl_core::limit::wait::Turn::Admitted => {
+                res.ticket = 0;
+                admit(res, free, now.saturating_sub(since).max(1));
+                admitted = true;
+            }
+            rl_core::limit::wait::Turn::Waiting { ahead } if now < end => {
+                let step = POLL_STEP_MS.saturating_mul(ahead + 1).min(POLL_MAX_MS);
+                let left_ms = (end - now).div_ceil(1000);
+                next_ms = Some(next_ms.unwrap_or(u64::MAX).min(step).min(left_ms));
+            }
+            rl_core::limit::wait::Turn::Waiting { .. } => {
+                wait.leave(now_s, ticket);
+                refuse(res, free);
+                refused = true;
+            }
+            rl_core::limit::wait::Turn::Gone => {
+                refuse(res, free);
+                refused = true;
+            }
+        }
+        pin(&mut locked, res.slot, res, line, now);
+        if admitted {
+            locked.hold(res.hash, res.cost, now_s, log);
+        }
+        if res.ticket == 0 {
+            locked.wait_ends();
+        }
+    }
+    if refused {
+        leave_all(zones, lines, ctx);
+        return None;
+    }
+    next_ms
+}
+
+/// Gives up every place the request still holds in a waiting line (it was
+/// refused, or it is ending).
+pub fn leave_all(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
+    let now = now_us();
+    for (line, res) in ctx.iter_mut(lines).filter(|(_, res)| res.ticket != 0) {
+        let ticket = res.ticket - 1;
+        res.ticket = 0;
+        let Some(mut locked) = line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock()) else {
+            continue;
+        };
+        let now_s = (now / 1_000_000) as u32;
+        if let Some(mut wait) = locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s)) {
+            wait.leave(now_s, ticket);
+        }
+        pin(&mut locked, res.slot, res, line, now);
+        locked.wait_ends();
+    }
+}
