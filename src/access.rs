@@ -279,6 +279,9 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
         if !mcf.leases.is_empty() {
             lease::put_back(&mcf.leases, &mcf.lines, ctx, r.log());
         }
+    } else if lcf.conn_queue {
+        // The slots the rl_conn lines let the request in with, before the other lines refused it.
+        refund(&mcf.zones, &mcf.lines, ctx);
     }
     debug_verdicts(r.log(), mcf, ctx);
     log_limited(r.log(), lcf, mcf, ctx);

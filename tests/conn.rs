@@ -500,3 +500,59 @@ fn nginx_t_queue_messages() {
     let (ok, out) = nginx_t("rl_zone c size=1m; server { location / { rl_conn zone=c max=1 queue=500 timeout=30s; } }");
     assert!(ok, "{out}");
 }
+
+/// A request a queued `rl_conn` line refuses (its line full) is charged by
+/// no other line of its location.
+#[test]
+fn a_request_refused_by_a_full_line_is_charged_nowhere() {
+    let ngx = Nginx::setup(&format!(
+        "rl_zone c size=1m;\n\
+         rl_zone r size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /q/ {{ rl_conn zone=c max=1 key=all queue=1 timeout=20s; rl_limit zone=r rate=1r/m burst=2 key=$arg_k; {SLOW} }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}"
+    ))
+    .file("html/q/slow.html", &slow_file())
+    .file("html/q/fast.html", "fast\n")
+    .start();
+    let (status, held) = hold(&ngx, "/q/slow.html?k=a");
+    assert_eq!(status, 200);
+    let b = send_only(ngx.port, "/q/fast.html?k=b");
+    until_waiting(&ngx, 1);
+    // The line is full: refused, three times; were k=c charged, its two a minute would be spent.
+    for _ in 0..3 {
+        assert_eq!(ngx.get("/q/fast.html?k=c", &[]).status, 429);
+    }
+    drop(held);
+    let (sb, text) = response(b);
+    assert_eq!(sb, 200, "{text}");
+    until_waiting(&ngx, 0);
+    assert_eq!(ngx.get("/q/fast.html?k=c", &[]).status, 200, "k=c was charged while refused");
+    assert_eq!(ngx.get("/q/fast.html?k=c", &[]).status, 200);
+}
+
+/// A request let in by a queued `rl_conn` line that another line then
+/// refuses gives its slot back at once, not when it ends: while its error
+/// page (a slow one) is sent, `nginx_rl_conn_in_flight` is 0.
+#[test]
+fn a_slot_taken_for_a_refused_request_is_given_back() {
+    let ngx = Nginx::setup(&format!(
+        "rl_zone c size=1m;\n\
+         rl_zone r size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /q/ {{ rl_conn zone=c max=1 key=all queue=1; rl_limit zone=r rate=1r/m burst=1 key=all;\n\
+             error_page 429 /err/slow.html; }}\n\
+           location /err/ {{ {SLOW} }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}"
+    ))
+    .file("html/q/fast.html", "fast\n")
+    .file("html/err/slow.html", &slow_file())
+    .start();
+    assert_eq!(ngx.get("/q/fast.html", &[]).status, 200);
+    let (status, _refused) = hold(&ngx, "/q/fast.html");
+    assert_eq!(status, 429, "refused by rl_limit, its error page still being sent");
+    let m = ngx.get("/metrics", &[]).body;
+    assert!(m.contains("\nnginx_rl_conn_in_flight{zone=\"c\"} 0\n"), "{m}");
+}

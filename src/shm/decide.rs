@@ -67,11 +67,12 @@ fn decide_lines(
     // The rl_conn lines that made the request wait for a slot are decided already (shm::wait):
     // the others are decided here, with their verdicts.
     let waited_ok = ctx.staged(lines).filter(|(_, res)| res.active && res.waited).all(|(_, res)| res.admitted());
-    {
+    // (one line to decide, and nothing refused already: decided and charged in one step)
+    if waited_ok {
         let mut active = ctx.staged_mut(lines).filter(|(_, res)| res.active && !res.waited);
         if let (Some((line, res)), None) = (active.next(), active.next()) {
             if let Some(z) = line.backend.shm() {
-                return decide_one(zones.get(z).map(|z| &**z), line, res, now_us, next, log) && waited_ok;
+                return decide_one(zones.get(z).map(|z| &**z), line, res, now_us, next, log);
             }
         }
     }
