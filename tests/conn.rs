@@ -556,3 +556,31 @@ fn a_slot_taken_for_a_refused_request_is_given_back() {
     let m = ngx.get("/metrics", &[]).body;
     assert!(m.contains("\nnginx_rl_conn_in_flight{zone=\"c\"} 0\n"), "{m}");
 }
+
+/// A queued `after_auth` line: the request waits in the pre-content phase,
+/// once access control has let it in, and a request access control refuses
+/// never takes a place.
+#[test]
+fn an_after_auth_line_waits_after_access_control() {
+    let ngx = Nginx::setup(&format!(
+        "rl_zone c size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /q/ {{ rl_conn zone=c max=1 key=all queue=1 timeout=20s after_auth; {SLOW} }}\n\
+           location /d/ {{ deny all; rl_conn zone=c max=1 key=all queue=1 after_auth; }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}"
+    ))
+    .file("html/q/slow.html", &slow_file())
+    .file("html/q/fast.html", "fast\n")
+    .file("html/d/fast.html", "fast\n")
+    .start();
+    let (status, held) = hold(&ngx, "/q/slow.html");
+    assert_eq!(status, 200);
+    assert_eq!(ngx.get("/d/fast.html", &[]).status, 403, "access control first");
+    assert_eq!(waiting(&ngx), 0, "a refused request took a place");
+    let b = send_only(ngx.port, "/q/fast.html");
+    until_waiting(&ngx, 1);
+    drop(held);
+    let (sb, text) = response(b);
+    assert_eq!(sb, 200, "{text}");
+}
