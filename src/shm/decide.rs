@@ -300,10 +300,16 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
 /// of every stage: the request has ended (its pool is being destroyed).
 /// Once: a line given back is no longer charged.
 pub fn release(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
-    // (a request that ends while it waits gives its places up)
-    super::wait::leave_all(zones, lines, ctx);
     let now_us = crate::shm::now_us();
-    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| res.active && res.charged && l.limit.is_concurrent()) {
+    let holds = |res: &LineResult| res.ticket != 0 || (res.active && res.charged);
+    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| l.limit.is_concurrent() && holds(res)) {
+        // (a request that ends while it waits gives its places up)
+        if res.ticket != 0 {
+            super::wait::leave(zones, line, res, now_us);
+        }
+        if !(res.active && res.charged) {
+            continue;
+        }
         res.charged = false;
         let Some(mut locked) = line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock()) else {
             continue;

@@ -174,16 +174,23 @@ pub fn poll(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_lo
 pub fn leave_all(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
     let now = now_us();
     for (line, res) in ctx.iter_mut(lines).filter(|(_, res)| res.ticket != 0) {
-        let ticket = res.ticket - 1;
-        res.ticket = 0;
-        let Some(mut locked) = line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock()) else {
-            continue;
-        };
-        let now_s = (now / 1_000_000) as u32;
-        if let Some(mut wait) = locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s)) {
-            wait.leave(now_s, ticket);
-        }
-        pin(&mut locked, res.slot, res, line, now);
-        locked.wait_ends();
+        leave(zones, line, res, now);
     }
+}
+
+/// Gives up the place the request holds in `line`'s waiting line, if any.
+pub fn leave(zones: &[Box<Zone>], line: &Line, res: &mut LineResult, now: u64) {
+    let Some(ticket) = res.ticket.checked_sub(1) else {
+        return;
+    };
+    res.ticket = 0;
+    let Some(mut locked) = line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock()) else {
+        return;
+    };
+    let now_s = (now / 1_000_000) as u32;
+    if let Some(mut wait) = locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s)) {
+        wait.leave(now_s, ticket);
+    }
+    pin(&mut locked, res.slot, res, line, now);
+    locked.wait_ends();
 }
