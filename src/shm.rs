@@ -421,6 +421,13 @@ impl<'a> Locked<'a> {
         self.table.set_idle_at(slot, idle_at(now_us, reset_us));
     }
 
+    /// [`Locked::charged`] of a state that may hold units only a give-back
+    /// frees (`held`, [`Limit::held`]): see [`idle_time`].
+    #[inline(always)]
+    pub fn charged_held(&mut self, slot: Slot, held: bool, now_us: u64, reset_us: u64) {
+        self.table.set_idle_at(slot, idle_time(held, now_us, reset_us));
+    }
+
     /// [`Locked::state`] of the entry [`Locked::ensure_one`] has just
     /// returned, nothing inserted since (it holds the hash, which is not
     /// compared again), with where [`Locked::charged`] writes the state's
@@ -460,6 +467,17 @@ fn insert_new(
 #[inline(always)]
 pub fn idle_at(now_us: u64, reset_us: u64) -> u32 {
     (now_us.saturating_add(reset_us).saturating_add(999_999) / 1_000_000).min(u64::from(u32::MAX)) as u32
+}
+
+/// When a state charged at `now_us` becomes idle: [`idle_at`], or never
+/// ([`rl_core::table::PINNED`]) while it holds units in flight (`held`,
+/// [`Limit::held`]), which only a give-back frees.
+#[inline(always)]
+pub fn idle_time(held: bool, now_us: u64, reset_us: u64) -> u32 {
+    match held {
+        true => rl_core::table::PINNED,
+        false => idle_at(now_us, reset_us),
+    }
 }
 
 /// The `words` state words of an entry's `state`: the entry's own, or the

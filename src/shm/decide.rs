@@ -12,9 +12,8 @@ use ngx::ffi::{ngx_log_t, NGX_LOG_ERR};
 use ngx::ngx_log_error;
 
 use rl_core::limit::Limit;
-use rl_core::table::PINNED;
 
-use super::{idle_at, Locked, Zone, MAX_ZONES_PER_LOCATION};
+use super::{idle_time, Locked, Zone, MAX_ZONES_PER_LOCATION};
 use crate::line::Line;
 use crate::request::{Ctx, LineResult};
 
@@ -149,7 +148,7 @@ fn decide_lines(
             }
             res.charged = true;
             let held = limit.held(state);
-            locked.charged(res.slot, now_us, if held { u64::MAX } else { o.reset_us });
+            locked.charged_held(res.slot, held, now_us, o.reset_us);
             if limit.is_concurrent() && res.decision.charge.cost() > 0 {
                 locked.hold(res.hash, res.decision.charge.cost(), now_s, log);
             }
@@ -245,11 +244,7 @@ fn decide_state(line: &Line, res: &mut LineResult, state: &mut [u64], idle: &mut
     limit.acquire_into(state, now_us, res.cost, &mut res.decision);
     let admitted = res.admitted();
     if admitted {
-        *idle = match limit.held(state) {
-            // (units in flight: kept whatever time passes, until given back)
-            true => PINNED,
-            false => idle_at(now_us, res.reset_us()),
-        };
+        *idle = idle_time(limit.held(state), now_us, res.reset_us());
     }
     res.charged = admitted;
     if next {
@@ -289,7 +284,7 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
         limit.refund(state, res.charge(), now_us);
         not_charged(limit, res, state, now_us, next);
         let held = limit.held(state);
-        locked.charged(res.slot, now_us, if held { u64::MAX } else { res.reset_us() });
+        locked.charged_held(res.slot, held, now_us, res.reset_us());
         if limit.is_concurrent() {
             locked.unhold(res.hash, res.charge().cost(), (now_us / 1_000_000) as u32);
         }
@@ -311,14 +306,14 @@ pub fn release(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
             continue;
         }
         res.charged = false;
-        let Some(mut locked) = line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock()) else {
+        let Some(mut locked) = super::wait::lock_of(zones, line) else {
             continue;
         };
         let cost = res.charge().cost();
         if let Some(state) = locked.state(res.slot, res.hash, &line.limit) {
             line.limit.refund(state, res.charge(), now_us);
             let held = line.limit.held(state);
-            locked.charged(res.slot, now_us, if held { u64::MAX } else { 0 });
+            locked.charged_held(res.slot, held, now_us, 0);
         }
         locked.unhold(res.hash, cost, (now_us / 1_000_000) as u32);
     }

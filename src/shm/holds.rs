@@ -93,7 +93,9 @@ impl Locked<'_> {
         };
         *state = [key[0], key[1], Meta { count: count.saturating_add(cost), ..me }.word()];
         self.table.set_idle_at(slot, PINNED);
-        self.add_totals(cost, 0, now_s, log);
+        if let Some(t) = self.totals_or_new(now_s, log) {
+            t[0] = t[0].saturating_add(cost);
+        }
     }
 
     /// The zone's totals, where this worker last found them (checked
@@ -111,8 +113,7 @@ impl Locked<'_> {
     /// Counts a request that starts waiting for a slot in the zone's
     /// totals.
     pub fn wait_starts(&mut self, now_s: u32, log: *mut ngx_log_t) {
-        self.add_totals(0, 0, now_s, log);
-        if let Some(t) = self.totals_mut() {
+        if let Some(t) = self.totals_or_new(now_s, log) {
             t[2] = t[2].saturating_add(1);
         }
     }
@@ -124,28 +125,20 @@ impl Locked<'_> {
         }
     }
 
-    /// Adds to the zone's totals; `taken` may be "negative" (wrapping),
-    /// for units given back. Kept whatever time passes.
-    fn add_totals(&mut self, taken: u64, reclaimed: u64, now_s: u32, log: *mut ngx_log_t) {
+    /// The zone's totals, made (all 0) where there are none yet; kept
+    /// whatever time passes. `None` only when the zone cannot hold them.
+    fn totals_or_new(&mut self, now_s: u32, log: *mut ngx_log_t) -> Option<&mut [u64; 3]> {
         if self.totals_mut().is_none() {
-            let Some(slot) = self.insert(TOTALS, super::INLINE_WORDS, now_s, log) else {
-                return;
-            };
+            let slot = self.insert(TOTALS, super::INLINE_WORDS, now_s, log)?;
             self.table.set_idle_at(slot, PINNED);
             self.zone.totals.set(slot);
         }
-        if let Some(t) = self.totals_mut() {
-            // (in flight never goes below 0, whatever was dropped from a full zone)
-            t[0] = match taken as i64 {
-                n if n < 0 => t[0].saturating_sub(n.unsigned_abs()),
-                _ => t[0].saturating_add(taken),
-            };
-            t[1] = t[1].saturating_add(reclaimed);
-        }
+        self.totals_mut()
     }
 
     /// Records that this worker gives back `cost` units of the key whose
-    /// state hash is `key`; its hold goes once it holds none.
+    /// state hash is `key`; its hold, then of nothing, is kept for the key's
+    /// next request and expires as an idle state.
     pub fn unhold(&mut self, key: [u64; 2], cost: u64, now_s: u32) {
         if let Some(t) = self.totals_mut() {
             t[0] = t[0].saturating_sub(cost);
@@ -249,7 +242,11 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
         total += meta.count;
     }
     if total > 0 {
-        locked.add_totals(total.wrapping_neg(), total, now_s, log);
+        if let Some(t) = locked.totals_or_new(now_s, log) {
+            // (in flight never goes below 0, whatever was dropped from a full zone)
+            t[0] = t[0].saturating_sub(total);
+            t[1] = t[1].saturating_add(total);
+        }
     }
     drop(locked);
     let mut pids: Vec<u32> = dead.iter().map(|d| d.3.pid).collect();

@@ -36,6 +36,11 @@ fn refuse(res: &mut LineResult, free: u64) {
     res.ticket = 0;
 }
 
+/// The zone of a shared-memory `line`, locked.
+pub(super) fn lock_of<'a>(zones: &'a [Box<Zone>], line: &Line) -> Option<super::Locked<'a>> {
+    line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock())
+}
+
 /// Whether `line` is decided by its waiting line: an enforced `rl_conn`
 /// line with a queue (a dry-run one never waits).
 fn queued(line: &Line, res: &LineResult) -> bool {
@@ -60,7 +65,7 @@ pub fn arrive(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
     let (mut waiting, mut refused) = (false, false);
     for (line, res) in ctx.staged_mut(lines).filter(|(l, res)| queued(l, res)) {
         res.waited = true;
-        let Some(mut locked) = line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock()) else {
+        let Some(mut locked) = lock_of(zones, line) else {
             res.active = false;
             continue;
         };
@@ -106,7 +111,7 @@ pub fn arrive(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
 /// else lets it expire as an idle one.
 fn pin(locked: &mut super::Locked<'_>, slot: rl_core::table::Slot, res: &LineResult, line: &Line, now: u64) {
     let held = locked.state(slot, res.hash, &line.limit).is_some_and(|s| line.limit.held(s));
-    locked.charged(slot, now, if held { u64::MAX } else { 0 });
+    locked.charged_held(slot, held, now, 0);
 }
 
 /// The waiting request looks again at each line it waits in: as
@@ -118,7 +123,7 @@ pub fn poll(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_lo
     let since = ctx.queued_at_us;
     let (mut next_ms, mut refused) = (None::<u64>, false);
     for (line, res) in ctx.staged_mut(lines).filter(|(_, res)| res.active && res.ticket != 0) {
-        let Some(mut locked) = line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock()) else {
+        let Some(mut locked) = lock_of(zones, line) else {
             continue;
         };
         let Some(mut wait) = locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s)) else {
@@ -184,7 +189,7 @@ pub fn leave(zones: &[Box<Zone>], line: &Line, res: &mut LineResult, now: u64) {
         return;
     };
     res.ticket = 0;
-    let Some(mut locked) = line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock()) else {
+    let Some(mut locked) = lock_of(zones, line) else {
         return;
     };
     let now_s = (now / 1_000_000) as u32;
