@@ -75,8 +75,9 @@ pub struct LocConf {
     /// Some line is an `rl_conn` line: what it holds is given back when the
     /// request ends (set at postconfiguration).
     pub has_conn: bool,
-    /// Some `rl_conn` line has a queue: a request may wait for a slot
-    /// before the other lines are decided (set at postconfiguration).
+    /// Some `rl_conn` line is decided by its waiting line (it has a queue or
+    /// classes, [`crate::line::Line::waits`]): a request may wait for a
+    /// slot before the other lines are decided (set at postconfiguration).
     pub conn_queue: bool,
     /// Some line is `after_auth` (set at postconfiguration).
     pub after_auth: bool,

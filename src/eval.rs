@@ -48,7 +48,7 @@ fn line_for(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult, dry_r
     res.active = res.key.len > 0;
     res.dry_run = dry_run || line.dry_run;
     res.cost = line.cost;
-    if res.active && (line.vars.is_some() || line.charge_after) {
+    if res.active && (line.vars.is_some() || line.charge_after || line.classes.is_some()) {
         return varying(r, line, res);
     }
     Ok(false)
@@ -74,6 +74,15 @@ fn varying(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult) -> Res
             Some(VarLimit::Made(limit)) => Some(in_pool(r, limit)?),
             None => None,
         };
+    }
+    if let Some(classes) = &line.classes {
+        let v = value::param(&classes.priority, r)?;
+        let c = match v.len {
+            0 => classes.of(b""),
+            // SAFETY: nginx's value of v.len bytes, valid during the request.
+            n => classes.of(unsafe { core::slice::from_raw_parts(v.data, n) }),
+        };
+        res.class = c as u8;
     }
     if line.charge_after && res.active {
         // Admitted while one unit is left; the cost is charged when the request is logged.

@@ -10,6 +10,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use core::{mem, ptr};
 
 use ngx::ffi::{ngx_http_complex_value_t, ngx_str_t, ngx_uint_t, ngx_variable_value_t};
+use rl_core::limit::wait::Lane;
 use rl_core::limit::Limit;
 
 use crate::metrics::store::LineSlot;
@@ -233,6 +234,25 @@ pub struct Line {
     /// without it): set when the worker starts, so that counting a verdict
     /// looks nothing up.
     pub counters: AtomicPtr<LineSlot>,
+    /// An `rl_conn` line's waiting line, by class (`queue=`, `classes=`):
+    /// what its state is laid out for. Empty for other lines.
+    pub lanes: Vec<Lane>,
+    /// `rl_conn ... priority= classes=`: what a request's class is.
+    pub classes: Option<Box<Classes>>,
+}
+
+/// The classes of an `rl_conn` line: `priority=` names a request's, among
+/// `classes=` (highest first; a name that is none of them is the lowest).
+pub struct Classes {
+    pub priority: VarParam,
+    pub names: Vec<String>,
+}
+
+impl Classes {
+    /// The class of a request whose `priority=` is `value`.
+    pub fn of(&self, value: &[u8]) -> usize {
+        rl_core::spec::ConnSpec::class_of(&self.names, value)
+    }
 }
 
 /// A parameter of `rl_limit` that holds variables: compiled, and as written.
@@ -402,6 +422,13 @@ impl Line {
     /// The `X-RateLimit-Limit` value (it lives as long as the configuration).
     pub fn burst_text(&self) -> ngx_str_t {
         ngx_str_t { len: self.burst_text.len(), data: self.burst_text.as_ptr() as *mut u8 }
+    }
+
+    /// An `rl_conn` line decided by its waiting line
+    /// ([`crate::shm::wait`]): one with a queue, or with classes (whose
+    /// reserves count what each class holds).
+    pub fn waits(&self) -> bool {
+        self.limit.is_concurrent() && (self.limit.queue() > 0 || self.lanes.len() > 1)
     }
 
     /// The directive the line comes from, as messages name it.

@@ -67,6 +67,9 @@ pub struct LineResult {
     /// (0: none).
     pub waited: bool,
     pub ticket: u64,
+    /// The request's class on an `rl_conn` line with `classes=` (0, the
+    /// highest, on others: their one class).
+    pub class: u8,
 }
 
 impl LineResult {

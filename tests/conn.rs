@@ -10,32 +10,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::TcpStream;
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::held::*;
 use common::*;
-
-/// A file slow to send: its first kilobyte at once, then 1 byte a second.
-fn slow_file() -> String {
-    "x".repeat(4096)
-}
-
-const SLOW: &str = "limit_rate_after 1k; limit_rate 1;";
-
-/// A request to `path` whose response starts and does not end: returns
-/// its status and the connection holding it (dropping it closes it).
-fn hold(ngx: &Nginx, path: &str) -> (u16, TcpStream) {
-    let s = send_only(ngx.port, path);
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut reader = BufReader::new(s.try_clone().unwrap());
-    let mut status_line = String::new();
-    reader.read_line(&mut status_line).unwrap_or_else(|e| panic!("no status line for {path}: {e}"));
-    let status = status_line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, s)
-}
 
 /// [`hold`]s `path` once a slot is free (10 s at most): `what` was given
 /// back when nginx next wrote to the closed client.
@@ -365,24 +347,6 @@ fn a_draining_workers_slots_come_back_with_the_next_worker() {
     );
 }
 
-/// The zone's `nginx_rl_conn_waiting` gauge.
-fn waiting(ngx: &Nginx) -> u64 {
-    let m = ngx.get("/metrics", &[]).body;
-    m.lines()
-        .find_map(|l| l.strip_prefix("nginx_rl_conn_waiting{zone=\"c\"} "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no waiting gauge:\n{m}"))
-}
-
-/// Polls the gauge until it reads `n` (10 s at most).
-fn until_waiting(ngx: &Nginx, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while waiting(ngx) != n {
-        assert!(Instant::now() < deadline, "never {n} waiting:\n{}", ngx.error_log());
-        thread::sleep(Duration::from_millis(5));
-    }
-}
-
 fn queue_conf(params: &str) -> String {
     format!(
         "rl_zone c size=1m;\n\
@@ -397,15 +361,6 @@ fn queue_conf(params: &str) -> String {
 
 fn start_queue(params: &str) -> Nginx {
     Nginx::setup(&queue_conf(params)).file("html/q/slow.html", &slow_file()).file("html/q/fast.html", "fast\n").start()
-}
-
-/// Reads a whole response from a request sent with [`send_only`].
-fn response(s: TcpStream) -> (u16, String) {
-    let mut text = String::new();
-    let mut r = BufReader::new(s);
-    let _ = r.read_to_string(&mut text);
-    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, text)
 }
 
 /// `queue=2`: over the limit, two requests wait for the slot, a third is

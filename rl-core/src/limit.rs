@@ -274,10 +274,17 @@ impl Charge {
         self.cost
     }
 
-    /// What a [`Limit::concurrent`] request admitted from its waiting line
-    /// ([`wait::Wait`]) holds: `cost` units, given back as a commit's.
-    pub fn held(cost: u64) -> Charge {
-        Charge { cost, ..Charge::NONE }
+    /// What a [`Limit::concurrent`] request admitted by its waiting line
+    /// ([`wait::Wait`]) holds: `cost` units, given back as a commit's, of
+    /// class `class` on a line of several classes (`None`: one).
+    pub fn held(cost: u64, class: Option<usize>) -> Charge {
+        Charge { cost, at: class.map_or(0, |k| k as u64 + 1), ..Charge::NONE }
+    }
+
+    /// A [`Charge::held`]'s class plus one (0: the line has one class):
+    /// what a give-back of its units takes from besides the line's units.
+    pub fn held_class(&self) -> u64 {
+        self.at
     }
 }
 
@@ -349,17 +356,41 @@ impl Limit {
     /// Whether a [`Limit::concurrent`] state with a queue has places taken
     /// in its waiting line.
     fn has_waiters(&self, state: &[u64]) -> bool {
-        self.queue > 0 && matches!(state.get(1..3), Some(&[head, tail]) if tail > head)
+        self.queue > 0 && state.get(1).is_some_and(|&live| live > 0)
     }
 
     /// The waiting line of a [`Limit::concurrent`] state with a queue
-    /// ([`wait`]); `None` for any other limit, or a state too short.
-    pub fn wait<'a>(&self, state: &'a mut [u64]) -> Option<wait::Wait<'a>> {
-        if !self.is_concurrent() || self.queue == 0 || state.len() < self.state_words() {
+    /// ([`wait`]) whose classes are `lanes` (those the limit was made
+    /// with, [`Limit::with_lanes`]); `None` for any other limit, or a state
+    /// too short.
+    pub fn wait<'a>(&self, state: &'a mut [u64], lanes: &'a [wait::Lane]) -> Option<wait::Wait<'a>> {
+        let plain = self.queue == 0 && lanes.len() <= 1;
+        if !self.is_concurrent() || plain || state.len() < self.state_words() {
             return None;
         }
         let (units, line) = state.split_first_mut()?;
-        Some(wait::Wait { units, max: self.burst, q: self.queue, line })
+        Some(wait::Wait { units, max: self.burst, q: self.queue, lanes, line })
+    }
+
+    /// This [`Limit::concurrent`] limit with a waiting line of `queue`
+    /// places in all, in classes of `lanes` ([`wait`]): its state is laid
+    /// out for them (a line of several classes also without a queue: the
+    /// units each holds). At most [`MAX_LOG_BURST`] places in all and per
+    /// class, and [`wait::MAX_LANES`] classes.
+    pub fn with_lanes(self, queue: u64, lanes: &[wait::Lane]) -> Result<Limit, LimitError> {
+        let too_many = lanes.len() > wait::MAX_LANES || lanes.iter().any(|l| l.places > MAX_LOG_BURST);
+        if self.algorithm != Algorithm::Concurrent || queue > MAX_LOG_BURST || too_many {
+            return Err(LimitError::QueueOverflow { rate: self.rate, burst: self.burst, queue });
+        }
+        if queue == 0 && lanes.len() <= 1 {
+            return Ok(Limit { queue, ..self });
+        }
+        let words = u32::try_from(1 + wait::words(lanes)).map_err(|_| LimitError::QueueOverflow {
+            rate: self.rate,
+            burst: self.burst,
+            queue,
+        })?;
+        Ok(Limit { queue, words, ..self })
     }
 
     /// This limit with a queue of `queue` requests (see the module docs):
@@ -372,10 +403,7 @@ impl Limit {
             return Ok(Limit { queue, ..self });
         }
         if self.algorithm == Algorithm::Concurrent {
-            if queue > MAX_LOG_BURST {
-                return Err(LimitError::QueueOverflow { rate: self.rate, burst: self.burst, queue });
-            }
-            return Ok(Limit { queue, words: 1 + wait::words(queue) as u32, ..self });
+            return self.with_lanes(queue, &[wait::Lane { places: queue, reserve: 0 }]);
         }
         if !matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra) {
             return Err(LimitError::QueueNotSupported(self.algorithm));

@@ -4,6 +4,7 @@
 //! refuses.
 
 use proptest::prelude::*;
+use rl_core::limit::wait::Lane;
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::spec::ConnSpec;
 
@@ -130,8 +131,84 @@ fn a_plain_conn_line() {
     assert_eq!((s.queue, s.timeout_ms), (0, 60_000));
     let s = ConnSpec::parse(&args("zone=a max=3 queue=100 timeout=1500ms")).unwrap();
     assert_eq!((s.queue, s.timeout_ms, s.limit.queue()), (100, 1500, 100));
-    // The units, then the waiting line: head, tail and a deadline a place, two to a word.
-    assert_eq!(s.limit.state_words(), 1 + 2 + 50);
+    // The units, then the waiting line: its live places, head, tail and a deadline a place, two
+    // to a word.
+    assert_eq!(s.limit.state_words(), 1 + 1 + 2 + 50);
+    assert_eq!(s.lanes, vec![Lane { places: 100, reserve: 0 }]);
+}
+
+/// `priority=` and `classes=`: the seed's premium queue of 500 and
+/// standard queue of 100, and a reserve for a critical class.
+#[test]
+fn classes_and_their_lanes() {
+    let s = ConnSpec::parse(&args(
+        "zone=a max=200 priority=$plan classes=critical:reserve=20%,premium:queue=500,standard:queue=100 timeout=5s",
+    ))
+    .unwrap();
+    assert_eq!(s.priority, Some("$plan"));
+    assert_eq!(s.queue, 600, "without queue=, the classes' places together");
+    assert_eq!(
+        s.lanes,
+        vec![Lane { places: 600, reserve: 40 }, Lane { places: 500, reserve: 0 }, Lane { places: 100, reserve: 0 },]
+    );
+    // The units, live places, the units of each class, head and tail of each, the places.
+    assert_eq!(s.limit.state_words(), 1 + 1 + 3 + 2 * 3 + 300 + 250 + 50);
+    let names: Vec<&str> = s.classes.iter().map(|c| c.name).collect();
+    assert_eq!(ConnSpec::class_of(&names, b"premium"), 1);
+    assert_eq!(ConnSpec::class_of(&names, b"critical"), 0);
+    assert_eq!(ConnSpec::class_of(&names, b"unknown"), 2, "anything else is the lowest");
+    assert_eq!(ConnSpec::class_of(&names, b""), 2);
+    // Reserves without a queue: refused at once, never waiting.
+    let s =
+        ConnSpec::parse(&args("zone=a max=10 priority=$c classes=gold:reserve=3,silver:reserve=25%,bronze")).unwrap();
+    assert_eq!(s.queue, 0);
+    assert_eq!(s.limit.queue(), 0);
+    let reserves: Vec<u64> = s.lanes.iter().map(|l| l.reserve).collect();
+    assert_eq!(reserves, vec![3, 3, 0], "25% of 10 rounds up to 3");
+    // (no places, but the units of each class: a reserve needs them)
+    assert_eq!(s.limit.state_words(), 1 + 1 + 3 + 2 * 3);
+    // A line's queue= bounds the places in all: premium may take standard's.
+    let s = ConnSpec::parse(&args("zone=a max=1 queue=500 priority=$p classes=premium,standard:queue=100")).unwrap();
+    let places: Vec<u64> = s.lanes.iter().map(|l| l.places).collect();
+    assert_eq!((s.queue, places), (500, vec![500, 100]));
+}
+
+#[test]
+fn class_refusals() {
+    assert_eq!(refused("zone=a max=1 priority=$p"), "\"priority\" needs \"classes\" in \"rl_conn\" directive");
+    assert_eq!(refused("zone=a max=1 classes=a,b"), "\"classes\" needs \"priority\" in \"rl_conn\" directive");
+    assert_eq!(
+        refused("zone=a max=1 priority=$p classes=a,a"),
+        "invalid class \"a\" in \"rl_conn\" directive, the class is named twice"
+    );
+    assert_eq!(
+        refused("zone=a max=1 priority=$p classes=a,b.c"),
+        "invalid class \"b.c\" in \"rl_conn\" directive, a class name must be letters, digits, \"_\" and \"-\""
+    );
+    assert_eq!(
+        refused("zone=a max=1 priority=$p classes=a:size=2,b"),
+        "invalid class \"a:size=2\" in \"rl_conn\" directive, a class takes \"queue=\" and \"reserve=\""
+    );
+    assert_eq!(
+        refused("zone=a max=4 priority=$p classes=a:reserve=4,b"),
+        "invalid class \"a:reserve=4\" in \"rl_conn\" directive, reserve must be a number of units below max, or a percentage"
+    );
+    assert_eq!(
+        refused("zone=a max=4 priority=$p classes=a,b:reserve=1"),
+        "invalid class \"b\" in \"rl_conn\" directive, the lowest class has no class below it to keep a reserve from"
+    );
+    assert_eq!(
+        refused("zone=a max=4 cost=2 priority=$p classes=a:reserve=2,b:reserve=1,c"),
+        "the reserves of the classes above class \"c\" leave it 1 of max, less than cost=2 in \"rl_conn\" directive"
+    );
+    assert_eq!(
+        refused("zone=a max=4 queue=10 priority=$p classes=a:queue=20,b"),
+        "invalid class \"a\" in \"rl_conn\" directive, its queue=20 exceeds the line's queue=10"
+    );
+    assert_eq!(
+        refused("zone=a max=4 priority=$p classes=a:queue=0,b"),
+        "invalid class \"a:queue=0\" in \"rl_conn\" directive, queue must be a number of 1 to 65536"
+    );
 }
 
 #[test]

@@ -1,16 +1,23 @@
 //! The waiting line of `rl_conn ... queue=` against a model: first come,
-//! first served across every waiter, at most `q` places, a place given up
-//! when its waiter leaves or its deadline passes, and never more units in
-//! flight than the max.
+//! first served within a class, a higher class first, at most `q` places
+//! in all and a class's own places, a full line giving the newest place of
+//! the lowest class to a higher arrival, a place given up when its waiter
+//! leaves or its deadline passes, never more units in flight than `max`,
+//! and never more held by the classes below a class than `max` less its
+//! reserve.
+//!
+//! The model keeps each class's places in an ordered map (no ring, no
+//! packed deadlines, no counters): what the state's words must agree with.
 
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use rl_core::limit::wait::{words, Arrival, Turn, Wait};
+use rl_core::limit::wait::{words, Arrival, Lane, Turn, Wait};
 
 #[derive(Clone, Debug)]
 enum Op {
     Arrive {
+        lane: usize,
         cost: u64,
         wait_s: u32,
     },
@@ -23,7 +30,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (1u64..3, 0u32..4).prop_map(|(cost, wait_s)| Op::Arrive { cost, wait_s }),
+        (0usize..3, 1u64..3, 0u32..4).prop_map(|(lane, cost, wait_s)| Op::Arrive { lane, cost, wait_s }),
         (0usize..16).prop_map(Op::Poll),
         (0usize..16).prop_map(Op::Leave),
         (0usize..16).prop_map(Op::End),
@@ -34,9 +41,7 @@ fn op() -> impl Strategy<Value = Op> {
 /// A waiter as the model knows it.
 #[derive(Clone, Copy, Debug)]
 struct Waiter {
-    cost: u64,
     deadline: u32,
-    present: bool,
 }
 
 struct State {
@@ -44,80 +49,164 @@ struct State {
     line: Vec<u64>,
 }
 
-fn view(s: &mut State, max: u64, q: u64) -> Wait<'_> {
-    Wait { units: &mut s.units, max, q, line: &mut s.line }
+fn view<'a>(s: &'a mut State, max: u64, q: u64, lanes: &'a [Lane]) -> Wait<'a> {
+    Wait { units: &mut s.units, max, q, lanes, line: &mut s.line }
+}
+
+/// The model: per class, its places by ticket, and the next ticket.
+struct Model {
+    places: Vec<BTreeMap<u64, Waiter>>,
+    tails: Vec<u64>,
+}
+
+impl Model {
+    fn advance(&mut self, now: u32) {
+        for lane in &mut self.places {
+            while lane.first_key_value().is_some_and(|(_, w)| w.deadline < now) {
+                lane.pop_first();
+            }
+        }
+    }
+
+    fn head(&self, k: usize) -> u64 {
+        self.places[k].keys().next().copied().unwrap_or(self.tails[k])
+    }
+
+    fn taken(&self, k: usize) -> u64 {
+        self.tails[k] - self.head(k)
+    }
+
+    fn live(&self) -> u64 {
+        self.places.iter().map(|l| l.len() as u64).sum()
+    }
+}
+
+fn lanes_of(places: [u64; 3], reserve: [u64; 2]) -> Vec<Lane> {
+    vec![
+        Lane { places: places[0], reserve: reserve[0] },
+        Lane { places: places[1], reserve: reserve[1] },
+        Lane { places: places[2], reserve: 0 },
+    ]
+}
+
+/// Whether a request of class `k` and `cost` may be let in beside what
+/// each class holds (`held`): within `max`, and within `max - reserve` of
+/// each class above for what the classes below that one hold.
+fn may_enter(max: u64, lanes: &[Lane], held: &[u64; 3], k: usize, cost: u64) -> bool {
+    let total: u64 = held.iter().sum();
+    total + cost <= max
+        && (0..k).all(|j| held[j + 1..].iter().sum::<u64>() + cost <= max.saturating_sub(lanes[j].reserve))
 }
 
 proptest! {
     #[test]
-    fn first_come_first_served(max in 1u64..4, q in 1u64..5, ops in prop::collection::vec(op(), 0..80)) {
-        let mut s = State { units: 0, line: vec![0; words(q)] };
+    fn classes_in_order(
+        max in 1u64..5,
+        q in 1u64..6,
+        places in [1u64..4, 1u64..4, 1u64..4],
+        reserve in [0u64..3, 0u64..2],
+        ops in prop::collection::vec(op(), 0..100),
+    ) {
+        let lanes = lanes_of(places, reserve);
+        let mut s = State { units: 0, line: vec![0; words(&lanes)] };
+        let mut m = Model { places: vec![BTreeMap::new(); 3], tails: vec![0; 3] };
         let mut now = 1u32;
-        // ticket -> waiter; admitted requests (their costs)
-        let mut waiters: BTreeMap<u64, Waiter> = BTreeMap::new();
-        let mut admitted: Vec<u64> = Vec::new();
-        // Tickets issued so far (given-up places behind a live waiter count until the head passes them).
-        let mut tail = 0u64;
-        let live = |w: &Waiter, now: u32| w.present && w.deadline >= now;
+        // Admitted requests: (class, cost).
+        let mut admitted: Vec<(usize, u64)> = Vec::new();
+        // Every waiter ever given a place, to poll or leave with: (lane, ticket, cost).
+        let mut known: Vec<(usize, u64, u64)> = Vec::new();
         for op in ops {
-            let in_flight: u64 = admitted.iter().sum();
+            let mut held = [0u64; 3];
+            for &(k, cost) in &admitted {
+                held[k] += cost;
+            }
+            let in_flight: u64 = held.iter().sum();
             prop_assert_eq!(s.units, in_flight);
             prop_assert!(s.units <= max);
-            // The head: the first live waiter (or none); places: from there to the last ticket.
-            let first_live = waiters.iter().find(|(_, w)| live(w, now)).map(|(t, _)| *t);
+            for j in 0..2 {
+                let below: u64 = held[j + 1..].iter().sum();
+                prop_assert!(below == 0 || below <= max.saturating_sub(lanes[j].reserve), "a reserve taken");
+            }
+            prop_assert!(m.live() <= q, "more than q places");
+            prop_assert_eq!(view(&mut s, max, q, &lanes).waiting(), m.live());
             match op {
-                Op::Arrive { cost, wait_s } => {
+                Op::Arrive { lane: k, cost, wait_s } => {
                     let deadline = now + wait_s;
-                    let got = view(&mut s, max, q).arrive(now, cost, deadline);
-                    let places = first_live.map_or(0, |h| tail - h);
-                    match got {
-                        Arrival::Admitted => {
-                            prop_assert!(first_live.is_none(), "passed a live waiter");
-                            prop_assert!(in_flight + cost <= max);
-                            admitted.push(cost);
+                    let got = view(&mut s, max, q, &lanes).arrive(now, k, cost, deadline);
+                    let room = max.saturating_sub(lanes[..k].iter().map(|l| l.reserve).sum());
+                    m.advance(now);
+                    let ahead = (0..=k).any(|j| !m.places[j].is_empty());
+                    let want = if cost > room {
+                        Arrival::Refused
+                    } else if !ahead && may_enter(max, &lanes, &held, k, cost) {
+                        Arrival::Admitted
+                    } else if m.taken(k) >= lanes[k].places {
+                        Arrival::Refused
+                    } else {
+                        let mut refused = false;
+                        while m.live() >= q {
+                            // The newest place of the lowest class below k.
+                            let Some(j) = (k + 1..3).rev().find(|&j| !m.places[j].is_empty()) else {
+                                refused = true;
+                                break;
+                            };
+                            m.places[j].pop_last();
                         }
-                        Arrival::Waiting { ticket } => {
-                            prop_assert!(first_live.is_some() || in_flight + cost > max);
-                            prop_assert!(places < q, "more than q places");
-                            prop_assert_eq!(ticket, tail);
-                            tail += 1;
-                            waiters.insert(ticket, Waiter { cost, deadline, present: true });
+                        match refused {
+                            true => Arrival::Refused,
+                            false => {
+                                let t = m.tails[k];
+                                m.tails[k] += 1;
+                                m.places[k].insert(t, Waiter { deadline });
+                                known.push((k, t, cost));
+                                Arrival::Waiting { ticket: t }
+                            }
                         }
-                        Arrival::Refused => prop_assert!(places >= q || cost > max, "refused with room"),
+                    };
+                    prop_assert_eq!(got, want);
+                    if got == Arrival::Admitted {
+                        admitted.push((k, cost));
                     }
                 }
                 Op::Poll(i) => {
-                    let Some((&t, &w)) = waiters.iter().nth(i % waiters.len().max(1)) else { continue };
-                    let got = view(&mut s, max, q).poll(now, w.cost, t);
-                    match got {
-                        Turn::Admitted => {
-                            prop_assert!(live(&w, now));
-                            prop_assert_eq!(first_live, Some(t), "admitted out of turn");
-                            prop_assert!(in_flight + w.cost <= max);
-                            admitted.push(w.cost);
-                            waiters.remove(&t);
+                    let Some(&(k, t, cost)) = known.get(i % known.len().max(1)) else { continue };
+                    let got = view(&mut s, max, q, &lanes).poll(now, k, cost, t);
+                    m.advance(now);
+                    let want = match m.places[k].get(&t).copied() {
+                        None => Turn::Gone,
+                        Some(w) if w.deadline < now => {
+                            m.places[k].remove(&t);
+                            Turn::Gone
                         }
-                        Turn::Waiting { ahead } => {
-                            prop_assert!(live(&w, now));
-                            prop_assert!(first_live != Some(t) || in_flight + w.cost > max);
-                            prop_assert!(ahead < q);
+                        Some(_) => {
+                            let above: u64 = (0..k).map(|j| m.taken(j)).sum();
+                            let head = m.head(k);
+                            if t > head || above > 0 || !may_enter(max, &lanes, &held, k, cost) {
+                                Turn::Waiting { ahead: above + t - head }
+                            } else {
+                                m.places[k].remove(&t);
+                                m.advance(now);
+                                Turn::Admitted
+                            }
                         }
-                        Turn::Gone => {
-                            prop_assert!(!live(&w, now), "a live waiter lost its place");
-                            waiters.remove(&t);
-                        }
+                    };
+                    prop_assert_eq!(got, want);
+                    if got == Turn::Admitted {
+                        // (spelled out: nobody live of a higher class, nobody before it in its own)
+                        prop_assert!((0..k).all(|j| m.places[j].is_empty()));
+                        prop_assert!(m.places[k].range(..t).next().is_none());
+                        admitted.push((k, cost));
                     }
                 }
                 Op::Leave(i) => {
-                    let Some((&t, _)) = waiters.iter().nth(i % waiters.len().max(1)) else { continue };
-                    view(&mut s, max, q).leave(now, t);
-                    if let Some(w) = waiters.get_mut(&t) {
-                        w.present = false;
-                    }
+                    let Some(&(k, t, _)) = known.get(i % known.len().max(1)) else { continue };
+                    view(&mut s, max, q, &lanes).leave(now, k, t);
+                    m.places[k].remove(&t);
+                    m.advance(now);
                 }
                 Op::End(i) if !admitted.is_empty() => {
-                    let cost = admitted.remove(i % admitted.len());
-                    s.units -= cost;
+                    let (k, cost) = admitted.remove(i % admitted.len());
+                    view(&mut s, max, q, &lanes).give_back(k, cost);
                 }
                 Op::End(_) => {}
                 Op::Tick(dt) => now += dt,
@@ -126,25 +215,91 @@ proptest! {
     }
 }
 
+fn one_lane(q: u64) -> Vec<Lane> {
+    vec![Lane { places: q, reserve: 0 }]
+}
+
 #[test]
 fn a_line_of_two() {
-    let mut s = State { units: 0, line: vec![0; words(2)] };
-    let mut w = view(&mut s, 1, 2);
-    assert_eq!(w.arrive(10, 1, 20), Arrival::Admitted);
-    assert_eq!(w.arrive(10, 1, 20), Arrival::Waiting { ticket: 0 });
-    assert_eq!(w.arrive(10, 1, 20), Arrival::Waiting { ticket: 1 });
-    assert_eq!(w.arrive(10, 1, 20), Arrival::Refused, "two places");
-    assert_eq!(w.poll(11, 1, 1), Turn::Waiting { ahead: 1 });
-    assert_eq!(w.poll(11, 1, 0), Turn::Waiting { ahead: 0 }, "nothing free yet");
-    *w.units -= 1;
-    assert_eq!(w.poll(11, 1, 1), Turn::Waiting { ahead: 1 }, "not its turn");
-    assert_eq!(w.poll(11, 1, 0), Turn::Admitted);
+    let lanes = one_lane(2);
+    let mut s = State { units: 0, line: vec![0; words(&lanes)] };
+    let mut w = view(&mut s, 1, 2, &lanes);
+    assert_eq!(w.arrive(10, 0, 1, 20), Arrival::Admitted);
+    assert_eq!(w.arrive(10, 0, 1, 20), Arrival::Waiting { ticket: 0 });
+    assert_eq!(w.arrive(10, 0, 1, 20), Arrival::Waiting { ticket: 1 });
+    assert_eq!(w.arrive(10, 0, 1, 20), Arrival::Refused, "two places");
+    assert_eq!(w.poll(11, 0, 1, 1), Turn::Waiting { ahead: 1 });
+    assert_eq!(w.poll(11, 0, 1, 0), Turn::Waiting { ahead: 0 }, "nothing free yet");
+    w.give_back(0, 1);
+    assert_eq!(w.poll(11, 0, 1, 1), Turn::Waiting { ahead: 1 }, "not its turn");
+    assert_eq!(w.poll(11, 0, 1, 0), Turn::Admitted);
     // The second waiter leaves; the next arrival waits behind nobody but the units.
-    w.leave(11, 1);
+    w.leave(11, 0, 1);
     assert_eq!(w.waiting(), 0);
-    assert_eq!(w.arrive(11, 1, 12), Arrival::Waiting { ticket: 2 });
+    assert_eq!(w.arrive(11, 0, 1, 12), Arrival::Waiting { ticket: 2 });
     // Its deadline passes: its place is given up, and the next one is first.
-    assert_eq!(w.poll(13, 1, 2), Turn::Gone);
-    *w.units -= 1;
-    assert_eq!(w.arrive(13, 1, 20), Arrival::Admitted);
+    assert_eq!(w.poll(13, 0, 1, 2), Turn::Gone);
+    w.give_back(0, 1);
+    assert_eq!(w.arrive(13, 0, 1, 20), Arrival::Admitted);
+}
+
+/// The seed's premium queue of 500 and standard queue of 100, scaled
+/// down: premium 3 places, standard 2, 4 in all. Premium goes first; a
+/// full line gives the newest standard place to a premium arrival.
+#[test]
+fn premium_first_and_taking_a_standard_place() {
+    let lanes = [Lane { places: 3, reserve: 0 }, Lane { places: 2, reserve: 0 }];
+    let mut s = State { units: 0, line: vec![0; words(&lanes)] };
+    let mut w = view(&mut s, 1, 4, &lanes);
+    assert_eq!(w.arrive(10, 1, 1, 60), Arrival::Admitted);
+    assert_eq!(w.arrive(10, 1, 1, 60), Arrival::Waiting { ticket: 0 });
+    assert_eq!(w.arrive(10, 1, 1, 60), Arrival::Waiting { ticket: 1 });
+    assert_eq!(w.arrive(10, 1, 1, 60), Arrival::Refused, "standard has two places");
+    assert_eq!(w.arrive(10, 0, 1, 60), Arrival::Waiting { ticket: 0 });
+    assert_eq!(w.arrive(10, 0, 1, 60), Arrival::Waiting { ticket: 1 });
+    assert_eq!(w.waiting(), 4);
+    // The line is full: a premium arrival takes the newest standard place.
+    assert_eq!(w.arrive(10, 0, 1, 60), Arrival::Waiting { ticket: 2 });
+    assert_eq!(w.waiting(), 4);
+    assert_eq!(w.poll(10, 1, 1, 1), Turn::Gone, "the newest standard place was taken");
+    assert_eq!(w.poll(10, 1, 1, 0), Turn::Waiting { ahead: 3 }, "three premium before it");
+    assert_eq!(w.arrive(10, 0, 1, 60), Arrival::Refused, "premium has three places");
+    // A slot is freed each time: premium in order, standard last.
+    w.give_back(1, 1);
+    for t in 0..3 {
+        assert_eq!(w.poll(11, 1, 1, 0), Turn::Waiting { ahead: 3 - t });
+        assert_eq!(w.poll(11, 0, 1, t), Turn::Admitted);
+        w.give_back(0, 1);
+    }
+    assert_eq!(w.poll(11, 1, 1, 0), Turn::Admitted);
+    assert_eq!(w.waiting(), 0);
+}
+
+/// `max=4` with a reserve of 2 for premium: standard holds at most two;
+/// premium finds its two whatever standard does, and what premium holds
+/// itself uses its reserve up: standard may then take the rest.
+#[test]
+fn a_reserve_keeps_units_for_the_class_above() {
+    let lanes = [Lane { places: 2, reserve: 2 }, Lane { places: 2, reserve: 0 }];
+    let mut s = State { units: 0, line: vec![0; words(&lanes)] };
+    let mut w = view(&mut s, 4, 4, &lanes);
+    assert_eq!(w.arrive(10, 1, 1, 60), Arrival::Admitted);
+    assert_eq!(w.arrive(10, 1, 1, 60), Arrival::Admitted);
+    assert_eq!(w.arrive(10, 1, 1, 60), Arrival::Waiting { ticket: 0 }, "two units kept for premium");
+    assert_eq!((w.free(1), w.free(0)), (0, 2));
+    assert_eq!(w.arrive(10, 0, 1, 60), Arrival::Admitted, "premium passes the standard waiter");
+    assert_eq!(w.arrive(10, 0, 1, 60), Arrival::Admitted);
+    assert_eq!(w.arrive(10, 0, 1, 60), Arrival::Waiting { ticket: 0 });
+    // A standard request ends: the premium waiter first.
+    w.give_back(1, 1);
+    assert_eq!(w.poll(10, 1, 1, 0), Turn::Waiting { ahead: 1 });
+    assert_eq!(w.poll(10, 0, 1, 0), Turn::Admitted);
+    // Premium holds two, its whole reserve: standard may take the last unit.
+    w.give_back(0, 1);
+    assert_eq!((w.free(1), w.free(0)), (1, 1));
+    assert_eq!(w.poll(10, 1, 1, 0), Turn::Admitted);
+    // Premium's requests end: standard holds two, and no more.
+    w.give_back(0, 2);
+    assert_eq!((w.free(1), w.free(0)), (0, 2));
+    assert_eq!(w.arrive(10, 1, 1, 60), Arrival::Waiting { ticket: 1 });
 }

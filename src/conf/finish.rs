@@ -52,6 +52,36 @@ fn check_names(lines: &[Line]) -> Result<(), ConfError> {
     Ok(())
 }
 
+/// Refuses `rl_conn` lines that count the same requests (one state per
+/// key) but wait in different lines: their state is laid out for one
+/// waiting line, by its places in all and per class.
+fn same_waiting_lines(lines: &[Line]) -> Result<(), ConfError> {
+    let layout = |l: &Line| -> (u64, Vec<u64>) {
+        match l.limit.queue() {
+            0 => (0, Vec::new()),
+            q => (q, l.lanes.iter().map(|lane| lane.places).collect()),
+        }
+    };
+    let mut seen: HashMap<u64, &Line> = HashMap::new();
+    for line in lines.iter().filter(|l| l.limit.is_concurrent()) {
+        match seen.get(&line.id) {
+            Some(first) if layout(first) != layout(line) => refuse!(
+                "\"rl_conn\" directive in {} counts the requests of the one in {} (zone \"{}\", key \"{}\") \
+                 and must have the same \"queue\" and class queues",
+                line.origin,
+                first.origin,
+                Quote(&line.zone_name),
+                Quote(&line.key_src)
+            ),
+            Some(_) => {}
+            None => {
+                seen.insert(line.id, line);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Gives the lines with variables a word in memory every worker shares,
 /// for the time each last logged a bad value (at most once a second per
 /// line, whatever the workers), and each lease zone what its workers know
@@ -203,6 +233,7 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
             line.lease = Some((z, leasing));
         }
     }
+    same_waiting_lines(&mcf.lines)?;
     share_among_workers(cf, mcf);
     // Lines with one identity share states, queued units included, and
     // overdrafts (which only the script's exact range bounds).
@@ -230,7 +261,7 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
         loc.lines.sort_by_key(backend);
         loc.has_redis = loc.lines.iter().any(|id| matches!(backend(id), Some(Backend::Redis(_))));
         loc.has_conn = !loc.conns.is_empty();
-        loc.conn_queue = loc.conns.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.limit.queue() > 0));
+        loc.conn_queue = loc.conns.iter().any(|id| lines.get(id.0 as usize).is_some_and(Line::waits));
         loc.after_auth =
             loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.stage == Stage::AfterAuth));
         loc.may_delay = loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.limit.queue() > 0));

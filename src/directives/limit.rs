@@ -1,7 +1,8 @@
 //! `rl_limit zone=NAME rate=RATE [key=KEY] [algorithm=ALG] [burst=N]
 //! [cost=N] [name=NAME] [queue=N] [charge=before|after] [dry_run]
 //! [after_auth];` and `rl_conn zone=NAME max=N [key=KEY] [cost=N]
-//! [name=NAME] [dry_run] [after_auth];`: their arguments are read by
+//! [queue=N [timeout=T]] [priority=VALUE classes=CLASS,...] [name=NAME]
+//! [dry_run] [after_auth];`: their arguments are read by
 //! [`LineSpec::parse`] and [`ConnSpec::parse`]; here is what needs nginx:
 //! variables compiled, the location's zones counted, the line stored in the
 //! main configuration.
@@ -17,7 +18,7 @@ use rl_core::spec::{one_variable, ConnSpec, LineSpec, SpecError};
 
 use super::{args, bytes, compile_complex_value, origin, variable_index};
 use crate::conf::{self, refuse, ConfError, LocConf, MainConf};
-use crate::line::{Backend, KeySource, Line, LineId, Stage, VarParam, VarValue, Varying};
+use crate::line::{Backend, Classes, KeySource, Line, LineId, Stage, VarParam, VarValue, Varying};
 use crate::shm::MAX_ZONES_PER_LOCATION;
 use crate::Module;
 
@@ -83,11 +84,20 @@ fn rl_conn(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Result
     let key_src = spec.key()?;
     // (the limit is not part of a concurrency line's identity: as limit_conn's, lines of one zone
     // and key count the same requests, each against its own max)
+    let classes = match spec.priority {
+        None => None,
+        Some(priority) => {
+            let names = spec.classes.iter().map(|c| c.name.to_string()).collect();
+            Some(Box::new(Classes { priority: var_param(cf, priority)?, names }))
+        }
+    };
     let line = Line {
         burst_text: spec.limit.burst().to_string(),
         queue: spec.queue,
         deepest_queue: spec.queue,
         wait_ms: spec.timeout_ms,
+        lanes: spec.lanes.clone(),
+        classes,
         ..new_line(cf, spec.zone, key_src, spec.limit, spec.cost, name, spec.dry_run, spec.after_auth)?
     };
     push_line(mcf, lcf, line, "rl_conn")
@@ -157,6 +167,8 @@ fn new_line(
         stage: if after_auth { Stage::AfterAuth } else { Stage::BeforeAuth },
         lease: None,
         counters: AtomicPtr::new(ptr::null_mut()),
+        lanes: Vec::new(),
+        classes: None,
     })
 }
 

@@ -29,7 +29,7 @@ pub fn decide(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
     match ctx.single() {
         Some((line, res)) => match line.backend.shm() {
             // (an rl_conn line that made the request wait for a slot: decided already)
-            Some(_) if res.waited => res.admitted() || !res.active,
+            Some(_) if res.waited => res.admitted() || !res.active || res.dry_run,
             Some(z) if res.active => decide_one(zones.get(z).map(|z| &**z), line, res, now_us, next, log),
             _ => true,
         },
@@ -65,7 +65,8 @@ fn decide_lines(
     let now_s = (now_us / 1_000_000) as u32;
     // The rl_conn lines that made the request wait for a slot are decided already (shm::wait):
     // the others are decided here, with their verdicts.
-    let waited_ok = ctx.staged(lines).filter(|(_, res)| res.active && res.waited).all(|(_, res)| res.admitted());
+    let waited_ok =
+        ctx.staged(lines).filter(|(_, res)| res.active && res.waited && !res.dry_run).all(|(_, res)| res.admitted());
     // (one line to decide, and nothing refused already: decided and charged in one step)
     if waited_ok {
         let mut active = ctx.staged_mut(lines).filter(|(_, res)| res.active && !res.waited);
@@ -150,7 +151,7 @@ fn decide_lines(
             let held = limit.held(state);
             locked.charged_held(res.slot, held, now_us, o.reset_us);
             if limit.is_concurrent() && res.decision.charge.cost() > 0 {
-                locked.hold(res.hash, res.decision.charge.cost(), now_s, log);
+                locked.hold(res.hash, res.decision.charge.cost(), 0, now_s, log);
             }
         }
     }
@@ -223,7 +224,7 @@ fn decide_locked(
         }
     };
     if res.charged && line.limit.is_concurrent() {
-        locked.hold(hash, res.charge().cost(), now_s, log);
+        locked.hold(hash, res.charge().cost(), 0, now_s, log);
     }
     locked.unlock();
     admitted
@@ -286,7 +287,7 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
         let held = limit.held(state);
         locked.charged_held(res.slot, held, now_us, res.reset_us());
         if limit.is_concurrent() {
-            locked.unhold(res.hash, res.charge().cost(), (now_us / 1_000_000) as u32);
+            locked.unhold(res.hash, res.charge().cost(), res.charge().held_class(), (now_us / 1_000_000) as u32);
         }
     }
 }
@@ -309,13 +310,13 @@ pub fn release(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
         let Some(mut locked) = super::wait::lock_of(zones, line) else {
             continue;
         };
-        let cost = res.charge().cost();
+        let (cost, class) = (res.charge().cost(), res.charge().held_class());
         if let Some(state) = locked.state(res.slot, res.hash, &line.limit) {
             line.limit.refund(state, res.charge(), now_us);
             let held = line.limit.held(state);
             locked.charged_held(res.slot, held, now_us, 0);
         }
-        locked.unhold(res.hash, cost, (now_us / 1_000_000) as u32);
+        locked.unhold(res.hash, cost, class, (now_us / 1_000_000) as u32);
     }
 }
 

@@ -4,8 +4,9 @@
 //! A concurrency line's state (one word: the units in flight of the key)
 //! says how many, not whose. Beside it, each worker that holds units of the
 //! key keeps a *hold* entry in the same table: its hash is the key's, mixed
-//! with the worker's process slot, and its state is the key's hash (to find
-//! the line's state again) and one word of owner and count ([`Meta`]).
+//! with the worker's process slot (and the class, on a line of classes),
+//! and its state is the key's hash (to find the line's state again) and one
+//! word of owner, class and count ([`Meta`]).
 //! Taking and giving back units changes both under the zone's lock.
 //!
 //! A worker that dies (`kill -9`, a crash) ends no request: its units stay
@@ -31,32 +32,47 @@ use super::{idle_at, Locked, Zone};
 /// ([`Zone::conn_totals`]).
 const TOTALS: [u64; 2] = [0x726c_5f63_6f6e_6e5f, 0x746f_7461_6c73_0001];
 
-/// The hash of a hold of `key` by process slot `slot`.
-fn hold_hash(key: [u64; 2], slot: u64) -> [u64; 2] {
-    [key[0] ^ 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(slot + 1), key[1] ^ 0xc2b2_ae3d_27d4_eb4f]
+/// The hash of a hold of `key` by process slot `slot`, of class `class`
+/// (its index plus one; 0 on a line of one class).
+fn hold_hash(key: [u64; 2], slot: u64, class: u64) -> [u64; 2] {
+    let mix = (slot + 1) | (class << SLOT_BITS);
+    [key[0] ^ 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(mix), key[1] ^ 0xc2b2_ae3d_27d4_eb4f]
 }
 
-/// A hold's owner and count, in one word: the pid in the high 32 bits, the
-/// process slot in the next 10 (nginx has at most 1024), the units in the
-/// low 22 (a line holds at most `rl_core::spec::MAX_CONN`).
+/// A hold's owner, class and count, in one word: the pid in the high 22
+/// bits (Linux's pids are below 2^22, `PID_MAX_LIMIT`), the process slot in
+/// the next 10 (nginx has at most 1024), the class in the next 5 (its index
+/// plus one: `rl_core::limit::wait::MAX_LANES` at most), the units in the
+/// low 27 (a line holds at most `rl_core::spec::MAX_CONN`, 2^20).
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Meta {
     pid: u32,
     slot: u64,
+    class: u64,
     count: u64,
 }
 
+const PID_BITS: u32 = 22;
 const SLOT_BITS: u32 = 10;
-const COUNT_BITS: u32 = 22;
+const CLASS_BITS: u32 = 5;
+const COUNT_BITS: u32 = 64 - PID_BITS - SLOT_BITS - CLASS_BITS;
 const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
 
 impl Meta {
     fn read(w: u64) -> Meta {
-        Meta { pid: (w >> 32) as u32, slot: (w >> COUNT_BITS) & ((1 << SLOT_BITS) - 1), count: w & COUNT_MAX }
+        Meta {
+            pid: (w >> (64 - PID_BITS)) as u32,
+            slot: (w >> (COUNT_BITS + CLASS_BITS)) & ((1 << SLOT_BITS) - 1),
+            class: (w >> COUNT_BITS) & ((1 << CLASS_BITS) - 1),
+            count: w & COUNT_MAX,
+        }
     }
 
     fn word(self) -> u64 {
-        (u64::from(self.pid) << 32) | (self.slot << COUNT_BITS) | self.count.min(COUNT_MAX)
+        (u64::from(self.pid & ((1 << PID_BITS) - 1)) << (64 - PID_BITS))
+            | (self.slot << (COUNT_BITS + CLASS_BITS))
+            | ((self.class & ((1 << CLASS_BITS) - 1)) << COUNT_BITS)
+            | self.count.min(COUNT_MAX)
     }
 }
 
@@ -64,16 +80,17 @@ impl Meta {
 fn me() -> Meta {
     // SAFETY: process globals nginx sets before it starts a worker, read-only since.
     let (pid, slot) = unsafe { (ngx_pid, ngx_process_slot) };
-    Meta { pid: pid as u32, slot: (slot.max(0) as u64) & ((1 << SLOT_BITS) - 1), count: 0 }
+    Meta { pid: pid as u32, slot: (slot.max(0) as u64) & ((1 << SLOT_BITS) - 1), class: 0, count: 0 }
 }
 
 impl Locked<'_> {
     /// Records that this worker holds `cost` more units of the key whose
-    /// state hash is `key`. A hold that cannot be recorded (the zone is too
+    /// state hash is `key`, for class `class` (its index plus one; 0 on a
+    /// line of one class). A hold that cannot be recorded (the zone is too
     /// small to keep it) costs only its reclaim, should this worker die.
-    pub fn hold(&mut self, key: [u64; 2], cost: u64, now_s: u32, log: *mut ngx_log_t) {
-        let me = me();
-        let h = hold_hash(key, me.slot);
+    pub fn hold(&mut self, key: [u64; 2], cost: u64, class: u64, now_s: u32, log: *mut ngx_log_t) {
+        let me = Meta { class, ..me() };
+        let h = hold_hash(key, me.slot, class);
         let found = match self.table.find(h) {
             Some(slot) => Some(slot),
             None => self.insert(h, super::INLINE_WORDS, now_s, log),
@@ -139,12 +156,12 @@ impl Locked<'_> {
     /// Records that this worker gives back `cost` units of the key whose
     /// state hash is `key`; its hold, then of nothing, is kept for the key's
     /// next request and expires as an idle state.
-    pub fn unhold(&mut self, key: [u64; 2], cost: u64, now_s: u32) {
+    pub fn unhold(&mut self, key: [u64; 2], cost: u64, class: u64, now_s: u32) {
         if let Some(t) = self.totals_mut() {
             t[0] = t[0].saturating_sub(cost);
         }
         let me = me();
-        let h = hold_hash(key, me.slot);
+        let h = hold_hash(key, me.slot, class);
         let Some(slot) = self.table.find(h) else {
             return;
         };
@@ -161,19 +178,31 @@ impl Locked<'_> {
         }
     }
 
-    /// Gives back `units` of the concurrency state of `key` (one word, the
-    /// units in flight), found by its hash: what a dead worker held.
-    fn give_back(&mut self, key: [u64; 2], units: u64, now_s: u32) {
+    /// Gives back `units` of the concurrency state of `key` (its first word,
+    /// the units in flight, and the units of the class, `class` plus one, on
+    /// a line of several), found by its hash: what a dead worker held.
+    fn give_back(&mut self, key: [u64; 2], units: u64, class: u64, now_s: u32) {
         let Some(slot) = self.table.find(key) else {
             return;
         };
         let Some(state) = self.table.state_at(slot, key) else {
             return;
         };
-        // (a line with a queue keeps its state out of line: its first word is the units too)
-        let words = if state[2] == super::RING_TAG { super::INLINE_WORDS + 1 } else { 1 };
+        // (a line with a queue or classes keeps its state out of line: its first word is the
+        // units too, then its live places and, with classes, the units of each)
+        let words = match (state[2] == super::RING_TAG, class.checked_sub(1)) {
+            (true, Some(k)) => (rl_core::limit::wait::held_at(k as usize) + 1).max(super::INLINE_WORDS + 1),
+            (true, None) => super::INLINE_WORDS + 1,
+            (false, _) => 1,
+        };
         let (shpool, size) = (self.shpool, self.zone.size);
-        let Some(held) = super::words_of(state, words, shpool, size).and_then(|s| s.first_mut()) else {
+        let Some(state) = super::words_of(state, words, shpool, size) else {
+            return;
+        };
+        if let Some(k) = class.checked_sub(1) {
+            rl_core::limit::wait::give_back_class(state, k, units);
+        }
+        let Some(held) = state.first_mut() else {
             return;
         };
         *held = held.saturating_sub(units);
@@ -224,7 +253,7 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
         let Some(state) = locked.table.state(slot) else { continue };
         let meta = Meta::read(state[2]);
         let key = [state[0], state[1]];
-        if hold_hash(key, meta.slot) != hash || meta.pid == me.pid || meta.count == 0 {
+        if hold_hash(key, meta.slot, meta.class) != hash || meta.pid == me.pid || meta.count == 0 {
             continue;
         }
         if meta.slot == me.slot || !alive(meta.pid) {
@@ -237,7 +266,7 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
             continue;
         }
         locked.table.remove(slot);
-        locked.give_back(key, meta.count, now_s);
+        locked.give_back(key, meta.count, meta.class, now_s);
         // (a hold of another process left in this slot is this worker's to make anew)
         total += meta.count;
     }

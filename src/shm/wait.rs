@@ -9,6 +9,7 @@
 //! ([`leave_all`], also when its client goes away).
 
 use ngx::ffi::ngx_log_t;
+use rl_core::limit::wait::{Arrival, Turn};
 use rl_core::limit::{Charge, Outcome};
 
 use super::{now_us, Zone};
@@ -21,11 +22,13 @@ const POLL_STEP_MS: u64 = 5;
 const POLL_MAX_MS: u64 = 50;
 
 /// What a line's verdict says when it lets the request in: `free` units
-/// left after it, the units held, and how long it waited.
-fn admit(res: &mut LineResult, free: u64, waited_us: u64) {
+/// left after it, the units held (by its class, on a line of several), and
+/// how long it waited.
+fn admit(line: &Line, res: &mut LineResult, free: u64, waited_us: u64) {
     res.decision.outcome =
         Outcome { admitted: true, remaining: free, reset_us: 0, retry_after_us: None, delay_us: waited_us, next_us: 0 };
-    res.decision.charge = Charge::held(res.cost);
+    let class = (line.lanes.len() > 1).then_some(usize::from(res.class));
+    res.decision.charge = Charge::held(res.cost, class);
     res.charged = true;
 }
 
@@ -41,10 +44,11 @@ pub(super) fn lock_of<'a>(zones: &'a [Box<Zone>], line: &Line) -> Option<super::
     line.backend.shm().and_then(|z| zones.get(z)).and_then(|zone| zone.lock())
 }
 
-/// Whether `line` is decided by its waiting line: an enforced `rl_conn`
-/// line with a queue (a dry-run one never waits).
+/// Whether `line` is decided here: an enforced `rl_conn` line with a
+/// queue, or one with classes (a dry-run one never waits: it is let in or
+/// not at once, its verdict reported, never enforced).
 fn queued(line: &Line, res: &LineResult) -> bool {
-    res.active && !res.dry_run && line.limit.is_concurrent() && line.limit.queue() > 0
+    res.active && line.waits() && (!res.dry_run || line.lanes.len() > 1)
 }
 
 /// The deadline a place keeps in the line (whole seconds, rounded up, and
@@ -75,26 +79,33 @@ pub fn arrive(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
             continue;
         };
         res.slot = slot;
-        let Some(mut wait) = locked.state(slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s)) else {
+        let Some(mut wait) = locked.state(slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s, &line.lanes))
+        else {
             res.active = false;
             continue;
         };
-        let arrival = wait.arrive(now_s, res.cost, deadline_s(now, line.wait_ms));
-        let free = wait.free();
+        let class = usize::from(res.class);
+        let arrival = match res.dry_run {
+            true if wait.enter(now_s, class, res.cost) => Arrival::Admitted,
+            // (refused in a dry run: the request goes on, as the verdict says)
+            true => Arrival::Refused,
+            false => wait.arrive(now_s, class, res.cost, deadline_s(now, line.wait_ms)),
+        };
+        let free = wait.free(class);
         match arrival {
-            rl_core::limit::wait::Arrival::Admitted => admit(res, free, 0),
-            rl_core::limit::wait::Arrival::Waiting { ticket } => {
+            Arrival::Admitted => admit(line, res, free, 0),
+            Arrival::Waiting { ticket } => {
                 res.ticket = ticket + 1;
                 waiting = true;
             }
-            rl_core::limit::wait::Arrival::Refused => {
+            Arrival::Refused => {
                 refuse(res, free);
-                refused = true;
+                refused |= !res.dry_run;
             }
         }
         pin(&mut locked, slot, res, line, now);
         if res.charged {
-            locked.hold(res.hash, res.cost, now_s, log);
+            locked.hold(res.hash, res.cost, res.decision.charge.held_class(), now_s, log);
         }
         if res.ticket != 0 {
             locked.wait_starts(now_s, log);
@@ -126,7 +137,9 @@ pub fn poll(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_lo
         let Some(mut locked) = lock_of(zones, line) else {
             continue;
         };
-        let Some(mut wait) = locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s)) else {
+        let Some(mut wait) =
+            locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s, &line.lanes))
+        else {
             // (the state was dropped from a full zone: the place with it)
             refuse(res, 0);
             refused = true;
@@ -135,33 +148,34 @@ pub fn poll(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_lo
         };
         let ticket = res.ticket - 1;
         let end = since.saturating_add(line.wait_ms.saturating_mul(1000));
-        let turn = wait.poll(now_s, res.cost, ticket);
-        let free = wait.free();
+        let class = usize::from(res.class);
+        let turn = wait.poll(now_s, class, res.cost, ticket);
+        let free = wait.free(class);
         let mut admitted = false;
         match turn {
-            rl_core::limit::wait::Turn::Admitted => {
+            Turn::Admitted => {
                 res.ticket = 0;
-                admit(res, free, now.saturating_sub(since).max(1));
+                admit(line, res, free, now.saturating_sub(since).max(1));
                 admitted = true;
             }
-            rl_core::limit::wait::Turn::Waiting { ahead } if now < end => {
+            Turn::Waiting { ahead } if now < end => {
                 let step = POLL_STEP_MS.saturating_mul(ahead + 1).min(POLL_MAX_MS);
                 let left_ms = (end - now).div_ceil(1000);
                 next_ms = Some(next_ms.unwrap_or(u64::MAX).min(step).min(left_ms));
             }
-            rl_core::limit::wait::Turn::Waiting { .. } => {
-                wait.leave(now_s, ticket);
+            Turn::Waiting { .. } => {
+                wait.leave(now_s, class, ticket);
                 refuse(res, free);
                 refused = true;
             }
-            rl_core::limit::wait::Turn::Gone => {
+            Turn::Gone => {
                 refuse(res, free);
                 refused = true;
             }
         }
         pin(&mut locked, res.slot, res, line, now);
         if admitted {
-            locked.hold(res.hash, res.cost, now_s, log);
+            locked.hold(res.hash, res.cost, res.decision.charge.held_class(), now_s, log);
         }
         if res.ticket == 0 {
             locked.wait_ends();
@@ -193,8 +207,9 @@ pub fn leave(zones: &[Box<Zone>], line: &Line, res: &mut LineResult, now: u64) {
         return;
     };
     let now_s = (now / 1_000_000) as u32;
-    if let Some(mut wait) = locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s)) {
-        wait.leave(now_s, ticket);
+    if let Some(mut wait) = locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s, &line.lanes))
+    {
+        wait.leave(now_s, usize::from(res.class), ticket);
     }
     pin(&mut locked, res.slot, res, line, now);
     locked.wait_ends();

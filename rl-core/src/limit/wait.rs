@@ -1,37 +1,88 @@
 //! The waiting line of a concurrency limit (`rl_conn ... queue=`): requests
-//! over the limit wait for a slot in the order they came, at most `q` of
-//! them, each at most until its deadline; a waiter that leaves (its client
-//! gone, its wait over) gives its place up at once.
+//! over the limit wait for a slot, at most `q` of them, each at most until
+//! its deadline; a waiter that leaves (its client gone, its wait over)
+//! gives its place up at once.
+//!
+//! Waiters come in classes ([`Lane`]s, highest first; one when the line has
+//! no `classes=`). Within a class, first come, first served; across
+//! classes, a waiter is let in only while no waiter of a higher class is
+//! left, and an arrival never passes a live waiter of its own class or a
+//! higher one. Each class has its own places; when all `q` places of the
+//! line are taken, an arrival of a higher class takes the place of the
+//! newest waiter of the lowest class that has one, which finds its place
+//! gone when it looks next.
+//!
+//! A class may keep a reserve ([`Lane::reserve`]) from the classes below
+//! it: together they never hold more than `max - reserve`, so the class
+//! (with those above it, which the reserve does not bind) always finds
+//! `reserve` units that none below it can take. What the class holds
+//! itself counts against its reserve: a class below is refused only the
+//! part of the reserve left unused, never units the class already uses.
+//! A reserve cannot be lent: a unit lent to a lower class stays with its
+//! request until that request ends, and the guarantee would be gone.
 //!
 //! The state is caller-owned words after the line's own (the units in
-//! flight, [`super::conn`]): `[head, tail, ring...]`. Tickets are issued in
-//! order (`tail`), served in order (`head`); ticket `t` keeps its deadline
-//! (whole seconds, rounded up, plus one: a wait that runs late by a timer's
-//! tick still finds its place) in `ring[t % q]`, two to a word, 0 when
-//! empty. A place whose deadline has passed is given up by whoever looks
-//! next: a waiter whose worker died (`kill -9`) holds the line up to its
-//! deadline, never longer.
-//!
-//! Strictly first come, first served, across every process that shares the
-//! state: a waiter is admitted only at the head, and only once the units it
-//! asks for are free; one that asks for more than is free holds those behind
-//! it back (as a FIFO queue does), and an arrival never passes a live
-//! waiter.
+//! flight, [`super::conn`]): `[live, held per class, (head, tail) per
+//! class, rings...]`, the units held per class only when there are
+//! several. `live` counts the places whose deadline is set. Tickets of a lane are
+//! issued in order (`tail`), served in order (`head`); ticket `t` keeps its
+//! deadline (whole seconds, rounded up, plus one: a wait that runs late by a
+//! timer's tick still finds its place) in the lane's `ring[t % places]`, two
+//! to a word, 0 once given up. A place whose deadline has passed is given up
+//! by whoever looks next; a waiter whose worker died (`kill -9`) holds its
+//! place up to its deadline, never longer. Tickets are never issued twice:
+//! a waiter whose place was taken cannot find it again under another's.
 
-/// Words a waiting line of `q` places takes after the line's own.
-pub const fn words(q: u64) -> usize {
-    2 + q.div_ceil(2) as usize
+/// One class of requests: its places in the waiting line, and the units
+/// it keeps from the classes below it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lane {
+    pub places: u64,
+    pub reserve: u64,
+}
+
+/// The most classes a line may have.
+pub const MAX_LANES: usize = 16;
+
+/// Words a waiting line of `lanes` takes after the line's own.
+pub fn words(lanes: &[Lane]) -> usize {
+    1 + held_words(lanes) + 2 * lanes.len() + lanes.iter().map(|l| l.places.div_ceil(2) as usize).sum::<usize>()
+}
+
+/// Words of units held per class: none for one class (all units are its).
+fn held_words(lanes: &[Lane]) -> usize {
+    match lanes.len() {
+        0 | 1 => 0,
+        n => n,
+    }
+}
+
+/// Where class `k`'s units held are in a state of several classes: after
+/// the units in flight and `live` (the same whatever the number of
+/// classes, for a give-back that knows only the class).
+pub const fn held_at(k: usize) -> usize {
+    2 + k
+}
+
+/// Gives back `units` of class `class` in a state of several classes
+/// (the units in flight apart).
+pub fn give_back_class(s: &mut [u64], class: u64, units: u64) {
+    let at = usize::try_from(class).map_or(usize::MAX, held_at);
+    if let Some(held) = s.get_mut(at) {
+        *held = held.saturating_sub(units);
+    }
 }
 
 /// What an arrival gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arrival {
-    /// Units free and nobody waiting: admitted at once (the units are
-    /// taken).
+    /// Units free and nobody of its class or above waiting: admitted at
+    /// once (the units are taken).
     Admitted,
     /// A place in the line, to [`Wait::poll`] with.
     Waiting { ticket: u64 },
-    /// The line is full (or `cost` can never fit): refused at once.
+    /// Its class's places or the line's are full (and no lower class has a
+    /// place to give up), or `cost` can never fit: refused at once.
     Refused,
 }
 
@@ -41,132 +92,256 @@ pub enum Turn {
     /// Its turn, and its units: admitted (the units are taken, the place
     /// given up).
     Admitted,
-    /// Still waiting, with this many places before it.
+    /// Still waiting, with this many places before it (its class's and the
+    /// classes' above).
     Waiting { ahead: u64 },
-    /// Its place is gone (its deadline passed): refused.
+    /// Its place is gone (its deadline passed, or a higher class took
+    /// it): refused.
     Gone,
 }
 
-/// A view of one key's state: the units in flight (`units`), the most
-/// (`max`), and its waiting line of `q` places (`line`, [`words`] long).
+/// A view of one key's state: the units in flight (`units`) of at most
+/// `max`, its waiting line of `q` places in all (`line`, [`words`] long)
+/// and the line's classes (`lanes`, highest first, at least one).
 pub struct Wait<'a> {
     pub units: &'a mut u64,
     pub max: u64,
     pub q: u64,
+    pub lanes: &'a [Lane],
     pub line: &'a mut [u64],
 }
 
 impl Wait<'_> {
-    fn head(&self) -> u64 {
-        self.line.first().copied().unwrap_or(0)
+    fn word(&self, i: usize) -> u64 {
+        self.line.get(i).copied().unwrap_or(0)
     }
 
-    fn tail(&self) -> u64 {
-        self.line.get(1).copied().unwrap_or(0)
-    }
-
-    /// The deadline kept for ticket `t` (0: none).
-    fn deadline(&self, t: u64) -> u32 {
-        let i = (t % self.q.max(1)) as usize;
-        let w = self.line.get(2 + i / 2).copied().unwrap_or(0);
-        (w >> (32 * (i % 2))) as u32
-    }
-
-    fn set_deadline(&mut self, t: u64, d: u32) {
-        let i = (t % self.q.max(1)) as usize;
-        let shift = 32 * (i % 2);
-        if let Some(w) = self.line.get_mut(2 + i / 2) {
-            *w = (*w & !(0xffff_ffffu64 << shift)) | (u64::from(d) << shift);
+    fn set_word(&mut self, i: usize, v: u64) {
+        if let Some(w) = self.line.get_mut(i) {
+            *w = v;
         }
     }
 
-    /// Gives up the places at the head that are empty or past their
-    /// deadline at `now_s`.
+    fn live(&self) -> u64 {
+        self.word(0)
+    }
+
+    fn head(&self, k: usize) -> u64 {
+        self.word(1 + held_words(self.lanes) + 2 * k)
+    }
+
+    fn tail(&self, k: usize) -> u64 {
+        self.word(2 + held_words(self.lanes) + 2 * k)
+    }
+
+    /// Units class `k` holds.
+    fn held(&self, k: usize) -> u64 {
+        match held_words(self.lanes) {
+            0 => *self.units,
+            _ => self.word(held_at(k) - 1),
+        }
+    }
+
+    /// Units held by the classes below `k`.
+    fn below(&self, k: usize) -> u64 {
+        (k + 1..self.lanes.len()).map(|j| self.held(j)).sum()
+    }
+
+    /// Class `k` takes `cost` units.
+    fn hold(&mut self, k: usize, cost: u64) {
+        *self.units += cost;
+        if held_words(self.lanes) > 0 {
+            self.set_word(held_at(k) - 1, self.held(k) + cost);
+        }
+    }
+
+    /// Class `k` gives back `cost` units (its request ended).
+    pub fn give_back(&mut self, k: usize, cost: u64) {
+        *self.units = self.units.saturating_sub(cost);
+        if held_words(self.lanes) > 0 {
+            self.set_word(held_at(k) - 1, self.held(k).saturating_sub(cost));
+        }
+    }
+
+    /// Where lane `k`'s ticket `t` keeps its deadline: its word, and the
+    /// shift in it.
+    fn at(&self, k: usize, t: u64) -> (usize, u32) {
+        let lanes = self.lanes.len();
+        let base = 1
+            + held_words(self.lanes)
+            + 2 * lanes
+            + self.lanes.iter().take(k).map(|l| l.places.div_ceil(2) as usize).sum::<usize>();
+        let places = self.lanes.get(k).map_or(1, |l| l.places.max(1));
+        let i = (t % places) as usize;
+        (base + i / 2, 32 * (i % 2) as u32)
+    }
+
+    /// The deadline kept for lane `k`'s ticket `t` (0: none).
+    fn deadline(&self, k: usize, t: u64) -> u32 {
+        let (w, shift) = self.at(k, t);
+        (self.word(w) >> shift) as u32
+    }
+
+    /// Keeps deadline `d` for a new place.
+    fn take(&mut self, k: usize, t: u64, d: u32) {
+        let (w, shift) = self.at(k, t);
+        let word = (self.word(w) & !(0xffff_ffffu64 << shift)) | (u64::from(d) << shift);
+        self.set_word(w, word);
+        self.set_word(0, self.live() + 1);
+    }
+
+    /// Gives up lane `k`'s place `t`, if it is still taken.
+    fn give_up(&mut self, k: usize, t: u64) {
+        if self.deadline(k, t) == 0 {
+            return;
+        }
+        let (w, shift) = self.at(k, t);
+        self.set_word(w, self.word(w) & !(0xffff_ffffu64 << shift));
+        self.set_word(0, self.live().saturating_sub(1));
+    }
+
+    /// Gives up the places at the head of each lane that are empty or
+    /// past their deadline at `now_s`.
     fn advance(&mut self, now_s: u32) {
-        let (mut head, tail) = (self.head(), self.tail());
-        while head < tail {
-            let d = self.deadline(head);
-            if d != 0 && d >= now_s {
-                break;
+        for k in 0..self.lanes.len() {
+            let (mut head, tail) = (self.head(k), self.tail(k));
+            while head < tail {
+                let d = self.deadline(k, head);
+                if d != 0 && d >= now_s {
+                    break;
+                }
+                self.give_up(k, head);
+                head += 1;
             }
-            self.set_deadline(head, 0);
-            head += 1;
-        }
-        if let Some(h) = self.line.first_mut() {
-            *h = head;
+            self.set_word(1 + held_words(self.lanes) + 2 * k, head);
         }
     }
 
-    fn fits(&self, cost: u64) -> bool {
-        cost <= self.max.saturating_sub(*self.units)
+    /// Places taken in lanes above `k` (after [`Wait::advance`]: 0 when
+    /// none of them has a live waiter).
+    fn above(&self, k: usize) -> u64 {
+        (0..k).map(|j| self.tail(j) - self.head(j)).sum()
     }
 
-    /// A request of `cost` arrives at `now_s` (seconds), willing to wait
-    /// until `deadline_s`.
-    pub fn arrive(&mut self, now_s: u32, cost: u64, deadline_s: u32) -> Arrival {
-        if self.line.len() < words(self.q) || cost > self.max {
-            return Arrival::Refused;
+    fn fits(&self, k: usize, cost: u64) -> bool {
+        cost <= self.free(k)
+    }
+
+    /// The newest place of the lowest lane below `k` that has one: what
+    /// an arrival of lane `k` takes when the line is full.
+    fn newest_below(&self, k: usize) -> Option<(usize, u64)> {
+        (k + 1..self.lanes.len()).rev().find_map(|j| {
+            let head = self.head(j);
+            (head..self.tail(j)).rev().find(|&t| self.deadline(j, t) != 0).map(|t| (j, t))
+        })
+    }
+
+    fn valid(&self, k: usize) -> bool {
+        k < self.lanes.len() && self.line.len() >= words(self.lanes)
+    }
+
+    /// A request of class `k` and `cost` that cannot wait (a dry-run
+    /// line's) comes at `now_s`: whether it is let in at once, as
+    /// [`Wait::arrive`] would (the units are then taken).
+    pub fn enter(&mut self, now_s: u32, k: usize, cost: u64) -> bool {
+        if !self.valid(k) {
+            return false;
         }
         self.advance(now_s);
-        let (head, tail) = (self.head(), self.tail());
-        if head == tail && self.fits(cost) {
-            *self.units += cost;
+        let first = self.head(k) == self.tail(k) && self.above(k) == 0;
+        let enters = cost <= self.room(k) && first && self.fits(k, cost);
+        if enters {
+            self.hold(k, cost);
+        }
+        enters
+    }
+
+    /// A request of class `k` and `cost` arrives at `now_s` (seconds),
+    /// willing to wait until `deadline_s`.
+    pub fn arrive(&mut self, now_s: u32, k: usize, cost: u64, deadline_s: u32) -> Arrival {
+        let Some(lane) = self.lanes.get(k).copied() else {
+            return Arrival::Refused;
+        };
+        if self.enter(now_s, k, cost) {
             return Arrival::Admitted;
         }
-        if tail - head >= self.q {
+        if !self.valid(k) || cost > self.room(k) {
             return Arrival::Refused;
         }
-        self.set_deadline(tail, deadline_s.max(now_s).max(1));
-        if let Some(t) = self.line.get_mut(1) {
-            *t = tail + 1;
+        let (head, tail) = (self.head(k), self.tail(k));
+        if tail - head >= lane.places {
+            return Arrival::Refused;
         }
+        while self.live() >= self.q {
+            match self.newest_below(k) {
+                Some((j, t)) => self.give_up(j, t),
+                None => return Arrival::Refused,
+            }
+        }
+        self.take(k, tail, deadline_s.max(now_s).max(1));
+        self.set_word(2 + held_words(self.lanes) + 2 * k, tail + 1);
         Arrival::Waiting { ticket: tail }
     }
 
-    /// The waiter of `ticket` looks again at `now_s`.
-    pub fn poll(&mut self, now_s: u32, cost: u64, ticket: u64) -> Turn {
-        if self.line.len() < words(self.q) {
+    /// The waiter of lane `k` and `ticket` looks again at `now_s`.
+    pub fn poll(&mut self, now_s: u32, k: usize, cost: u64, ticket: u64) -> Turn {
+        if !self.valid(k) {
             return Turn::Gone;
         }
         self.advance(now_s);
-        let head = self.head();
-        if ticket < head || ticket >= self.tail() {
+        let head = self.head(k);
+        if ticket < head || ticket >= self.tail(k) {
             return Turn::Gone;
         }
-        let d = self.deadline(ticket);
+        let d = self.deadline(k, ticket);
         if d == 0 || d < now_s {
             // (past its deadline behind a live waiter: given up now, not when the head comes)
-            self.set_deadline(ticket, 0);
+            self.give_up(k, ticket);
             return Turn::Gone;
         }
-        if ticket > head || !self.fits(cost) {
-            return Turn::Waiting { ahead: ticket - head };
+        let above = self.above(k);
+        if ticket > head || above > 0 || !self.fits(k, cost) {
+            return Turn::Waiting { ahead: above + ticket - head };
         }
-        *self.units += cost;
-        self.set_deadline(ticket, 0);
+        self.hold(k, cost);
+        self.give_up(k, ticket);
         self.advance(now_s);
         Turn::Admitted
     }
 
-    /// The waiter of `ticket` leaves the line (its client went away, or it
-    /// stopped waiting).
-    pub fn leave(&mut self, now_s: u32, ticket: u64) {
-        if self.line.len() < words(self.q) || ticket < self.head() || ticket >= self.tail() {
+    /// The waiter of lane `k` and `ticket` leaves the line (its client went
+    /// away, or it stopped waiting).
+    pub fn leave(&mut self, now_s: u32, k: usize, ticket: u64) {
+        if !self.valid(k) {
             return;
         }
-        self.set_deadline(ticket, 0);
+        if ticket >= self.head(k) && ticket < self.tail(k) {
+            self.give_up(k, ticket);
+        }
         self.advance(now_s);
     }
 
-    /// Units free now.
-    pub fn free(&self) -> u64 {
-        self.max.saturating_sub(*self.units)
+    /// Units free now for class `k`: what `max` leaves, less the unused
+    /// reserves of the classes above it.
+    pub fn free(&self, k: usize) -> u64 {
+        let mut free = self.max.saturating_sub(*self.units);
+        for (j, lane) in self.lanes.iter().enumerate().take(k) {
+            free = free.min(self.max.saturating_sub(lane.reserve).saturating_sub(self.below(j)));
+        }
+        free
     }
 
-    /// Places taken in the line: those given up behind a live waiter count
-    /// until the head passes them (an arrival may so be refused with fewer
+    /// The most units class `k` may ever hold: `max` less the reserves
+    /// of the classes above it.
+    fn room(&self, k: usize) -> u64 {
+        let kept: u64 = self.lanes.iter().take(k).map(|l| l.reserve).sum();
+        self.max.saturating_sub(kept)
+    }
+
+    /// Waiters with a place: those whose worker died count until their
+    /// deadline is seen to pass (an arrival may so be refused with fewer
     /// than `q` waiting, never let in with more).
     pub fn waiting(&self) -> u64 {
-        self.tail() - self.head()
+        self.live()
     }
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use super::{flags, number_hint, params, ParamError, Quote};
+use crate::limit::wait::{Lane, MAX_LANES};
 use crate::limit::{Limit, MAX_LOG_BURST};
 use crate::parse::{parse_duration_ms, parse_number, parse_u64, ParseError, ParseErrorKind};
 
@@ -24,6 +25,23 @@ pub struct ConnSpec<'a> {
     pub queue: u64,
     /// `timeout=`: the longest a request waits, in ms.
     pub timeout_ms: u64,
+    /// `priority=` as given: what names a request's class.
+    pub priority: Option<&'a str>,
+    /// `classes=`, highest first (empty: none).
+    pub classes: Vec<ClassSpec<'a>>,
+    /// The waiting line's classes: one per class, or one for all when
+    /// there are none. What [`Limit::wait`] takes.
+    pub lanes: Vec<Lane>,
+}
+
+/// One class of `classes=`: `name[:queue=N][:reserve=N|P%]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassSpec<'a> {
+    pub name: &'a str,
+    /// Its places in the waiting line (the line's `queue=` when not given).
+    pub places: u64,
+    /// Units kept from the classes below it (0: none).
+    pub reserve: u64,
 }
 
 /// How long a request waits for a slot by default (`timeout=`): nginx's
@@ -48,6 +66,17 @@ pub enum ConnError {
     Timeout(ParseError),
     /// `timeout=` without `queue=`.
     TimeoutAlone,
+    /// `priority=` without `classes=`, or the other way round.
+    Alone(&'static str, &'static str),
+    /// A class of `classes=` that does not parse: the class as written,
+    /// and why.
+    Class(String, String),
+    /// The reserves above a class leave it less than a request's cost.
+    Starved {
+        class: String,
+        ceiling: u64,
+        cost: u64,
+    },
 }
 
 impl fmt::Display for ConnError {
@@ -72,6 +101,13 @@ impl fmt::Display for ConnError {
             ConnError::TimeoutAlone => {
                 write!(f, "\"timeout\" needs \"queue\" {AT}: a request that cannot wait never times out")
             }
+            ConnError::Alone(given, needs) => write!(f, "\"{given}\" needs \"{needs}\" {AT}"),
+            ConnError::Class(class, why) => write!(f, "invalid class \"{}\" {AT}, {why}", Quote(class)),
+            ConnError::Starved { class, ceiling, cost } => write!(
+                f,
+                "the reserves of the classes above class \"{}\" leave it {ceiling} of max, less than cost={cost} {AT}",
+                Quote(class)
+            ),
         }
     }
 }
@@ -79,7 +115,7 @@ impl fmt::Display for ConnError {
 impl std::error::Error for ConnError {}
 
 /// `rl_conn`'s `name=value` parameters and flags.
-const KNOWN: [&str; 7] = ["zone", "max", "key", "cost", "name", "queue", "timeout"];
+const KNOWN: [&str; 9] = ["zone", "max", "key", "cost", "name", "queue", "timeout", "priority", "classes"];
 const FLAGS: [&str; 2] = ["dry_run", "after_auth"];
 
 /// The largest `max=`: a request's units are counted in one word, and no
@@ -122,6 +158,19 @@ impl<'a> ConnSpec<'a> {
                 Err(e) => return Err(ConnError::Queue(e)),
             },
         };
+        let priority = given.get("priority");
+        let classes = match (priority, given.get("classes")) {
+            (None, None) => Vec::new(),
+            (Some(_), None) => return Err(ConnError::Alone("priority", "classes")),
+            (None, Some(_)) => return Err(ConnError::Alone("classes", "priority")),
+            (Some(""), _) => return Err(ConnError::Empty("priority")),
+            (Some(_), Some(list)) => parse_classes(list, max)?,
+        };
+        // (without queue=, the line waits as long as its classes' places together)
+        let queue = match queue {
+            0 => classes.iter().map(|c| c.places).sum::<u64>().min(MAX_LOG_BURST),
+            q => q,
+        };
         let timeout_ms = match given.get("timeout") {
             None => DEFAULT_TIMEOUT_MS,
             Some(_) if queue == 0 => return Err(ConnError::TimeoutAlone),
@@ -131,9 +180,10 @@ impl<'a> ConnSpec<'a> {
                 Err(e) => return Err(ConnError::Timeout(e)),
             },
         };
+        let lanes = lanes(&classes, max, queue, cost)?;
         let bad_max =
             |_| ConnError::Number("max", ParseError::new(ParseErrorKind::NotPositive, "max", &max.to_string()));
-        let limit = Limit::concurrent(max).map_err(bad_max)?.with_queue(queue).map_err(bad_max)?;
+        let limit = Limit::concurrent(max).map_err(bad_max)?.with_lanes(queue, &lanes).map_err(bad_max)?;
         Ok(ConnSpec {
             zone,
             key: given.get("key"),
@@ -144,7 +194,16 @@ impl<'a> ConnSpec<'a> {
             after_auth,
             queue,
             timeout_ms,
+            priority,
+            classes,
+            lanes,
         })
+    }
+
+    /// The class a request of `value` (`priority=`, evaluated) is in: the
+    /// class of that name, else the lowest.
+    pub fn class_of<S: AsRef<str>>(classes: &[S], value: &[u8]) -> usize {
+        classes.iter().position(|c| c.as_ref().as_bytes() == value).unwrap_or(classes.len().saturating_sub(1))
     }
 
     /// The key as written, `$binary_remote_addr` where none is given; an
@@ -156,6 +215,93 @@ impl<'a> ConnSpec<'a> {
             None => Ok("$binary_remote_addr"),
         }
     }
+}
+
+/// Reads `classes=`: `name[:queue=N][:reserve=N|P%],...`, highest first;
+/// a class without `queue=` has all the line's places (0 here, set by
+/// [`lanes`]).
+fn parse_classes(list: &str, max: u64) -> Result<Vec<ClassSpec<'_>>, ConnError> {
+    let mut classes: Vec<ClassSpec<'_>> = Vec::new();
+    for class in list.split(',') {
+        let bad = |why: String| ConnError::Class(class.to_string(), why);
+        let mut parts = class.split(':');
+        let name = parts.next().unwrap_or_default();
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+            return Err(bad("a class name must be letters, digits, \"_\" and \"-\"".into()));
+        }
+        if classes.iter().any(|c| c.name == name) {
+            return Err(bad("the class is named twice".into()));
+        }
+        let mut spec = ClassSpec { name, places: 0, reserve: 0 };
+        for part in parts {
+            match part.split_once('=') {
+                Some(("queue", q)) => match parse_number(q) {
+                    Ok(n) if n > 0 && n <= MAX_LOG_BURST => spec.places = n,
+                    _ => return Err(bad(format!("queue must be a number of 1 to {MAX_LOG_BURST}"))),
+                },
+                Some(("reserve", r)) => match reserve(r, max) {
+                    Some(n) => spec.reserve = n,
+                    None => return Err(bad("reserve must be a number of units below max, or a percentage".into())),
+                },
+                _ => return Err(bad("a class takes \"queue=\" and \"reserve=\"".into())),
+            }
+        }
+        classes.push(spec);
+    }
+    if classes.len() > MAX_LANES {
+        return Err(ConnError::Class(list.to_string(), format!("at most {MAX_LANES} classes are supported")));
+    }
+    match classes.last() {
+        Some(low) if low.reserve > 0 => Err(ConnError::Class(
+            low.name.to_string(),
+            "the lowest class has no class below it to keep a reserve from".into(),
+        )),
+        _ => Ok(classes),
+    }
+}
+
+/// `reserve=` of a class: `N` units, or `P%` of `max` (rounded up: the
+/// share is kept whole); `None` when it is 0, `max` or more, or does not
+/// parse.
+fn reserve(r: &str, max: u64) -> Option<u64> {
+    let units = match r.strip_suffix('%') {
+        Some(p) => match parse_u64(p) {
+            Ok(p) if p > 0 && p < 100 => (max * p).div_ceil(100),
+            _ => return None,
+        },
+        None => parse_u64(r).ok()?,
+    };
+    (units > 0 && units < max).then_some(units)
+}
+
+/// The waiting line's classes: each one's places (its `queue=`, else the
+/// line's) and reserve; one class of all places without `classes=`. A
+/// class whose room (`max` less the reserves above it) is below the cost
+/// could never pass: refused.
+fn lanes(classes: &[ClassSpec<'_>], max: u64, queue: u64, cost: u64) -> Result<Vec<Lane>, ConnError> {
+    if classes.is_empty() {
+        return Ok(vec![Lane { places: queue, reserve: 0 }]);
+    }
+    let mut ceiling = max;
+    let mut lanes = Vec::with_capacity(classes.len());
+    for class in classes {
+        if ceiling < cost.max(1) {
+            return Err(ConnError::Starved { class: class.name.to_string(), ceiling, cost });
+        }
+        if class.places > queue {
+            return Err(ConnError::Class(
+                class.name.to_string(),
+                format!("its queue={} exceeds the line's queue={queue}", class.places),
+            ));
+        }
+        let places = match class.places {
+            0 => queue,
+            n => n,
+        };
+        lanes.push(Lane { places, reserve: class.reserve });
+        ceiling = ceiling.saturating_sub(class.reserve);
+    }
+    Ok(lanes)
 }
 
 /// What an unknown parameter of `rl_conn` is, when it is `limit_conn`'s

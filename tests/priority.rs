@@ -1,0 +1,299 @@
+//! `rl_conn ... priority= classes=`: waiting requests let in highest class
+//! first, first come first served within a class; each class's places; a
+//! full line giving the newest place of the lowest class to a higher
+//! arrival; reserves kept from the classes below; the units of a class
+//! given back when the worker holding them dies.
+//!
+//! Requests hold their slot with a file sent slowly ([`common::held`]); the
+//! class is the `p` argument (`priority=$arg_p`): `premium` or anything
+//! else, the lowest class.
+
+mod common;
+
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::held::*;
+use common::*;
+
+fn conf(params: &str) -> String {
+    format!(
+        "rl_zone c size=1m;\n\
+         log_format q '$request_uri $status $rl_status';\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           access_log {{ROOT}}/../q.log q;\n\
+           location /q/ {{ rl_conn zone=c key=all priority=$arg_p {params}; rl_headers off; {SLOW} }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}"
+    )
+}
+
+fn start(params: &str) -> Nginx {
+    Nginx::setup(&conf(params)).file("html/q/slow.html", &slow_file()).file("html/q/fast.html", "fast\n").start()
+}
+
+/// The access log's lines for `fast.html`, in the order they ended.
+fn fast_lines(ngx: &Nginx) -> Vec<String> {
+    let log = std::fs::read_to_string(ngx.prefix.join("q.log")).unwrap_or_default();
+    log.lines().filter(|l| l.contains("fast.html")).map(str::to_string).collect()
+}
+
+/// Waits until the access log has `n` lines for `fast.html` (10 s at most).
+fn until_logged(ngx: &Nginx, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let lines = fast_lines(ngx);
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(Instant::now() < deadline, "never {n} logged: {lines:?}\n{}", ngx.error_log());
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Premium waiters pass before standard ones that came earlier; each
+/// class in the order it came.
+#[test]
+fn premium_waiters_go_first() {
+    let ngx = start("max=1 queue=4 timeout=20s classes=premium,standard");
+    let (status, held) = hold(&ngx, "/q/slow.html?p=standard");
+    assert_eq!(status, 200);
+    let mut waiters = Vec::new();
+    for (i, (n, p)) in [("s1", "standard"), ("p1", "premium"), ("s2", "standard"), ("p2", "premium")].iter().enumerate() {
+        waiters.push(send_only(ngx.port, &format!("/q/fast.html?n={n}&p={p}")));
+        until_waiting(&ngx, i as u64 + 1);
+    }
+    drop(held);
+    for w in waiters {
+        let (status, text) = response(w);
+        assert_eq!(status, 200, "{text}");
+    }
+    let order: Vec<String> = until_logged(&ngx, 4).iter().map(|l| l.split(' ').take(3).collect::<Vec<_>>().join(" ")).collect();
+    assert_eq!(
+        order,
+        [
+            "/q/fast.html?n=p1&p=premium 200 DELAYED",
+            "/q/fast.html?n=p2&p=premium 200 DELAYED",
+            "/q/fast.html?n=s1&p=standard 200 DELAYED",
+            "/q/fast.html?n=s2&p=standard 200 DELAYED",
+        ]
+    );
+}
+
+/// `queue=2`: with the line full of standard waiters, a premium arrival
+/// takes the newest standard place, whose request is refused (the
+/// location's status and `limit_conn`'s log line); a standard arrival,
+/// with no class below it, is refused at once, and so is a premium one
+/// once premium waiters fill the line.
+#[test]
+fn a_full_line_gives_the_newest_standard_place_to_premium() {
+    let ngx = start("max=1 queue=2 timeout=20s classes=premium,standard");
+    let (status, held) = hold(&ngx, "/q/slow.html?p=standard");
+    assert_eq!(status, 200);
+    let s1 = send_only(ngx.port, "/q/fast.html?n=s1");
+    until_waiting(&ngx, 1);
+    let s2 = send_only(ngx.port, "/q/fast.html?n=s2");
+    until_waiting(&ngx, 2);
+    let t = Instant::now();
+    assert_eq!(ngx.get("/q/fast.html?n=s3", &[]).status, 429, "the line is full");
+    assert!(t.elapsed() < Duration::from_secs(2), "refused after {:?}", t.elapsed());
+    let from = ngx.error_log().len();
+    let p1 = send_only(ngx.port, "/q/fast.html?n=p1&p=premium");
+    let (status, text) = response(s2);
+    assert_eq!(status, 429, "the newest standard waiter gives its place up: {text}");
+    assert!(ngx.error_log_since(from).contains("limiting connections by zone \"c\""), "{}", ngx.error_log_since(from));
+    let p2 = send_only(ngx.port, "/q/fast.html?n=p2&p=premium");
+    let (status, text) = response(s1);
+    assert_eq!(status, 429, "then the other: {text}");
+    until_waiting(&ngx, 2);
+    assert_eq!(ngx.get("/q/fast.html?n=p3&p=premium", &[]).status, 429, "premium fills the line");
+    drop(held);
+    for w in [p1, p2] {
+        let (status, text) = response(w);
+        assert_eq!(status, 200, "{text}");
+    }
+    let lines = until_logged(&ngx, 6);
+    let got: Vec<String> = lines.iter().map(|l| l.split(' ').take(3).collect::<Vec<_>>().join(" ")).collect();
+    assert_eq!(
+        got,
+        [
+            "/q/fast.html?n=s3 429 REJECTED",
+            "/q/fast.html?n=s2 429 REJECTED",
+            "/q/fast.html?n=s1 429 REJECTED",
+            "/q/fast.html?n=p3&p=premium 429 REJECTED",
+            "/q/fast.html?n=p1&p=premium 200 DELAYED",
+            "/q/fast.html?n=p2&p=premium 200 DELAYED",
+        ]
+    );
+}
+
+/// A class's own places: `standard:queue=1` lets one standard request
+/// wait; a second is refused at once though the line has room, which
+/// premium then takes.
+#[test]
+fn each_class_has_its_places() {
+    let ngx = start("max=1 queue=3 timeout=20s classes=premium,standard:queue=1");
+    let (status, held) = hold(&ngx, "/q/slow.html?p=premium");
+    assert_eq!(status, 200);
+    let s1 = send_only(ngx.port, "/q/fast.html?n=s1");
+    until_waiting(&ngx, 1);
+    assert_eq!(ngx.get("/q/fast.html?n=s2", &[]).status, 429, "standard has one place");
+    let p1 = send_only(ngx.port, "/q/fast.html?n=p1&p=premium");
+    let p2 = send_only(ngx.port, "/q/fast.html?n=p2&p=premium");
+    until_waiting(&ngx, 3);
+    drop(held);
+    for w in [p1, p2, s1] {
+        let (status, text) = response(w);
+        assert_eq!(status, 200, "{text}");
+    }
+}
+
+/// `premium:reserve=1` of `max=3`: standard holds two at most, and one
+/// stays for premium whatever standard does; while premium holds it,
+/// standard still holds no more than two (the reserve is not lent), and
+/// once standard holds less, premium may take more than its reserve.
+#[test]
+fn a_reserve_is_kept_for_premium() {
+    let ngx = start("max=3 classes=premium:reserve=1,standard");
+    let (status, std_a) = hold(&ngx, "/q/slow.html?n=a");
+    assert_eq!(status, 200);
+    let (status, _std_b) = hold(&ngx, "/q/slow.html?n=b");
+    assert_eq!(status, 200);
+    assert_eq!(ngx.get("/q/fast.html?n=c", &[]).status, 429, "the third unit is premium's");
+    let (status, prem) = hold(&ngx, "/q/slow.html?p=premium");
+    assert_eq!(status, 200, "premium finds its reserve");
+    assert_eq!(ngx.get("/q/fast.html?p=premium", &[]).status, 429, "max=3 in all");
+    drop(prem);
+    until_in_flight(&ngx, 2);
+    assert_eq!(ngx.get("/q/fast.html?n=d", &[]).status, 429, "an unused reserve is not lent");
+    drop(std_a);
+    until_in_flight(&ngx, 1);
+    let (status, _p1) = hold(&ngx, "/q/slow.html?p=premium");
+    assert_eq!(status, 200);
+    let (status, _p2) = hold(&ngx, "/q/slow.html?p=premium");
+    assert_eq!(status, 200, "premium beyond its reserve, standard holding one");
+    assert_eq!(ngx.get("/q/fast.html?n=e", &[]).status, 429, "max=3 in all");
+    assert_eq!(in_flight(&ngx), 3);
+}
+
+/// Polls the in-flight gauge until it reads `n` (10 s at most): a closed
+/// client's request ends when nginx next writes to it.
+fn until_in_flight(ngx: &Nginx, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_flight(ngx) != n {
+        assert!(Instant::now() < deadline, "never {n} in flight:\n{}", ngx.error_log());
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The zone's `nginx_rl_conn_in_flight` gauge.
+fn in_flight(ngx: &Nginx) -> u64 {
+    let m = ngx.get("/metrics", &[]).body;
+    m.lines()
+        .find_map(|l| l.strip_prefix("nginx_rl_conn_in_flight{zone=\"c\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no in-flight gauge:\n{m}"))
+}
+
+/// [`hold`] until answered `want` (10 s at most): a closed client's
+/// request ends when nginx next writes to it.
+fn hold_until(ngx: &Nginx, path: &str, want: u16) -> (u16, std::net::TcpStream) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, s) = hold(ngx, path);
+        if status == want || Instant::now() > deadline {
+            return (status, s);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A dry-run line of classes says what it would do, and lets the request
+/// in: a standard request over its share is `REJECTED_DRY_RUN`, logged as
+/// `limit_conn`'s dry run is, and holds nothing.
+#[test]
+fn a_dry_run_line_reports_its_classes() {
+    let ngx = start("max=2 classes=premium:reserve=1,standard dry_run");
+    let (status, _a) = hold(&ngx, "/q/slow.html?n=a");
+    assert_eq!(status, 200);
+    let from = ngx.error_log().len();
+    let r = ngx.get("/q/fast.html?n=b", &[]);
+    assert_eq!(r.status, 200);
+    assert!(
+        ngx.error_log_since(from).contains("limiting connections, dry run, by zone \"c\""),
+        "{}",
+        ngx.error_log_since(from)
+    );
+    let (status, _p) = hold(&ngx, "/q/slow.html?p=premium");
+    assert_eq!(status, 200);
+    assert_eq!(ngx.get("/q/fast.html?n=c&p=premium", &[]).status, 200);
+    let lines = until_logged(&ngx, 2);
+    assert!(lines[0].starts_with("/q/fast.html?n=b 200 REJECTED_DRY_RUN"), "{lines:?}");
+    assert!(lines[1].starts_with("/q/fast.html?n=c&p=premium 200 REJECTED_DRY_RUN"), "max=2 in all: {lines:?}");
+    assert_eq!(in_flight(&ngx), 2, "refused in a dry run, held nothing");
+}
+
+/// A worker killed with `-9` while it holds a standard unit: the worker
+/// nginx starts in its place gives it back to the line and to standard's
+/// share, which then takes a unit again.
+#[test]
+fn a_killed_workers_class_units_come_back() {
+    let ngx = start("max=2 classes=premium:reserve=1,standard");
+    let (status, held) = hold(&ngx, "/q/slow.html?n=a");
+    assert_eq!(status, 200);
+    assert_eq!(ngx.get("/q/fast.html?n=b", &[]).status, 429, "standard's share is one");
+    let before = ngx.worker_pids();
+    for pid in &before {
+        Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    }
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ngx.error_log().contains("which exited, given back") {
+        assert!(Instant::now() < deadline, "nothing given back:\n{}", ngx.error_log());
+        thread::sleep(Duration::from_millis(10));
+    }
+    let (status, _a) = hold_until(&ngx, "/q/slow.html?n=c", 200);
+    assert_eq!(status, 200, "standard's unit was not given back:\n{}", ngx.error_log());
+    assert_eq!(ngx.get("/q/fast.html?n=d", &[]).status, 429, "and only one");
+    let (status, _p) = hold(&ngx, "/q/slow.html?p=premium");
+    assert_eq!(status, 200, "premium's reserve");
+}
+
+/// `nginx -t` on classes: what it needs, and lines that count the same
+/// requests but would wait in different lines (which, before, left the
+/// queued one unenforced).
+#[test]
+fn nginx_t_class_messages() {
+    let (ok, out) = nginx_t("rl_zone c size=1m; server { location / { rl_conn zone=c max=1 priority=$arg_p; } }");
+    assert!(!ok && out.contains("\"priority\" needs \"classes\" in \"rl_conn\" directive"), "{out}");
+    let (ok, out) = nginx_t(
+        "rl_zone c size=1m; server { location / { rl_conn zone=c max=4 priority=$arg_p classes=a,b:reserve=1; } }",
+    );
+    assert!(
+        !ok && out.contains(
+            "invalid class \"b\" in \"rl_conn\" directive, the lowest class has no class below it to keep a reserve from"
+        ),
+        "{out}"
+    );
+    let (ok, out) = nginx_t(
+        "rl_zone c size=1m; server { location /a/ { rl_conn zone=c max=1 key=all queue=2; }\n\
+         location /b/ { rl_conn zone=c max=3 key=all; } }",
+    );
+    assert!(
+        !ok && out.contains("counts the requests of the one in")
+            && out.contains("(zone \"c\", key \"all\") and must have the same \"queue\" and class queues"),
+        "{out}"
+    );
+    let (ok, out) = nginx_t(
+        "rl_zone c size=1m; server { location /a/ { rl_conn zone=c max=1 key=all queue=2 priority=$arg_p classes=a,b; }\n\
+         location /b/ { rl_conn zone=c max=3 key=all queue=2; } }",
+    );
+    assert!(!ok && out.contains("must have the same \"queue\" and class queues"), "{out}");
+    // The same waiting line, each with its own max: accepted.
+    let (ok, out) = nginx_t(
+        "rl_zone c size=1m; server { location /a/ { rl_conn zone=c max=1 key=all queue=2; }\n\
+         location /b/ { rl_conn zone=c max=3 key=all queue=2; } }",
+    );
+    assert!(ok, "{out}");
+}
