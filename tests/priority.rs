@@ -60,7 +60,8 @@ fn premium_waiters_go_first() {
     let (status, held) = hold(&ngx, "/q/slow.html?p=standard");
     assert_eq!(status, 200);
     let mut waiters = Vec::new();
-    for (i, (n, p)) in [("s1", "standard"), ("p1", "premium"), ("s2", "standard"), ("p2", "premium")].iter().enumerate() {
+    for (i, (n, p)) in [("s1", "standard"), ("p1", "premium"), ("s2", "standard"), ("p2", "premium")].iter().enumerate()
+    {
         waiters.push(send_only(ngx.port, &format!("/q/fast.html?n={n}&p={p}")));
         until_waiting(&ngx, i as u64 + 1);
     }
@@ -69,7 +70,8 @@ fn premium_waiters_go_first() {
         let (status, text) = response(w);
         assert_eq!(status, 200, "{text}");
     }
-    let order: Vec<String> = until_logged(&ngx, 4).iter().map(|l| l.split(' ').take(3).collect::<Vec<_>>().join(" ")).collect();
+    let order: Vec<String> =
+        until_logged(&ngx, 4).iter().map(|l| l.split(' ').take(3).collect::<Vec<_>>().join(" ")).collect();
     assert_eq!(
         order,
         [

@@ -171,6 +171,11 @@ fn classes_and_their_lanes() {
     let s = ConnSpec::parse(&args("zone=a max=1 queue=500 priority=$p classes=premium,standard:queue=100")).unwrap();
     let places: Vec<u64> = s.lanes.iter().map(|l| l.places).collect();
     assert_eq!((s.queue, places), (500, vec![500, 100]));
+    // A class that never waits: premium waits, standard is refused at once.
+    let s = ConnSpec::parse(&args("zone=a max=10 queue=50 priority=$p classes=premium:reserve=2,standard:queue=0"))
+        .unwrap();
+    let places: Vec<u64> = s.lanes.iter().map(|l| l.places).collect();
+    assert_eq!(places, vec![50, 0]);
 }
 
 #[test]
@@ -206,8 +211,8 @@ fn class_refusals() {
         "invalid class \"a\" in \"rl_conn\" directive, its queue=20 exceeds the line's queue=10"
     );
     assert_eq!(
-        refused("zone=a max=4 priority=$p classes=a:queue=0,b"),
-        "invalid class \"a:queue=0\" in \"rl_conn\" directive, queue must be a number of 1 to 65536"
+        refused("zone=a max=4 priority=$p classes=a:queue=x,b"),
+        "invalid class \"a:queue=x\" in \"rl_conn\" directive, queue must be a number of 0 to 65536"
     );
 }
 

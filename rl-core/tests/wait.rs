@@ -3,8 +3,7 @@
 //! in all and a class's own places, a full line giving the newest place of
 //! the lowest class to a higher arrival, a place given up when its waiter
 //! leaves or its deadline passes, never more units in flight than `max`,
-//! and never more held by the classes below a class than `max` less its
-//! reserve.
+//! and none let in that would take the unused reserve of a class above.
 //!
 //! The model keeps each class's places in an ordered map (no ring, no
 //! packed deadlines, no counters): what the state's words must agree with.
@@ -90,12 +89,12 @@ fn lanes_of(places: [u64; 3], reserve: [u64; 2]) -> Vec<Lane> {
 }
 
 /// Whether a request of class `k` and `cost` may be let in beside what
-/// each class holds (`held`): within `max`, and within `max - reserve` of
-/// each class above for what the classes below that one hold.
+/// each class holds (`held`): within `max` with the reserves of the
+/// classes above it left, each less what that class holds.
 fn may_enter(max: u64, lanes: &[Lane], held: &[u64; 3], k: usize, cost: u64) -> bool {
     let total: u64 = held.iter().sum();
-    total + cost <= max
-        && (0..k).all(|j| held[j + 1..].iter().sum::<u64>() + cost <= max.saturating_sub(lanes[j].reserve))
+    let kept: u64 = (0..k).map(|j| lanes[j].reserve.saturating_sub(held[j])).sum();
+    total + cost + kept <= max
 }
 
 proptest! {
@@ -123,10 +122,6 @@ proptest! {
             let in_flight: u64 = held.iter().sum();
             prop_assert_eq!(s.units, in_flight);
             prop_assert!(s.units <= max);
-            for j in 0..2 {
-                let below: u64 = held[j + 1..].iter().sum();
-                prop_assert!(below == 0 || below <= max.saturating_sub(lanes[j].reserve), "a reserve taken");
-            }
             prop_assert!(m.live() <= q, "more than q places");
             prop_assert_eq!(view(&mut s, max, q, &lanes).waiting(), m.live());
             match op {
@@ -302,4 +297,30 @@ fn a_reserve_keeps_units_for_the_class_above() {
     w.give_back(0, 2);
     assert_eq!((w.free(1), w.free(0)), (0, 2));
     assert_eq!(w.arrive(10, 1, 1, 60), Arrival::Waiting { ticket: 1 });
+}
+
+/// Three classes, `max=10`, critical keeping 4 and premium 2: standard
+/// holds 4 at most; premium, below its reserve, always finds a unit
+/// whatever standard holds, and critical its 4 whatever the others hold.
+#[test]
+fn nested_reserves_hold_against_the_classes_below() {
+    let lanes = [Lane { places: 0, reserve: 4 }, Lane { places: 0, reserve: 2 }, Lane { places: 0, reserve: 0 }];
+    let mut s = State { units: 0, line: vec![0; words(&lanes)] };
+    let mut w = view(&mut s, 10, 0, &lanes);
+    for _ in 0..4 {
+        assert_eq!(w.arrive(10, 2, 1, 0), Arrival::Admitted);
+    }
+    assert_eq!(w.arrive(10, 2, 1, 0), Arrival::Refused, "standard's fifth: the reserves above it");
+    assert_eq!(w.arrive(10, 1, 1, 0), Arrival::Admitted);
+    assert_eq!(w.arrive(10, 1, 1, 0), Arrival::Admitted, "premium's reserve, whatever standard held");
+    assert_eq!(w.arrive(10, 1, 1, 0), Arrival::Refused, "beyond it: critical's is unused");
+    for _ in 0..4 {
+        assert_eq!(w.arrive(10, 0, 1, 0), Arrival::Admitted);
+    }
+    assert_eq!(w.arrive(10, 0, 1, 0), Arrival::Refused, "max=10");
+    // Critical above its reserve outranks premium: it takes what premium does not hold.
+    w.give_back(1, 2);
+    assert_eq!(w.arrive(10, 0, 1, 0), Arrival::Admitted);
+    assert_eq!(w.arrive(10, 1, 1, 0), Arrival::Admitted);
+    assert_eq!(w.arrive(10, 2, 1, 0), Arrival::Refused);
 }

@@ -13,13 +13,13 @@
 //! gone when it looks next.
 //!
 //! A class may keep a reserve ([`Lane::reserve`]) from the classes below
-//! it: together they never hold more than `max - reserve`, so the class
-//! (with those above it, which the reserve does not bind) always finds
-//! `reserve` units that none below it can take. What the class holds
-//! itself counts against its reserve: a class below is refused only the
-//! part of the reserve left unused, never units the class already uses.
-//! A reserve cannot be lent: a unit lent to a lower class stays with its
-//! request until that request ends, and the guarantee would be gone.
+//! it: a request is let in only if it leaves free the unused part of the
+//! reserve of every class above its own (what a class holds itself uses
+//! its reserve up). So a class that holds less than its reserve always
+//! finds a unit that no class below it could take; only a class above it,
+//! which outranks it, may have taken it. A reserve cannot be lent: a unit
+//! lent to a lower class stays with its request until that request ends,
+//! and the guarantee would be gone.
 //!
 //! The state is caller-owned words after the line's own (the units in
 //! flight, [`super::conn`]): `[live, held per class, (head, tail) per
@@ -140,11 +140,6 @@ impl Wait<'_> {
             0 => *self.units,
             _ => self.word(held_at(k) - 1),
         }
-    }
-
-    /// Units held by the classes below `k`.
-    fn below(&self, k: usize) -> u64 {
-        (k + 1..self.lanes.len()).map(|j| self.held(j)).sum()
     }
 
     /// Class `k` takes `cost` units.
@@ -324,11 +319,9 @@ impl Wait<'_> {
     /// Units free now for class `k`: what `max` leaves, less the unused
     /// reserves of the classes above it.
     pub fn free(&self, k: usize) -> u64 {
-        let mut free = self.max.saturating_sub(*self.units);
-        for (j, lane) in self.lanes.iter().enumerate().take(k) {
-            free = free.min(self.max.saturating_sub(lane.reserve).saturating_sub(self.below(j)));
-        }
-        free
+        let unused: u64 =
+            self.lanes.iter().enumerate().take(k).map(|(j, l)| l.reserve.saturating_sub(self.held(j))).sum();
+        self.max.saturating_sub(*self.units).saturating_sub(unused)
     }
 
     /// The most units class `k` may ever hold: `max` less the reserves

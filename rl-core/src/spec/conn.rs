@@ -38,8 +38,9 @@ pub struct ConnSpec<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClassSpec<'a> {
     pub name: &'a str,
-    /// Its places in the waiting line (the line's `queue=` when not given).
-    pub places: u64,
+    /// Its places in the waiting line (`None`: the line's `queue=`; 0: it
+    /// never waits).
+    pub places: Option<u64>,
     /// Units kept from the classes below it (0: none).
     pub reserve: u64,
 }
@@ -168,7 +169,7 @@ impl<'a> ConnSpec<'a> {
         };
         // (without queue=, the line waits as long as its classes' places together)
         let queue = match queue {
-            0 => classes.iter().map(|c| c.places).sum::<u64>().min(MAX_LOG_BURST),
+            0 => classes.iter().filter_map(|c| c.places).sum::<u64>().min(MAX_LOG_BURST),
             q => q,
         };
         let timeout_ms = match given.get("timeout") {
@@ -218,7 +219,7 @@ impl<'a> ConnSpec<'a> {
 }
 
 /// Reads `classes=`: `name[:queue=N][:reserve=N|P%],...`, highest first;
-/// a class without `queue=` has all the line's places (0 here, set by
+/// a class without `queue=` has all the line's places (set by
 /// [`lanes`]).
 fn parse_classes(list: &str, max: u64) -> Result<Vec<ClassSpec<'_>>, ConnError> {
     let mut classes: Vec<ClassSpec<'_>> = Vec::new();
@@ -232,12 +233,12 @@ fn parse_classes(list: &str, max: u64) -> Result<Vec<ClassSpec<'_>>, ConnError> 
         if classes.iter().any(|c| c.name == name) {
             return Err(bad("the class is named twice".into()));
         }
-        let mut spec = ClassSpec { name, places: 0, reserve: 0 };
+        let mut spec = ClassSpec { name, places: None, reserve: 0 };
         for part in parts {
             match part.split_once('=') {
                 Some(("queue", q)) => match parse_number(q) {
-                    Ok(n) if n > 0 && n <= MAX_LOG_BURST => spec.places = n,
-                    _ => return Err(bad(format!("queue must be a number of 1 to {MAX_LOG_BURST}"))),
+                    Ok(n) if n <= MAX_LOG_BURST => spec.places = Some(n),
+                    _ => return Err(bad(format!("queue must be a number of 0 to {MAX_LOG_BURST}"))),
                 },
                 Some(("reserve", r)) => match reserve(r, max) {
                     Some(n) => spec.reserve = n,
@@ -288,16 +289,13 @@ fn lanes(classes: &[ClassSpec<'_>], max: u64, queue: u64, cost: u64) -> Result<V
         if ceiling < cost.max(1) {
             return Err(ConnError::Starved { class: class.name.to_string(), ceiling, cost });
         }
-        if class.places > queue {
+        if class.places.is_some_and(|p| p > queue) {
             return Err(ConnError::Class(
                 class.name.to_string(),
-                format!("its queue={} exceeds the line's queue={queue}", class.places),
+                format!("its queue={} exceeds the line's queue={queue}", class.places.unwrap_or(0)),
             ));
         }
-        let places = match class.places {
-            0 => queue,
-            n => n,
-        };
+        let places = class.places.unwrap_or(queue);
         lanes.push(Lane { places, reserve: class.reserve });
         ceiling = ceiling.saturating_sub(class.reserve);
     }
