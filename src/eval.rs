@@ -83,6 +83,7 @@ fn varying(r: *mut ngx_http_request_t, line: &Line, res: &mut LineResult) -> Res
             n => classes.of(unsafe { core::slice::from_raw_parts(v.data, n) }),
         };
         res.class = c as u8;
+        res.kept = classes.kept.get(c).copied().unwrap_or(0);
     }
     if line.charge_after && res.active {
         // Admitted while one unit is left; the cost is charged when the request is logged.

@@ -241,17 +241,21 @@ pub struct Line {
     pub classes: Option<Box<Classes>>,
 }
 
-/// The classes of an `rl_conn` line: `priority=` names a request's, among
-/// `classes=` (highest first; a name that is none of them is the lowest).
+/// The classes of a line: `priority=` names a request's, among `classes=`
+/// (highest first; a name that is none of them is the lowest).
 pub struct Classes {
     pub priority: VarParam,
     pub names: Vec<String>,
+    /// An `rl_limit` line's: what a request of each class must leave of
+    /// the budget, the reserves of the classes above it (an `rl_conn`
+    /// line's waiting line keeps its own: empty).
+    pub kept: Vec<u64>,
 }
 
 impl Classes {
     /// The class of a request whose `priority=` is `value`.
     pub fn of(&self, value: &[u8]) -> usize {
-        rl_core::spec::ConnSpec::class_of(&self.names, value)
+        rl_core::spec::classes::class_of(&self.names, value)
     }
 }
 

@@ -67,9 +67,11 @@ pub struct LineResult {
     /// (0: none).
     pub waited: bool,
     pub ticket: u64,
-    /// The request's class on an `rl_conn` line with `classes=` (0, the
-    /// highest, on others: their one class).
+    /// The request's class on a line with `classes=` (0, the highest, on
+    /// others: their one class), and on an `rl_limit` line what it must
+    /// leave of the budget for the classes above it.
     pub class: u8,
+    pub kept: u64,
 }
 
 impl LineResult {

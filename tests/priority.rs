@@ -299,3 +299,45 @@ fn nginx_t_class_messages() {
     );
     assert!(ok, "{out}");
 }
+
+/// A rate line of classes: `premium:reserve=2` of a burst of 5 keeps the
+/// last two units for premium. Standard passes three times and is then
+/// refused with the wait until three units are back (its own and the
+/// reserve); its remaining count is what standard may still spend.
+/// Premium spends the reserve.
+#[test]
+fn a_rate_line_keeps_a_reserve_for_premium() {
+    let ngx = Nginx::setup(
+        "rl_zone r size=1m;\n\
+         server { listen 127.0.0.1:{PORT}; root {ROOT};\n\
+           location /r/ { rl_limit zone=r rate=10r/m burst=5 algorithm=gcra key=all priority=$arg_p classes=premium:reserve=2,standard; }\n\
+         }",
+    )
+    .file("html/r/a.html", "a\n")
+    .start();
+    let remaining = |r: &Response| r.header("x-ratelimit-remaining").unwrap_or_default().to_string();
+    let r = ngx.get("/r/a.html", &[]);
+    assert_eq!((r.status, remaining(&r)), (200, "2".to_string()), "5 less 1, less premium's 2");
+    assert_eq!(ngx.get("/r/a.html", &[]).status, 200);
+    let r = ngx.get("/r/a.html", &[]);
+    assert_eq!((r.status, remaining(&r)), (200, "0".to_string()));
+    let r = ngx.get("/r/a.html", &[]);
+    assert_eq!(r.status, 429, "the last two units are premium's");
+    let retry: u64 = r.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!((5..=6).contains(&retry), "three units back at 10r/m: {retry}");
+    let r = ngx.get("/r/a.html?p=premium", &[]);
+    assert_eq!((r.status, remaining(&r)), (200, "1".to_string()), "premium sees the whole budget");
+    assert_eq!(ngx.get("/r/a.html?p=premium", &[]).status, 200);
+    assert_eq!(ngx.get("/r/a.html?p=premium", &[]).status, 429, "burst=5 in all");
+}
+
+/// `nginx -t` on a rate line's classes.
+#[test]
+fn nginx_t_rate_class_messages() {
+    let (ok, out) =
+        nginx_t("rl_zone r redis=redis://127.0.0.1:1; server { location / { rl_limit zone=r rate=1r/s burst=5 priority=$arg_p classes=a:reserve=1,b; } }");
+    assert!(!ok && out.contains("Redis zone \"r\" cannot keep class reserves in \"rl_limit\" directive"), "{out}");
+    let (ok, out) =
+        nginx_t("rl_zone r size=1m; server { location / { rl_limit zone=r rate=1r/s burst=5 queue=3 algorithm=gcra priority=$arg_p classes=a:reserve=1,b; } }");
+    assert!(!ok && out.contains("\"classes\" cannot be used with \"queue\" in \"rl_limit\" directive"), "{out}");
+}

@@ -835,6 +835,32 @@ impl Limit {
         (decision.outcome, decision.charge)
     }
 
+    /// [`Limit::check`] for a request that must leave `kept` units of the
+    /// budget (the reserves of the classes above its own, `classes=`): it
+    /// passes only where `cost + kept` would, and what it is told is left
+    /// is what its class may still spend.
+    pub fn check_keeping(&self, state: &[u64], now: u64, cost: u64, kept: u64) -> Outcome {
+        let mut o = self.check(state, now, cost.saturating_add(kept));
+        o.remaining = o.remaining.saturating_sub(kept);
+        o
+    }
+
+    /// [`Limit::acquire_into`] for a request that must leave `kept` units
+    /// ([`Limit::check_keeping`]): admitted where `cost + kept` would be,
+    /// charged `cost` only.
+    #[inline(never)]
+    pub fn acquire_keeping(&self, state: &mut [u64], now: u64, cost: u64, kept: u64, out: &mut Decision) {
+        let o = self.check_keeping(state, now, cost, kept);
+        if !o.admitted {
+            out.outcome = o;
+            out.charge = Charge::NONE;
+            return;
+        }
+        // (a check that admits cost + kept admits cost: what is left only grows as cost shrinks)
+        self.acquire_into(state, now, cost, out);
+        out.outcome.remaining = out.outcome.remaining.saturating_sub(kept);
+    }
+
     /// [`Limit::acquire_charged`], written in `out`: the algorithm's step
     /// writes the caller's record once, where a returned pair would be
     /// copied into it.

@@ -11,6 +11,7 @@
 //! order the checks run, so that the first error nginx reports stays the
 //! same whichever side finds it.
 
+pub mod classes;
 mod conn;
 
 use std::fmt::{self, Write as _};
@@ -20,6 +21,7 @@ use crate::limit::{Algorithm, Limit, LimitError};
 use crate::parse::{parse_number, parse_rate, parse_u64, ParseError, ParseErrorKind, Rate};
 use crate::url::redact;
 
+pub use self::classes::ClassSpec;
 pub use self::conn::{ConnError, ConnSpec, MAX_CONN};
 
 /// Text from the configuration as a message quotes it: control characters
@@ -212,6 +214,18 @@ pub enum SpecError {
     ChargeAfterQueue,
     /// A `name=` that is no token (the caller knows what names a line).
     Name(String),
+    /// `priority=` without `classes=`, or the other way round.
+    Alone(&'static str, &'static str),
+    /// A class that does not parse: the class as written, and why.
+    Class(String, String),
+    ClassesQueue,
+    ClassesVaryingBurst,
+    /// The reserves above a class leave it less than a request's cost.
+    Starved {
+        class: String,
+        left: u64,
+        cost: u64,
+    },
 }
 
 impl fmt::Display for SpecError {
@@ -257,6 +271,20 @@ impl fmt::Display for SpecError {
             SpecError::Name(n) => {
                 write!(f, "invalid name \"{}\" {AT}, it must be letters, digits, \"_\" and \"-\"", Quote(n))
             }
+            SpecError::Alone(given, needs) => write!(f, "\"{given}\" needs \"{needs}\" {AT}"),
+            SpecError::Class(class, why) => write!(f, "invalid class \"{}\" {AT}, {why}", Quote(class)),
+            SpecError::ClassesQueue => write!(
+                f,
+                "\"classes\" cannot be used with \"queue\" {AT}: a delayed request's wait is set when it arrives"
+            ),
+            SpecError::ClassesVaryingBurst => {
+                write!(f, "\"classes\" needs a burst that does not come from variables {AT}")
+            }
+            SpecError::Starved { class, left, cost } => write!(
+                f,
+                "the reserves of the classes above class \"{}\" leave it {left} of burst, less than cost={cost} {AT}",
+                Quote(class)
+            ),
         }
     }
 }
@@ -313,11 +341,17 @@ pub struct LineSpec<'a, V> {
     pub dry_run: bool,
     pub after_auth: bool,
     pub charge_after: bool,
+    /// `priority=` as given: what names a request's class.
+    pub priority: Option<&'a str>,
+    /// `classes=`, highest first (empty: none); each keeps its reserve of
+    /// the burst from the classes below it.
+    pub classes: Vec<ClassSpec<'a>>,
 }
 
 /// `rl_limit`'s `name=value` parameters; `dry_run` and `after_auth` are
 /// flags, as in `limit_req ... nodelay`.
-const KNOWN: [&str; 9] = ["zone", "rate", "key", "algorithm", "burst", "cost", "name", "queue", "charge"];
+const KNOWN: [&str; 11] =
+    ["zone", "rate", "key", "algorithm", "burst", "cost", "name", "queue", "charge", "priority", "classes"];
 const FLAGS: [&str; 2] = ["dry_run", "after_auth"];
 
 impl<'a, V> LineSpec<'a, V> {
@@ -398,6 +432,16 @@ impl<'a, V> LineSpec<'a, V> {
             _ => burst.to_string(),
         };
         let limit = if vars.rate.is_some() || vars.burst.is_some() { limit.varying() } else { limit };
+        let priority = get("priority");
+        let classes = match (priority, get("classes")) {
+            (None, None) => Vec::new(),
+            (Some(_), None) => return Err(SpecError::Alone("priority", "classes").into()),
+            (None, Some(_)) => return Err(SpecError::Alone("classes", "priority").into()),
+            (Some(""), _) => return Err(SpecError::Empty("priority").into()),
+            (Some(_), Some(_)) if queue > 0 => return Err(SpecError::ClassesQueue.into()),
+            (Some(_), Some(_)) if burst_varies => return Err(SpecError::ClassesVaryingBurst.into()),
+            (Some(_), Some(list)) => rate_classes(list, burst, cost)?,
+        };
         Ok(LineSpec {
             zone,
             key: get("key"),
@@ -412,6 +456,8 @@ impl<'a, V> LineSpec<'a, V> {
             dry_run,
             after_auth,
             charge_after,
+            priority,
+            classes,
         })
     }
 
@@ -425,6 +471,24 @@ impl<'a, V> LineSpec<'a, V> {
             None => Ok("$binary_remote_addr"),
         }
     }
+}
+
+/// `classes=` of a rate line of `burst`: reserves only (a rate line's
+/// requests wait by time, not in a line), none leaving a class less than
+/// `cost`.
+fn rate_classes(list: &str, burst: u64, cost: u64) -> Result<Vec<ClassSpec<'_>>, SpecError> {
+    let classes = classes::parse(list, burst, "burst").map_err(|e| SpecError::Class(e.class, e.why))?;
+    if let Some(c) = classes.iter().find(|c| c.places.is_some()) {
+        let why = "a class of \"rl_limit\" takes \"reserve=\" only: a rate line's requests wait by time, not in a line";
+        return Err(SpecError::Class(c.name.to_string(), why.to_string()));
+    }
+    for (class, kept) in classes.iter().zip(classes::kept(&classes)) {
+        if kept.saturating_add(cost.max(1)) > burst {
+            let left = burst.saturating_sub(kept);
+            return Err(SpecError::Starved { class: class.name.to_string(), left, cost });
+        }
+    }
+    Ok(classes)
 }
 
 /// The variable's name when `value` is one variable and nothing else

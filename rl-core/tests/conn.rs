@@ -154,10 +154,10 @@ fn classes_and_their_lanes() {
     // The units, live places, the units of each class, head and tail of each, the places.
     assert_eq!(s.limit.state_words(), 1 + 1 + 3 + 2 * 3 + 300 + 250 + 50);
     let names: Vec<&str> = s.classes.iter().map(|c| c.name).collect();
-    assert_eq!(ConnSpec::class_of(&names, b"premium"), 1);
-    assert_eq!(ConnSpec::class_of(&names, b"critical"), 0);
-    assert_eq!(ConnSpec::class_of(&names, b"unknown"), 2, "anything else is the lowest");
-    assert_eq!(ConnSpec::class_of(&names, b""), 2);
+    assert_eq!(rl_core::spec::classes::class_of(&names, b"premium"), 1);
+    assert_eq!(rl_core::spec::classes::class_of(&names, b"critical"), 0);
+    assert_eq!(rl_core::spec::classes::class_of(&names, b"unknown"), 2, "anything else is the lowest");
+    assert_eq!(rl_core::spec::classes::class_of(&names, b""), 2);
     // Reserves without a queue: refused at once, never waiting.
     let s =
         ConnSpec::parse(&args("zone=a max=10 priority=$c classes=gold:reserve=3,silver:reserve=25%,bronze")).unwrap();

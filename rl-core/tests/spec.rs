@@ -217,3 +217,38 @@ fn helpers() {
     assert_eq!(one_variable("${a"), None);
     assert_eq!(one_variable("$"), None);
 }
+
+/// `priority=` and `classes=` on a rate line: reserves of the burst, kept
+/// from the classes below.
+#[test]
+fn rate_classes() {
+    let s =
+        parse("zone=a rate=100r/m priority=$plan classes=critical:reserve=20%,premium:reserve=10,standard").unwrap();
+    assert_eq!(s.priority, Some("$plan"));
+    let reserves: Vec<u64> = s.classes.iter().map(|c| c.reserve).collect();
+    assert_eq!(reserves, vec![20, 10, 0]);
+    assert_eq!(rl_core::spec::classes::kept(&s.classes), vec![0, 20, 30]);
+    assert_eq!(refused("zone=a rate=1r/s priority=$p"), "\"priority\" needs \"classes\" in \"rl_limit\" directive");
+    assert_eq!(
+        refused("zone=a rate=10r/s priority=$p classes=a:queue=5,b"),
+        "invalid class \"a\" in \"rl_limit\" directive, a class of \"rl_limit\" takes \"reserve=\" only: a rate line's \
+         requests wait by time, not in a line"
+    );
+    assert_eq!(
+        refused("zone=a rate=10r/s algorithm=gcra queue=5 priority=$p classes=a:reserve=2,b"),
+        "\"classes\" cannot be used with \"queue\" in \"rl_limit\" directive: a delayed request's wait is set when it arrives"
+    );
+    assert_eq!(
+        refused("zone=a rate=$r priority=$p classes=a:reserve=2,b"),
+        "\"classes\" needs a burst that does not come from variables in \"rl_limit\" directive"
+    );
+    assert_eq!(
+        refused("zone=a rate=10r/s cost=3 priority=$p classes=a:reserve=8,b"),
+        "the reserves of the classes above class \"b\" leave it 2 of burst, less than cost=3 in \"rl_limit\" directive"
+    );
+    assert_eq!(
+        refused("zone=a rate=10r/s priority=$p classes=a:reserve=10,b"),
+        "invalid class \"a:reserve=10\" in \"rl_limit\" directive, reserve must be a number of units below burst, or a \
+         percentage"
+    );
+}

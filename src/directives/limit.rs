@@ -54,6 +54,14 @@ fn rl_limit(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Resul
     count_zones(mcf, lcf, spec.zone, "rl_limit")?;
     let key_src = spec.key()?;
     let limit = spec.limit;
+    let classes = match spec.priority {
+        None => None,
+        Some(priority) => {
+            let names = spec.classes.iter().map(|c| c.name.to_string()).collect();
+            let kept = rl_core::spec::classes::kept(&spec.classes);
+            Some(Box::new(Classes { priority: var_param(cf, priority)?, names, kept }))
+        }
+    };
     let line = Line {
         burst_text: if spec.burst_varies { String::new() } else { limit.burst().to_string() },
         queue: spec.queue,
@@ -62,6 +70,7 @@ fn rl_limit(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Resul
         burst_src: spec.burst_src,
         vars: Varying::new(spec.vars.rate, spec.vars.burst, spec.vars.cost),
         charge_after: spec.charge_after,
+        classes,
         ..new_line(cf, spec.zone, key_src, limit, spec.cost, name, spec.dry_run, spec.after_auth)?
     };
     push_line(mcf, lcf, line, "rl_limit")
@@ -88,7 +97,7 @@ fn rl_conn(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Result
         None => None,
         Some(priority) => {
             let names = spec.classes.iter().map(|c| c.name.to_string()).collect();
-            Some(Box::new(Classes { priority: var_param(cf, priority)?, names }))
+            Some(Box::new(Classes { priority: var_param(cf, priority)?, names, kept: Vec::new() }))
         }
     };
     let line = Line {

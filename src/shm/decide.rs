@@ -47,6 +47,8 @@ fn not_charged(limit: &Limit, res: &mut LineResult, state: &[u64], now_us: u64, 
             false => limit.check(state, now_us, 0),
         };
         res.decision.outcome = res.decision.outcome.uncharged(&left);
+        // (what the request's class may still spend: the classes above keep their reserves)
+        res.decision.outcome.remaining = res.decision.outcome.remaining.saturating_sub(res.kept);
     } else if next {
         res.decision.outcome.next_us = limit.next_us(state, now_us);
     }
@@ -121,7 +123,10 @@ fn decide_lines(
             res.active = false;
             continue;
         };
-        let o = res.limit(line).check(state, now_us, res.cost);
+        let o = match res.kept {
+            0 => res.limit(line).check(state, now_us, res.cost),
+            kept => res.limit(line).check_keeping(state, now_us, res.cost, kept),
+        };
         res.set(&o, false);
         admitted &= o.admitted || res.dry_run;
     }
@@ -142,7 +147,7 @@ fn decide_lines(
             let limit = res.var_limit.unwrap_or(&line.limit);
             let o = limit.check(state, now_us, res.cost);
             res.decision.charge = limit.commit(state, now_us, res.cost);
-            res.decision.outcome.remaining = o.remaining;
+            res.decision.outcome.remaining = o.remaining.saturating_sub(res.kept);
             res.decision.outcome.reset_us = o.reset_us;
             if next {
                 res.decision.outcome.next_us = limit.next_us(state, now_us);
@@ -237,12 +242,15 @@ fn decide_state(line: &Line, res: &mut LineResult, state: &mut [u64], idle: &mut
     let limit = res.var_limit.unwrap_or(&line.limit);
     // A charge=after line asks for one unit and is charged when the request is logged.
     if line.charge_after {
-        res.set(&limit.check(state, now_us, res.cost), false);
+        res.set(&limit.check_keeping(state, now_us, res.cost, res.kept), false);
         not_charged(limit, res, state, now_us, next);
         return res.admitted() || res.dry_run;
     }
     // (written in place; nothing charged when rejected)
-    limit.acquire_into(state, now_us, res.cost, &mut res.decision);
+    match res.kept {
+        0 => limit.acquire_into(state, now_us, res.cost, &mut res.decision),
+        kept => limit.acquire_keeping(state, now_us, res.cost, kept, &mut res.decision),
+    }
     let admitted = res.admitted();
     if admitted {
         *idle = idle_time(limit.held(state), now_us, res.reset_us());

@@ -2,8 +2,9 @@
 
 use std::fmt;
 
+use super::classes::{self, ClassSpec};
 use super::{flags, number_hint, params, ParamError, Quote};
-use crate::limit::wait::{Lane, MAX_LANES};
+use crate::limit::wait::Lane;
 use crate::limit::{Limit, MAX_LOG_BURST};
 use crate::parse::{parse_duration_ms, parse_number, parse_u64, ParseError, ParseErrorKind};
 
@@ -32,17 +33,6 @@ pub struct ConnSpec<'a> {
     /// The waiting line's classes: one per class, or one for all when
     /// there are none. What [`Limit::wait`] takes.
     pub lanes: Vec<Lane>,
-}
-
-/// One class of `classes=`: `name[:queue=N][:reserve=N|P%]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClassSpec<'a> {
-    pub name: &'a str,
-    /// Its places in the waiting line (`None`: the line's `queue=`; 0: it
-    /// never waits).
-    pub places: Option<u64>,
-    /// Units kept from the classes below it (0: none).
-    pub reserve: u64,
 }
 
 /// How long a request waits for a slot by default (`timeout=`): nginx's
@@ -165,7 +155,7 @@ impl<'a> ConnSpec<'a> {
             (Some(_), None) => return Err(ConnError::Alone("priority", "classes")),
             (None, Some(_)) => return Err(ConnError::Alone("classes", "priority")),
             (Some(""), _) => return Err(ConnError::Empty("priority")),
-            (Some(_), Some(list)) => parse_classes(list, max)?,
+            (Some(_), Some(list)) => classes::parse(list, max, "max").map_err(|e| ConnError::Class(e.class, e.why))?,
         };
         // (without queue=, the line waits as long as its classes' places together)
         let queue = match queue {
@@ -201,12 +191,6 @@ impl<'a> ConnSpec<'a> {
         })
     }
 
-    /// The class a request of `value` (`priority=`, evaluated) is in: the
-    /// class of that name, else the lowest.
-    pub fn class_of<S: AsRef<str>>(classes: &[S], value: &[u8]) -> usize {
-        classes.iter().position(|c| c.as_ref().as_bytes() == value).unwrap_or(classes.len().saturating_sub(1))
-    }
-
     /// The key as written, `$binary_remote_addr` where none is given; an
     /// empty `key=` refused.
     pub fn key(&self) -> Result<&'a str, ConnError> {
@@ -216,63 +200,6 @@ impl<'a> ConnSpec<'a> {
             None => Ok("$binary_remote_addr"),
         }
     }
-}
-
-/// Reads `classes=`: `name[:queue=N][:reserve=N|P%],...`, highest first;
-/// a class without `queue=` has all the line's places (set by
-/// [`lanes`]).
-fn parse_classes(list: &str, max: u64) -> Result<Vec<ClassSpec<'_>>, ConnError> {
-    let mut classes: Vec<ClassSpec<'_>> = Vec::new();
-    for class in list.split(',') {
-        let bad = |why: String| ConnError::Class(class.to_string(), why);
-        let mut parts = class.split(':');
-        let name = parts.next().unwrap_or_default();
-        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
-            return Err(bad("a class name must be letters, digits, \"_\" and \"-\"".into()));
-        }
-        if classes.iter().any(|c| c.name == name) {
-            return Err(bad("the class is named twice".into()));
-        }
-        let mut spec = ClassSpec { name, places: None, reserve: 0 };
-        for part in parts {
-            match part.split_once('=') {
-                Some(("queue", q)) => match parse_number(q) {
-                    Ok(n) if n <= MAX_LOG_BURST => spec.places = Some(n),
-                    _ => return Err(bad(format!("queue must be a number of 0 to {MAX_LOG_BURST}"))),
-                },
-                Some(("reserve", r)) => match reserve(r, max) {
-                    Some(n) => spec.reserve = n,
-                    None => return Err(bad("reserve must be a number of units below max, or a percentage".into())),
-                },
-                _ => return Err(bad("a class takes \"queue=\" and \"reserve=\"".into())),
-            }
-        }
-        classes.push(spec);
-    }
-    if classes.len() > MAX_LANES {
-        return Err(ConnError::Class(list.to_string(), format!("at most {MAX_LANES} classes are supported")));
-    }
-    match classes.last() {
-        Some(low) if low.reserve > 0 => Err(ConnError::Class(
-            low.name.to_string(),
-            "the lowest class has no class below it to keep a reserve from".into(),
-        )),
-        _ => Ok(classes),
-    }
-}
-
-/// `reserve=` of a class: `N` units, or `P%` of `max` (rounded up: the
-/// share is kept whole); `None` when it is 0, `max` or more, or does not
-/// parse.
-fn reserve(r: &str, max: u64) -> Option<u64> {
-    let units = match r.strip_suffix('%') {
-        Some(p) => match parse_u64(p) {
-            Ok(p) if p > 0 && p < 100 => (max * p).div_ceil(100),
-            _ => return None,
-        },
-        None => parse_u64(r).ok()?,
-    };
-    (units > 0 && units < max).then_some(units)
 }
 
 /// The waiting line's classes: each one's places (its `queue=`, else the
