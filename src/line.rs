@@ -250,9 +250,26 @@ pub struct Classes {
     /// the budget, the reserves of the classes above it (an `rl_conn`
     /// line's waiting line keeps its own: empty).
     pub kept: Vec<u64>,
+    /// This worker's counters of each class in `rl_metrics`' zone (null
+    /// without it), as the line's own.
+    pub counters: Vec<AtomicPtr<LineSlot>>,
 }
 
 impl Classes {
+    /// This worker's counters of class `class`, if counted.
+    pub fn counters(&self, class: usize) -> Option<&LineSlot> {
+        // SAFETY: null, or set by `set_counters` to a slot in the counters' zone, which is mapped
+        // for the cycle the configuration is of.
+        self.counters.get(class).and_then(|c| unsafe { c.load(Ordering::Relaxed).as_ref() })
+    }
+
+    /// Sets this worker's counters of class `class`, when the worker starts.
+    pub fn set_counters(&self, class: usize, slot: &LineSlot) {
+        if let Some(c) = self.counters.get(class) {
+            c.store(ptr::from_ref(slot).cast_mut(), Ordering::Relaxed);
+        }
+    }
+
     /// The class of a request whose `priority=` is `value`.
     pub fn of(&self, value: &[u8]) -> usize {
         rl_core::spec::classes::class_of(&self.names, value)

@@ -51,6 +51,12 @@ fn lease_ident(name: &str) -> u64 {
     siphasher::sip::SipHasher13::new_with_keys(0, 1).hash(name.as_bytes())
 }
 
+/// The identity of the row of class `name` of a line of identity `line`:
+/// hashed apart from line identities (rows of one kind share one space).
+fn class_ident(line: u64, name: &str) -> u64 {
+    siphasher::sip::SipHasher13::new_with_keys(0, 2).hash(format!("{line:016x}\0{name}").as_bytes())
+}
+
 /// Slots per row: the workers (`worker_processes`, else the CPUs), as a
 /// power of two.
 fn nslots(cf: *mut ngx_conf_t) -> usize {
@@ -81,6 +87,16 @@ pub fn setup(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
             m.layout.wants.len() - 1
         });
         m.layout.line_want.push(i);
+    }
+    for (li, line) in mcf.lines.iter().enumerate() {
+        for (c, name) in line.classes.iter().flat_map(|cl| cl.names.iter().enumerate()) {
+            let want = Want { kind: Kind::Line, ident: class_ident(line.id, name) };
+            let i = m.layout.wants.iter().position(|w| *w == want).unwrap_or_else(|| {
+                m.layout.wants.push(want);
+                m.layout.wants.len() - 1
+            });
+            m.layout.class_want.push((li, c, i));
+        }
     }
     for z in &mcf.redis {
         m.layout.wants.push(Want { kind: Kind::Redis, ident: redis_ident(&z.name) });
@@ -118,6 +134,12 @@ pub fn init_worker(mcf: &MainConf) {
                 line.set_counters(row.slot(worker));
             }
         }
+        for (&(li, c, _), row) in mcf.metrics.layout.class_want.iter().zip(&mcf.metrics.layout.classes) {
+            let classes = mcf.lines.get(li).and_then(|l| l.classes.as_deref());
+            if let (Some(classes), Some(row)) = (classes, row) {
+                classes.set_counters(c, row.slot(worker));
+            }
+        }
     }
 }
 
@@ -139,8 +161,12 @@ pub fn count(mcf: &MainConf, ctx: &Ctx) {
 #[inline(always)]
 fn count_line(stage: Stage, line: &Line, res: &LineResult) {
     if res.active && line.stage == stage {
+        let v = verdict(res.admitted(), res.dry_run, res.delay_us());
         if let Some(slot) = line.counters() {
-            slot.add(verdict(res.admitted(), res.dry_run, res.delay_us()));
+            slot.add(v);
+        }
+        if let Some(slot) = line.classes.as_deref().and_then(|c| c.counters(usize::from(res.class))) {
+            slot.add(v);
         }
     }
 }
@@ -226,6 +252,18 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
         }
         let rate = line.limit.rate();
         let conn = line.limit.is_concurrent();
+        let mut classes = Vec::new();
+        for (&(li, c, _), row) in m.layout.class_want.iter().zip(&m.layout.classes) {
+            let name = line.classes.as_deref().and_then(|cl| cl.names.get(c));
+            let (Some(name), Some(row), true) = (name, row, li == i) else { continue };
+            let mut results = [0u64; RESULTS.len()];
+            for slot in row.slots() {
+                for (sum, c) in results.iter_mut().zip(slot.0.iter()) {
+                    *sum = sum.wrapping_add(c.load(Ordering::Relaxed));
+                }
+            }
+            classes.push((name.clone(), results));
+        }
         s.lines.push(LineSample {
             zone: line.zone_name.clone(),
             line: line_label(line),
@@ -234,6 +272,7 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
                 .then(|| rate.count as f64 * 1e6 / rate.period_us.max(1) as f64),
             burst: (!line.burst_varies() && !conn).then(|| line.limit.burst()),
             max: conn.then(|| line.limit.burst()),
+            classes,
         });
     }
     for zone in &mcf.zones {

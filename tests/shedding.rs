@@ -159,4 +159,19 @@ fn premium_keeps_its_service_while_standard_is_shed() {
     // What the upstream served is what it can: about 200 a second for 5 s.
     let served = ok(&premium) + ok(&standard);
     assert!(served <= 1100, "{report}");
+    // The metrics count each class's verdicts (the unloaded premium requests too).
+    let m = ngx.get("/metrics", &[]).body;
+    promtool_check_metrics(&m);
+    let class = |c: &str, r: &str| -> usize {
+        m.lines()
+            .filter(|l| {
+                l.starts_with("nginx_rl_class_requests_total{zone=\"up\",")
+                    && l.contains(&format!("class=\"{c}\",result=\"{r}\"}}"))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+            .sum()
+    };
+    assert_eq!(class("premium", "passed") + class("premium", "delayed"), ok(&premium) + quiet.len(), "{m}");
+    assert_eq!(class("standard", "rejected"), shed(&standard), "{m}");
+    assert_eq!(class("standard", "passed"), ok(&standard), "{m}");
 }

@@ -80,6 +80,8 @@ pub struct LineSample {
     pub burst: Option<u64>,
     /// An `rl_conn` line's `max=` (`None` for an `rl_limit` line).
     pub max: Option<u64>,
+    /// A line of classes (`classes=`): each class's name and verdicts.
+    pub classes: Vec<(String, [u64; RESULTS.len()])>,
 }
 
 /// A shared-memory zone.
@@ -263,6 +265,18 @@ pub fn prometheus(s: &Snapshot, out: &mut String) {
         for l in &s.lines {
             for (r, n) in RESULTS.iter().zip(l.results) {
                 sample(out, "nginx_rl_requests_total", &[("zone", &l.zone), ("line", &l.line), ("result", r)], n);
+            }
+        }
+        if s.lines.iter().any(|l| !l.classes.is_empty()) {
+            let name = "nginx_rl_class_requests_total";
+            family(out, name, "counter", "Requests each line of classes decided, by the request's class and verdict.");
+            for l in &s.lines {
+                for (class, results) in &l.classes {
+                    for (r, n) in RESULTS.iter().zip(results) {
+                        let labels = [("zone", l.zone.as_str()), ("line", &l.line), ("class", class), ("result", r)];
+                        sample(out, name, &labels, *n);
+                    }
+                }
             }
         }
         family(out, "nginx_rl_limit", "gauge", "Configured limit of each rl_limit line: rate (per second) and burst.");
@@ -497,7 +511,20 @@ pub fn json(s: &Snapshot, out: &mut String) {
         if let Some(max) = l.max {
             let _ = write!(out, ",\"max\":{max}");
         }
-        out.push_str("}}");
+        out.push('}');
+        if !l.classes.is_empty() {
+            out.push_str(",\"classes\":{");
+            for (i, (class, results)) in l.classes.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                escape_json(class, out);
+                out.push(':');
+                json_object(out, RESULTS.iter().copied().zip(*results));
+            }
+            out.push('}');
+        }
+        out.push('}');
     }
     out.push_str("],\"zones\":[");
     for (i, z) in s.shm.iter().enumerate() {

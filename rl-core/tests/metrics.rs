@@ -13,6 +13,7 @@ fn snapshot() -> Snapshot {
             rate_per_s: Some(10.0 / 60.0),
             burst: Some(5),
             max: None,
+            classes: Vec::new(),
         }],
         shm: vec![ShmZoneSample {
             zone: "z".into(),
@@ -107,6 +108,32 @@ fn prometheus_text() {
         assert_eq!(out.matches(&format!("# HELP {name} ")).count(), 1, "{name}");
         assert_eq!(out.matches(&format!("# TYPE {name} ")).count(), 1, "{name}");
     }
+}
+
+/// A line of classes: its verdicts by class, in both formats; no class
+/// family without one.
+#[test]
+fn classes() {
+    let mut s = snapshot();
+    let mut out = String::new();
+    prometheus(&s, &mut out);
+    assert!(!out.contains("nginx_rl_class_requests_total"), "{out}");
+    s.lines[0].classes = vec![("premium".into(), [9, 0, 0, 0, 0, 0, 0]), ("standard".into(), [1, 2, 3, 0, 0, 0, 0])];
+    out.clear();
+    prometheus(&s, &mut out);
+    let line = r#"line="we\"ird\\na\nme""#;
+    let class = |c: &str, r: &str, n: u64| {
+        format!("nginx_rl_class_requests_total{{zone=\"z\",{line},class=\"{c}\",result=\"{r}\"}} {n}\n")
+    };
+    assert!(out.contains(&class("premium", "passed", 9)), "{out}");
+    assert!(out.contains(&class("standard", "rejected", 3)), "{out}");
+    assert!(out.contains("# TYPE nginx_rl_class_requests_total counter\n"));
+    out.clear();
+    json(&s, &mut out);
+    assert!(
+        out.contains(r#""burst":5},"classes":{"premium":{"passed":9,"delayed":0,"rejected":0,"dry_run_delayed":0,"dry_run_rejected":0,"error_allowed":0,"error_denied":0},"standard":{"passed":1,"delayed":2,"rejected":3,"#),
+        "{out}"
+    );
 }
 
 #[test]

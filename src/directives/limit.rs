@@ -59,7 +59,8 @@ fn rl_limit(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Resul
         Some(priority) => {
             let names = spec.classes.iter().map(|c| c.name.to_string()).collect();
             let kept = rl_core::spec::classes::kept(&spec.classes);
-            Some(Box::new(Classes { priority: var_param(cf, priority)?, names, kept }))
+            let counters = spec.classes.iter().map(|_| AtomicPtr::new(ptr::null_mut())).collect();
+            Some(Box::new(Classes { priority: var_param(cf, priority)?, names, kept, counters }))
         }
     };
     let line = Line {
@@ -97,7 +98,8 @@ fn rl_conn(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Result
         None => None,
         Some(priority) => {
             let names = spec.classes.iter().map(|c| c.name.to_string()).collect();
-            Some(Box::new(Classes { priority: var_param(cf, priority)?, names, kept: Vec::new() }))
+            let counters = spec.classes.iter().map(|_| AtomicPtr::new(ptr::null_mut())).collect();
+            Some(Box::new(Classes { priority: var_param(cf, priority)?, names, kept: Vec::new(), counters }))
         }
     };
     let line = Line {

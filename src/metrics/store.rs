@@ -319,11 +319,16 @@ pub struct Layout {
     /// Index into `wants` of each line (by [`crate::line::LineId`]), of
     /// each Redis zone and of each lease zone.
     pub line_want: Vec<usize>,
+    /// Each class of a line of classes: the line (by index), the class, and
+    /// its row's index into `wants`.
+    pub class_want: Vec<(usize, usize, usize)>,
     pub redis_want: Vec<usize>,
     pub lease_want: Vec<usize>,
     /// Each line's row, by line (lines with one identity share one), once
     /// the zone is initialised (before the workers start).
     pub lines: Vec<Option<Row<LineSlot>>>,
+    /// Each class's row, as `class_want`.
+    pub classes: Vec<Option<Row<LineSlot>>>,
     /// Each Redis zone's row, by zone index.
     pub redis: Vec<Option<Row<RedisSlot>>>,
     /// Each lease zone's row, by lease zone index.
@@ -432,6 +437,7 @@ pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) ->
     }
     let row_of = |i: &usize| rows.get(*i).copied().flatten();
     layout.lines = layout.line_want.iter().map(|i| row_of(i).map(|(a, n)| row(a, n))).collect();
+    layout.classes = layout.class_want.iter().map(|(_, _, i)| row_of(i).map(|(a, n)| row(a, n))).collect();
     layout.redis = layout.redis_want.iter().map(|i| row_of(i).map(|(a, n)| row(a, n))).collect();
     layout.lease = layout.lease_want.iter().map(|i| row_of(i).map(|(a, n)| row(a, n))).collect();
     if lost > 0 {
@@ -468,9 +474,11 @@ impl Default for Metrics {
                 wants: Vec::new(),
                 nslots: 1,
                 line_want: Vec::new(),
+                class_want: Vec::new(),
                 redis_want: Vec::new(),
                 lease_want: Vec::new(),
                 lines: Vec::new(),
+                classes: Vec::new(),
                 redis: Vec::new(),
                 lease: Vec::new(),
             },
