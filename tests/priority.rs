@@ -24,6 +24,7 @@ fn conf(params: &str) -> String {
          server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
            access_log {{ROOT}}/../q.log q;\n\
            location /q/ {{ rl_conn zone=c key=all priority=$arg_p {params}; rl_headers off; {SLOW} }}\n\
+           location = /quota {{ rl_quota; rl_conn zone=c key=all priority=$arg_p {params}; }}\n\
            location = /metrics {{ rl_metrics; }}\n\
          }}"
     )
@@ -158,6 +159,11 @@ fn each_class_has_its_places() {
 #[test]
 fn a_reserve_is_kept_for_premium() {
     let ngx = start("max=3 classes=premium:reserve=1,standard");
+    let quota = |q: &str| -> u64 {
+        let body = ngx.get(&format!("/quota{q}"), &[]).body;
+        body.split("\"remaining\":").nth(1).and_then(|v| v.split(',').next()?.parse().ok()).unwrap_or(99)
+    };
+    assert_eq!((quota(""), quota("?p=premium")), (2, 3), "rl_quota: what each class may take");
     let (status, std_a) = hold(&ngx, "/q/slow.html?n=a");
     assert_eq!(status, 200);
     let (status, _std_b) = hold(&ngx, "/q/slow.html?n=b");
@@ -303,18 +309,26 @@ fn nginx_t_class_messages() {
 /// A rate line of classes: `premium:reserve=2` of a burst of 5 keeps the
 /// last two units for premium. Standard passes three times and is then
 /// refused with the wait until three units are back (its own and the
-/// reserve); its remaining count is what standard may still spend.
-/// Premium spends the reserve.
+/// reserve); its remaining count (and `rl_quota`'s) is what standard may
+/// still spend. Premium spends the reserve.
 #[test]
 fn a_rate_line_keeps_a_reserve_for_premium() {
-    let ngx = Nginx::setup(
+    let line =
+        "rl_limit zone=r rate=10r/m burst=5 algorithm=gcra key=all priority=$arg_p classes=premium:reserve=2,standard;";
+    let ngx = Nginx::setup(&format!(
         "rl_zone r size=1m;\n\
-         server { listen 127.0.0.1:{PORT}; root {ROOT};\n\
-           location /r/ { rl_limit zone=r rate=10r/m burst=5 algorithm=gcra key=all priority=$arg_p classes=premium:reserve=2,standard; }\n\
-         }",
-    )
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /r/ {{ {line} }}\n\
+           location = /quota {{ rl_quota; {line} }}\n\
+         }}"
+    ))
     .file("html/r/a.html", "a\n")
     .start();
+    let quota = |q: &str| -> u64 {
+        let body = ngx.get(&format!("/quota{q}"), &[]).body;
+        body.split("\"remaining\":").nth(1).and_then(|v| v.split(',').next()?.parse().ok()).unwrap_or(99)
+    };
+    assert_eq!((quota(""), quota("?p=premium")), (3, 5), "standard may spend 3 of 5");
     let remaining = |r: &Response| r.header("x-ratelimit-remaining").unwrap_or_default().to_string();
     let r = ngx.get("/r/a.html", &[]);
     assert_eq!((r.status, remaining(&r)), (200, "2".to_string()), "5 less 1, less premium's 2");
@@ -329,6 +343,7 @@ fn a_rate_line_keeps_a_reserve_for_premium() {
     assert_eq!((r.status, remaining(&r)), (200, "1".to_string()), "premium sees the whole budget");
     assert_eq!(ngx.get("/r/a.html?p=premium", &[]).status, 200);
     assert_eq!(ngx.get("/r/a.html?p=premium", &[]).status, 429, "burst=5 in all");
+    assert_eq!((quota(""), quota("?p=premium")), (0, 0));
 }
 
 /// `nginx -t` on a rate line's classes.
