@@ -200,6 +200,29 @@ fn a_killed_workers_slots_come_back() {
     assert!(m.contains("\nnginx_rl_conn_reclaimed_total{zone=\"c\"} 1\n"), "{m}");
 }
 
+/// A worker killed with `-9` while a request waits in it for a slot: the
+/// worker nginx starts in its place takes that request off the waiting
+/// gauge (it waits no more), long before the place's timeout.
+#[test]
+fn a_killed_workers_waiters_leave_the_gauge() {
+    let ngx = start_queue("queue=1 timeout=60s");
+    let (status, held) = hold(&ngx, "/q/slow.html");
+    assert_eq!(status, 200);
+    let waiter = send_only(ngx.port, "/q/fast.html");
+    until_waiting(&ngx, 1);
+    let before = ngx.worker_pids();
+    for pid in &before {
+        Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    }
+    drop((held, waiter));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ngx.error_log().contains("which exited, given back") {
+        assert!(Instant::now() < deadline, "nothing given back:\n{}", ngx.error_log());
+        thread::sleep(Duration::from_millis(10));
+    }
+    until_waiting(&ngx, 0);
+}
+
 /// A reload keeps the zone and what is held in it: the new workers count
 /// the old worker's request in flight until it ends, and the old worker,
 /// draining, gives its slot back when it does.

@@ -32,6 +32,15 @@ use super::{idle_at, Locked, Zone};
 /// ([`Zone::conn_totals`]).
 const TOTALS: [u64; 2] = [0x726c_5f63_6f6e_6e5f, 0x746f_7461_6c73_0001];
 
+/// What marks a worker's count of its waiting requests
+/// ([`Locked::wait_starts`]): the third word of its record.
+const WAITING_TAG: u64 = 0x726c_5f77_6169_7473;
+
+/// The hash of the record of the requests waiting in process slot `slot`.
+fn waiting_hash(slot: u64) -> [u64; 2] {
+    [TOTALS[0] ^ 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(slot + 1), TOTALS[1] ^ WAITING_TAG]
+}
+
 /// The hash of a hold of `key` by process slot `slot`, of class `class`
 /// (its index plus one; 0 on a line of one class).
 fn hold_hash(key: [u64; 2], slot: u64, class: u64) -> [u64; 2] {
@@ -128,10 +137,14 @@ impl Locked<'_> {
     }
 
     /// Counts a request that starts waiting for a slot in the zone's
-    /// totals.
+    /// totals, and in this worker's own count, which [`reclaim`] takes off
+    /// the totals should the worker die with it.
     pub fn wait_starts(&mut self, now_s: u32, log: *mut ngx_log_t) {
         if let Some(t) = self.totals_or_new(now_s, log) {
             t[2] = t[2].saturating_add(1);
+        }
+        if let Some(w) = self.my_waiting(now_s, log) {
+            w[1] = w[1].saturating_add(1);
         }
     }
 
@@ -140,6 +153,31 @@ impl Locked<'_> {
         if let Some(t) = self.totals_mut() {
             t[2] = t[2].saturating_sub(1);
         }
+        let me = me();
+        let h = waiting_hash(me.slot);
+        let mine = self.table.find(h).and_then(|slot| self.table.state_at(slot, h));
+        if let Some(w) = mine.filter(|w| w[0] == me.word()) {
+            w[1] = w[1].saturating_sub(1);
+        }
+    }
+
+    /// This worker's record of its waiting requests (`[owner, count,
+    /// WAITING_TAG]`, the owner a [`Meta`] of no count), made where missing
+    /// or left by another process in this slot (whose waiters [`reclaim`]
+    /// took off the totals); kept whatever time passes.
+    fn my_waiting(&mut self, now_s: u32, log: *mut ngx_log_t) -> Option<&mut [u64; 3]> {
+        let me = me();
+        let h = waiting_hash(me.slot);
+        let slot = match self.table.find(h) {
+            Some(slot) => slot,
+            None => self.insert(h, super::INLINE_WORDS, now_s, log)?,
+        };
+        self.table.set_idle_at(slot, PINNED);
+        let w = self.table.state_at(slot, h)?;
+        if w[0] != me.word() || w[2] != WAITING_TAG {
+            *w = [me.word(), 0, WAITING_TAG];
+        }
+        Some(w)
     }
 
     /// The zone's totals, made (all 0) where there are none yet; kept
@@ -248,9 +286,17 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
     };
     let me = me();
     let mut dead: Vec<(rl_core::table::Slot, [u64; 2], [u64; 2], Meta)> = Vec::new();
+    let mut dead_waiting: Vec<(rl_core::table::Slot, [u64; 2], u64)> = Vec::new();
     let entries: Vec<_> = locked.table.live_entries().collect();
     for (slot, hash) in entries {
         let Some(state) = locked.table.state(slot) else { continue };
+        let owner = Meta::read(state[0]);
+        if state[2] == WAITING_TAG && waiting_hash(owner.slot) == hash {
+            if owner.pid != me.pid && (owner.slot == me.slot || !alive(owner.pid)) {
+                dead_waiting.push((slot, hash, state[1]));
+            }
+            continue;
+        }
         let meta = Meta::read(state[2]);
         let key = [state[0], state[1]];
         if hold_hash(key, meta.slot, meta.class) != hash || meta.pid == me.pid || meta.count == 0 {
@@ -275,6 +321,17 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
             // (in flight never goes below 0, whatever was dropped from a full zone)
             t[0] = t[0].saturating_sub(total);
             t[1] = t[1].saturating_add(total);
+        }
+    }
+    // A dead worker's waiters are no longer waiting (their places in the lines go at their
+    // deadlines, as any place whose waiter does not look again).
+    for &(slot, hash, waiting) in &dead_waiting {
+        if locked.table.state_at(slot, hash).is_none() {
+            continue;
+        }
+        locked.table.remove(slot);
+        if let Some(t) = locked.totals_mut() {
+            t[2] = t[2].saturating_sub(waiting);
         }
     }
     drop(locked);
