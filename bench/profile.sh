@@ -164,6 +164,8 @@ profile rl rl_token_bucket_k1m /token_bucket_k1m 1000000 >>"$TMP/ir.tsv"
 # rl_conn beside limit_conn (#39): one key, never refused.
 profile rl rl_conn_no_headers /conn_admit_noheaders 0 >>"$TMP/ir.tsv"
 profile rl rl_conn /conn_admit 0 >>"$TMP/ir.tsv"
+# The same line with two classes and a reserve (#39 §2): what classes cost.
+profile rl rl_conn_classes_no_headers /conn_classes_noheaders 0 >>"$TMP/ir.tsv"
 
 selfcost() { # dump: "instructions/request<TAB>function" per function (self cost)
     callgrind_annotate --auto=no --threshold=100 "$1" 2>/dev/null | awk -v n="$N" -v root="$ROOT/" '

@@ -1,10 +1,11 @@
-//! Shedding by class in front of a slow upstream (#39 §3): an upstream that
-//! serves 200 requests a second (20 at once, 100 ms each) is offered 400 a
-//! second, a fifth of them premium. `rl_conn` with the upstream's 20 as
-//! `max`, a reserve for premium and a waiting line premium alone may use:
-//! premium keeps at least 99% success and a p99 latency within twice the
-//! unloaded one, standard is refused first, and the upstream never has more
-//! than 20 requests at once.
+//! Shedding by class in front of a slow upstream (#39 §3), the recipe
+//! `nginx-conf/priority.conf` as it is: an upstream that serves 200
+//! requests a second (20 at once, 100 ms each) is offered 400 a second, a
+//! fifth of them premium. `rl_conn` with the upstream's 20 as `max`, a
+//! reserve for premium and a waiting line premium alone may use: premium
+//! keeps at least 99% success and a p99 latency within twice the unloaded
+//! one, standard is refused first, and the upstream never has more than 20
+//! requests at once.
 //!
 //! The load is open: each request leaves at its own time, whatever the
 //! others' fate, from a pool of client threads.
@@ -18,6 +19,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::conf_nginx::ConfNginx;
 use common::*;
 
 /// Requests the upstream serves at once, and how long each takes.
@@ -91,9 +93,9 @@ fn offer(port: u16, n: usize, rate: u64, premium_every: usize, threads: usize) -
                     thread::sleep(wait);
                 }
                 let premium = i % premium_every == 0;
-                let path = format!("/api/?i={i}&p={}", if premium { "premium" } else { "standard" });
+                let plan = [("X-Plan", if premium { "premium" } else { "standard" })];
                 let sent = Instant::now();
-                let status = try_get(port, &path, &[]).map_or(0, |r| r.status);
+                let status = try_get(port, &format!("/api/?i={i}"), &plan).map_or(0, |r| r.status);
                 fates.lock().unwrap().push(Fate { premium, status, took: sent.elapsed() });
             }
         }));
@@ -112,19 +114,8 @@ fn p99(mut took: Vec<Duration>) -> Duration {
 #[test]
 fn premium_keeps_its_service_while_standard_is_shed() {
     let up = upstream();
-    let ngx = Nginx::start(&format!(
-        "rl_zone up size=1m;\n\
-         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
-           location /api/ {{\n\
-             rl_conn zone=up key=backend max={WORKERS} queue=100 timeout=2s priority=$arg_p\n\
-                     classes=premium:reserve=10,standard:queue=0;\n\
-             rl_status 503;\n\
-             proxy_pass http://127.0.0.1:{};\n\
-           }}\n\
-           location = /metrics {{ rl_metrics; }}\n\
-         }}",
-        up.port
-    ));
+    let backend = format!("127.0.0.1:{}", up.port);
+    let ngx = ConfNginx::start_with("priority.conf", &[], &[("127.0.0.1:9000", &backend)]);
     // Unloaded: premium alone, 20 a second.
     let quiet = offer(ngx.port, 60, 20, 1, 8);
     assert!(
@@ -165,7 +156,7 @@ fn premium_keeps_its_service_while_standard_is_shed() {
     let class = |c: &str, r: &str| -> usize {
         m.lines()
             .filter(|l| {
-                l.starts_with("nginx_rl_class_requests_total{zone=\"up\",")
+                l.starts_with("nginx_rl_class_requests_total{zone=\"backend\",")
                     && l.contains(&format!("class=\"{c}\",result=\"{r}\"}}"))
             })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
