@@ -348,12 +348,17 @@ fn debug_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
 #[inline(never)]
 fn log_verdicts(log: *mut ngx_log_t, mcf: &MainConf, ctx: &Ctx) {
     for (line, res) in ctx.staged(&mcf.lines).filter(|(_, res)| res.active) {
+        // (a line of classes names the request's)
+        let class = line.classes.as_deref().and_then(|c| c.names.get(usize::from(res.class)));
         ngx_log_debug!(
             mask: DebugMask::Http,
             log,
-            "rl: zone \"{}\" line \"{}\" key {:016x}: {}, remaining {}, reset {} us, charged {}",
+            "rl: zone \"{}\" line \"{}\"{}{}{} key {:016x}: {}, remaining {}, reset {} us, charged {}",
             line.zone_name,
             line.item,
+            if class.is_some() { " class \"" } else { "" },
+            class.map_or("", String::as_str),
+            if class.is_some() { "\"" } else { "" },
             rl_core::redis::tag_of(res.key.as_bytes()),
             if res.admitted() { "admitted" } else { "rejected" },
             res.remaining(),

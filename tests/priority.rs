@@ -356,3 +356,37 @@ fn nginx_t_rate_class_messages() {
         nginx_t("rl_zone r size=1m; server { location / { rl_limit zone=r rate=1r/s burst=5 queue=3 algorithm=gcra priority=$arg_p classes=a:reserve=1,b; } }");
     assert!(!ok && out.contains("\"classes\" cannot be used with \"queue\" in \"rl_limit\" directive"), "{out}");
 }
+
+/// nginx's debug log names the class of each verdict of a line of classes.
+#[test]
+fn debug_log_names_the_class() {
+    let version = Command::new(nginx_bin()).arg("-V").output().expect("nginx -V");
+    if !String::from_utf8_lossy(&version.stderr).contains("--with-debug") {
+        eprintln!("skipped: {} is not built --with-debug", nginx_bin().display());
+        return;
+    }
+    let ngx = Nginx::setup(
+        "rl_zone r size=1m;\n\
+         server { listen 127.0.0.1:{PORT}; root {ROOT};\n\
+           location /r/ { error_log debug.log debug;\n\
+             rl_limit zone=r rate=1r/h burst=2 key=all priority=$arg_p classes=premium:reserve=1,standard; }\n\
+         }",
+    )
+    .file("html/r/a.html", "a\n")
+    .start();
+    assert_eq!(ngx.get("/r/a.html?p=premium", &[]).status, 200);
+    assert_eq!(ngx.get("/r/a.html", &[]).status, 429);
+    let log = std::fs::read_to_string(ngx.prefix.join("debug.log")).expect("debug.log");
+    let verdicts: Vec<&str> = log.lines().filter(|l| l.contains("rl: zone \"r\" line \"r\" class ")).collect();
+    assert_eq!(verdicts.len(), 2, "{verdicts:#?}");
+    assert!(
+        verdicts[0].contains("class \"premium\" key ") && verdicts[0].contains(": admitted, remaining 1,"),
+        "{}",
+        verdicts[0]
+    );
+    assert!(
+        verdicts[1].contains("class \"standard\" key ") && verdicts[1].contains(": rejected, remaining 0,"),
+        "{}",
+        verdicts[1]
+    );
+}
