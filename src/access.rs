@@ -21,7 +21,7 @@
 //! units are taken.
 
 use core::ffi::{c_void, CStr};
-use core::mem;
+use core::{mem, ptr};
 
 use ngx::core::Status;
 use ngx::ffi::{
@@ -40,7 +40,7 @@ use crate::line::Stage;
 use crate::metrics;
 use crate::request::{get_ctx, new_ctx, Ctx, Phase, Verdict};
 use crate::shm::decide::{decide, refund, release};
-use crate::shm::wait;
+use crate::shm::{wait, wake};
 use crate::Module;
 
 ngx::http_request_handler!(preaccess_handler, preaccess);
@@ -184,6 +184,7 @@ fn start(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut 
 fn queued(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Option<Status> {
     // SAFETY: the request and its connection are valid.
     let log = unsafe { (*(*raw).connection).log };
+    wake::awake(ptr::from_mut(ctx) as usize);
     if let Some(ms) = wait::poll(&mcf.zones, &mcf.lines, ctx, log) {
         return Some(sleep_queued(raw, mcf, ctx, ms));
     }
@@ -199,6 +200,14 @@ fn sleep_queued(raw: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ms:
     }
     ctx.phase = Phase::Queued;
     delay::sleep(raw, ms);
+    // SAFETY: the request and its connection are valid; the timer is on its write event.
+    let wev = unsafe { (*(*raw).connection).write };
+    let owner = ptr::from_mut(ctx) as usize;
+    for (line, res) in ctx.iter(&mcf.lines).filter(|(_, res)| res.ticket != 0) {
+        if let Some(z) = line.backend.shm() {
+            wake::sleeping(owner, z, res.hash, res.class, res.ticket, wev);
+        }
+    }
     Status::NGX_AGAIN
 }
 
@@ -328,6 +337,7 @@ extern "C" fn release_handler(data: *mut c_void) {
         let rel = &*data.cast::<Release>();
         (&mut *rel.ctx, &*rel.mcf)
     };
+    wake::awake(ptr::from_mut(ctx) as usize);
     release(&mcf.zones, &mcf.lines, ctx);
 }
 

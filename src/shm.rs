@@ -11,6 +11,7 @@ pub mod holds;
 mod init;
 mod mutex;
 pub mod wait;
+pub mod wake;
 
 use core::sync::atomic::{AtomicU64, Ordering};
 use core::{mem, ptr};

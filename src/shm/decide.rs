@@ -296,6 +296,8 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
         locked.charged_held(res.slot, held, now_us, res.reset_us());
         if limit.is_concurrent() {
             locked.unhold(res.hash, res.charge().cost(), res.charge().held_class(), (now_us / 1_000_000) as u32);
+            // (the zones stay locked: woken, a waiter runs on a later turn of the event loop)
+            super::wake::wake(z, res.hash);
         }
     }
 }
@@ -325,6 +327,10 @@ pub fn release(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
             locked.charged_held(res.slot, held, now_us, 0);
         }
         locked.unhold(res.hash, cost, class, (now_us / 1_000_000) as u32);
+        drop(locked);
+        if let Some(z) = line.backend.shm() {
+            super::wake::wake(z, res.hash);
+        }
     }
 }
 

@@ -16,10 +16,21 @@ use super::{now_us, Zone};
 use crate::line::Line;
 use crate::request::{Ctx, LineResult};
 
-/// The first look after an arrival, and the step between two looks per
-/// place ahead of the request (ms); at most [`POLL_MAX_MS`].
+/// How long a waiter sleeps before it looks again (ms): [`POLL_HEAD_MS`]
+/// at the head of its line (a slot freed by another worker waits for this
+/// look; one freed by its own worker wakes it at once, [`super::wake`]),
+/// else [`POLL_STEP_MS`] per place ahead of it, at most [`POLL_MAX_MS`].
+const POLL_HEAD_MS: u64 = 1;
 const POLL_STEP_MS: u64 = 5;
 const POLL_MAX_MS: u64 = 50;
+
+/// [`POLL_HEAD_MS`] or [`POLL_STEP_MS`] by the places `ahead`.
+fn poll_after(ahead: u64) -> u64 {
+    match ahead {
+        0 => POLL_HEAD_MS,
+        n => POLL_STEP_MS.saturating_mul(n).min(POLL_MAX_MS),
+    }
+}
 
 /// What a line's verdict says when it lets the request in: `free` units
 /// left after it, the units held (by its class, on a line of several), and
@@ -115,7 +126,7 @@ pub fn arrive(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         leave_all(zones, lines, ctx);
         return None;
     }
-    waiting.then_some(POLL_STEP_MS)
+    waiting.then_some(POLL_HEAD_MS)
 }
 
 /// Keeps the state whatever time passes while it holds units or places,
@@ -159,7 +170,7 @@ pub fn poll(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_lo
                 admitted = true;
             }
             Turn::Waiting { ahead } if now < end => {
-                let step = POLL_STEP_MS.saturating_mul(ahead + 1).min(POLL_MAX_MS);
+                let step = poll_after(ahead);
                 let left_ms = (end - now).div_ceil(1000);
                 next_ms = Some(next_ms.unwrap_or(u64::MAX).min(step).min(left_ms));
             }
@@ -179,6 +190,13 @@ pub fn poll(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_lo
         }
         if res.ticket == 0 {
             locked.wait_ends();
+        }
+        drop(locked);
+        if admitted {
+            // (units may be left for the next waiter of this worker: it looks at once)
+            if let Some(z) = line.backend.shm() {
+                super::wake::wake(z, res.hash);
+            }
         }
     }
     if refused {
@@ -213,4 +231,9 @@ pub fn leave(zones: &[Box<Zone>], line: &Line, res: &mut LineResult, now: u64) {
     }
     pin(&mut locked, res.slot, res, line, now);
     locked.wait_ends();
+    drop(locked);
+    // (the place given up may have held those behind it back)
+    if let Some(z) = line.backend.shm() {
+        super::wake::wake(z, res.hash);
+    }
 }
