@@ -452,6 +452,21 @@ impl Line {
         self.limit.is_concurrent() && (self.limit.queue() > 0 || self.lanes.len() > 1)
     }
 
+    /// How an `rl_conn` line's state is laid out beyond its units (its
+    /// waiting line's places in all and per class, and the units of each
+    /// class), as part of its identity: a reload that changes it starts the
+    /// line afresh, so that no state is read with a layout it was not made
+    /// with (old workers draining still use theirs). Empty for a line
+    /// without a waiting line, and for `rl_limit` lines, whose identities
+    /// (and Redis keys) it leaves as they were.
+    fn waiting_layout(&self) -> String {
+        if !self.waits() {
+            return String::new();
+        }
+        let places: Vec<String> = self.lanes.iter().map(|l| l.places.to_string()).collect();
+        format!("|wait:{}:{}", self.limit.queue(), places.join(","))
+    }
+
     /// The directive the line comes from, as messages name it.
     pub fn directive(&self) -> &'static str {
         match self.limit.is_concurrent() {
@@ -474,16 +489,28 @@ impl Line {
     /// whose algorithm may change between Rust releases), and for unnamed
     /// lines the same as before names existed, so that their Redis keys stay.
     pub fn identity(&self) -> u64 {
+        self.identity_with(&self.waiting_layout())
+    }
+
+    /// The identity of the requests an `rl_conn` line counts, whatever its
+    /// waiting line: lines of one such identity must have one layout
+    /// (`nginx -t` refuses others, [`Line::identity`] keeps them apart).
+    pub fn counted_identity(&self) -> u64 {
+        self.identity_with("")
+    }
+
+    /// [`Line::identity`] with `layout` (see [`Line::waiting_layout`]).
+    fn identity_with(&self, layout: &str) -> u64 {
         let sip = siphasher::sip::SipHasher13::new_with_keys(0, 0);
         if let Some(name) = &self.name {
             // An unnamed line's text starts with its zone name, which is
             // never empty and holds no NUL: named and unnamed never share.
-            return sip.hash(format!("\0{}\0{}", self.zone_name, name).as_bytes());
+            return sip.hash(format!("\0{}\0{}{}", self.zone_name, name, layout).as_bytes());
         }
         if self.limit.is_concurrent() {
             // Requests in flight of one key, whatever the max each line allows (as limit_conn's
             // nodes): never shared with a rate's.
-            let canon = format!("{}|{}|{}", self.zone_name, self.key_src, self.limit.algorithm());
+            let canon = format!("{}|{}|{}{}", self.zone_name, self.key_src, self.limit.algorithm(), layout);
             return sip.hash(canon.as_bytes());
         }
         if self.vars.as_deref().is_some_and(Varying::limit_varies) {

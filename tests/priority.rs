@@ -390,3 +390,31 @@ fn debug_log_names_the_class() {
         verdicts[1]
     );
 }
+
+/// A reload that changes a line's waiting line (its `queue=`, its classes)
+/// starts the line's counts afresh: the states the old line laid out are
+/// never read with the new layout (which, before, read the old waiting
+/// line's words as the units of each class, and past the old state's end).
+#[test]
+fn a_reload_that_changes_the_line_starts_afresh() {
+    let mut ngx = start("max=1 queue=5 timeout=20s classes=all");
+    let (status, held) = hold(&ngx, "/q/slow.html");
+    assert_eq!(status, 200);
+    let waiters: Vec<_> = (0..3).map(|i| send_only(ngx.port, &format!("/q/fast.html?n={i}"))).collect();
+    until_waiting(&ngx, 3);
+    drop(held);
+    for w in waiters {
+        assert_eq!(response(w).0, 200);
+    }
+    ngx.reload_with(&conf("max=4 classes=premium:reserve=1,standard"));
+    let mut holding = Vec::new();
+    for i in 0..3 {
+        let (status, s) = hold(&ngx, &format!("/q/slow.html?n=s{i}"));
+        assert_eq!(status, 200, "standard {i}");
+        holding.push(s);
+    }
+    assert_eq!(ngx.get("/q/fast.html?n=s3", &[]).status, 429, "the fourth unit is premium's");
+    let (status, _p) = hold(&ngx, "/q/slow.html?p=premium");
+    assert_eq!(status, 200);
+    assert!(crash_lines(&ngx.error_log()).is_empty(), "{}", ngx.error_log());
+}

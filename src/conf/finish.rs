@@ -64,7 +64,7 @@ fn same_waiting_lines(lines: &[Line]) -> Result<(), ConfError> {
     };
     let mut seen: HashMap<u64, &Line> = HashMap::new();
     for line in lines.iter().filter(|l| l.limit.is_concurrent()) {
-        match seen.get(&line.id) {
+        match seen.get(&line.counted_identity()) {
             Some(first) if layout(first) != layout(line) => refuse!(
                 "\"rl_conn\" directive in {} counts the requests of the one in {} (zone \"{}\", key \"{}\") \
                  and must have the same \"queue\" and class queues",
@@ -75,7 +75,7 @@ fn same_waiting_lines(lines: &[Line]) -> Result<(), ConfError> {
             ),
             Some(_) => {}
             None => {
-                seen.insert(line.id, line);
+                seen.insert(line.counted_identity(), line);
             }
         }
     }
