@@ -159,10 +159,7 @@ fn each_class_has_its_places() {
 #[test]
 fn a_reserve_is_kept_for_premium() {
     let ngx = start("max=3 classes=premium:reserve=1,standard");
-    let quota = |q: &str| -> u64 {
-        let body = ngx.get(&format!("/quota{q}"), &[]).body;
-        body.split("\"remaining\":").nth(1).and_then(|v| v.split(',').next()?.parse().ok()).unwrap_or(99)
-    };
+    let quota = |q: &str| quota_remaining(&ngx, q);
     assert_eq!((quota(""), quota("?p=premium")), (2, 3), "rl_quota: what each class may take");
     let (status, std_a) = hold(&ngx, "/q/slow.html?n=a");
     assert_eq!(status, 200);
@@ -193,6 +190,15 @@ fn until_in_flight(ngx: &Nginx, n: u64) {
         assert!(Instant::now() < deadline, "never {n} in flight:\n{}", ngx.error_log());
         thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// What `/quota` (with the query `q`) says is `remaining` of its first line.
+fn quota_remaining(ngx: &Nginx, q: &str) -> u64 {
+    let body = ngx.get(&format!("/quota{q}"), &[]).body;
+    body.split("\"remaining\":")
+        .nth(1)
+        .and_then(|v| v.split(',').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{body}"))
 }
 
 /// The zone's `nginx_rl_conn_in_flight` gauge.
@@ -324,10 +330,7 @@ fn a_rate_line_keeps_a_reserve_for_premium() {
     ))
     .file("html/r/a.html", "a\n")
     .start();
-    let quota = |q: &str| -> u64 {
-        let body = ngx.get(&format!("/quota{q}"), &[]).body;
-        body.split("\"remaining\":").nth(1).and_then(|v| v.split(',').next()?.parse().ok()).unwrap_or(99)
-    };
+    let quota = |q: &str| quota_remaining(&ngx, q);
     assert_eq!((quota(""), quota("?p=premium")), (3, 5), "standard may spend 3 of 5");
     let remaining = |r: &Response| r.header("x-ratelimit-remaining").unwrap_or_default().to_string();
     let r = ngx.get("/r/a.html", &[]);
