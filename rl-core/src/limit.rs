@@ -841,7 +841,10 @@ impl Limit {
     /// is what its class may still spend.
     pub fn check_keeping(&self, state: &[u64], now: u64, cost: u64, kept: u64) -> Outcome {
         let mut o = self.check(state, now, cost.saturating_add(kept));
-        o.remaining = o.remaining.saturating_sub(kept);
+        if !o.admitted {
+            // (admitted, what is left after cost + kept is the class's already)
+            o.remaining = o.remaining.saturating_sub(kept);
+        }
         o
     }
 

@@ -27,6 +27,10 @@ proptest! {
             let mut d = Decision::REJECTED;
             l.acquire_keeping(&mut with, now, cost, kept, &mut d);
             prop_assert_eq!(d.outcome.admitted, wide.admitted);
+            // The check says what the acquire does.
+            let checked = l.check_keeping(&before, now, cost, kept);
+            prop_assert_eq!(checked.admitted, d.outcome.admitted);
+            prop_assert_eq!(checked.remaining, d.outcome.remaining);
             if d.outcome.admitted {
                 // Charged cost alone: the state is what a plain acquire of cost makes.
                 let mut plain = before.clone();
