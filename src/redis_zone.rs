@@ -293,6 +293,9 @@ pub struct JobLine {
     /// with it for the line before it, living this long (µs; 0: a line of
     /// the request): rl-core's [`rl_core::redis::LineArg::lease_life`].
     pub lease_life: u64,
+    /// A line of classes: the units the request leaves to the classes above
+    /// its own ([`rl_core::redis::LineArg::kept`]).
+    pub kept: u64,
 }
 
 /// One key of a node's sync in lease mode: whose state (as [`JobLine`]

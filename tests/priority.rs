@@ -316,13 +316,24 @@ fn nginx_t_class_messages() {
 /// last two units for premium. Standard passes three times and is then
 /// refused with the wait until three units are back (its own and the
 /// reserve); its remaining count (and `rl_quota`'s) is what standard may
-/// still spend. Premium spends the reserve.
+/// still spend. Premium spends the reserve. On shared memory and on Redis
+/// alike.
 #[test]
 fn a_rate_line_keeps_a_reserve_for_premium() {
+    rate_reserve("rl_zone r size=1m;");
+}
+
+#[test]
+fn a_redis_rate_line_keeps_a_reserve_for_premium() {
+    let redis = common::redis::Redis::start();
+    rate_reserve(&format!("rl_zone r redis={} timeout=1s;", redis.url()));
+}
+
+fn rate_reserve(zone: &str) {
     let line =
         "rl_limit zone=r rate=10r/m burst=5 algorithm=gcra key=all priority=$arg_p classes=premium:reserve=2,standard;";
     let ngx = Nginx::setup(&format!(
-        "rl_zone r size=1m;\n\
+        "{zone}\n\
          server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
            location /r/ {{ {line} }}\n\
            location = /quota {{ rl_quota; {line} }}\n\
@@ -353,8 +364,12 @@ fn a_rate_line_keeps_a_reserve_for_premium() {
 #[test]
 fn nginx_t_rate_class_messages() {
     let (ok, out) =
-        nginx_t("rl_zone r redis=redis://127.0.0.1:1; server { location / { rl_limit zone=r rate=1r/s burst=5 priority=$arg_p classes=a:reserve=1,b; } }");
-    assert!(!ok && out.contains("Redis zone \"r\" cannot keep class reserves in \"rl_limit\" directive"), "{out}");
+        nginx_t("rl_zone r redis=redis://127.0.0.1:1 lease=1m; server { location / { rl_limit zone=r rate=1r/s burst=5 priority=$arg_p classes=a:reserve=1,b; } }");
+    assert!(
+        !ok && out
+            .contains("zone \"r\" has \"lease\", whose leases cannot keep class reserves, in \"rl_limit\" directive"),
+        "{out}"
+    );
     let (ok, out) =
         nginx_t("rl_zone r size=1m; server { location / { rl_limit zone=r rate=1r/s burst=5 queue=3 algorithm=gcra priority=$arg_p classes=a:reserve=1,b; } }");
     assert!(!ok && out.contains("\"classes\" cannot be used with \"queue\" in \"rl_limit\" directive"), "{out}");

@@ -838,13 +838,21 @@ impl Limit {
     /// [`Limit::check`] for a request that must leave `kept` units of the
     /// budget (the reserves of the classes above its own, `classes=`): it
     /// passes only where `cost + kept` would, and what it is told is left
-    /// is what its class may still spend.
+    /// is what its class may still spend. A request of cost 0 spends
+    /// nothing, and passes as it does on any line.
     pub fn check_keeping(&self, state: &[u64], now: u64, cost: u64, kept: u64) -> Outcome {
-        let mut o = self.check(state, now, cost.saturating_add(kept));
-        if !o.admitted {
-            // (admitted, what is left after cost + kept is the class's already)
-            o.remaining = o.remaining.saturating_sub(kept);
+        if kept == 0 {
+            return self.check(state, now, cost);
         }
+        let wide = if cost == 0 { 0 } else { cost.saturating_add(kept) };
+        let checked = self.check(state, now, wide);
+        // Admitted, it is charged cost alone: what a check of cost says (its reset, its next
+        // unit), less what the classes above keep.
+        let mut o = match checked.admitted && wide != cost {
+            true => self.check(state, now, cost),
+            false => checked,
+        };
+        o.remaining = o.remaining.saturating_sub(kept);
         o
     }
 

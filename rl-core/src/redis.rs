@@ -365,18 +365,21 @@ pub struct LineArg {
     /// whatever they decide, and read as a [`LeaseGrant`] (see
     /// [`parse_reply`]).
     pub lease_life: u64,
+    /// A line of classes: the units of the budget the request must leave
+    /// to the classes above its own ([`Limit::acquire_keeping`]; 0: none).
+    pub kept: u64,
 }
 
 impl From<(Limit, u64)> for LineArg {
     /// An enforced line.
     fn from((limit, cost): (Limit, u64)) -> Self {
-        LineArg { limit, cost, dry_run: false, check_only: false, next: false, lease_life: 0 }
+        LineArg { limit, cost, dry_run: false, check_only: false, next: false, lease_life: 0, kept: 0 }
     }
 }
 
 impl From<(Limit, u64, bool)> for LineArg {
     fn from((limit, cost, dry_run): (Limit, u64, bool)) -> Self {
-        LineArg { limit, cost, dry_run, check_only: false, next: false, lease_life: 0 }
+        LineArg { limit, cost, dry_run, check_only: false, next: false, lease_life: 0, kept: 0 }
     }
 }
 
@@ -459,8 +462,9 @@ fn flush_run(run: Option<(LineArg, u64)>, spec: &mut Spec, emit: &mut impl FnMut
 /// queue flags"`, `flags` being the sum of 1 for a dry-run line, 2 for a
 /// [`Limit::varying`] one (whose state carries its scale tag), 4 for a
 /// `charge=after` line's check and 8 for a line that reports
-/// [`Outcome::next_us`]; a lease asked with the request is `"... 16
-/// life"`.
+/// [`Outcome::next_us`], plus 32 and a last field for a line of classes
+/// (`"... 32 kept"`, [`LineArg::kept`]); a lease asked with the request is
+/// `"... 16 life"`.
 pub fn write_spec(out: &mut String, line: &LineArg) {
     if line.lease_life > 0 {
         let (limit, rate) = (&line.limit, line.limit.rate());
@@ -491,7 +495,11 @@ pub fn write_spec(out: &mut String, line: &LineArg) {
             | u8::from(line.limit.is_varying()) << 1
             | u8::from(line.check_only) << 2
             | u8::from(line.next) << 3
+            | u8::from(line.kept > 0) << 5
     );
+    if line.kept > 0 {
+        let _ = write!(out, " {}", line.kept);
+    }
 }
 
 /// [`write_args`] as strings.

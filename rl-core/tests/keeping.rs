@@ -23,7 +23,8 @@ proptest! {
         for (dt, cost, kept) in ops {
             now += dt;
             let before = with.clone();
-            let wide = l.check(&with, now, cost + kept);
+            // (a cost of 0 spends nothing: it passes as on any line)
+            let wide = l.check(&with, now, if cost == 0 { 0 } else { cost + kept });
             let mut d = Decision::REJECTED;
             l.acquire_keeping(&mut with, now, cost, kept, &mut d);
             prop_assert_eq!(d.outcome.admitted, wide.admitted);
@@ -31,6 +32,7 @@ proptest! {
             let checked = l.check_keeping(&before, now, cost, kept);
             prop_assert_eq!(checked.admitted, d.outcome.admitted);
             prop_assert_eq!(checked.remaining, d.outcome.remaining);
+            prop_assert_eq!(checked.reset_us, d.outcome.reset_us);
             if d.outcome.admitted {
                 // Charged cost alone: the state is what a plain acquire of cost makes.
                 let mut plain = before.clone();
@@ -40,7 +42,7 @@ proptest! {
                 prop_assert_eq!(&plain, &with);
                 prop_assert_eq!(d.outcome.remaining, p.outcome.remaining.saturating_sub(kept));
                 // The kept units are left for the classes above.
-                prop_assert!(l.check(&with, now, kept).admitted, "the reserve was taken");
+                prop_assert!(cost == 0 || l.check(&with, now, kept).admitted, "the reserve was taken");
             } else {
                 prop_assert_eq!(&before, &with, "a refusal charges nothing");
                 prop_assert_eq!(d.outcome.retry_after_us, wide.retry_after_us);

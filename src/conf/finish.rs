@@ -195,14 +195,6 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
             }
         };
         line.id = line.identity();
-        if line.classes.is_some() && line.backend.redis().is_some() && !line.limit.is_concurrent() {
-            refuse!(
-                "Redis zone \"{}\" cannot keep class reserves in \"rl_limit\" directive in {}, \
-                 use a shared-memory zone (\"rl_zone NAME size=...\")",
-                Quote(&line.zone_name),
-                line.origin
-            );
-        }
         if line.limit.is_concurrent() && line.backend.redis().is_some() {
             refuse!(
                 "Redis zone \"{}\" cannot count requests in flight in \"rl_conn\" directive in {}, \
@@ -239,6 +231,13 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
                 lz.lines.push((line.id, leasing));
             }
             line.lease = Some((z, leasing));
+            if line.classes.is_some() {
+                refuse!(
+                    "zone \"{}\" has \"lease\", whose leases cannot keep class reserves, in \"rl_limit\" directive in {}",
+                    Quote(&line.zone_name),
+                    line.origin
+                );
+            }
         }
     }
     same_waiting_lines(&mcf.lines)?;

@@ -56,6 +56,7 @@ pub fn job_line(line: &Line, res: &LineResult, cost: u64) -> JobLine {
         next: false,
         deepest_queue: line.deepest_queue,
         lease_life: 0,
+        kept: res.kept,
     }
 }
 

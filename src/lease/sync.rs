@@ -213,6 +213,7 @@ fn settle(lz: &LeaseZone) -> u64 {
             next: false,
             deepest_queue: rl_core::redis::OVERDRAWN,
             lease_life: 0,
+            kept: 0,
         };
         redis_zone::charge(log(), lz.redis, line);
     }

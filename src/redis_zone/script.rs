@@ -110,6 +110,7 @@ pub async fn call(
                 check_only: l.check_only,
                 next: l.next,
                 lease_life: l.lease_life,
+                kept: l.kept,
             })
         });
         write_args(lines, Call { commit, now_us: None, deadline_us, memo: memo.is_some() }, |a| push_arg(&mut cmd, a));
@@ -131,7 +132,8 @@ pub async fn call(
     };
     for (lines, (_, outcomes, ..)) in requests.iter().zip(&replies) {
         for (line, outcome) in lines.iter().filter(|l| l.lease_life == 0).zip(outcomes) {
-            check_line(&line.limit, line.cost, outcome, line.deepest_queue)
+            // (a line of classes is checked for cost + kept: its wait is that of the wider request)
+            check_line(&line.limit, line.cost.saturating_add(line.kept), outcome, line.deepest_queue)
                 .map_err(|e| RedisError::Malformed(e.to_string()))?;
         }
     }

@@ -18,7 +18,10 @@
 -- "algorithm count period_us burst cost queue flags" (flags: the sum of 1
 -- for a dry-run line, 2 for a varying one, 4 for a charge=after line's
 -- check, 8 for a line that reports the wait for one more unit, i.e. 0 to
--- 15; or "algorithm count period_us burst units 0 16 life": not a line of
+-- 15; plus 32 and a last field "kept" for a request that must leave kept
+-- units of the budget to the classes above its own, rl-core's
+-- Limit::acquire_keeping, see `kept_run` below;
+-- or "algorithm count period_us burst units 0 16 life": not a line of
 -- the request but a lease asked with it, right after the line of its key,
 -- see `grant` below; queue 0 but
 -- for the buckets and gcra; the same string for every
@@ -949,12 +952,19 @@ local function parse(s)
   -- flags: the sum of 1 dry-run, 2 varying, 4 charge-after check (checks a
   -- cost of 1, never charges), 8 next (reports the wait for one more
   -- unit), 16 a lease asked with the request (then a last field, its life
-  -- in us); no other bit is known
-  if not (f and f <= 31 and w6 == string.format('%d', f)) then
+  -- in us), 32 a request that must leave units of the budget to the
+  -- classes above its own (then a last field, how many); no other bit is
+  -- known
+  if not (f and f <= 63 and w6 == string.format('%d', f)) then
     return false
   end
-  local life = false
-  if f >= 16 then
+  local life, kept = false, false
+  if f >= 32 then
+    kept = tonumber(w7)
+    if not (kept and kept >= 1 and kept < TWO53 and w7 == string.format('%d', kept) and f % 32 < 16) then
+      return false
+    end
+  elseif f >= 16 then
     life = tonumber(w7)
     if not (life and life >= 1 and life < TWO53 and w7 == string.format('%d', life) and f == 16) then
       return false
@@ -1008,7 +1018,8 @@ local function parse(s)
     end
     if not tag then K = false end
   end
-  return { a, c, p, b, x, K, BT, QK, f % 2 == 1, by_name[a], shape, NW[shape] or 0, tag, f % 8 >= 4, f % 16 >= 8, life }
+  return { a, c, p, b, x, K, BT, QK, f % 2 == 1, by_name[a], shape, NW[shape] or 0, tag, f % 8 >= 4, f % 16 >= 8, life,
+    kept }
 end
 
 -- parse(s), kept in `specs` (nil, a malformed number, is not kept).
@@ -1030,6 +1041,32 @@ local function line(s)
     return false
   end
   return lim
+end
+
+-- The outcome of a request of `cost` on `lim` (its algorithm, lim[10]), and
+-- for a line of classes (lim[17], the units the reserves of the classes
+-- above the request's keep) that of rl-core's Limit::acquire_keeping: it
+-- passes only where cost + kept would, checked without writing, and is
+-- then decided (and written, when committing) for cost alone; what it is
+-- told is left is what its class may still spend.
+local function kept_run(lim, j, key, cost)
+  local kept = lim[17]
+  if not kept then
+    return lim[10](lim, j, key, cost)
+  end
+  -- (a cost of 0 spends nothing: it passes as on any line)
+  local wide = cost + kept
+  if cost == 0 then wide = 0 end
+  local c = commit
+  commit = false
+  local ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, wide)
+  commit = c
+  if ok and adm then
+    ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, cost)
+  end
+  rem = rem - kept
+  if rem < 0 then rem = 0 end
+  return ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt
 end
 
 -- A call's start: binds the library functions, and sets the clock from
@@ -1143,6 +1180,11 @@ end
 -- the check of a cost of 0 (rl-core's Outcome::uncharged of Limit::left).
 local function left(n, lim, j, key)
   local _, _, rem, rst, _, _, _, _, _, _, nxt = lim[10](lim, j, key, 0)
+  if lim[17] then
+    -- (what the request's class may spend: the reserves above it kept)
+    rem = rem - lim[17]
+    if rem < 0 then rem = 0 end
+  end
   reply[n], reply[n + 1], reply[n + 4] = rem, rst, nxt
 end
 
@@ -1385,7 +1427,7 @@ local function limit(KEYS, ARGV)
           cost = 1
         end
         local j = slot[key]
-        local ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, cost)
+        local ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = kept_run(lim, j, key, cost)
         if ok and cost == 0 then
           -- charges nothing: passes at once even over the limit, and writes
           -- nothing
@@ -1461,7 +1503,7 @@ local function limit(KEYS, ARGV)
           local dly, nxt = 0, 0
 
           if key and lim and lim[10] and now <= E then
-            ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = lim[10](lim, j, key, cost)
+            ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt = kept_run(lim, j, key, cost)
             if lim[14] then
               -- a charge=after line: its cost is charged later, by `charge`
               val = nil

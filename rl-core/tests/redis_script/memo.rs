@@ -264,7 +264,8 @@ fn lines_of(alg: Algorithm) -> Vec<LineArg> {
     let vary = |l: Limit, varying: bool| if varying { l.varying() } else { l };
     for varying in [false, true] {
         let l = vary(case_limit(alg), varying);
-        let base = LineArg { limit: l, cost: 1, dry_run: false, check_only: false, next: false, lease_life: 0 };
+        let base =
+            LineArg { limit: l, cost: 1, dry_run: false, check_only: false, next: false, lease_life: 0, kept: 0 };
         out.push(base);
         out.push(LineArg { dry_run: true, next: true, ..base });
         out.push(LineArg { check_only: true, ..base });
@@ -376,6 +377,7 @@ fn undo_at_once_restores_the_states() {
             check_only: false,
             next: false,
             lease_life: 0,
+            kept: 0,
         })
         .collect();
     for mode in [Mode::Function, Mode::Eval] {
@@ -510,7 +512,7 @@ fn memo_batches() {
         limit(Algorithm::LeakyBucket, 2, 1_000_000, 3).with_queue(3).unwrap(),
     ];
     let line = |i: usize, cost: u64| {
-        (i, LineArg { limit: ls[i], cost, dry_run: false, check_only: false, next: i == 3, lease_life: 0 })
+        (i, LineArg { limit: ls[i], cost, dry_run: false, check_only: false, next: i == 3, lease_life: 0, kept: 0 })
     };
     let dry = |i: usize, cost: u64| (i, LineArg { dry_run: true, ..line(i, cost).1 });
     let batch: Vec<Req> = vec![
@@ -559,7 +561,18 @@ fn memo_of_a_big_batch() {
         for alg in [Algorithm::Gcra, Algorithm::Fixed, Algorithm::SlidingLog, Algorithm::TokenBucket] {
             let l = limit(alg, 1000, 1_000_000, 100);
             let one = |i: usize| {
-                vec![(i, LineArg { limit: l, cost: 1, dry_run: false, check_only: false, next: false, lease_life: 0 })]
+                vec![(
+                    i,
+                    LineArg {
+                        limit: l,
+                        cost: 1,
+                        dry_run: false,
+                        check_only: false,
+                        next: false,
+                        lease_life: 0,
+                        kept: 0,
+                    },
+                )]
             };
             // One key: 100 admitted, 20 rejected.
             let mut b = Batches::new(mode, &[l]);

@@ -46,7 +46,7 @@ pub(crate) fn model_charged<T: Copy + Into<LineArg>>(
         .map(|(a, s)| match converts_beyond_exact(&a.limit, s, now) {
             true => Outcome::default(),
             false => {
-                let o = a.limit.check(s, now, checked_cost(a));
+                let o = a.limit.check_keeping(s, now, checked_cost(a), a.kept);
                 Outcome { next_us: next_after_charge(a, s, now, &o), ..o }
             }
         })
@@ -59,6 +59,8 @@ pub(crate) fn model_charged<T: Copy + Into<LineArg>>(
             } else if o.admitted {
                 let left = a.limit.left(s, now);
                 *o = o.uncharged(&Outcome { next_us: if a.next { left.next_us } else { 0 }, ..left });
+                // (a line of classes: what the request's class may spend)
+                o.remaining = o.remaining.saturating_sub(a.kept);
             }
         }
     }

@@ -253,7 +253,8 @@ impl Pair {
                 false => args.iter().map(|a| a.limit.queue()).max().unwrap_or(0),
             };
             for (a, o) in args.iter().zip(&want.1) {
-                let cost = checked_cost(a);
+                // (as nginx checks it: a line of classes for cost + kept, the wider request's wait)
+                let cost = checked_cost(a) + a.kept;
                 assert_eq!(check_line(&a.limit, cost, o, deepest), Ok(()), "now={now} line {a:?}: {o:?}");
             }
         }

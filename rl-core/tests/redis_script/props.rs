@@ -46,6 +46,7 @@ fn replay(limits: &[Limit], dry: &[bool], ops: &[(Raw, Vec<u8>)], start: u64, ji
             // (every other line reports the wait for one more unit)
             next: i % 2 == 0,
             lease_life: 0,
+            kept: 0,
         })
         .collect();
     let mut p = Pair::new(&lines);
@@ -74,6 +75,13 @@ fn replay(limits: &[Limit], dry: &[bool], ops: &[(Raw, Vec<u8>)], start: u64, ji
                 8 => b,
                 9 => b + 1,
                 _ => 1,
+            };
+            // (a request of a class below others: the units it must leave them)
+            line.kept = match (c / 10) % 5 {
+                0 | 1 => 0,
+                2 => 1,
+                3 => u64::from(f) % b,
+                _ => b,
             };
         }
         let now = match jitter && flags & 6 == 0 {
@@ -134,6 +142,7 @@ fn replay_charges(limits: &[Limit], kinds: &[u8], ops: &[(Raw, Vec<u8>)], start:
             check_only: k & 2 == 2,
             next: k & 4 == 4,
             lease_life: 0,
+            kept: 0,
         })
         .collect();
     let mut p = Pair::new(&lines);
@@ -253,8 +262,15 @@ fn replay_varying(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], start: u6
 /// requests `charge=after` lines' checks.
 fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], start: u64, jitter: bool, charges: bool) {
     let w = limits.iter().map(Limit::window_us).max().unwrap();
-    let mut p =
-        Pair::new(&[LineArg { limit: limits[0], cost: 1, dry_run: dry, check_only: false, next: dry, lease_life: 0 }]);
+    let mut p = Pair::new(&[LineArg {
+        limit: limits[0],
+        cost: 1,
+        dry_run: dry,
+        check_only: false,
+        next: dry,
+        lease_life: 0,
+        kept: 0,
+    }]);
     let (mut t, mut prev) = (start, Outcome::default());
     for ((sel, f, flags), picks) in ops {
         let (sel, f) = (*sel, *f);
@@ -289,7 +305,7 @@ fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], star
         }
         let commit = sel >> 5 != 7;
         let check_only = charges && sel & 8 == 8;
-        let line = [LineArg { limit: l, cost, dry_run: dry, check_only, next: sel & 16 == 16, lease_life: 0 }];
+        let line = [LineArg { limit: l, cost, dry_run: dry, check_only, next: sel & 16 == 16, lease_life: 0, kept: 0 }];
         prev = p.step(&line, now, commit, flags & 1 == 1).1[0];
     }
 }
@@ -326,6 +342,7 @@ fn replay_memo(limits: &[Limit], kinds: &[u8], varying: bool, ops: &[(Raw, Vec<u
         check_only: k & 2 == 2,
         next: k & 4 == 4,
         lease_life: 0,
+        kept: 0,
     };
     let base: Vec<LineArg> = match varying {
         true => vec![kind(limits[0], kinds[0])],
@@ -480,6 +497,7 @@ fn replay_memo_batches(ls: &[Vec<Limit>], batches: &[RawBatch], start: u64, mode
                             check_only: false,
                             next: i == 1,
                             lease_life: 0,
+                            kept: 0,
                         };
                         (i, a)
                     })
