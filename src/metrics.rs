@@ -80,24 +80,23 @@ pub fn setup(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
     if !m.enabled {
         return Ok(());
     }
-    for line in &mcf.lines {
-        let want = Want { kind: Kind::Line, ident: line.id };
-        let i = m.layout.wants.iter().position(|w| *w == want).unwrap_or_else(|| {
+    // (lines of one identity share one row, and their classes one row each)
+    let mut want = |want: Want| match m.layout.wants.iter().position(|w| *w == want) {
+        Some(i) => i,
+        None => {
             m.layout.wants.push(want);
             m.layout.wants.len() - 1
-        });
-        m.layout.line_want.push(i);
-    }
+        }
+    };
+    let line_want: Vec<usize> = mcf.lines.iter().map(|line| want(Want { kind: Kind::Line, ident: line.id })).collect();
+    let mut class_want = Vec::new();
     for (li, line) in mcf.lines.iter().enumerate() {
         for (c, name) in line.classes.iter().flat_map(|cl| cl.names.iter().enumerate()) {
-            let want = Want { kind: Kind::Line, ident: class_ident(line.id, name) };
-            let i = m.layout.wants.iter().position(|w| *w == want).unwrap_or_else(|| {
-                m.layout.wants.push(want);
-                m.layout.wants.len() - 1
-            });
-            m.layout.class_want.push((li, c, i));
+            class_want.push((li, c, want(Want { kind: Kind::Line, ident: class_ident(line.id, name) })));
         }
     }
+    m.layout.line_want = line_want;
+    m.layout.class_want = class_want;
     for z in &mcf.redis {
         m.layout.wants.push(Want { kind: Kind::Redis, ident: redis_ident(&z.name) });
         m.layout.redis_want.push(m.layout.wants.len() - 1);
@@ -233,6 +232,18 @@ fn line_label(line: &Line) -> String {
     }
 }
 
+/// The verdicts a row of a line (or of a class) counts, summed over the
+/// workers' slots.
+fn verdicts(row: &store::Row<store::LineSlot>) -> [u64; RESULTS.len()] {
+    let mut results = [0u64; RESULTS.len()];
+    for slot in row.slots() {
+        for (sum, c) in results.iter_mut().zip(slot.0.iter()) {
+            *sum = sum.wrapping_add(c.load(Ordering::Relaxed));
+        }
+    }
+    results
+}
+
 /// Every counter, summed over the workers' slots.
 pub fn snapshot(mcf: &MainConf) -> Snapshot {
     let m = &mcf.metrics;
@@ -242,27 +253,14 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
         if !seen.insert(line.id) {
             continue;
         }
-        let mut results = [0u64; RESULTS.len()];
-        if let Some(Some(row)) = m.layout.lines.get(i) {
-            for slot in row.slots() {
-                for (sum, c) in results.iter_mut().zip(slot.0.iter()) {
-                    *sum = sum.wrapping_add(c.load(Ordering::Relaxed));
-                }
-            }
-        }
+        let results = m.layout.lines.get(i).and_then(Option::as_ref).map_or([0; RESULTS.len()], verdicts);
         let rate = line.limit.rate();
         let conn = line.limit.is_concurrent();
         let mut classes = Vec::new();
         for (&(li, c, _), row) in m.layout.class_want.iter().zip(&m.layout.classes) {
             let name = line.classes.as_deref().and_then(|cl| cl.names.get(c));
             let (Some(name), Some(row), true) = (name, row, li == i) else { continue };
-            let mut results = [0u64; RESULTS.len()];
-            for slot in row.slots() {
-                for (sum, c) in results.iter_mut().zip(slot.0.iter()) {
-                    *sum = sum.wrapping_add(c.load(Ordering::Relaxed));
-                }
-            }
-            classes.push((name.clone(), results));
+            classes.push((name.clone(), verdicts(row)));
         }
         s.lines.push(LineSample {
             zone: line.zone_name.clone(),

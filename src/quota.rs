@@ -102,25 +102,20 @@ fn read_shm(mcf: &MainConf, ctx: &mut Ctx, log: *mut ngx_log_t) {
         let hash = locked.table.hash_key(line.id, res.key.as_bytes());
         let read = locked.table.peek(hash).and_then(|slot| locked.state(slot, hash, &line.limit));
         let limit = res.limit(line);
-        let class = usize::from(res.class);
-        let mut o = match read {
-            // (a line of classes: what the request's class may take, the reserves above it kept)
-            Some(state) if line.lanes.len() > 1 => {
-                let mut o = limit.left(state, now_us);
-                o.remaining = limit.wait(state, &line.lanes).map_or(o.remaining, |w| w.free(class));
-                o
-            }
-            Some(state) => limit.left(state, now_us),
+        let mut fresh = Vec::new();
+        let state = match read {
+            Some(state) => state,
             None => {
                 drop(locked);
-                let mut fresh = vec![0; limit.state_words()];
-                let mut o = limit.left(&fresh, now_us);
-                if line.lanes.len() > 1 {
-                    o.remaining = limit.wait(&mut fresh, &line.lanes).map_or(o.remaining, |w| w.free(class));
-                }
-                o
+                fresh.resize(limit.state_words(), 0);
+                &mut fresh[..]
             }
         };
+        let mut o = limit.left(state, now_us);
+        if line.lanes.len() > 1 {
+            // (a line of classes: what the request's class may take, the reserves above it kept)
+            o.remaining = limit.wait(state, &line.lanes).map_or(o.remaining, |w| w.free(usize::from(res.class)));
+        }
         // (a rate line of classes: what the request's class may spend)
         o.remaining = o.remaining.saturating_sub(res.kept);
         res.set(&o, false);

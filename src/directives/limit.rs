@@ -14,7 +14,7 @@ use core::sync::atomic::AtomicPtr;
 use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_str_t};
 use ngx::http::HttpModuleMainConf;
 use rl_core::limit::Limit;
-use rl_core::spec::{one_variable, ConnSpec, LineSpec, SpecError};
+use rl_core::spec::{one_variable, ClassSpec, ConnSpec, LineSpec, SpecError};
 
 use super::{args, bytes, compile_complex_value, origin, variable_index};
 use crate::conf::{self, refuse, ConfError, LocConf, MainConf};
@@ -54,15 +54,8 @@ fn rl_limit(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Resul
     count_zones(mcf, lcf, spec.zone, "rl_limit")?;
     let key_src = spec.key()?;
     let limit = spec.limit;
-    let classes = match spec.priority {
-        None => None,
-        Some(priority) => {
-            let names = spec.classes.iter().map(|c| c.name.to_string()).collect();
-            let kept = rl_core::spec::classes::kept(&spec.classes);
-            let counters = spec.classes.iter().map(|_| AtomicPtr::new(ptr::null_mut())).collect();
-            Some(Box::new(Classes { priority: var_param(cf, priority)?, names, kept, counters }))
-        }
-    };
+    let kept = rl_core::spec::classes::kept(&spec.classes);
+    let classes = classes(cf, spec.priority, &spec.classes, kept)?;
     let line = Line {
         burst_text: if spec.burst_varies { String::new() } else { limit.burst().to_string() },
         queue: spec.queue,
@@ -94,14 +87,8 @@ fn rl_conn(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Result
     let key_src = spec.key()?;
     // (the limit is not part of a concurrency line's identity: as limit_conn's, lines of one zone
     // and key count the same requests, each against its own max)
-    let classes = match spec.priority {
-        None => None,
-        Some(priority) => {
-            let names = spec.classes.iter().map(|c| c.name.to_string()).collect();
-            let counters = spec.classes.iter().map(|_| AtomicPtr::new(ptr::null_mut())).collect();
-            Some(Box::new(Classes { priority: var_param(cf, priority)?, names, kept: Vec::new(), counters }))
-        }
-    };
+    // (its waiting line keeps the reserves: nothing kept per request)
+    let classes = classes(cf, spec.priority, &spec.classes, Vec::new())?;
     let line = Line {
         burst_text: spec.limit.burst().to_string(),
         queue: spec.queue,
@@ -112,6 +99,23 @@ fn rl_conn(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Result
         ..new_line(cf, spec.zone, key_src, spec.limit, spec.cost, name, spec.dry_run, spec.after_auth)?
     };
     push_line(mcf, lcf, line, "rl_conn")
+}
+
+/// A line's classes (`priority=`, `classes=`), what a request of each must
+/// leave of the budget (`kept`, an `rl_limit` line's), and its counters to
+/// come; `None` without `priority=`.
+fn classes(
+    cf: *mut ngx_conf_t,
+    priority: Option<&str>,
+    specs: &[ClassSpec<'_>],
+    kept: Vec<u64>,
+) -> Result<Option<Box<Classes>>, ConfError> {
+    let Some(priority) = priority else {
+        return Ok(None);
+    };
+    let names = specs.iter().map(|c| c.name.to_string()).collect();
+    let counters = specs.iter().map(|_| AtomicPtr::new(ptr::null_mut())).collect();
+    Ok(Some(Box::new(Classes { priority: var_param(cf, priority)?, names, kept, counters })))
 }
 
 /// Counts the location's zones with `zone`: the lines of one level are all a

@@ -237,14 +237,8 @@ impl Locked<'_> {
         let Some(state) = super::words_of(state, words, shpool, size) else {
             return;
         };
-        if let Some(k) = class.checked_sub(1) {
-            rl_core::limit::wait::give_back_class(state, k, units);
-        }
-        let Some(held) = state.first_mut() else {
-            return;
-        };
-        *held = held.saturating_sub(units);
-        if *held == 0 {
+        rl_core::limit::wait::give_back_units(state, class, units);
+        if state.first() == Some(&0) {
             // (a waiter still in its line pins it again when it looks)
             self.table.set_idle_at(slot, idle_at(u64::from(now_s) * 1_000_000, 0));
         }

@@ -55,10 +55,5 @@ pub(super) fn overdraw(s: &mut [u64], cost: u64) -> Charge {
 /// units in flight, and from its class's on a line of several
 /// ([`Charge::held`]).
 pub(super) fn refund(s: &mut [u64], charge: &Charge) {
-    if let Some(held) = s.first_mut() {
-        *held = held.saturating_sub(charge.cost);
-    }
-    if let Some(class) = charge.held_class().checked_sub(1) {
-        super::wait::give_back_class(s, class, charge.cost);
-    }
+    super::wait::give_back_units(s, charge.held_class(), charge.cost);
 }

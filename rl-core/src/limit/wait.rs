@@ -64,10 +64,15 @@ pub const fn held_at(k: usize) -> usize {
     2 + k
 }
 
-/// Gives back `units` of class `class` in a state of several classes
-/// (the units in flight apart).
-pub fn give_back_class(s: &mut [u64], class: u64, units: u64) {
-    let at = usize::try_from(class).map_or(usize::MAX, held_at);
+/// Gives back `units` of a concurrency state `s` (its first word, the
+/// units in flight), and of class `class` (its index plus one, as
+/// [`super::Charge::held_class`]; 0 on a line of one class) in a state of
+/// several classes; as far as the state holds them.
+pub fn give_back_units(s: &mut [u64], class: u64, units: u64) {
+    if let Some(held) = s.first_mut() {
+        *held = held.saturating_sub(units);
+    }
+    let at = class.checked_sub(1).and_then(|k| usize::try_from(k).ok()).map_or(usize::MAX, held_at);
     if let Some(held) = s.get_mut(at) {
         *held = held.saturating_sub(units);
     }
