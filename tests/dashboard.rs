@@ -12,7 +12,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -34,10 +33,6 @@ const JOB: &str = "nginx-rl";
 
 /// One series of a query's result: its labels and value.
 type Series = (BTreeMap<String, String>, f64);
-
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
-}
 
 /// A `prometheus` on 127.0.0.1 scraping `/metrics` of one target every
 /// second, with its storage in a temporary directory; killed on drop.

@@ -902,3 +902,20 @@ fn daily_window_ends_at_midnight_utc_redis() {
     let redis = common::redis::Redis::start();
     daily_window_ends_at_midnight_utc(&format!("rl_zone z redis={} timeout=1s;", redis.url()));
 }
+
+// ---------------------------------------------------------------------------
+// The harness itself.
+// ---------------------------------------------------------------------------
+
+/// Test servers (nginx, Redis) listen below the kernel's ephemeral range,
+/// where no outgoing connection can take their port between its probe and
+/// their bind: a CI run failed on nginx's `[emerg] bind() ... Address
+/// already in use` when the ports came from that range.
+#[test]
+fn test_servers_listen_below_the_ephemeral_range() {
+    let ngx = Nginx::start(&server("rl_zone z size=1m;", "location / { rl_limit zone=z rate=1r/m; }"));
+    let redis = common::redis::Redis::start();
+    assert!(ngx.port < ephemeral_low(), "nginx on {}", ngx.port);
+    assert!(redis.port < ephemeral_low(), "Redis on {}", redis.port);
+    assert_eq!(ngx.get("/index.html", &[]).status, 200);
+}

@@ -13,7 +13,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -197,10 +197,6 @@ impl Drop for Restore {
             }
         }
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
 }
 
 /// `text` with `from` replaced by `to`, which must occur exactly once: if

@@ -9,9 +9,25 @@ FAILED=0
 SKIPPED=0
 FAILURES=()
 
-# A loopback port nobody listens on now.
+# A loopback port nobody listens on now, below the kernel's ephemeral range
+# (one taken from that range may go to an outgoing connection before nginx
+# binds it; tests/common/mod.rs's free_port says more).
 free_port() {
-    $PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    $PY -c '
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+while True:
+    port = random.randrange(10000, max(low, 11000))
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        print(port)
+        break
+    except OSError:
+        pass
+    finally:
+        s.close()
+'
 }
 
 # The status of GET http://127.0.0.1:$1$2 ("000" when nothing answered).

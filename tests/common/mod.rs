@@ -90,8 +90,32 @@ const DEFAULT_FILES: &[(&str, &str)] = &[
     ("html/404.html", "custom not found page\n"),
 ];
 
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
+/// The first port of the kernel's ephemeral range (`ip_local_port_range`).
+pub fn ephemeral_low() -> u16 {
+    fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
+}
+
+/// A loopback port nobody listens on now, for a test server to listen on.
+/// Taken below the kernel's ephemeral range: a port probed there (bind to
+/// port 0) can be taken by any outgoing connection (nginx's to Redis, a
+/// proxy's) before the server binds it, and nginx then logs `[emerg] bind()`
+/// while it retries. Each test process walks the range from its own place
+/// (from its pid), so concurrent test binaries seldom meet; the probe skips
+/// what is taken.
+pub fn free_port() -> u16 {
+    const FIRST: u16 = 10_000;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let span = usize::from(ephemeral_low().max(FIRST + 1_000) - FIRST);
+    let start = std::process::id() as usize * 7_919;
+    loop {
+        let port = FIRST + ((start + NEXT.fetch_add(1, Ordering::SeqCst)) % span) as u16;
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 fn make_prefix() -> PathBuf {

@@ -3,14 +3,13 @@
 //! cluster), spawned as children and killed on drop.
 
 use std::fs;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{connect, exchange, request_text, Response};
+use super::{connect, exchange, free_port, request_text, Response};
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
@@ -21,11 +20,6 @@ fn temp_dir(what: &str) -> PathBuf {
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// A free loopback port (probed, so it may be taken again before use: callers retry).
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
 }
 
 fn cli_output(port: u16, password: Option<&str>, args: &[&str]) -> Option<String> {
