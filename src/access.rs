@@ -227,6 +227,10 @@ fn send(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut C
         }
         if charged && (mcf.leases.is_empty() || lease::spend(&mcf.leases, &mcf.lines, ctx, log)) {
             if redis::send(raw, mcf, ctx, Ask::Decide) {
+                // (takes of Redis rl_conn lines in flight are settled should the request end first)
+                if lcf.has_conn && !release_at_end(raw, mcf, ctx) {
+                    return Some(Status(NGX_HTTP_INTERNAL_SERVER_ERROR as isize));
+                }
                 return Some(Status::NGX_AGAIN);
             }
         } else {
@@ -305,7 +309,9 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
 /// is answered 500.
 fn release_at_end(raw: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> bool {
     if ctx.release_set
-        || !ctx.iter(&mcf.lines).any(|(l, res)| (res.charged || res.ticket != 0) && l.limit.is_concurrent())
+        || !ctx
+            .iter(&mcf.lines)
+            .any(|(l, res)| (res.charged || res.ticket != 0 || res.take_gen != 0) && l.limit.is_concurrent())
     {
         return true;
     }
@@ -314,6 +320,7 @@ fn release_at_end(raw: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -
     // SAFETY: null or a cleanup nginx allocated with room for a Release in its data.
     let Some(cln) = (unsafe { cln.as_mut() }) else {
         release(&mcf.zones, &mcf.lines, ctx);
+        redis::release(mcf, ctx);
         return false;
     };
     // SAFETY: the context lives in the same pool, whose cleanups run before its memory is freed;
@@ -339,6 +346,7 @@ extern "C" fn release_handler(data: *mut c_void) {
     };
     wake::awake(ptr::from_mut(ctx) as usize);
     release(&mcf.zones, &mcf.lines, ctx);
+    redis::release(mcf, ctx);
 }
 
 /// The verdict of each active line of the stage, at `debug` level (compiled in where nginx

@@ -24,8 +24,8 @@ use ngx::ffi::{
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule, Request};
 use ngx::ngx_conf_log_error;
 use rl_core::metrics::{
-    error_verdict, verdict, LeaseZoneSample, LineSample, RedisZoneSample, ShmZoneSample, Snapshot, ERROR_KINDS,
-    ERR_CONNECTION, ERR_REFUSED, ERR_SCRIPT, ERR_TIMEOUT, LATENCY_BUCKETS, RESULTS,
+    error_verdict, verdict, ConnSample, LeaseZoneSample, LineSample, RedisZoneSample, ShmZoneSample, Snapshot,
+    ERROR_KINDS, ERR_CONNECTION, ERR_REFUSED, ERR_SCRIPT, ERR_TIMEOUT, LATENCY_BUCKETS, RESULTS,
 };
 
 use self::store::{Kind, Layout, Want};
@@ -213,6 +213,14 @@ pub fn charge_failed(mcf: &MainConf, zone: usize, lines: usize, lost: bool) {
     }
 }
 
+/// Units of `rl_conn` lines Redis zone `zone` reclaimed from workers gone,
+/// as a request's call was told.
+pub fn conn_reclaimed(mcf: &MainConf, zone: usize, units: u64) {
+    if let (Some(Some(row)), true) = (mcf.metrics.layout.redis.get(zone), units > 0) {
+        row.mine().conn_reclaimed.fetch_add(units, Ordering::Relaxed);
+    }
+}
+
 /// The kind an error counts as.
 fn error_kind(e: &RedisError) -> usize {
     match e {
@@ -287,7 +295,8 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
         });
     }
     for (z, zone) in mcf.redis.iter().enumerate() {
-        let mut r = RedisZoneSample { zone: zone.name.clone(), ..Default::default() };
+        let conn = zone.holds.then(ConnSample::default);
+        let mut r = RedisZoneSample { zone: zone.name.clone(), conn, ..Default::default() };
         if let Some(Some(row)) = m.layout.redis.get(z) {
             let add =
                 |sum: &mut u64, c: &core::sync::atomic::AtomicU64| *sum = sum.wrapping_add(c.load(Ordering::Relaxed));
@@ -312,6 +321,10 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
                 add(&mut r.connects, &slot.connects);
                 if let Some(master) = slot.master() {
                     r.masters.push(master);
+                }
+                if let Some(c) = r.conn.as_mut() {
+                    add(&mut c.in_flight, &slot.conn_held);
+                    add(&mut c.reclaimed, &slot.conn_reclaimed);
                 }
             }
         }

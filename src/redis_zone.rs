@@ -13,6 +13,7 @@ mod clock;
 mod cluster;
 mod cluster_link;
 mod conn;
+pub mod holds;
 mod inbox;
 mod open;
 mod peer;
@@ -45,6 +46,9 @@ pub struct RedisZone {
     pub shown: String,
     pub spec: ZoneSpec,
     pub on_error_allow: bool,
+    /// The zone has `rl_conn` lines: the workers keep what they hold of it
+    /// ([`holds`]).
+    pub holds: bool,
     /// Errors seen by this worker (timeouts included).
     errors: Cell<u64>,
     /// Log throttling: the second of the last message and messages in it.
@@ -66,6 +70,7 @@ impl RedisZone {
             shown,
             spec,
             on_error_allow,
+            holds: false,
             errors: Cell::new(0),
             log_second: Cell::new(0),
             log_count: Cell::new(0),
@@ -123,6 +128,20 @@ impl RedisZone {
             action,
             self.errors.get()
         );
+    }
+}
+
+/// This host's name (empty if it has none), which names this nginx in
+/// what it keeps in Redis beside its process ids.
+pub fn host_name() -> String {
+    let mut host = [0u8; 256];
+    // SAFETY: the buffer is writable for its length; gethostname NUL-terminates what fits.
+    let ok = unsafe { libc::gethostname(host.as_mut_ptr().cast(), host.len() - 1) } == 0;
+    let len = host.iter().position(|&b| b == 0).unwrap_or(0);
+    // (no space: the name goes in a script argument of space-separated words)
+    match ok {
+        true => String::from_utf8_lossy(&host[..len]).replace(' ', "_"),
+        false => String::new(),
     }
 }
 
@@ -296,6 +315,9 @@ pub struct JobLine {
     /// A line of classes: the units the request leaves to the classes above
     /// its own ([`rl_core::redis::LineArg::kept`]).
     pub kept: u64,
+    /// An `rl_conn` line: the worker that takes its units, and when
+    /// ([`holds::take`]).
+    pub holder: Option<rl_core::redis::Holder>,
 }
 
 /// One key of a node's sync in lease mode: whose state (as [`JobLine`]

@@ -72,6 +72,10 @@ pub struct LineResult {
     /// leave of the budget for the classes above it.
     pub class: u8,
     pub kept: u64,
+    /// An `rl_conn` line on a Redis zone whose take is in flight: the
+    /// generation it was sent in (0: none in flight), until its reply (or
+    /// the request's end) settles it.
+    pub take_gen: u64,
 }
 
 impl LineResult {

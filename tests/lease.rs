@@ -509,30 +509,6 @@ fn redis_lost_limits_locally() {
     assert_eq!(after.status, 429, "Redis holds what was admitted alone");
 }
 
-/// Kills an nginx, master and workers, with SIGKILL: what it holds is gone
-/// with it. The whole process group at once (the master leads it): a
-/// worker killed alone would be started again by its master.
-fn kill_nginx(n: &Nginx) {
-    let master = std::fs::read_to_string(n.prefix.join("nginx.pid")).expect("no pid file");
-    let master = master.trim().to_string();
-    let workers = n.worker_pids();
-    let ok =
-        std::process::Command::new("kill").args(["-KILL", "--", &format!("-{master}")]).status().unwrap().success();
-    assert!(ok, "kill -KILL -- -{master}");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let pids: Vec<String> = workers.iter().map(u32::to_string).chain([master]).collect();
-    while pids.iter().any(|p| std::path::Path::new(&format!("/proc/{p}")).exists() && !dead(p)) {
-        assert!(Instant::now() < deadline, "nginx {pids:?} still running 5 s after SIGKILL");
-        thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Whether process `pid` is a zombie (dead, not yet reaped).
-fn dead(pid: &str) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    matches!(stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()), Some('Z') | Some('X') | None)
-}
-
 /// An nginx killed (SIGKILL) while it holds leases: the fleet admits no
 /// more than the line, and less by at most what the killed nginx held,
 /// lost with it until the window ends.

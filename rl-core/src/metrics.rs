@@ -137,6 +137,9 @@ pub struct RedisZoneSample {
     /// `charge=after` charges whose outcome is unknown (no reply: Redis
     /// may have run the call).
     pub charge_unknown: u64,
+    /// A zone of `rl_conn` lines: the units this nginx's requests hold, and
+    /// those Redis reclaimed from workers gone as its calls were told.
+    pub conn: Option<ConnSample>,
     /// For a Sentinel zone: the masters the workers' connections go to
     /// (`host:port`, distinct, sorted).
     pub masters: Vec<String>,
@@ -319,27 +322,8 @@ pub fn prometheus(s: &Snapshot, out: &mut String) {
             sample(out, "nginx_rl_zone_evictions_total", &[("zone", &z.zone), ("state", "idle")], z.evicted_idle);
             sample(out, "nginx_rl_zone_evictions_total", &[("zone", &z.zone), ("state", "limited")], z.evicted_limited);
         }
-        let conn: Vec<(&str, ConnSample)> = s.shm.iter().filter_map(|z| Some((z.zone.as_str(), z.conn?))).collect();
-        if !conn.is_empty() {
-            family(out, "nginx_rl_conn_in_flight", "gauge", "Units of rl_conn lines held by requests in flight.");
-            for (zone, c) in &conn {
-                sample(out, "nginx_rl_conn_in_flight", &[("zone", zone)], c.in_flight);
-            }
-            family(out, "nginx_rl_conn_waiting", "gauge", "Requests waiting for a slot of an rl_conn line (queue=).");
-            for (zone, c) in &conn {
-                sample(out, "nginx_rl_conn_waiting", &[("zone", zone)], c.waiting);
-            }
-            family(
-                out,
-                "nginx_rl_conn_reclaimed_total",
-                "counter",
-                "Units of rl_conn lines held by worker processes that died, given back by the workers started after them.",
-            );
-            for (zone, c) in &conn {
-                sample(out, "nginx_rl_conn_reclaimed_total", &[("zone", zone)], c.reclaimed);
-            }
-        }
     }
+    conn_prometheus(s, out);
     if !s.redis.is_empty() {
         redis_prometheus(&s.redis, out);
     }
@@ -383,6 +367,37 @@ fn lease_prometheus(zones: &[LeaseZoneSample], out: &mut String) {
     per_zone(out, "nginx_rl_lease_keys", "gauge", help, |z| z.keys);
     let help = "Keys a lease zone can keep a lease record for.";
     per_zone(out, "nginx_rl_lease_capacity_keys", "gauge", help, |z| z.capacity_keys);
+}
+
+/// The `rl_conn` families: shared-memory zones' and Redis zones' lines.
+fn conn_prometheus(s: &Snapshot, out: &mut String) {
+    let shm = s.shm.iter().filter_map(|z| Some((z.zone.as_str(), z.conn?)));
+    let redis = s.redis.iter().filter_map(|z| Some((z.zone.as_str(), z.conn?)));
+    let conn: Vec<(&str, ConnSample)> = shm.chain(redis).collect();
+    if !conn.is_empty() {
+        family(
+            out,
+            "nginx_rl_conn_in_flight",
+            "gauge",
+            "Units of rl_conn lines held by requests in flight (on a Redis zone, this nginx's).",
+        );
+        for (zone, c) in &conn {
+            sample(out, "nginx_rl_conn_in_flight", &[("zone", zone)], c.in_flight);
+        }
+        family(out, "nginx_rl_conn_waiting", "gauge", "Requests waiting for a slot of an rl_conn line (queue=).");
+        for (zone, c) in &conn {
+            sample(out, "nginx_rl_conn_waiting", &[("zone", zone)], c.waiting);
+        }
+        family(
+            out,
+            "nginx_rl_conn_reclaimed_total",
+            "counter",
+            "Units of rl_conn lines held by worker processes that died, given back by the workers started after them (on a Redis zone, by Redis, as this nginx's calls were told).",
+        );
+        for (zone, c) in &conn {
+            sample(out, "nginx_rl_conn_reclaimed_total", &[("zone", zone)], c.reclaimed);
+        }
+    }
 }
 
 fn redis_prometheus(zones: &[RedisZoneSample], out: &mut String) {
@@ -579,7 +594,12 @@ pub fn json(s: &Snapshot, out: &mut String) {
             }
             escape_json(m, out);
         }
-        out.push_str("]}");
+        out.push(']');
+        if let Some(c) = z.conn {
+            out.push_str(",\"conn\":");
+            json_object(out, [("in_flight", c.in_flight), ("reclaimed", c.reclaimed)]);
+        }
+        out.push('}');
     }
     out.push_str("],\"leases\":[");
     for (i, z) in s.leases.iter().enumerate() {

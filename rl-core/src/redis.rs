@@ -122,6 +122,7 @@ use smallvec::SmallVec;
 
 use crate::limit::{Algorithm, Limit, Outcome};
 
+pub mod holders;
 mod reply;
 
 pub use reply::{check_line, max_delay_us, max_reset_us, max_retry_after_us, OutOfRange, CLOCK_STEP_US, OVERDRAWN};
@@ -133,6 +134,10 @@ pub const LIMIT_SCRIPT: &str = include_str!("redis/limit.lua");
 /// [`lease_script`] append to the script's body: a decision's `EVAL` does
 /// without it.
 const LEASE_LUA: &str = include_str!("redis/lease.lua");
+
+/// The give-backs and heartbeats of `rl_conn` lines (`conn_put`), which the
+/// function library and [`conn_script`] append to the script's body.
+const CONN_LUA: &str = include_str!("redis/conn.lua");
 
 /// The script's last line: as `EVAL` runs it, its body checks the call's
 /// `KEYS` and `ARGV`.
@@ -186,6 +191,18 @@ pub fn beat_function_name() -> String {
     format!("{}_beat", function_name())
 }
 
+/// The give-backs and heartbeats of `rl_conn` lines as a script (for
+/// `SCRIPT LOAD` / `EVALSHA`).
+pub fn conn_script() -> String {
+    format!("{}{CONN_LUA}return conn_put(KEYS, ARGV)\n", script_body())
+}
+
+/// The function of `rl_conn`'s give-backs and heartbeats in the library
+/// ([`function_library`]).
+pub fn conn_function_name() -> String {
+    format!("{}_conn", function_name())
+}
+
 /// Appends to `out` the membership key of the nodes of a zone named
 /// `zone` (the heartbeat's `KEYS[1]`): the prefix, a hash tag of its own
 /// (one Cluster slot), the zone's name.
@@ -223,6 +240,7 @@ pub fn function_name() -> String {
     let mut h = SipHasher13::new_with_keys(0, 0);
     h.write(LIMIT_SCRIPT.as_bytes());
     h.write(LEASE_LUA.as_bytes());
+    h.write(CONN_LUA.as_bytes());
     format!("rl_{:016x}", h.finish())
 }
 
@@ -238,11 +256,12 @@ pub fn function_library() -> String {
     let name = function_name();
     let body = script_body();
     format!(
-        "#!lua name={name}\n{body}{LEASE_LUA}redis.register_function('{name}', limit)\n\
+        "#!lua name={name}\n{body}{LEASE_LUA}{CONN_LUA}redis.register_function('{name}', limit)\n\
          redis.register_function('{name}_charge', charge)\n\
          redis.register_function('{name}_undo', undo)\n\
          redis.register_function('{name}_lease', lease)\n\
-         redis.register_function('{name}_beat', beat)\n"
+         redis.register_function('{name}_beat', beat)\n\
+         redis.register_function('{name}_conn', conn_put)\n"
     )
 }
 
@@ -304,8 +323,8 @@ pub fn exact(limit: &Limit) -> bool {
         Algorithm::Sliding => window <= bound / 2,
         Algorithm::TokenBucket | Algorithm::LeakyBucket => held * u128::from(rate.period_us) <= bound,
         Algorithm::Gcra => held * u128::from(rate.period_us.div_ceil(rate.count)) <= bound,
-        // (never on Redis)
-        Algorithm::Concurrent => false,
+        // (its fields' counts are exact to 2^52, far beyond any max)
+        Algorithm::Concurrent => burst <= MAX_EXACT,
     }
 }
 
@@ -368,18 +387,34 @@ pub struct LineArg {
     /// A line of classes: the units of the budget the request must leave
     /// to the classes above its own ([`Limit::acquire_keeping`]; 0: none).
     pub kept: u64,
+    /// A [`Limit::concurrent`] line: the worker whose units the request
+    /// takes (see [`Holder`]); `None` for every other line.
+    pub holder: Option<Holder>,
+}
+
+/// Who takes the units of a [`Limit::concurrent`] line on Redis, and when:
+/// the key's field is the worker's, and lives `life_ms` unless renewed;
+/// `gen` is the generation of the worker's heartbeats the take is sent in
+/// (a take its worker's later heartbeat counted is decided as charged
+/// already: see the script's `concurrent` and `conn_put`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Holder {
+    /// The worker's field name (no space): its host and process id.
+    pub worker: &'static str,
+    pub gen: u64,
+    pub life_ms: u64,
 }
 
 impl From<(Limit, u64)> for LineArg {
     /// An enforced line.
     fn from((limit, cost): (Limit, u64)) -> Self {
-        LineArg { limit, cost, dry_run: false, check_only: false, next: false, lease_life: 0, kept: 0 }
+        LineArg { limit, cost, dry_run: false, check_only: false, next: false, lease_life: 0, kept: 0, holder: None }
     }
 }
 
 impl From<(Limit, u64, bool)> for LineArg {
     fn from((limit, cost, dry_run): (Limit, u64, bool)) -> Self {
-        LineArg { limit, cost, dry_run, check_only: false, next: false, lease_life: 0, kept: 0 }
+        LineArg { limit, cost, dry_run, check_only: false, next: false, lease_life: 0, kept: 0, holder: None }
     }
 }
 
@@ -464,7 +499,9 @@ fn flush_run(run: Option<(LineArg, u64)>, spec: &mut Spec, emit: &mut impl FnMut
 /// `charge=after` line's check and 8 for a line that reports
 /// [`Outcome::next_us`], plus 32 and a last field for a line of classes
 /// (`"... 32 kept"`, [`LineArg::kept`]); a lease asked with the request is
-/// `"... 16 life"`.
+/// `"... 16 life"`; a [`Limit::concurrent`] line with its [`Holder`] is
+/// `"concurrent count period_us max cost 0 flags worker gen life_ms"`,
+/// flags 64 plus the dry-run and next bits.
 pub fn write_spec(out: &mut String, line: &LineArg) {
     if line.lease_life > 0 {
         let (limit, rate) = (&line.limit, line.limit.rate());
@@ -477,6 +514,22 @@ pub fn write_spec(out: &mut String, line: &LineArg) {
             limit.burst(),
             line.cost,
             line.lease_life
+        );
+        return;
+    }
+    if let Some(h) = line.holder {
+        let (limit, rate) = (&line.limit, line.limit.rate());
+        let flags = 64 | u8::from(line.dry_run) | u8::from(line.next) << 3;
+        let _ = write!(
+            out,
+            "concurrent {} {} {} {} 0 {flags} {} {} {}",
+            rate.count,
+            rate.period_us,
+            limit.burst(),
+            line.cost,
+            h.worker,
+            h.gen,
+            h.life_ms
         );
         return;
     }
@@ -536,6 +589,65 @@ pub fn charge_args(lines: impl IntoIterator<Item = (Limit, u64)>, now_us: Option
     let mut args = Vec::new();
     write_charge_args(lines, now_us, |a| args.push(a.to_string()));
     args
+}
+
+/// One change of a worker's hold on a key of a [`Limit::concurrent`]
+/// line, in a `conn_put` call (the library's `NAME_conn`; see the script).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldOp {
+    /// Units given back by requests that ended, in generation `gen`.
+    GiveBack { units: u64, gen: u64 },
+    /// Units the heartbeat of generation `gen` counted as held for takes
+    /// then in flight that did not hold (refused, or answered per
+    /// `on_error`).
+    Correct { units: u64, gen: u64 },
+    /// The heartbeat of generation `gen`: the worker holds `units`.
+    Set { units: u64, gen: u64 },
+}
+
+/// Emits the `conn_put` call's `ARGV` for `ops` (one per key, in the order
+/// of their `KEYS`) of `worker`, whose fields live `life_ms`: `now_us`
+/// replaces Redis `TIME` (tests).
+pub fn write_conn_args<'a>(
+    ops: impl IntoIterator<Item = &'a HoldOp>,
+    worker: &str,
+    life_ms: u64,
+    now_us: Option<u64>,
+    mut emit: impl FnMut(Arg<'_>),
+) {
+    match now_us {
+        Some(t) => emit(Arg::Int(t)),
+        None => emit(Arg::Str("")),
+    }
+    emit(Arg::Str(worker));
+    emit(Arg::Int(life_ms));
+    let mut text = String::new();
+    for op in ops {
+        text.clear();
+        let (c, units, gen) = match *op {
+            HoldOp::GiveBack { units, gen } => ('d', units, gen),
+            HoldOp::Correct { units, gen } => ('c', units, gen),
+            HoldOp::Set { units, gen } => ('s', units, gen),
+        };
+        let _ = write!(text, "{c} {units} {gen}");
+        emit(Arg::Str(&text));
+    }
+}
+
+/// [`write_conn_args`] as strings.
+pub fn conn_args(ops: &[HoldOp], worker: &str, life_ms: u64, now_us: Option<u64>) -> Vec<String> {
+    let mut args = Vec::new();
+    write_conn_args(ops, worker, life_ms, now_us, |a| args.push(a.to_string()));
+    args
+}
+
+/// The `conn_put` call's reply: when Redis ran it (µs of its clock) and
+/// the units it reclaimed from lapsed fields; `None` if it is malformed.
+pub fn parse_conn_reply(reply: &[i64]) -> Option<(u64, u64)> {
+    match reply {
+        [now, reclaimed] => Some((u64::try_from(*now).ok()?, u64::try_from(*reclaimed).ok()?)),
+        _ => None,
+    }
 }
 
 /// The charge call's reply.

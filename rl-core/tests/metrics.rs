@@ -38,6 +38,7 @@ fn snapshot() -> Snapshot {
             charge_failures: 3,
             charge_unknown: 4,
             masters: vec!["127.0.0.1:6380".into()],
+            conn: Some(ConnSample { in_flight: 2, reclaimed: 5, waiting: 0 }),
         }],
         leases: vec![LeaseZoneSample {
             zone: "l\"e".into(),
@@ -102,6 +103,9 @@ fn prometheus_text() {
     assert!(out.contains("nginx_rl_redis_call_duration_seconds_count{zone=\"r\"} 3\n"));
     assert!(out.contains("nginx_rl_redis_errors_total{zone=\"r\",kind=\"refused\"} 4\n"));
     assert!(out.contains("nginx_rl_redis_master{zone=\"r\",addr=\"127.0.0.1:6380\"} 1\n"));
+    // A Redis zone's rl_conn lines, in the shared-memory zones' families.
+    assert!(out.contains("nginx_rl_conn_in_flight{zone=\"r\"} 2\n"), "{out}");
+    assert!(out.contains("nginx_rl_conn_reclaimed_total{zone=\"r\"} 5\n"), "{out}");
     // Every family has its HELP and TYPE, once.
     for l in out.lines().filter(|l| l.starts_with("# TYPE ")) {
         let name = l.split(' ').nth(2).unwrap_or("");
@@ -155,7 +159,7 @@ fn json_has_the_same_numbers() {
     assert!(out.contains(r#""evictions":{"idle":8,"limited":9}"#));
     assert!(out.contains(r#""0.001":2"#) && out.contains(r#""+Inf":3},"sum":2.00075,"count":3}"#), "{out}");
     assert!(out.contains(
-        r#""on_error":{"allowed":5,"denied":6},"charge_failures":3,"charge_unknown":4,"connects":2,"masters":["127.0.0.1:6380"]"#
+        r#""on_error":{"allowed":5,"denied":6},"charge_failures":3,"charge_unknown":4,"connects":2,"masters":["127.0.0.1:6380"],"conn":{"in_flight":2,"reclaimed":5}}"#
     ));
 }
 

@@ -13,7 +13,7 @@ use rl_core::lease::Leasing;
 use rl_core::spec::Quote;
 
 use super::{after_parsing, refuse, ConfError, MainConf};
-use crate::lease::Shared;
+use crate::lease::{LeaseZone, Shared};
 use crate::line::{Backend, Line, LineId, Stage};
 
 /// Refuses two lines of one zone and name that differ in what a state
@@ -174,6 +174,35 @@ fn http_resolver(cf: *mut ngx_conf_t) -> Option<(core::ptr::NonNull<ngx::ffi::ng
     Some((resolver, timeout))
 }
 
+/// An `rl_conn` line on Redis zone `r`: what such a zone cannot do yet
+/// is refused (a waiting line, classes; lease mode, whose leases are units
+/// of a rate).
+fn redis_conn(leases: &[LeaseZone], r: usize, line: &Line) -> Result<(), ConfError> {
+    // (classes come with a waiting line of theirs)
+    let what = match () {
+        _ if line.classes.is_some() => Some("classes (\"priority=\" and \"classes=\")"),
+        _ if line.waits() => Some("a waiting line (\"queue=\")"),
+        _ => None,
+    };
+    if let Some(what) = what {
+        refuse!(
+            "Redis zone \"{}\" cannot keep {} in \"rl_conn\" directive in {}, use a shared-memory zone \
+             (\"rl_zone NAME size=...\")",
+            Quote(&line.zone_name),
+            what,
+            line.origin
+        );
+    }
+    if leases.iter().any(|l| l.redis == r) {
+        refuse!(
+            "zone \"{}\" has \"lease\", whose leases cannot hold requests in flight, in \"rl_conn\" directive in {}",
+            Quote(&line.zone_name),
+            line.origin
+        );
+    }
+    Ok(())
+}
+
 fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
     check_names(&mcf.lines)?;
     for line in mcf.lines.iter_mut() {
@@ -195,13 +224,8 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
             }
         };
         line.id = line.identity();
-        if line.limit.is_concurrent() && line.backend.redis().is_some() {
-            refuse!(
-                "Redis zone \"{}\" cannot count requests in flight in \"rl_conn\" directive in {}, \
-                 use a shared-memory zone (\"rl_zone NAME size=...\")",
-                Quote(&line.zone_name),
-                line.origin
-            );
+        if let Some(r) = line.backend.redis().filter(|_| line.limit.is_concurrent()) {
+            redis_conn(&mcf.leases, r, line)?;
         }
         match line.backend {
             Backend::Shm(i) => mcf.zones[i].note_line(&line.limit),
@@ -238,6 +262,12 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
                     line.origin
                 );
             }
+        }
+    }
+    // (the workers keep what they hold of a Redis zone with rl_conn lines)
+    for line in mcf.lines.iter().filter(|l| l.limit.is_concurrent()) {
+        if let Some(z) = line.backend.redis().and_then(|r| mcf.redis.get_mut(r)) {
+            z.holds = true;
         }
     }
     same_waiting_lines(&mcf.lines)?;

@@ -13,7 +13,7 @@ use crate::conf::{LocConf, MainConf};
 use crate::lease;
 use crate::line::Line;
 use crate::metrics;
-use crate::redis_zone::{self, Job, JobLine, RedisError, RedisZone, Reply};
+use crate::redis_zone::{self, holds, Job, JobLine, RedisError, RedisZone, Reply};
 use crate::request::{get_ctx, Ctx, LineResult, Phase};
 use crate::Module;
 
@@ -57,6 +57,7 @@ pub fn job_line(line: &Line, res: &LineResult, cost: u64) -> JobLine {
         deepest_queue: line.deepest_queue,
         lease_life: 0,
         kept: res.kept,
+        holder: None,
     }
 }
 
@@ -89,9 +90,18 @@ pub fn send(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ask: Ask)
         let mut job = Job { id: 0, zone: z, commit: ask == Ask::Decide, charge: false, lines: Default::default() };
         for (line, res) in on_zone(ctx, &mcf.lines, z, ask) {
             let l = job_line(line, res, res.cost);
+            // (an rl_conn line's take is counted this worker's from now: see holds)
+            let holder = match (ask, line.limit.is_concurrent()) {
+                (_, false) => None,
+                (Ask::Decide, true) if res.cost > 0 => holds::take(z, (l.tag, l.line_id), res.cost),
+                (_, true) => holds::peek(z),
+            };
+            if let (Ask::Decide, Some(h)) = (ask, holder.filter(|_| res.cost > 0)) {
+                res.take_gen = h.gen;
+            }
             job.lines.push(match ask {
-                Ask::Decide => JobLine { check_only: line.charge_after, next, ..l },
-                Ask::Read => JobLine { dry_run: false, next, ..job_line(line, res, 0) },
+                Ask::Decide => JobLine { check_only: line.charge_after, next, holder, ..l },
+                Ask::Read => JobLine { dry_run: false, next, holder, ..job_line(line, res, 0) },
             });
             // (a lease asked with the request, right after its line: see lease::spend)
             if let (Ask::Decide, Some((_, leasing))) = (ask, line.lease.filter(|_| res.lease_want > 0)) {
@@ -149,8 +159,37 @@ pub fn leave_out(mcf: &MainConf, ctx: &mut Ctx, zone: usize, allow: bool) {
     if !allow && on_zone(ctx, &mcf.lines, zone, Ask::Decide).any(|(_, res)| !res.dry_run) {
         ctx.denied_by_error = true;
     }
-    for (_, res) in on_zone(ctx, &mcf.lines, zone, Ask::Decide) {
+    for (line, res) in on_zone(ctx, &mcf.lines, zone, Ask::Decide) {
         res.active = false;
+        settle(line, res, zone, false);
+    }
+}
+
+/// The take of `line` (an `rl_conn` line on Redis zone `zone`), if one is
+/// in flight, is settled: it holds its units until the request ends
+/// (`held`), or holds none.
+fn settle(line: &Line, res: &mut LineResult, zone: usize, held: bool) {
+    if res.take_gen == 0 {
+        return;
+    }
+    if !held {
+        let key = (rl_core::redis::tag_of(res.key.as_bytes()), line.id);
+        holds::settle_unheld(zone, key, res.cost, res.take_gen);
+    }
+    res.take_gen = 0;
+}
+
+/// What the request's `rl_conn` lines on Redis zones hold, or take still
+/// in flight, is given back: the request has ended (its pool's cleanup).
+/// Once: a line given back holds nothing more.
+pub fn release(mcf: &MainConf, ctx: &mut Ctx) {
+    for (line, res) in ctx.iter_mut(&mcf.lines) {
+        let Some(z) = line.backend.redis().filter(|_| line.limit.is_concurrent()) else { continue };
+        settle(line, res, z, false);
+        if res.charged {
+            res.charged = false;
+            holds::give_back(z, (rl_core::redis::tag_of(res.key.as_bytes()), line.id), res.cost);
+        }
     }
 }
 
@@ -168,11 +207,18 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
     match reply.result {
         Ok((all, outcomes, _, got)) => {
             grants = got;
-            for ((line, res), o) in on_zone(ctx, &mcf.lines, reply.zone, ask).zip(outcomes) {
+            for ((line, res), mut o) in on_zone(ctx, &mcf.lines, reply.zone, ask).zip(outcomes) {
                 // A line is charged iff the request's enforced lines admit it and so does the
                 // line (rl-core's Decision::charges); a read charges nothing, nor does a
                 // `charge=after` line's check (its cost is charged when the request is logged).
-                res.set(&o, ask == Ask::Decide && all && o.admitted && !line.charge_after);
+                let charged = ask == Ask::Decide && all && o.admitted && !line.charge_after;
+                if line.limit.is_concurrent() {
+                    // (a concurrent line's fifth value: the units Redis reclaimed)
+                    metrics::conn_reclaimed(mcf, reply.zone, o.next_us);
+                    o.next_us = 0;
+                    settle(line, res, reply.zone, charged);
+                }
+                res.set(&o, charged);
             }
         }
         Err(e) => {

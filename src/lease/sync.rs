@@ -48,13 +48,8 @@ pub fn init_worker(leases: &'static [LeaseZone], redis: &'static [Box<RedisZone>
 /// This nginx's name in the zones' membership sets: its host's name and
 /// its master's process id.
 fn node_name() -> String {
-    let mut host = [0u8; 256];
-    // SAFETY: the buffer is writable for its length; gethostname NUL-terminates what fits.
-    let ok = unsafe { libc::gethostname(host.as_mut_ptr().cast(), host.len() - 1) } == 0;
-    let len = host.iter().position(|&b| b == 0).unwrap_or(0);
-    let host = if ok { String::from_utf8_lossy(&host[..len]).into_owned() } else { String::new() };
     // SAFETY: getppid cannot fail; a worker's parent is its master.
-    format!("{host}:{}", unsafe { libc::getppid() })
+    format!("{}:{}", redis_zone::host_name(), unsafe { libc::getppid() })
 }
 
 /// How many intervals a node's membership outlives its last heartbeat,
@@ -214,6 +209,7 @@ fn settle(lz: &LeaseZone) -> u64 {
             deepest_queue: rl_core::redis::OVERDRAWN,
             lease_life: 0,
             kept: 0,
+            holder: None,
         };
         redis_zone::charge(log(), lz.redis, line);
     }

@@ -30,7 +30,7 @@ use rl_core::metrics::{latency_bucket, ERROR_KINDS, LATENCY_BUCKETS, RESULTS};
 #[repr(C, align(64))]
 pub struct LineSlot(pub [AtomicU64; 8]);
 
-/// One worker's counters of one Redis zone (four cache lines). Only that
+/// One worker's counters of one Redis zone (five cache lines). Only that
 /// worker's nginx thread (errors, `on_error`) and I/O thread (calls,
 /// connections, master) write them.
 #[repr(C, align(64))]
@@ -47,6 +47,11 @@ pub struct RedisSlot {
     /// outcome (the call may have run).
     pub charge_failures: AtomicU64,
     pub charge_unknown: AtomicU64,
+    /// `rl_conn` units the worker holds (its requests', and its takes in
+    /// flight), and units Redis reclaimed from workers gone, as its calls
+    /// were told.
+    pub conn_held: AtomicU64,
+    pub conn_reclaimed: AtomicU64,
     /// The Sentinel master, `host:port`, under a sequence lock (odd while
     /// being written): length, then up to 48 bytes.
     master_seq: AtomicU64,
@@ -77,7 +82,7 @@ pub struct LeaseSlot {
 
 const _: () = assert!(RESULTS.len() <= 8);
 const _: () = assert!(core::mem::size_of::<LineSlot>() == 64);
-const _: () = assert!(core::mem::size_of::<RedisSlot>() == 256);
+const _: () = assert!(core::mem::size_of::<RedisSlot>() == 320);
 const _: () = assert!(core::mem::size_of::<LeaseSlot>() == 64);
 
 /// A row's header: a cache line before its slots.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ngx::async_::spawn;
-use rl_core::redis::Lives;
+use rl_core::redis::{HoldOp, Lives};
 
 use super::clock::script_deadline;
 use super::conn::Target;
@@ -99,6 +99,25 @@ impl Calls {
     pub async fn beat(&self, zone: usize, key: &str, node: &str, ttl_ms: u64) -> Result<u64, RedisError> {
         let zc = self.conns.get(zone).ok_or(RedisError::NoZone)?;
         timeout(zc.spec.timeout, zc.run_beat(&self.code, key, node, ttl_ms)).await.unwrap_or(Err(RedisError::Timeout))
+    }
+
+    /// A worker's `rl_conn` changes on zone `zone` (see
+    /// [`ZoneConn::run_put`]), by the zone's timeout at the latest: the
+    /// units Redis reclaimed from workers gone, and the first error.
+    pub async fn put(
+        &self,
+        zone: usize,
+        ops: &[((u64, u64), HoldOp)],
+        worker: &str,
+        life_ms: u64,
+        again: bool,
+    ) -> (u64, Option<RedisError>) {
+        let Some(zc) = self.conns.get(zone) else {
+            return (0, Some(RedisError::NoZone));
+        };
+        timeout(zc.spec.timeout, zc.run_put(&self.code, ops, worker, life_ms, again))
+            .await
+            .unwrap_or((0, Some(RedisError::Timeout)))
     }
 
     /// Sends the jobs of one event-loop iteration.

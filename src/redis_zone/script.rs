@@ -8,10 +8,11 @@ use std::time::Instant;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Script, Value};
 use rl_core::redis::{
-    beat_function_name, beat_script, charge_function_name, charge_script, check_line, function_library, function_name,
-    lease_function_name, lease_script, parse_beat_reply, parse_charge_reply, parse_lease_reply, parse_reply,
-    undo_function_name, undo_script, write_args, write_charge_args, write_lease_args, write_memo_key, write_state_key,
-    Arg, Call, LeaseArg, LeaseGrant, LineArg, Lives, RequestReply, ScriptReply, LIMIT_SCRIPT, REPLY_PER_LINE,
+    beat_function_name, beat_script, charge_function_name, charge_script, check_line, conn_function_name, conn_script,
+    function_library, function_name, lease_function_name, lease_script, parse_beat_reply, parse_charge_reply,
+    parse_conn_reply, parse_lease_reply, parse_reply, undo_function_name, undo_script, write_args, write_charge_args,
+    write_conn_args, write_lease_args, write_memo_key, write_state_key, Arg, Call, HoldOp, LeaseArg, LeaseGrant,
+    LineArg, Lives, RequestReply, ScriptReply, LIMIT_SCRIPT, REPLY_PER_LINE,
 };
 
 use super::clock::Clock;
@@ -111,6 +112,7 @@ pub async fn call(
                 next: l.next,
                 lease_life: l.lease_life,
                 kept: l.kept,
+                holder: l.holder,
             })
         });
         write_args(lines, Call { commit, now_us: None, deadline_us, memo: memo.is_some() }, |a| push_arg(&mut cmd, a));
@@ -291,6 +293,37 @@ pub async fn beat(mut conn: Conn, via: Via<'_>, key: &str, node: &str, ttl_ms: u
         .ok_or_else(|| RedisError::Malformed(format!("{} integers where a heartbeat's 2 were expected", reply.len())))
 }
 
+/// The give-backs, corrections and heartbeats of a worker's `rl_conn`
+/// units (`NAME_conn`): `ops`, one per key (a client key's tag and a line
+/// id), of `worker`, whose fields live `life_ms`. The units Redis reclaimed
+/// from the lapsed fields of those keys (workers gone). Not named: see
+/// [`super::holds`] for why a copy is never sent.
+pub async fn conn_put(
+    mut conn: Conn,
+    via: Via<'_>,
+    prefix: &str,
+    ops: &[((u64, u64), HoldOp)],
+    worker: &str,
+    life_ms: u64,
+) -> Result<u64, RedisError> {
+    let command = |how: How| {
+        let mut cmd = via.code.conn.command(how);
+        cmd.arg(ops.len());
+        let mut key = String::new();
+        for ((tag, line_id), _) in ops {
+            key.clear();
+            write_state_key(&mut key, prefix, *tag, *line_id);
+            cmd.arg(key.as_str());
+        }
+        write_conn_args(ops.iter().map(|(_, op)| op), worker, life_ms, None, |a| push_arg(&mut cmd, a));
+        cmd
+    };
+    let reply = integers(invoke(&mut conn, via, command).await?)?;
+    parse_conn_reply(&reply)
+        .map(|(_, reclaimed)| reclaimed)
+        .ok_or_else(|| RedisError::Malformed(format!("{} integers where a give-back's 2 were expected", reply.len())))
+}
+
 /// What an undo did (see [`undo`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Undone {
@@ -329,11 +362,13 @@ pub struct Code {
     function: String,
     /// The library's text, for `FUNCTION LOAD`.
     library: String,
-    /// The charge call, the undo, the lease call and the heartbeat.
+    /// The charge call, the undo, the lease call, the heartbeat, and
+    /// `rl_conn`'s give-backs and heartbeats.
     charge: Entry,
     undo: Entry,
     lease: Entry,
     beat: Entry,
+    conn: Entry,
 }
 
 /// One of the library's other functions: its name, and the script that
@@ -369,6 +404,7 @@ impl Code {
             undo: Entry::new(undo_function_name(), undo_script()),
             lease: Entry::new(lease_function_name(), lease_script()),
             beat: Entry::new(beat_function_name(), beat_script()),
+            conn: Entry::new(conn_function_name(), conn_script()),
         }
     }
 }

@@ -14,11 +14,11 @@ use ngx::ffi::{
     ngx_msec_t, ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, ngx_resolver_t, NGX_LOG_ALERT,
 };
 use ngx::ngx_log_error;
-use rl_core::redis::Lives;
+use rl_core::redis::{HoldOp, Lives};
 
 use super::calls::Calls;
 use super::conn::Target;
-use super::{inbox, open, peer};
+use super::{holds, inbox, open, peer};
 use super::{Job, LeaseKey, RedisError, RedisZone, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
 
 /// What the worker calls back with replies, in its event loop.
@@ -222,7 +222,8 @@ pub async fn beat(zone: usize, key: &str, node: &str, ttl_ms: u64) -> Result<u64
     calls.beat(zone, key, node, ttl_ms).await
 }
 
-/// Sends the jobs of this event-loop iteration.
+/// Sends the jobs of this event-loop iteration, and its `rl_conn`
+/// give-backs after them.
 extern "C" fn flush(ev: *mut ngx_event_t) {
     // SAFETY: nginx passes the posted event, whose log init_worker set.
     let log = unsafe { (*ev).log };
@@ -230,6 +231,31 @@ extern "C" fn flush(ev: *mut ngx_event_t) {
     if let Some((calls, jobs)) = with_worker(log, |w| (w.calls.clone(), std::mem::take(&mut w.outbox))) {
         calls.send(jobs);
     }
+    holds::send();
+}
+
+/// Has the loop iteration's calls sent when it ends (with its jobs').
+pub fn post_flush() {
+    with_worker(cycle_log(), |w| {
+        if w.flush_ev.posted() == 0 {
+            // SAFETY: as in submit.
+            unsafe { ngx_post_event(&mut *w.flush_ev, ptr::addr_of_mut!(ngx_posted_events)) };
+        }
+    });
+}
+
+/// A worker's `rl_conn` changes on zone `zone` (see [`Calls::put`]).
+pub async fn put(
+    zone: usize,
+    ops: &[((u64, u64), HoldOp)],
+    worker: &str,
+    life_ms: u64,
+    again: bool,
+) -> (u64, Option<RedisError>) {
+    let Some(calls) = with_worker(cycle_log(), |w| w.calls.clone()) else {
+        return (0, Some(RedisError::NotSent));
+    };
+    calls.put(zone, ops, worker, life_ms, again).await
 }
 
 /// A request's pool is freed: its reply, if it comes, has no request to go

@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rl_core::redis::{write_state_key, LeaseGrant, Lives, RequestReply};
+use rl_core::redis::{write_state_key, HoldOp, LeaseGrant, Lives, RequestReply};
 use rustls::ClientConfig;
 
 use super::clock::Clock;
 use super::conn::{Conn, Target, MIN_STALL};
-use super::script::{beat, call, charge, lease, undo, CallId, Code, Undone, Via};
+use super::script::{beat, call, charge, conn_put, lease, undo, CallId, Code, Undone, Via};
 use super::sentinel::{sentinel_master, subscribe_switches, Sentinels, MASTER_CHECK};
 use super::timers::sleep;
 use super::{Job, JobLine, LeaseKey, RedisError, ZoneSpec};
@@ -279,6 +279,46 @@ impl ZoneConn {
     pub async fn run_beat(&self, code: &Code, key: &str, node: &str, ttl_ms: u64) -> Result<u64, RedisError> {
         let until = Instant::now() + self.spec.timeout;
         self.retrying(until, |conn| beat(conn, self.via(code, until), key, node, ttl_ms)).await
+    }
+
+    /// A worker's `rl_conn` changes on this zone (see [`conn_put`]): one
+    /// call, or on a cluster one per slot, all at once. Sent again on a new
+    /// connection after a broken one only when `again` (a heartbeat, which a
+    /// copy cannot apply twice); else once. The units reclaimed, and the
+    /// first error.
+    pub async fn run_put(
+        &self,
+        code: &Code,
+        ops: &[((u64, u64), HoldOp)],
+        worker: &str,
+        life_ms: u64,
+        again: bool,
+    ) -> (u64, Option<RedisError>) {
+        let now = Instant::now();
+        let until = now + self.spec.timeout;
+        let deadline = if again { until } else { now };
+        let groups = match self.spec.target {
+            Target::Cluster(_) => slot_groups(ops.iter().map(|(k, _)| *k), &self.spec.prefix),
+            _ => vec![(0..ops.len()).collect()],
+        };
+        let calls = groups.iter().map(|g| {
+            let group: Vec<((u64, u64), HoldOp)> = g.iter().filter_map(|&j| ops.get(j).copied()).collect();
+            let via = self.via(code, until);
+            async move {
+                let group = &group;
+                self.retrying(deadline, move |conn| conn_put(conn, via, &self.spec.prefix, group, worker, life_ms))
+                    .await
+            }
+        });
+        let mut reclaimed = 0;
+        let mut error = None;
+        for r in futures_util::future::join_all(calls).await {
+            match r {
+                Ok(n) => reclaimed += n,
+                Err(e) => error = error.or(Some(e)),
+            }
+        }
+        (reclaimed, error)
     }
 
     /// How this zone calls the script, until `until`.

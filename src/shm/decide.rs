@@ -308,7 +308,9 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
 pub fn release(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
     let now_us = crate::shm::now_us();
     let holds = |res: &LineResult| res.ticket != 0 || (res.active && res.charged);
-    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| l.limit.is_concurrent() && holds(res)) {
+    // (a Redis zone's lines are given back by crate::eval::redis::release)
+    let here = |l: &Line| l.limit.is_concurrent() && l.backend.shm().is_some();
+    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| here(l) && holds(res)) {
         // (a request that ends while it waits gives its places up)
         if res.ticket != 0 {
             super::wait::leave(zones, line, res, now_us);

@@ -490,6 +490,24 @@ impl Nginx {
     }
 }
 
+/// Kills an nginx, master and workers, with SIGKILL: what it holds is gone
+/// with it. The whole process group at once (the master leads it): a
+/// worker killed alone would be started again by its master.
+pub fn kill_nginx(n: &Nginx) {
+    let master = std::fs::read_to_string(n.prefix.join("nginx.pid")).expect("no pid file");
+    let master = master.trim().to_string();
+    let workers = n.worker_pids();
+    let ok =
+        std::process::Command::new("kill").args(["-KILL", "--", &format!("-{master}")]).status().unwrap().success();
+    assert!(ok, "kill -KILL -- -{master}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let pids: Vec<u32> = workers.into_iter().chain(master.parse().ok()).collect();
+    while pids.iter().any(|&p| alive(p)) {
+        assert!(Instant::now() < deadline, "nginx {pids:?} still running 5 s after SIGKILL");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Whether `pid` still runs (a zombie counts as gone).
 fn alive(pid: u32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -351,6 +351,11 @@ local function put(j, lim, val, v1, v2, v3, x0, rst)
     redis.call('PEXPIRE', names[j], ttl(x - ms))
     return
   end
+  if alg == 'concurrent' then
+    -- (its fields' lives are its expiry)
+    val()
+    return
+  end
   if x0 < x then
     x = x + TTL_SLACK
   else
@@ -849,6 +854,100 @@ local function sliding_log(lim, j, key, cost)
   return ok, adm, rem, rst, rty, dly, val, v1, v2, v3, nxt
 end
 
+-- concurrent (rl_conn on a Redis zone): the units of a key held by
+-- requests in flight, a HASH with one field per nginx worker holding some
+-- (named by the line: host:pid), its value "count gen deadline set": the
+-- units the worker holds; the generation of its last heartbeat Redis
+-- applied (or of its last change, when that was newer); when the field
+-- lapses unless renewed (ms of the Redis clock: a take, a give-back or a
+-- heartbeat renews it); 1 if the count was set by that heartbeat (else 0).
+-- A field lapsed, or malformed, is a worker gone: its units are given back
+-- (reclaimed, reported in the line's fifth reply value) by the first call
+-- that commits on the key. A worker's heartbeat (`conn_put`'s "s") sets
+-- what it holds by its own count (its held units and takes in flight): a
+-- take sent before that heartbeat (its gen below the field's) is counted
+-- in it already, so it is decided as if charged, and writes nothing. The
+-- line's words: max as count and burst, lim[18] the worker, lim[19] the
+-- generation the take was sent in, lim[20] the field's life (ms).
+-- Keys are read by HGETALL (MGET reads them as missing); a key of another
+-- type reads as empty, and is replaced by a write.
+-- A key of fields: the units the live ones hold, this worker's field
+-- (count, gen, set flag; gen -1: none), the names of the fields lapsed,
+-- the units they held, and whether the key is of another type.
+local function holders(key, me)
+  local all = redis.pcall('HGETALL', key)
+  local held, mine, mg, mset, lapsed, freed = 0, 0, -1, '0', nil, 0
+  if type(all) ~= 'table' or all.err then
+    return held, mine, mg, mset, lapsed, freed, true
+  end
+  for i = 1, #all, 2 do
+    local c, g, d, st = string.match(all[i + 1], '^(%d+) (%d+) (%d+) ([01])$')
+    c, g, d = tonumber(c), tonumber(g), tonumber(d)
+    if c and g and d and ms <= d then
+      held = held + c
+      if all[i] == me then
+        mine, mg, mset = c, g, st
+      end
+    else
+      lapsed = lapsed or {}
+      lapsed[#lapsed + 1] = all[i]
+      if c then freed = freed + c end
+    end
+  end
+  return held, mine, mg, mset, lapsed, freed, false
+end
+-- A field's value.
+local function holding(count, gen, life, set)
+  return string.format('%.0f %.0f %.0f %s', count, gen, ms + life, set)
+end
+-- Makes a key of fields live at least `life` ms more (and a margin).
+local function hold_key(key, life)
+  local t = redis.call('PTTL', key)
+  if t < life + 1000 then
+    redis.call('PEXPIRE', key, ttl(life + 2000))
+  end
+end
+-- A take committed is in its call's memo (a copy must not take twice);
+-- an undo leaves it (its line, without the worker, does not parse as one):
+-- the worker's heartbeat sets what it holds.
+local function concurrent(lim, j, key, cost)
+  local b, me, gen, life = lim[4], lim[18], lim[19], lim[20]
+  -- (a string state of this key pending, were a key ever shared: written first)
+  if R[7 * j - 6] then
+    flush(j)
+  end
+  cur[j] = nil
+  local held, mine, mg, mset, lapsed, freed, wrongtype = holders(key, me)
+  if commit and lapsed then
+    -- (their workers are gone: the units go back whatever this line decides)
+    redis.call('HDEL', key, unpack(lapsed))
+  end
+  if not commit then freed = 0 end
+  -- A take its worker's last heartbeat counted already.
+  local need = cost
+  if gen < mg then need = 0 end
+  local free = b - held
+  if free < 0 then free = 0 end
+  if need <= free then
+    local val = nil
+    if commit and need > 0 then
+      val = function()
+        if wrongtype then
+          redis.call('DEL', key)
+        end
+        -- (a take of a newer generation than the field's: that heartbeat
+        -- did not set the count)
+        local g, st = mg, mset
+        if mg < gen then g, st = gen, '0' end
+        redis.call('HSET', key, me, holding(mine + need, g, life, st))
+        hold_key(key, life)
+      end
+    end
+    return true, true, free - need, 0, -1, 0, val, 0, 0, 0, freed
+  end
+  return true, false, free, 0, -1, 0, nil, 0, 0, 0, freed
+end
+
 -- token_bucket and leaky_bucket
 local function bucket(lim, j, key, cost)
   local alg, b, K, QK = lim[1], lim[4], lim[6], lim[8]
@@ -915,7 +1014,7 @@ end
 
 local by_name = {
   gcra = gcra, fixed = fixed, sliding = sliding, sliding_log = sliding_log,
-  token_bucket = bucket, leaky_bucket = bucket,
+  token_bucket = bucket, leaky_bucket = bucket, concurrent = concurrent,
 }
 
 -- The arguments after ARGV[3], by their string, parsed once per call: a
@@ -937,6 +1036,24 @@ local by_name = {
 -- false; a number of lines as {0, n}, a run "-n" as {-1, n}; nil for a
 -- malformed number.
 local specs, nspecs = {}, 0
+-- A concurrent line (rl_conn): "concurrent count period_us max cost 0
+-- flags worker gen life", flags the sum of 64, 1 for a dry-run line and 8
+-- for one that reports the wait for one more unit (none: the fifth value
+-- is what the line reclaimed); the worker (no space), its generation and
+-- its fields' life (ms) as lim[18], lim[19], lim[20] (see `concurrent`).
+local function parse_conn(s)
+  local w1, w2, w3, w4, w5, me, w6, w7 =
+    string.match(s, '^concurrent (%d+) (%d+) (%d+) (%d+) 0 (%d+) (%S+) (%d+) (%d+)$')
+  local c, p, b, x, f, gen, life = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4), tonumber(w5),
+    tonumber(w6), tonumber(w7)
+  if not (c and p and b and x and f and gen and life and c >= 1 and p >= 1 and b >= 1
+      and b < E and x < E and gen < E and life >= 1 and life < E
+      and (f == 64 or f == 65 or f == 72 or f == 73)) then
+    return false
+  end
+  return { 'concurrent', c, p, b, x, b, false, 0, f % 2 == 1, concurrent, 'concurrent', 0, false, false, false,
+    false, false, me, gen, life }
+end
 local function parse(s)
   local n = tonumber(s)
   if n then
@@ -946,6 +1063,9 @@ local function parse(s)
       return { -1, -n }
     end
     return { 0, n }
+  end
+  if string.sub(s, 1, 11) == 'concurrent ' then
+    return parse_conn(s)
   end
   local a, w1, w2, w3, w4, w5, w6, w7 = string.match(s, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%d+) ?(%d*)$')
   local c, p, b, x, q, f = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4), tonumber(w5), tonumber(w6)
@@ -1180,6 +1300,10 @@ end
 -- the check of a cost of 0 (rl-core's Outcome::uncharged of Limit::left).
 local function left(n, lim, j, key)
   local _, _, rem, rst, _, _, _, _, _, _, nxt = lim[10](lim, j, key, 0)
+  if lim[18] then
+    -- (a concurrent line's fifth value: what it reclaimed, kept)
+    nxt = reply[n + 4]
+  end
   if lim[17] then
     -- (what the request's class may spend: the reserves above it kept)
     rem = rem - lim[17]

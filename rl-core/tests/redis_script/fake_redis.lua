@@ -178,6 +178,75 @@ function commands.LLEN(key)
   return e and #e.v or 0
 end
 
+-- Hashes (rl_conn's keys: a field per worker): e.v maps field to value.
+-- HGETALL replies field, value, ... (here sorted by field; Redis' order is
+-- its own).
+function commands.HGETALL(key)
+  local e = typed(key, 'hash')
+  local out = {}
+  if not e then return out end
+  local fields = {}
+  for f in pairs(e.v) do fields[#fields + 1] = f end
+  table.sort(fields)
+  for _, f in ipairs(fields) do
+    out[#out + 1] = f
+    out[#out + 1] = e.v[f]
+  end
+  return out
+end
+
+-- HSET key field value [field value ...]: the number of fields added (a
+-- new key has no expiry; an existing one keeps its own).
+function commands.HSET(key, ...)
+  local args = { ... }
+  local n = select('#', ...)
+  if n == 0 or n % 2 ~= 0 then
+    error({ err = "ERR wrong number of arguments for 'hset' command" })
+  end
+  local e = typed(key, 'hash')
+  if not e then
+    e = { kind = 'hash', v = {} }
+    fake.data[key] = e
+  end
+  local added = 0
+  for i = 1, n, 2 do
+    if e.v[args[i]] == nil then added = added + 1 end
+    e.v[args[i]] = args[i + 1]
+  end
+  fake.writes = fake.writes + 1
+  return added
+end
+
+-- HDEL key field [field ...]: the number of fields removed; a hash left
+-- empty is deleted.
+function commands.HDEL(key, ...)
+  local n = select('#', ...)
+  if n == 0 then
+    error({ err = "ERR wrong number of arguments for 'hdel' command" })
+  end
+  local e = typed(key, 'hash')
+  fake.writes = fake.writes + 1
+  if not e then return 0 end
+  local removed = 0
+  for _, f in ipairs({ ... }) do
+    if e.v[f] ~= nil then
+      e.v[f] = nil
+      removed = removed + 1
+    end
+  end
+  if next(e.v) == nil then fake.data[key] = nil end
+  return removed
+end
+
+-- PTTL key: -2 if missing, -1 if it has no expiry, else the ms left (cut:
+-- the fake's clock is in us).
+function commands.PTTL(key)
+  local e = live(key)
+  if not e then return -2 end
+  if not e.exp then return -1 end
+  return math.floor((e.exp - fake.now) / 1000)
+end
+
 local function call(cmd, ...)
   fake.calls = fake.calls + 1
   fake.count[string.upper(cmd)] = (fake.count[string.upper(cmd)] or 0) + 1
@@ -233,13 +302,38 @@ local function decode(v)
   return table.concat(out, ' '), x
 end
 
+-- A hash's fields as "field=value", sorted, joined by `sep`.
+local function fields(v, sep)
+  local out = {}
+  for f, x in pairs(v) do out[#out + 1] = f .. '=' .. x end
+  table.sort(out)
+  return table.concat(out, sep)
+end
+
 -- The words of a string state (or the raw value if the script did not
--- write it), or a list joined by spaces.
+-- write it), a list joined by spaces, or a hash's "field=value" entries
+-- joined by commas.
 function fake.value(key)
   local e = live(key)
   if not e then return false end
   if e.kind == 'string' then return decode(e.v) or e.v end
+  if e.kind == 'hash' then return fields(e.v, ',') end
   return table.concat(e.v, ' ')
+end
+
+-- A hash's fields, as a table of field to value (a copy), or false if the
+-- key is missing or not a hash.
+function fake.hash(key)
+  local e = live(key)
+  if not (e and e.kind == 'hash') then return false end
+  local out = {}
+  for f, x in pairs(e.v) do out[f] = x end
+  return out
+end
+
+-- What PTTL answers for the key (not counted as a call of the script's).
+function fake.pttl(key)
+  return commands.PTTL(key)
 end
 
 -- The expiry (ms) a string state carries, or false.
@@ -285,6 +379,8 @@ function fake.snapshot(except)
     local v = e.v
     if e.kind == 'list' then
       v = table.concat(v, ',')
+    elseif e.kind == 'hash' then
+      v = fields(v, ',')
     else
       local w, x = decode(v)
       if w then

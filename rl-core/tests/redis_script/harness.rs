@@ -4,12 +4,14 @@
 //! function library (`load_library.lua`); the fake clock, calls with their
 //! replies converted as Redis does, and the store read and written directly.
 
+use std::collections::BTreeMap;
+
 use mlua::{Function, Lua, Table, Value};
 use rl_core::limit::Limit;
 use rl_core::redis::{
-    charge_args, charge_function_name, charge_script, function_library, function_name, lease_function_name,
-    lease_script, parse_charge_reply, parse_reply, script_args, undo_function_name, undo_script, write_memo_key, Call,
-    ChargeReply, LineArg, ScriptReply, LIMIT_SCRIPT,
+    charge_args, charge_function_name, charge_script, conn_args, conn_function_name, conn_script, function_library,
+    function_name, lease_function_name, lease_script, parse_charge_reply, parse_conn_reply, parse_reply, script_args,
+    undo_function_name, undo_script, write_memo_key, Call, ChargeReply, HoldOp, LineArg, ScriptReply, LIMIT_SCRIPT,
 };
 use rl_core::verdict::Outcome;
 
@@ -21,8 +23,8 @@ use crate::struct_lib::struct_lib;
 const FAKE_REDIS: &str = include_str!("fake_redis.lua");
 
 /// Loads a function library as Redis 7 does: while it loads, no global but
-/// `redis.register_function` is in reach; then the registered function is
-/// called with (keys, args), call after call, its upvalues kept.
+/// `redis.register_function` is in reach; then the registered functions are
+/// called with (keys, args), call after call, their upvalues kept.
 const LOAD_LIBRARY: &str = include_str!("load_library.lua");
 
 /// How the fake Redis runs the script: as `EVALSHA` runs it (a chunk over the
@@ -44,6 +46,9 @@ pub(crate) struct Redis {
     undo: Function,
     /// The lease call: the library's function, or its script.
     lease: Function,
+    /// rl_conn's give-backs and heartbeats (`conn_put`): the library's
+    /// function, or its script.
+    conn: Function,
     mode: Mode,
     pub(crate) fake: Table,
 }
@@ -58,25 +63,27 @@ impl Redis {
         let lua = Lua::new();
         lua.globals().set("struct", struct_lib(&lua)).unwrap();
         lua.load(FAKE_REDIS).set_name("fake_redis").exec().unwrap();
-        let (script, charge, undo, lease) = match mode {
+        let (script, charge, undo, lease, conn) = match mode {
             Mode::Eval => (
                 lua.load(LIMIT_SCRIPT).set_name("limit.lua").into_function().unwrap(),
                 lua.load(charge_script()).set_name("charge.lua").into_function().unwrap(),
                 lua.load(undo_script()).set_name("undo.lua").into_function().unwrap(),
                 lua.load(lease_script()).set_name("lease.lua").into_function().unwrap(),
+                lua.load(conn_script()).set_name("conn.lua").into_function().unwrap(),
             ),
             Mode::Function => {
-                let (name, f, c, u, l): (String, Function, Function, Function, Function) =
+                let (name, f, c, u, l, n): (String, Function, Function, Function, Function, Function) =
                     lua.load(LOAD_LIBRARY).set_name("load_library").call(function_library()).unwrap();
                 assert_eq!(name, function_name());
                 assert_eq!(format!("{name}_charge"), charge_function_name());
                 assert_eq!(format!("{name}_undo"), undo_function_name());
                 assert_eq!(format!("{name}_lease"), lease_function_name());
-                (f, c, u, l)
+                assert_eq!(format!("{name}_conn"), conn_function_name());
+                (f, c, u, l, n)
             }
         };
         let fake = lua.globals().raw_get("fake").unwrap();
-        Redis { lua, script, charge, undo, lease, mode, fake }
+        Redis { lua, script, charge, undo, lease, conn, mode, fake }
     }
 
     pub(crate) fn set_now(&self, now_us: u64) {
@@ -174,8 +181,56 @@ impl Redis {
         integers(self.call_table(&self.lease, keys, args))
     }
 
-    /// `f` (the script, the charge, the undo or the lease) called as FCALL
-    /// or EVALSHA.
+    /// `conn_put`'s raw reply (see [`Redis::eval`]).
+    pub(crate) fn eval_conn(&self, keys: &[String], args: &[String]) -> Vec<i64> {
+        integers(self.call_conn_table(keys, args))
+    }
+
+    /// `conn_put`'s reply table as the script returns it (an error reply
+    /// too: `err`).
+    pub(crate) fn call_conn_table(&self, keys: &[String], args: &[String]) -> Table {
+        self.call_table(&self.conn, keys, args)
+    }
+
+    /// `worker`'s `conn_put` call at `now` (by Redis `TIME` with
+    /// `use_time`): `ops[i]` on `keys[i]`, its fields living `life_ms` when
+    /// written. The units it reclaimed from lapsed fields.
+    pub(crate) fn conn_put(
+        &self,
+        keys: &[String],
+        ops: &[HoldOp],
+        worker: &str,
+        life_ms: u64,
+        now: u64,
+        use_time: bool,
+    ) -> u64 {
+        assert_eq!(keys.len(), ops.len());
+        self.set_now(now);
+        let args = conn_args(ops, worker, life_ms, (!use_time).then_some(now));
+        let reply = self.eval_conn(keys, &args);
+        let (at, reclaimed) = parse_conn_reply(&reply).expect("a well-formed conn_put reply");
+        assert_eq!(at, now);
+        reclaimed
+    }
+
+    /// A hash's fields (field to value), or `None` if the key is missing or
+    /// not a hash.
+    pub(crate) fn hash(&self, key: &str) -> Option<BTreeMap<String, String>> {
+        match self.helper("hash", key) {
+            Value::Table(t) => Some(t.pairs::<String, String>().map(Result::unwrap).collect()),
+            Value::Boolean(false) => None,
+            v => panic!("hash {v:?}"),
+        }
+    }
+
+    /// What PTTL answers for the key at the fake's now: -2 missing, -1 no
+    /// expiry, else the ms left.
+    pub(crate) fn pttl(&self, key: &str) -> i64 {
+        number(&self.helper("pttl", key)) as i64
+    }
+
+    /// `f` (the script, the charge, the undo, the lease or `conn_put`)
+    /// called as FCALL or EVALSHA.
     fn call_table(&self, f: &Function, keys: &[String], args: &[String]) -> Table {
         let keys = self.lua.create_sequence_from(keys.to_vec()).unwrap();
         let args = self.lua.create_sequence_from(args.to_vec()).unwrap();
@@ -444,4 +499,18 @@ pub(crate) fn put_raw(r: &Redis, key: &str, raw: &str, list: bool) {
         fake.data[key] = e
     "#;
     r.lua.load(code).call::<()>((key.to_owned(), raw.to_owned(), list)).unwrap();
+}
+
+/// Puts a HASH of `fields` (field, value) under `key`, as someone else
+/// might have written it; it expires in 10 s.
+pub(crate) fn put_hash(r: &Redis, key: &str, fields: &[(&str, &str)]) {
+    let code = r#"
+        local key, fields = ...
+        fake.data[key] = { kind = 'hash', v = fields, exp = fake.now + 10000000 }
+    "#;
+    let t = r.lua.create_table().unwrap();
+    for (f, v) in fields {
+        t.set(*f, *v).unwrap();
+    }
+    r.lua.load(code).call::<()>((key.to_owned(), t)).unwrap();
 }

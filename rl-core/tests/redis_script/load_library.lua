@@ -1,7 +1,8 @@
 -- Redis 7's FUNCTION LOAD for the tests (see the doc of LOAD_LIBRARY in
 -- harness.rs): called with the library's text, returns its name, its
 -- function of that name, its charge function (NAME_charge), its undo
--- function (NAME_undo) and its lease function (NAME_lease).
+-- function (NAME_undo), its lease function (NAME_lease) and its rl_conn
+-- function (NAME_conn: give-backs and heartbeats).
 local text = ...
 local real = _G
 local loading, registered = true, {}
@@ -33,7 +34,9 @@ assert(registered[name .. '_charge'], 'the library registers its charge function
 assert(registered[name .. '_undo'], 'the library registers its undo function')
 assert(registered[name .. '_lease'], 'the library registers its lease function')
 assert(registered[name .. '_beat'], 'the library registers its heartbeat')
+assert(registered[name .. '_conn'], "the library registers rl_conn's give-backs and heartbeats")
 local n = 0
 for _ in pairs(registered) do n = n + 1 end
-assert(n == 5, 'the library registers its five functions, no more')
-return name, registered[name], registered[name .. '_charge'], registered[name .. '_undo'], registered[name .. '_lease']
+assert(n == 6, 'the library registers its six functions, no more')
+return name, registered[name], registered[name .. '_charge'], registered[name .. '_undo'], registered[name .. '_lease'],
+  registered[name .. '_conn']

@@ -20,10 +20,15 @@
 //!   memo key), their repeats and their undo (`NAME_undo`), by hand and
 //!   with [`memo::Batches`], calls of several requests on both sides.
 //! - `lease.rs`: the lease call (`NAME_lease`) held to rl-core's lease model.
+//! - `conn.rs`: `rl_conn` (a `concurrent` line's takes, and `NAME_conn`'s
+//!   give-backs, corrections and heartbeats) held to rl-core's model of a
+//!   key's fields (`rl_core::redis::holders`); its proptest's failures
+//!   persist in `conn.proptest-regressions`.
 //! - `props.rs`: proptests (failures persist in
 //!   `props.proptest-regressions`, next to it).
 
 mod cases;
+mod conn;
 mod fixtures;
 mod harness;
 mod lease;

@@ -264,8 +264,16 @@ fn lines_of(alg: Algorithm) -> Vec<LineArg> {
     let vary = |l: Limit, varying: bool| if varying { l.varying() } else { l };
     for varying in [false, true] {
         let l = vary(case_limit(alg), varying);
-        let base =
-            LineArg { limit: l, cost: 1, dry_run: false, check_only: false, next: false, lease_life: 0, kept: 0 };
+        let base = LineArg {
+            limit: l,
+            cost: 1,
+            dry_run: false,
+            check_only: false,
+            next: false,
+            lease_life: 0,
+            kept: 0,
+            holder: None,
+        };
         out.push(base);
         out.push(LineArg { dry_run: true, next: true, ..base });
         out.push(LineArg { check_only: true, ..base });
@@ -378,6 +386,7 @@ fn undo_at_once_restores_the_states() {
             next: false,
             lease_life: 0,
             kept: 0,
+            holder: None,
         })
         .collect();
     for mode in [Mode::Function, Mode::Eval] {
@@ -512,7 +521,19 @@ fn memo_batches() {
         limit(Algorithm::LeakyBucket, 2, 1_000_000, 3).with_queue(3).unwrap(),
     ];
     let line = |i: usize, cost: u64| {
-        (i, LineArg { limit: ls[i], cost, dry_run: false, check_only: false, next: i == 3, lease_life: 0, kept: 0 })
+        (
+            i,
+            LineArg {
+                limit: ls[i],
+                cost,
+                dry_run: false,
+                check_only: false,
+                next: i == 3,
+                lease_life: 0,
+                kept: 0,
+                holder: None,
+            },
+        )
     };
     let dry = |i: usize, cost: u64| (i, LineArg { dry_run: true, ..line(i, cost).1 });
     let batch: Vec<Req> = vec![
@@ -571,6 +592,7 @@ fn memo_of_a_big_batch() {
                         next: false,
                         lease_life: 0,
                         kept: 0,
+                        holder: None,
                     },
                 )]
             };

@@ -47,6 +47,7 @@ fn replay(limits: &[Limit], dry: &[bool], ops: &[(Raw, Vec<u8>)], start: u64, ji
             next: i % 2 == 0,
             lease_life: 0,
             kept: 0,
+            holder: None,
         })
         .collect();
     let mut p = Pair::new(&lines);
@@ -143,6 +144,7 @@ fn replay_charges(limits: &[Limit], kinds: &[u8], ops: &[(Raw, Vec<u8>)], start:
             next: k & 4 == 4,
             lease_life: 0,
             kept: 0,
+            holder: None,
         })
         .collect();
     let mut p = Pair::new(&lines);
@@ -270,6 +272,7 @@ fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], star
         next: dry,
         lease_life: 0,
         kept: 0,
+        holder: None,
     }]);
     let (mut t, mut prev) = (start, Outcome::default());
     for ((sel, f, flags), picks) in ops {
@@ -305,7 +308,16 @@ fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], star
         }
         let commit = sel >> 5 != 7;
         let check_only = charges && sel & 8 == 8;
-        let line = [LineArg { limit: l, cost, dry_run: dry, check_only, next: sel & 16 == 16, lease_life: 0, kept: 0 }];
+        let line = [LineArg {
+            limit: l,
+            cost,
+            dry_run: dry,
+            check_only,
+            next: sel & 16 == 16,
+            lease_life: 0,
+            kept: 0,
+            holder: None,
+        }];
         prev = p.step(&line, now, commit, flags & 1 == 1).1[0];
     }
 }
@@ -343,6 +355,7 @@ fn replay_memo(limits: &[Limit], kinds: &[u8], varying: bool, ops: &[(Raw, Vec<u
         next: k & 4 == 4,
         lease_life: 0,
         kept: 0,
+        holder: None,
     };
     let base: Vec<LineArg> = match varying {
         true => vec![kind(limits[0], kinds[0])],
@@ -498,6 +511,7 @@ fn replay_memo_batches(ls: &[Vec<Limit>], batches: &[RawBatch], start: u64, mode
                             next: i == 1,
                             lease_life: 0,
                             kept: 0,
+                            holder: None,
                         };
                         (i, a)
                     })

@@ -1,0 +1,251 @@
+//! A worker's units of `rl_conn` lines on Redis zones: what it counts as
+//! held per key (its requests' units and its takes in flight), the
+//! give-backs of requests that ended (sent with the calls of the loop
+//! iteration, once), and its heartbeat every [`BEAT`], which sets each of
+//! its keys' fields in Redis to its count and keeps them alive. A field a
+//! heartbeat no longer renews lapses after [`LAPSE_BEATS`] beats (and the
+//! zone's timeout): the units of a worker killed, or cut off from Redis,
+//! are given back then (reclaimed). rl-core's `redis::holders` is the model
+//! of what Redis keeps, and says why a lost give-back or reply is set right
+//! by the next heartbeat, and a call is never sent twice.
+
+use core::cell::RefCell;
+use core::sync::atomic::Ordering;
+use std::collections::HashMap;
+use std::time::Duration;
+
+use ngx::async_::{sleep, spawn};
+use ngx::ffi::{ngx_cycle, ngx_log_t};
+use rl_core::redis::{HoldOp, Holder};
+
+use super::timers::Hold;
+use super::worker;
+use super::{RedisError, RedisZone};
+use crate::metrics::store::redis_slot;
+
+/// How often a worker renews its fields, and sets them to what it counts.
+pub const BEAT: Duration = Duration::from_secs(1);
+
+/// How many beats a field outlives its last renewal (the zone's timeout
+/// besides): a worker's beat that comes late, or fails once, loses nothing.
+pub const LAPSE_BEATS: u64 = 3;
+
+/// A client key's tag and a line id: one state key of a zone.
+type Key = (u64, u64);
+
+/// One `conn_put` call's changes, of `worker`, whose fields live `life_ms`.
+struct Batch {
+    ops: Vec<(Key, HoldOp)>,
+    worker: &'static str,
+    life_ms: u64,
+}
+
+/// One zone's bookkeeping.
+struct ZoneHolds {
+    /// How long the worker's fields live unless renewed (ms).
+    life_ms: u64,
+    /// The generation of the last heartbeat (1 before any).
+    gen: u64,
+    /// What the worker counts as held, per key: a key at 0 stays until the
+    /// next heartbeat has deleted its field.
+    counts: HashMap<Key, u64>,
+    /// Give-backs and corrections for the loop iteration's call.
+    outbox: Vec<(Key, HoldOp)>,
+    /// The sum of `counts` (`nginx_rl_conn_in_flight`).
+    total: u64,
+}
+
+impl ZoneHolds {
+    /// Counts `key`'s units `by` more (or fewer), and shows the total.
+    fn count(&mut self, zone: usize, key: Key, more: u64, fewer: u64) {
+        let n = self.counts.entry(key).or_insert(0);
+        let before = *n;
+        *n = n.saturating_add(more).saturating_sub(fewer);
+        self.total = self.total.saturating_sub(before).saturating_add(*n);
+        if let Some(m) = redis_slot(zone) {
+            m.conn_held.store(self.total, Ordering::Relaxed);
+        }
+    }
+}
+
+struct Holds {
+    /// The worker's field name: its host and process id.
+    worker: &'static str,
+    /// The worker's Redis zones (for their connections' messages).
+    redis: &'static [Box<RedisZone>],
+    /// By zone index: `None` for a zone without `rl_conn` lines.
+    zones: Vec<Option<ZoneHolds>>,
+}
+
+thread_local! {
+    static HOLDS: RefCell<Option<Holds>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` on zone `zone`'s bookkeeping, if the worker keeps one. Never
+/// re-entered (nothing in `f` calls back here); should it be, nothing is
+/// done rather than the worker aborted.
+fn with_zone<T>(zone: usize, f: impl FnOnce(&'static str, &mut ZoneHolds) -> T) -> Option<T> {
+    HOLDS.with(|h| {
+        let mut h = h.try_borrow_mut().ok()?;
+        let h = h.as_mut()?;
+        let worker = h.worker;
+        h.zones.get_mut(zone)?.as_mut().map(|z| f(worker, z))
+    })
+}
+
+/// Starts the bookkeeping of the worker's zones that have `rl_conn` lines,
+/// and their heartbeats. The zones live as long as the worker's cycle,
+/// which is the worker's whole life.
+pub fn init_worker(zones: &'static [Box<RedisZone>]) {
+    if !zones.iter().any(|z| z.holds) {
+        return;
+    }
+    // (one name for the worker's life: leaked once, as the worker's lines
+    // name it in every take)
+    let worker: &'static str = Box::leak(format!("{}:{}", super::host_name(), std::process::id()).into_boxed_str());
+    let state = Holds {
+        worker,
+        redis: zones,
+        zones: zones
+            .iter()
+            .map(|z| {
+                z.holds.then(|| ZoneHolds {
+                    life_ms: LAPSE_BEATS * BEAT.as_millis() as u64 + z.spec.timeout.as_millis() as u64,
+                    gen: 1,
+                    counts: HashMap::new(),
+                    outbox: Vec::new(),
+                    total: 0,
+                })
+            })
+            .collect(),
+    };
+    HOLDS.with(|h| h.try_borrow_mut().map(|mut h| *h = Some(state)).ok());
+    for (i, z) in zones.iter().enumerate() {
+        if z.holds {
+            spawn(beats(i, z)).detach();
+        }
+    }
+}
+
+/// A take of `cost` units of `key` on zone `zone`, sent now: counted held
+/// until it is [`settle`]d otherwise. Who takes them, for the line.
+pub fn take(zone: usize, key: Key, cost: u64) -> Option<Holder> {
+    with_zone(zone, |worker, z| {
+        z.count(zone, key, cost, 0);
+        Holder { worker, gen: z.gen, life_ms: z.life_ms }
+    })
+}
+
+/// Who would take units of zone `zone` now, for a line only read
+/// (`rl_quota`): nothing is counted.
+pub fn peek(zone: usize) -> Option<Holder> {
+    with_zone(zone, |worker, z| Holder { worker, gen: z.gen, life_ms: z.life_ms })
+}
+
+/// A take sent in generation `gen` that does not hold (refused, or
+/// answered per `on_error`): no longer counted; if a heartbeat counted it
+/// meanwhile, Redis is told (a correction).
+pub fn settle_unheld(zone: usize, key: Key, cost: u64, gen: u64) {
+    with_zone(zone, |_, z| {
+        z.count(zone, key, 0, cost);
+        if gen < z.gen {
+            z.outbox.push((key, HoldOp::Correct { units: cost, gen: z.gen }));
+            worker::post_flush();
+        }
+    });
+}
+
+/// A request that held `cost` units of `key` ended: given back with the
+/// loop iteration's calls.
+pub fn give_back(zone: usize, key: Key, cost: u64) {
+    with_zone(zone, |_, z| {
+        z.count(zone, key, 0, cost);
+        z.outbox.push((key, HoldOp::GiveBack { units: cost, gen: z.gen }));
+        worker::post_flush();
+    });
+}
+
+/// The give-backs and corrections of the loop iteration, by zone, each
+/// with its zone, the worker and its fields' life.
+fn take_outbox() -> Vec<Outgoing> {
+    HOLDS.with(|h| {
+        let Ok(mut h) = h.try_borrow_mut() else { return Vec::new() };
+        let Some(h) = h.as_mut() else { return Vec::new() };
+        let (worker, redis) = (h.worker, h.redis);
+        h.zones
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, z)| {
+                let z = z.as_mut().filter(|z| !z.outbox.is_empty())?;
+                let batch = Batch { ops: std::mem::take(&mut z.outbox), worker, life_ms: z.life_ms };
+                Some((i, &**redis.get(i)?, batch))
+            })
+            .collect()
+    })
+}
+
+/// A zone's changes to send: its index, the zone, the changes.
+type Outgoing = (usize, &'static RedisZone, Batch);
+
+/// The next heartbeat of zone `zone`: a new generation, and every key's
+/// count (0: its field deleted); keys at 0 are then forgotten.
+fn next_beat(zone: usize) -> Option<Batch> {
+    with_zone(zone, |worker, z| {
+        z.gen += 1;
+        let gen = z.gen;
+        let ops = z.counts.iter().map(|(k, &units)| (*k, HoldOp::Set { units, gen })).collect();
+        z.counts.retain(|_, n| *n > 0);
+        Batch { ops, worker, life_ms: z.life_ms }
+    })
+}
+
+/// Zone `zone`'s heartbeats, every [`BEAT`], for as long as the worker
+/// runs. One that fails is not sent again: the next sets what it would
+/// have, and the fields outlive a few.
+async fn beats(zone: usize, rz: &'static RedisZone) {
+    loop {
+        sleep(BEAT).await;
+        let Some(batch) = next_beat(zone) else { return };
+        if batch.ops.is_empty() {
+            continue;
+        }
+        if let Some(e) = put(zone, batch, true).await {
+            rz.failed_doing(log(), &e, "rl_conn units not renewed until the next heartbeat");
+        }
+    }
+}
+
+/// Sends the loop iteration's give-backs and corrections, one task per
+/// zone: each call once (see the model), the worker held until it ends.
+pub fn send() {
+    for (zone, rz, batch) in take_outbox() {
+        spawn(async move {
+            let _hold = Hold::new(2 * rz.spec.timeout);
+            let n = batch.ops.len();
+            if let Some(e) = put(zone, batch, false).await {
+                let action = match n {
+                    1 => "one rl_conn give-back left to the next heartbeat".to_string(),
+                    n => format!("{n} rl_conn give-backs left to the next heartbeat"),
+                };
+                rz.failed_doing(log(), &e, &action);
+            }
+        })
+        .detach();
+    }
+}
+
+/// One `conn_put` call's worth of changes, from this worker's zone
+/// connections: the units Redis reclaimed are counted; the error, if any.
+async fn put(zone: usize, batch: Batch, again: bool) -> Option<RedisError> {
+    let (reclaimed, e) = worker::put(zone, &batch.ops, batch.worker, batch.life_ms, again).await;
+    if let (Some(m), true) = (redis_slot(zone), reclaimed > 0) {
+        m.conn_reclaimed.fetch_add(reclaimed, Ordering::Relaxed);
+    }
+    e
+}
+
+/// The cycle's log, for tasks that have no other.
+fn log() -> *mut ngx_log_t {
+    // SAFETY: ngx_cycle is set before any module code runs in a worker and stays valid.
+    unsafe { (*ngx_cycle).log }
+}

@@ -1,0 +1,378 @@
+//! `rl_conn` on a Redis zone: requests in flight per key across every
+//! nginx that shares the zone's Redis, each worker's units a field of the
+//! key's hash, renewed by its heartbeat (every second), and given back
+//! (reclaimed) once a killed nginx's fields lapse.
+//!
+//! Requests hold their slots as in conn.rs: a file sent at 1 byte a second
+//! after its first kilobyte, its status line read at once.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::TcpStream;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::held::*;
+use common::redis::Redis;
+use common::*;
+
+fn conf(redis: &Redis, max: u64) -> String {
+    format!(
+        "rl_zone r redis={} timeout=500ms;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           rl_headers draft;\n\
+           location /slow/ {{ rl_conn zone=r max={max} key=$arg_k; {SLOW} }}\n\
+           location = /fast.html {{ rl_conn zone=r max={max} key=$arg_k; }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}",
+        redis.url()
+    )
+}
+
+fn start(conf: &str) -> Nginx {
+    Nginx::setup(conf).file("html/slow/big.html", &slow_file()).file("html/fast.html", "fast\n").start()
+}
+
+/// [`hold`]s `path` on `ngx` once a slot is free, within `within`: how long
+/// it took.
+fn hold_within(ngx: &Nginx, path: &str, within: Duration, what: &str) -> (TcpStream, Duration) {
+    let start = Instant::now();
+    loop {
+        let (status, s) = hold(ngx, path);
+        if status == 200 {
+            return (s, start.elapsed());
+        }
+        assert!(start.elapsed() < within, "{what}: no slot within {within:?} (last {status}):\n{}", ngx.error_log());
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The key's fields in Redis (worker → "count gen deadline set").
+fn fields(redis: &Redis) -> BTreeMap<String, String> {
+    let keys = redis.keys("*");
+    assert!(keys.len() <= 1, "one key at most: {keys:?}");
+    let Some(key) = keys.first() else { return BTreeMap::new() };
+    let out = redis.cli(&["HGETALL", key]);
+    let words: Vec<&str> = out.lines().collect();
+    words.chunks(2).filter_map(|p| Some((p.first()?.to_string(), p.get(1)?.to_string()))).collect()
+}
+
+/// The units the key's fields hold.
+fn held_in_redis(redis: &Redis) -> u64 {
+    fields(redis).values().filter_map(|v| v.split(' ').next()?.parse::<u64>().ok()).sum()
+}
+
+/// A metric's value for zone `r`.
+fn metric(ngx: &Nginx, name: &str) -> u64 {
+    let m = ngx.get("/metrics", &[]).body;
+    m.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}{{zone=\"r\"}} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}:\n{m}"))
+}
+
+/// Two nginx of two workers each share `max=3`: of 8 requests held at
+/// once, 3 pass whichever nginx they reach, the others are refused with
+/// the location's status and `limit_conn`'s log line; Redis holds the 3
+/// units in one field per worker that holds some. Once they end, their
+/// units are given back and the key's fields go.
+#[test]
+fn exact_across_nginx() {
+    let redis = Redis::start();
+    let c = conf(&redis, 3);
+    let nginx = [start(&c), start(&c)];
+    let held: Vec<(u16, TcpStream)> = (0..8).map(|i| hold(&nginx[i % 2], "/slow/big.html?k=a")).collect();
+    let passed = held.iter().filter(|(s, _)| *s == 200).count();
+    let refused = held.iter().filter(|(s, _)| *s == 429).count();
+    assert_eq!((passed, refused), (3, 5), "{:?}", held.iter().map(|(s, _)| s).collect::<Vec<_>>());
+    assert_eq!(held_in_redis(&redis), 3, "{:?}", fields(&redis));
+    for (i, n) in nginx.iter().enumerate() {
+        let log = n.error_log();
+        assert!(
+            log.lines().any(|l| l.contains("[error]") && l.contains("limiting connections by zone \"r\", client: ")),
+            "nginx {i}: {log}"
+        );
+        assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+    }
+    let r = nginx[0].get("/fast.html?k=a", &[]);
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("RateLimit"), Some("\"r\";r=0"));
+    assert_eq!(nginx[1].get("/fast.html?k=b", &[]).status, 200, "another key");
+    let in_flight: u64 = nginx.iter().map(|n| metric(n, "nginx_rl_conn_in_flight")).sum();
+    assert_eq!(in_flight, 3, "the units the nginx hold, each its own");
+    drop(held);
+    // (a closed client's request ends when nginx next writes to it: within a second)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fields(&redis).is_empty() {
+        assert!(Instant::now() < deadline, "not given back: {:?}", fields(&redis));
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(redis.keys("*").is_empty(), "{:?}", redis.keys("*"));
+    let _again: Vec<TcpStream> =
+        (0..3).map(|i| hold_within(&nginx[i % 2], "/slow/big.html?k=a", Duration::from_secs(2), "again").0).collect();
+    assert_eq!(nginx[1].get("/fast.html?k=a", &[]).status, 429);
+}
+
+/// An nginx killed (SIGKILL) holding both slots of `max=2`: its fields are
+/// no longer renewed, and the other nginx gets the slots back once they
+/// lapse (3 heartbeats and the zone's timeout: 3.5 s), counted in its
+/// `nginx_rl_conn_reclaimed_total`; not before they lapse.
+#[test]
+fn a_killed_nginx_slots_come_back() {
+    let redis = Redis::start();
+    let c = conf(&redis, 2);
+    let (a, b) = (start(&c), start(&c));
+    let held: Vec<(u16, TcpStream)> = (0..2).map(|_| hold(&a, "/slow/big.html?k=a")).collect();
+    assert!(held.iter().all(|(s, _)| *s == 200));
+    assert_eq!(b.get("/fast.html?k=a", &[]).status, 429);
+    kill_nginx(&a);
+    drop(held);
+    let killed = Instant::now();
+    assert_eq!(b.get("/fast.html?k=a", &[]).status, 429, "the killed nginx's fields live until they lapse");
+    let (_s, _) = hold_within(&b, "/slow/big.html?k=a", Duration::from_secs(8), "the killed nginx's slots");
+    let took = killed.elapsed();
+    assert!(took >= Duration::from_millis(2500), "reclaimed after {took:?}, before the fields lapsed");
+    assert!(took <= Duration::from_millis(5000), "reclaimed after {took:?}");
+    // (the two fields lapse a millisecond or so apart: the second may be reclaimed by the next call)
+    let (_t, _) = hold_within(&b, "/slow/big.html?k=a", Duration::from_secs(1), "the second slot");
+    assert_eq!(b.get("/fast.html?k=a", &[]).status, 429);
+    assert_eq!(held_in_redis(&redis), 2, "{:?}", fields(&redis));
+    assert_eq!(metric(&b, "nginx_rl_conn_reclaimed_total"), 2);
+}
+
+/// A request in flight longer than a field's life keeps its slot: its
+/// worker's heartbeat renews the field while the request lasts.
+#[test]
+fn a_long_request_keeps_its_slot() {
+    let redis = Redis::start();
+    let c = conf(&redis, 1);
+    let (a, b) = (start(&c), start(&c));
+    let (status, _held) = hold(&a, "/slow/big.html?k=a");
+    assert_eq!(status, 200);
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        assert_eq!(b.get("/fast.html?k=a", &[]).status, 429, "the slot was taken from a request in flight");
+        thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(held_in_redis(&redis), 1);
+    assert_eq!(metric(&b, "nginx_rl_conn_reclaimed_total"), 0);
+}
+
+/// What Redis holds for a worker is set right by its next heartbeat (as a
+/// give-back lost on the way would be): a field raised by hand refuses a
+/// request it should not, until the worker's heartbeat sets it back to the
+/// one unit the worker holds, within 2 s.
+#[test]
+fn a_heartbeat_sets_the_count_right() {
+    let redis = Redis::start();
+    let ngx = start(&conf(&redis, 2));
+    let (status, _held) = hold(&ngx, "/slow/big.html?k=a");
+    assert_eq!(status, 200);
+    let f = fields(&redis);
+    let (worker, value) = f.iter().next().expect("a field");
+    let words: Vec<&str> = value.split(' ').collect();
+    assert_eq!(words.len(), 4, "{value}");
+    assert_eq!(words[0], "1");
+    let raised = format!("2 {} {} {}", words[1], words[2], words[3]);
+    let key = redis.keys("*").remove(0);
+    redis.cli(&["HSET", &key, worker, &raised]);
+    assert_eq!(ngx.get("/fast.html?k=a", &[]).status, 429, "Redis counts 2 held");
+    let start = Instant::now();
+    loop {
+        if ngx.get("/fast.html?k=a", &[]).status == 200 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(3), "never set right: {:?}", fields(&redis));
+        thread::sleep(Duration::from_millis(50));
+    }
+    // (the passing request's own unit, given back once it ended)
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while held_in_redis(&redis) != 1 {
+        assert!(Instant::now() < deadline, "{:?}", fields(&redis));
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A reload keeps the old workers' requests in flight counted (their
+/// fields renewed while they drain, beyond a field's life), and gives them
+/// back when they end; nothing is reclaimed.
+#[test]
+fn a_reload_keeps_requests_in_flight() {
+    let redis = Redis::start();
+    let ngx = start(&conf(&redis, 1));
+    let (status, mut held) = hold(&ngx, "/slow/big.html?k=a");
+    assert_eq!(status, 200);
+    let old = ngx.worker_pids();
+    let from = ngx.reload_now();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ngx.error_log_since(from).matches("start worker process").count() < WORKERS {
+        assert!(Instant::now() < deadline, "no new workers:\n{}", ngx.error_log_since(from));
+        thread::sleep(Duration::from_millis(20));
+    }
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        assert_eq!(ngx.get("/fast.html?k=a", &[]).status, 429, "the old worker's request holds its slot");
+        thread::sleep(Duration::from_millis(250));
+    }
+    assert!(old.iter().any(|p| ngx.worker_pids().contains(p)), "the old worker drains");
+    // The held request's client reads a little, then leaves: the old worker ends it and exits.
+    let mut buf = [0u8; 64];
+    let _ = std::io::Read::read(&mut held, &mut buf);
+    drop(held);
+    let (_s, _) = hold_within(&ngx, "/slow/big.html?k=a", Duration::from_secs(5), "the old worker's slot");
+    assert_eq!(metric(&ngx, "nginx_rl_conn_reclaimed_total"), 0);
+    assert!(crash_lines(&ngx.error_log()).is_empty(), "{}", ngx.error_log());
+}
+
+/// What a Redis zone cannot do for `rl_conn` yet is refused by `nginx -t`,
+/// saying what to use.
+#[test]
+fn nginx_t_refuses_what_redis_zones_cannot_keep() {
+    let zone = "rl_zone r redis=redis://127.0.0.1:1;";
+    for (line, says) in [
+        (
+            "rl_conn zone=r max=2 queue=5;",
+            "Redis zone \"r\" cannot keep a waiting line (\"queue=\") in \"rl_conn\" directive in",
+        ),
+        (
+            "rl_conn zone=r max=2 priority=$arg_p classes=a,b;",
+            "Redis zone \"r\" cannot keep classes (\"priority=\" and \"classes=\") in \"rl_conn\" directive in",
+        ),
+    ] {
+        let (ok, out) = nginx_t(&server(zone, &format!("location / {{ {line} }}")));
+        assert!(!ok, "{line}: {out}");
+        assert!(out.contains(says) && out.contains("use a shared-memory zone"), "{line}: {out}");
+    }
+    let (ok, out) =
+        nginx_t(&server("rl_zone r redis=redis://127.0.0.1:1 lease=1m;", "location / { rl_conn zone=r max=2; }"));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(
+            "zone \"r\" has \"lease\", whose leases cannot hold requests in flight, in \"rl_conn\" directive in"
+        ),
+        "{out}"
+    );
+    let (ok, out) = nginx_t(&server(zone, "location / { rl_conn zone=r max=2 key=$remote_addr; }"));
+    assert!(ok, "{out}");
+}
+
+/// On a Redis Cluster: keys in different slots each count their own
+/// requests across two nginx (each key's take in its slot's call), and are
+/// given back.
+#[test]
+fn on_a_cluster() {
+    let cluster = common::redis::Cluster::start(3);
+    let c = format!(
+        "rl_zone r redis={} timeout=1s;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /slow/ {{ rl_conn zone=r max=2 key=$arg_k; {SLOW} }}\n\
+         }}",
+        cluster.url()
+    );
+    let nginx = [start(&c), start(&c)];
+    let keys = ["a", "b", "c", "d", "e", "f"];
+    let mut held = Vec::new();
+    for k in keys {
+        let got: Vec<(u16, TcpStream)> =
+            (0..4).map(|i| hold(&nginx[i % 2], &format!("/slow/big.html?k={k}"))).collect();
+        let statuses: Vec<u16> = got.iter().map(|(s, _)| *s).collect();
+        assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 2, "key {k}: {statuses:?}");
+        assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), 2, "key {k}: {statuses:?}");
+        held.extend(got);
+    }
+    let stored = cluster.keys("*");
+    assert_eq!(stored.len(), keys.len(), "{stored:?}");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster.keys("*").is_empty() {
+        assert!(Instant::now() < deadline, "not given back: {:?}", cluster.keys("*"));
+        thread::sleep(Duration::from_millis(50));
+    }
+    for n in &nginx {
+        assert!(crash_lines(&n.error_log()).is_empty(), "{}", n.error_log());
+    }
+}
+
+/// Redis down: `on_error=allow` lets the requests through, holding
+/// nothing, and `on_error=deny` refuses them; neither leaves anything
+/// counted, so once Redis is back the key's slots are all free.
+#[test]
+fn redis_down_per_on_error() {
+    let mut redis = Redis::start();
+    let block = |on_error: &str| {
+        format!(
+            "rl_zone r redis={} timeout=200ms on_error={on_error};\n\
+             server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+               location /slow/ {{ rl_conn zone=r max=1 key=$arg_k; {SLOW} }}\n\
+               location = /fast.html {{ rl_conn zone=r max=1 key=$arg_k; }}\n\
+               location = /metrics {{ rl_metrics; }}\n\
+             }}",
+            redis.url()
+        )
+    };
+    let (allow, deny) = (start(&block("allow")), start(&block("deny")));
+    assert_eq!(allow.get("/fast.html?k=a", &[]).status, 200, "Redis up");
+    redis.stop();
+    let (a1, _h1) = hold(&allow, "/slow/big.html?k=a");
+    let (a2, _h2) = hold(&allow, "/slow/big.html?k=a");
+    assert_eq!((a1, a2), (200, 200), "on_error=allow lets them through");
+    assert_eq!(deny.get("/fast.html?k=a", &[]).status, 429, "on_error=deny refuses");
+    assert_eq!(metric(&allow, "nginx_rl_conn_in_flight"), 0, "requests let through hold nothing");
+    assert_eq!(metric(&deny, "nginx_rl_conn_in_flight"), 0);
+    redis.restart();
+    for n in [&allow, &deny] {
+        // (held once Redis decides again: the zone reconnects after a back-off, letting
+        // requests through meanwhile with on_error=allow)
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let _held = loop {
+            let (status, s) = hold(n, "/slow/big.html?k=a");
+            if status == 200 && held_in_redis(&redis) == 1 {
+                break s;
+            }
+            drop(s);
+            assert!(Instant::now() < deadline, "Redis never decided again:\n{}", n.error_log());
+            thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(n.get("/fast.html?k=a", &[]).status, 429, "one held, once Redis is back");
+        let log = n.error_log();
+        assert!(!failed_lines(&log, "r").is_empty(), "{log}");
+        assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+    }
+}
+
+/// A Redis user with the README's least-privilege ACL and what `rl_conn`
+/// adds to it (each key's holders, a hash): slots are taken, given back by
+/// the requests' end and kept by the heartbeat; no call fails.
+#[test]
+fn least_privilege_acl_user() {
+    let redis = Redis::start();
+    let acl = "on >acl-pw ~rl:* +fcall +function|load +evalsha +eval +time +mget +get +set +setrange +del +llen \
+               +lindex +lpush +ltrim +lrem +pexpire +select +hgetall +hset +hdel +pttl";
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("and a zone with `rl_conn` lines `+hgetall +hset +hdel +pttl`"),
+        "the README's ACL for rl_conn"
+    );
+    let mut args = vec!["ACL", "SETUSER", "nginx"];
+    args.extend(acl.split_whitespace());
+    assert_eq!(redis.cli(&args), "OK");
+    let ngx = start(&format!(
+        "rl_zone r redis=redis://nginx:acl-pw@127.0.0.1:{}/1 timeout=1s;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /slow/ {{ rl_conn zone=r max=1 key=$arg_k; {SLOW} }}\n\
+           location = /fast.html {{ rl_conn zone=r max=1 key=$arg_k; }}\n\
+         }}",
+        redis.port
+    ));
+    assert_eq!(ngx.get("/fast.html?k=a", &[]).status, 200);
+    let (status, _held) = hold(&ngx, "/slow/big.html?k=a");
+    assert_eq!(status, 200);
+    assert_eq!(ngx.get("/fast.html?k=a", &[]).status, 429);
+    // (two heartbeats)
+    thread::sleep(Duration::from_millis(2200));
+    assert_eq!(ngx.get("/fast.html?k=a", &[]).status, 429);
+    let log = ngx.error_log();
+    assert!(failed_lines(&log, "r").is_empty(), "{:?}", failed_lines(&log, "r"));
+}
