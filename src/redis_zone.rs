@@ -329,6 +329,15 @@ pub struct LeaseKey {
     pub arg: rl_core::redis::LeaseArg,
 }
 
+/// One `conn_put` call's worth of a worker's `rl_conn` changes (see
+/// [`holds`]): one op per key (a client key's tag and a line id), of
+/// `worker`, whose fields live `life_ms`.
+pub struct HoldBatch {
+    pub ops: Vec<((u64, u64), rl_core::redis::HoldOp)>,
+    pub worker: &'static str,
+    pub life_ms: u64,
+}
+
 /// A request's lines as the script's reply is read: which are dry-run.
 pub struct JobShape<'a>(pub &'a [JobLine]);
 

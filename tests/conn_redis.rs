@@ -376,3 +376,36 @@ fn least_privilege_acl_user() {
     let log = ngx.error_log();
     assert!(failed_lines(&log, "r").is_empty(), "{:?}", failed_lines(&log, "r"));
 }
+
+/// `rl_quota` reads a Redis `rl_conn` line without taking anything: what
+/// is left of `max` across the fleet, and after the reads the same.
+#[test]
+fn rl_quota_reads_what_is_left() {
+    let redis = Redis::start();
+    let c = format!(
+        "rl_zone r redis={} timeout=1s;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /slow/ {{ rl_conn zone=r max=3 key=$arg_k; {SLOW} }}\n\
+           location = /quota {{ rl_quota; rl_conn zone=r max=3 key=$arg_k; }}\n\
+         }}",
+        redis.url()
+    );
+    let (a, b) = (start(&c), start(&c));
+    let remaining = |n: &Nginx| {
+        let body = n.get("/quota?k=a", &[]).body;
+        body.split("\"remaining\":")
+            .nth(1)
+            .and_then(|v| v.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{body}"))
+    };
+    assert_eq!(remaining(&a), 3);
+    let held: Vec<(u16, TcpStream)> = (0..2).map(|_| hold(&a, "/slow/big.html?k=a")).collect();
+    assert!(held.iter().all(|(s, _)| *s == 200));
+    assert_eq!((remaining(&a), remaining(&b)), (1, 1), "the fleet's count, from either nginx");
+    for _ in 0..5 {
+        assert_eq!(remaining(&b), 1, "a read takes nothing");
+    }
+    let (status, _third) = hold(&b, "/slow/big.html?k=a");
+    assert_eq!(status, 200);
+    assert_eq!(remaining(&a), 0);
+}

@@ -7,6 +7,8 @@
 --   init_by_lua_block   { require("rlpeer").init{ port = 6379 } }
 --   access_by_lua_block { require("rlpeer").fixed(limit, window_ms) }
 --   access_by_lua_block { require("rlpeer").token_bucket(rate_per_s, burst) }
+--   access_by_lua_block { require("rlpeer").conn(max) }
+--   log_by_lua_block    { require("rlpeer").conn_leave() }
 --
 -- The key is $http_x_user when present, else $remote_addr. A rejected
 -- request gets 429; a Redis failure gets 500 (the bench counts 5xx as broken).
@@ -56,6 +58,7 @@ function M.init(opts)
    host = opts.host or host
    sha.fixed = hex(ngx.sha1_bin(FIXED))
    sha.token_bucket = hex(ngx.sha1_bin(TOKEN_BUCKET))
+   sha.conn = hex(ngx.sha1_bin(CONN_TAKE))
 end
 
 local function fail(msg, err)
@@ -95,6 +98,44 @@ end
 function M.token_bucket(rate_per_s, burst)
    return run("token_bucket", TOKEN_BUCKET, key("rlpeer:tb:"), rate_per_s / 1000, burst,
               string.format("%.3f", ngx.now() * 1000))
+end
+
+-- Requests in flight, as APISIX's limit-conn plugin keeps them in Redis:
+-- INCR in the access phase (over max: DECR at once, and refused), DECR when
+-- the request is logged, from a timer (no cosocket in the log phase). A
+-- node that dies leaves its units counted (APISIX #12823).
+local CONN_TAKE = [[
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(ARGV[1]) then redis.call('DECR', KEYS[1]); return -1 end
+return tonumber(ARGV[1]) - n
+]]
+
+function M.conn(max)
+   local k = key("rlpeer:c:")
+   ngx.ctx.rlpeer_conn = k
+   return run("conn", CONN_TAKE, k, max)
+end
+
+local function leave(premature, k)
+   if premature then
+      return
+   end
+   local red = redis:new()
+   red:set_timeout(1000)
+   local ok, err = red:connect(host, port)
+   if not ok then
+      ngx.log(ngx.ERR, "rlpeer: connect: ", err)
+      return
+   end
+   red:decr(k)
+   red:set_keepalive(60000, 256)
+end
+
+function M.conn_leave()
+   local k = ngx.ctx.rlpeer_conn
+   if k and ngx.status ~= 429 then
+      ngx.timer.at(0, leave, k)
+   end
 end
 
 return M

@@ -399,7 +399,7 @@ pub struct LineArg {
 /// already: see the script's `concurrent` and `conn_put`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Holder {
-    /// The worker's field name (no space): its host and process id.
+    /// The worker's field name (no space): its host, process id and a random part.
     pub worker: &'static str,
     pub gen: u64,
     pub life_ms: u64,

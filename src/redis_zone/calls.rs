@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ngx::async_::spawn;
-use rl_core::redis::{HoldOp, Lives};
+use rl_core::redis::Lives;
 
 use super::clock::script_deadline;
 use super::conn::Target;
@@ -23,7 +23,7 @@ use super::inbox;
 use super::script::Code;
 use super::timers::{timeout, Hold};
 use super::zone_conn::{watch_master, Fate, Undo, ZoneConn};
-use super::{Job, LeaseKey, RedisError, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
+use super::{HoldBatch, Job, LeaseKey, RedisError, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
 use crate::metrics::store::redis_slot;
 
 /// Jobs per script call at most; a larger batch is split into several calls
@@ -104,20 +104,11 @@ impl Calls {
     /// A worker's `rl_conn` changes on zone `zone` (see
     /// [`ZoneConn::run_put`]), by the zone's timeout at the latest: the
     /// units Redis reclaimed from workers gone, and the first error.
-    pub async fn put(
-        &self,
-        zone: usize,
-        ops: &[((u64, u64), HoldOp)],
-        worker: &str,
-        life_ms: u64,
-        again: bool,
-    ) -> (u64, Option<RedisError>) {
+    pub async fn put(&self, zone: usize, batch: &HoldBatch, again: bool) -> (u64, Option<RedisError>) {
         let Some(zc) = self.conns.get(zone) else {
             return (0, Some(RedisError::NoZone));
         };
-        timeout(zc.spec.timeout, zc.run_put(&self.code, ops, worker, life_ms, again))
-            .await
-            .unwrap_or((0, Some(RedisError::Timeout)))
+        timeout(zc.spec.timeout, zc.run_put(&self.code, batch, again)).await.unwrap_or((0, Some(RedisError::Timeout)))
     }
 
     /// Sends the jobs of one event-loop iteration.

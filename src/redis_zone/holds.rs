@@ -20,7 +20,7 @@ use rl_core::redis::{HoldOp, Holder};
 
 use super::timers::Hold;
 use super::worker;
-use super::{RedisError, RedisZone};
+use super::{HoldBatch, RedisError, RedisZone};
 use crate::metrics::store::redis_slot;
 
 /// How often a worker renews its fields, and sets them to what it counts.
@@ -32,13 +32,6 @@ pub const LAPSE_BEATS: u64 = 3;
 
 /// A client key's tag and a line id: one state key of a zone.
 type Key = (u64, u64);
-
-/// One `conn_put` call's changes, of `worker`, whose fields live `life_ms`.
-struct Batch {
-    ops: Vec<(Key, HoldOp)>,
-    worker: &'static str,
-    life_ms: u64,
-}
 
 /// One zone's bookkeeping.
 struct ZoneHolds {
@@ -69,7 +62,7 @@ impl ZoneHolds {
 }
 
 struct Holds {
-    /// The worker's field name: its host and process id.
+    /// The worker's field name: its host, process id and a random part.
     worker: &'static str,
     /// The worker's Redis zones (for their connections' messages).
     redis: &'static [Box<RedisZone>],
@@ -101,8 +94,10 @@ pub fn init_worker(zones: &'static [Box<RedisZone>]) {
         return;
     }
     // (one name for the worker's life: leaked once, as the worker's lines
-    // name it in every take)
-    let worker: &'static str = Box::leak(format!("{}:{}", super::host_name(), std::process::id()).into_boxed_str());
+    // name it in every take; a random part besides, as containers of one
+    // image may share a host name and process ids)
+    let name = format!("{}:{}:{:08x}", super::host_name(), std::process::id(), random32());
+    let worker: &'static str = Box::leak(name.into_boxed_str());
     let state = Holds {
         worker,
         redis: zones,
@@ -125,6 +120,16 @@ pub fn init_worker(zones: &'static [Box<RedisZone>]) {
             spawn(beats(i, z)).detach();
         }
     }
+}
+
+/// 32 random bits, drawn in the worker: std's random hasher keys, the
+/// process and the time.
+fn random32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.finish() as u32
 }
 
 /// A take of `cost` units of `key` on zone `zone`, sent now: counted held
@@ -177,7 +182,7 @@ fn take_outbox() -> Vec<Outgoing> {
             .enumerate()
             .filter_map(|(i, z)| {
                 let z = z.as_mut().filter(|z| !z.outbox.is_empty())?;
-                let batch = Batch { ops: std::mem::take(&mut z.outbox), worker, life_ms: z.life_ms };
+                let batch = HoldBatch { ops: std::mem::take(&mut z.outbox), worker, life_ms: z.life_ms };
                 Some((i, &**redis.get(i)?, batch))
             })
             .collect()
@@ -185,17 +190,17 @@ fn take_outbox() -> Vec<Outgoing> {
 }
 
 /// A zone's changes to send: its index, the zone, the changes.
-type Outgoing = (usize, &'static RedisZone, Batch);
+type Outgoing = (usize, &'static RedisZone, HoldBatch);
 
 /// The next heartbeat of zone `zone`: a new generation, and every key's
 /// count (0: its field deleted); keys at 0 are then forgotten.
-fn next_beat(zone: usize) -> Option<Batch> {
+fn next_beat(zone: usize) -> Option<HoldBatch> {
     with_zone(zone, |worker, z| {
         z.gen += 1;
         let gen = z.gen;
         let ops = z.counts.iter().map(|(k, &units)| (*k, HoldOp::Set { units, gen })).collect();
         z.counts.retain(|_, n| *n > 0);
-        Batch { ops, worker, life_ms: z.life_ms }
+        HoldBatch { ops, worker, life_ms: z.life_ms }
     })
 }
 
@@ -236,8 +241,8 @@ pub fn send() {
 
 /// One `conn_put` call's worth of changes, from this worker's zone
 /// connections: the units Redis reclaimed are counted; the error, if any.
-async fn put(zone: usize, batch: Batch, again: bool) -> Option<RedisError> {
-    let (reclaimed, e) = worker::put(zone, &batch.ops, batch.worker, batch.life_ms, again).await;
+async fn put(zone: usize, batch: HoldBatch, again: bool) -> Option<RedisError> {
+    let (reclaimed, e) = worker::put(zone, &batch, again).await;
     if let (Some(m), true) = (redis_slot(zone), reclaimed > 0) {
         m.conn_reclaimed.fetch_add(reclaimed, Ordering::Relaxed);
     }

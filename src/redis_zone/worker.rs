@@ -14,12 +14,12 @@ use ngx::ffi::{
     ngx_msec_t, ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, ngx_resolver_t, NGX_LOG_ALERT,
 };
 use ngx::ngx_log_error;
-use rl_core::redis::{HoldOp, Lives};
+use rl_core::redis::Lives;
 
 use super::calls::Calls;
 use super::conn::Target;
 use super::{holds, inbox, open, peer};
-use super::{Job, LeaseKey, RedisError, RedisZone, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
+use super::{HoldBatch, Job, LeaseKey, RedisError, RedisZone, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
 
 /// What the worker calls back with replies, in its event loop.
 #[derive(Clone, Copy)]
@@ -245,17 +245,11 @@ pub fn post_flush() {
 }
 
 /// A worker's `rl_conn` changes on zone `zone` (see [`Calls::put`]).
-pub async fn put(
-    zone: usize,
-    ops: &[((u64, u64), HoldOp)],
-    worker: &str,
-    life_ms: u64,
-    again: bool,
-) -> (u64, Option<RedisError>) {
+pub async fn put(zone: usize, batch: &HoldBatch, again: bool) -> (u64, Option<RedisError>) {
     let Some(calls) = with_worker(cycle_log(), |w| w.calls.clone()) else {
         return (0, Some(RedisError::NotSent));
     };
-    calls.put(zone, ops, worker, life_ms, again).await
+    calls.put(zone, batch, again).await
 }
 
 /// A request's pool is freed: its reply, if it comes, has no request to go

@@ -19,7 +19,7 @@ use super::conn::{Conn, Target, MIN_STALL};
 use super::script::{beat, call, charge, conn_put, lease, undo, CallId, Code, Undone, Via};
 use super::sentinel::{sentinel_master, subscribe_switches, Sentinels, MASTER_CHECK};
 use super::timers::sleep;
-use super::{Job, JobLine, LeaseKey, RedisError, ZoneSpec};
+use super::{HoldBatch, Job, JobLine, LeaseKey, RedisError, ZoneSpec};
 use crate::metrics::store::RedisSlot;
 
 /// What became of a batch's requests, as its calls need to know it:
@@ -286,14 +286,8 @@ impl ZoneConn {
     /// connection after a broken one only when `again` (a heartbeat, which a
     /// copy cannot apply twice); else once. The units reclaimed, and the
     /// first error.
-    pub async fn run_put(
-        &self,
-        code: &Code,
-        ops: &[((u64, u64), HoldOp)],
-        worker: &str,
-        life_ms: u64,
-        again: bool,
-    ) -> (u64, Option<RedisError>) {
+    pub async fn run_put(&self, code: &Code, batch: &HoldBatch, again: bool) -> (u64, Option<RedisError>) {
+        let (ops, worker, life_ms) = (&batch.ops, batch.worker, batch.life_ms);
         let now = Instant::now();
         let until = now + self.spec.timeout;
         let deadline = if again { until } else { now };

@@ -856,8 +856,8 @@ end
 
 -- concurrent (rl_conn on a Redis zone): the units of a key held by
 -- requests in flight, a HASH with one field per nginx worker holding some
--- (named by the line: host:pid), its value "count gen deadline set": the
--- units the worker holds; the generation of its last heartbeat Redis
+-- (named by the line: host:pid:random), its value "count gen deadline
+-- set": the units the worker holds; the generation of its last heartbeat Redis
 -- applied (or of its last change, when that was newer); when the field
 -- lapses unless renewed (ms of the Redis clock: a take, a give-back or a
 -- heartbeat renews it); 1 if the count was set by that heartbeat (else 0).

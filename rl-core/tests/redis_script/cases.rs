@@ -809,16 +809,7 @@ fn dry_run_lines() {
 #[test]
 fn charge_after_issue_sequence() {
     let l = limit(Algorithm::TokenBucket, 100, 1_000_000, 100);
-    let check = [LineArg {
-        limit: l,
-        cost: 1,
-        dry_run: false,
-        check_only: true,
-        next: false,
-        lease_life: 0,
-        kept: 0,
-        holder: None,
-    }];
+    let check = [LineArg { check_only: true, ..LineArg::from((l, 1)) }];
     let mut p = Pair::new(&check);
     for i in 1..=4 {
         let (admitted, out) = p.step(&check, T0, true, false);
@@ -846,26 +837,8 @@ fn charge_after_issue_sequence() {
 #[test]
 fn charge_after_check_is_never_charged() {
     let l = case_limit(Algorithm::Gcra);
-    let after = LineArg {
-        limit: l,
-        cost: 7,
-        dry_run: false,
-        check_only: true,
-        next: false,
-        lease_life: 0,
-        kept: 0,
-        holder: None,
-    };
-    let enforced = LineArg {
-        limit: l,
-        cost: 1,
-        dry_run: false,
-        check_only: false,
-        next: false,
-        lease_life: 0,
-        kept: 0,
-        holder: None,
-    };
+    let after = LineArg { check_only: true, ..LineArg::from((l, 7)) };
+    let enforced = LineArg::from((l, 1));
     let mut p = Pair::new(&[after, enforced]);
     for _ in 0..3 {
         let (admitted, out) = p.step(&[after, enforced], T0, true, false);

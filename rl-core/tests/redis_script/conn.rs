@@ -36,16 +36,8 @@ const MODES: [Mode; 2] = [Mode::Function, Mode::Eval];
 /// A `concurrent` line of `max` units in flight, a request of `cost` units
 /// taken by `worker` in generation `gen`, its field living `life_ms`.
 fn conn_line(max: u64, cost: u64, worker: &'static str, gen: u64, life_ms: u64) -> LineArg {
-    LineArg {
-        limit: Limit::concurrent(max).unwrap(),
-        cost,
-        dry_run: false,
-        check_only: false,
-        next: false,
-        lease_life: 0,
-        kept: 0,
-        holder: Some(Holder { worker, gen, life_ms }),
-    }
+    let holder = Some(Holder { worker, gen, life_ms });
+    LineArg { holder, ..LineArg::from((Limit::concurrent(max).unwrap(), cost)) }
 }
 
 /// A field's value as the script writes it: "count gen deadline_ms set".

@@ -112,16 +112,7 @@ impl Both {
     /// both sides alike. The node's new lease.
     fn cold(&mut self, i: usize, now: u64, cost: u64, want: u64, life: u64) -> Held {
         let line = *self.leasing[i].line();
-        let request = LineArg {
-            limit: line,
-            cost,
-            dry_run: false,
-            check_only: false,
-            next: false,
-            lease_life: 0,
-            kept: 0,
-            holder: None,
-        };
+        let request = LineArg::from((line, cost));
         let grant = LineArg { cost: want, lease_life: life, ..request };
         self.calls += 1;
         let keys = [self.keys[i].clone(), self.keys[i].clone(), memo_key(&self.keys[i..=i], (8, self.calls))];

@@ -264,16 +264,7 @@ fn lines_of(alg: Algorithm) -> Vec<LineArg> {
     let vary = |l: Limit, varying: bool| if varying { l.varying() } else { l };
     for varying in [false, true] {
         let l = vary(case_limit(alg), varying);
-        let base = LineArg {
-            limit: l,
-            cost: 1,
-            dry_run: false,
-            check_only: false,
-            next: false,
-            lease_life: 0,
-            kept: 0,
-            holder: None,
-        };
+        let base = LineArg::from((l, 1));
         out.push(base);
         out.push(LineArg { dry_run: true, next: true, ..base });
         out.push(LineArg { check_only: true, ..base });
@@ -376,19 +367,7 @@ fn undo_before_the_call_makes_it_late() {
 /// call, whatever the algorithm (the model aside: a direct check).
 #[test]
 fn undo_at_once_restores_the_states() {
-    let lines: Vec<LineArg> = Algorithm::ALL
-        .iter()
-        .map(|&a| LineArg {
-            limit: case_limit(a),
-            cost: 2,
-            dry_run: false,
-            check_only: false,
-            next: false,
-            lease_life: 0,
-            kept: 0,
-            holder: None,
-        })
-        .collect();
+    let lines: Vec<LineArg> = Algorithm::ALL.iter().map(|&a| LineArg::from((case_limit(a), 2))).collect();
     for mode in [Mode::Function, Mode::Eval] {
         let mut p = Pair::with(mode, &lines);
         let one: Vec<LineArg> = lines.iter().map(|l| LineArg { cost: 1, ..*l }).collect();
@@ -581,21 +560,7 @@ fn memo_of_a_big_batch() {
     for mode in [Mode::Function, Mode::Eval] {
         for alg in [Algorithm::Gcra, Algorithm::Fixed, Algorithm::SlidingLog, Algorithm::TokenBucket] {
             let l = limit(alg, 1000, 1_000_000, 100);
-            let one = |i: usize| {
-                vec![(
-                    i,
-                    LineArg {
-                        limit: l,
-                        cost: 1,
-                        dry_run: false,
-                        check_only: false,
-                        next: false,
-                        lease_life: 0,
-                        kept: 0,
-                        holder: None,
-                    },
-                )]
-            };
+            let one = |i: usize| vec![(i, LineArg::from((l, 1)))];
             // One key: 100 admitted, 20 rejected.
             let mut b = Batches::new(mode, &[l]);
             let batch: Vec<Req> = (0..120).map(|_| one(0)).collect();
