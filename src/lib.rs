@@ -263,7 +263,7 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     // whole life (a reload starts new workers).
     let mcf: &'static MainConf = unsafe { &*core::ptr::from_ref(mcf) };
     lease::init_worker(&mcf.leases, &mcf.redis);
-    redis_zone::holds::init_worker(&mcf.redis);
+    redis_zone::start_holds(&mcf.redis);
     Status::NGX_OK.into()
 }
 

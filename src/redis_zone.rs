@@ -37,7 +37,9 @@ use smallvec::SmallVec;
 
 pub use self::conn::Target;
 pub use self::tls::client_config as tls_config;
-pub use self::worker::{beat, charge, exit_worker, init_worker, lease, resume, submit, suspend, Hooks};
+pub use self::worker::{
+    beat, charge, exit_worker, init_worker, lease, post_flush, resume, start_holds, submit, suspend, Hooks,
+};
 
 /// A Redis zone as configured.
 pub struct RedisZone {

@@ -409,3 +409,61 @@ fn rl_quota_reads_what_is_left() {
     assert_eq!(status, 200);
     assert_eq!(remaining(&a), 0);
 }
+
+/// Redis restarted empty while a request holds its slot: once the
+/// holding worker has opened a connection to the new Redis (at its next
+/// call), its heartbeat sets its field again at once, not at its next beat
+/// (up to a second later). Three times, so that a beat that happens to
+/// come soon does not pass for it.
+#[test]
+fn a_new_connection_is_told_what_is_held_at_once() {
+    let mut redis = Redis::start();
+    let ngx = start(&format!(
+        "rl_zone r redis={} timeout=500ms;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           add_header X-Pid $pid always;\n\
+           location /slow/ {{ rl_conn zone=r max=1 key=$arg_k; {SLOW} }}\n\
+           location = /fast.html {{ rl_conn zone=r max=1 key=$arg_k; }}\n\
+         }}",
+        redis.url()
+    ));
+    let held = send_only(ngx.port, "/slow/big.html?k=a");
+    held.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut reader = std::io::BufReader::new(held.try_clone().unwrap());
+    let mut pid = String::new();
+    loop {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
+        if let Some(p) = line.strip_prefix("X-Pid: ") {
+            pid = p.trim().to_string();
+        }
+        if line.trim().is_empty() {
+            break;
+        }
+    }
+    assert!(!pid.is_empty(), "the holding worker");
+    for round in 0..3 {
+        // (a connection that dies within a second of opening counts as a failing server, and
+        // the next waits out a back-off: each round's lives longer)
+        thread::sleep(Duration::from_millis(1200));
+        redis.restart();
+        assert!(fields(&redis).is_empty());
+        // (the holding worker's first call after the restart meets the broken connection, and
+        // opens a new one)
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ngx.get("/fast.html?k=a", &[]).header("X-Pid") != Some(pid.as_str()) {
+            assert!(Instant::now() < deadline, "round {round}: the holding worker never answered");
+        }
+        let start = Instant::now();
+        while held_in_redis(&redis) != 1 {
+            assert!(
+                start.elapsed() < Duration::from_millis(300),
+                "round {round}: the held unit (worker {pid}) not set again within 300 ms: {:?}",
+                fields(&redis)
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(ngx.get("/fast.html?k=a", &[]).status, 429, "round {round}");
+    }
+    drop(held);
+}

@@ -174,7 +174,9 @@ fn settle(line: &Line, res: &mut LineResult, zone: usize, held: bool) {
     }
     if !held {
         let key = (rl_core::redis::tag_of(res.key.as_bytes()), line.id);
-        holds::settle_unheld(zone, key, res.cost, res.take_gen);
+        if holds::settle_unheld(zone, key, res.cost, res.take_gen) {
+            redis_zone::post_flush();
+        }
     }
     res.take_gen = 0;
 }
@@ -188,7 +190,9 @@ pub fn release(mcf: &MainConf, ctx: &mut Ctx) {
         settle(line, res, z, false);
         if res.charged {
             res.charged = false;
-            holds::give_back(z, (rl_core::redis::tag_of(res.key.as_bytes()), line.id), res.cost);
+            if holds::give_back(z, (rl_core::redis::tag_of(res.key.as_bytes()), line.id), res.cost) {
+                redis_zone::post_flush();
+            }
         }
     }
 }

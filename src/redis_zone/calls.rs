@@ -111,6 +111,12 @@ impl Calls {
         timeout(zc.spec.timeout, zc.run_put(&self.code, batch, again)).await.unwrap_or((0, Some(RedisError::Timeout)))
     }
 
+    /// Connections zone `zone` has opened so far (see
+    /// [`ZoneConn::opened`]).
+    pub fn opened(&self, zone: usize) -> u64 {
+        self.conns.get(zone).map_or(0, |zc| zc.opened.load(Ordering::Relaxed))
+    }
+
     /// Sends the jobs of one event-loop iteration.
     pub fn send(&self, jobs: Vec<Job>) {
         let mut by_zone: Vec<Vec<Job>> = Vec::new();

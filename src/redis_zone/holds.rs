@@ -7,20 +7,18 @@
 //! zone's timeout): the units of a worker killed, or cut off from Redis,
 //! are given back then (reclaimed). rl-core's `redis::holders` is the model
 //! of what Redis keeps, and says why a lost give-back or reply is set right
-//! by the next heartbeat, and a call is never sent twice.
+//! by the next heartbeat, and a call is never sent twice. The calls
+//! themselves (the give-backs, the heartbeats) are the worker's
+//! ([`super::worker`]).
 
 use core::cell::RefCell;
 use core::sync::atomic::Ordering;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use ngx::async_::{sleep, spawn};
-use ngx::ffi::{ngx_cycle, ngx_log_t};
 use rl_core::redis::{HoldOp, Holder};
 
-use super::timers::Hold;
-use super::worker;
-use super::{HoldBatch, RedisError, RedisZone};
+use super::{HoldBatch, RedisZone};
 use crate::metrics::store::redis_slot;
 
 /// How often a worker renews its fields, and sets them to what it counts.
@@ -49,7 +47,8 @@ struct ZoneHolds {
 }
 
 impl ZoneHolds {
-    /// Counts `key`'s units `by` more (or fewer), and shows the total.
+    /// Counts `more` units of `key` more and `fewer` fewer, and shows the
+    /// total.
     fn count(&mut self, zone: usize, key: Key, more: u64, fewer: u64) {
         let n = self.counts.entry(key).or_insert(0);
         let before = *n;
@@ -86,9 +85,9 @@ fn with_zone<T>(zone: usize, f: impl FnOnce(&'static str, &mut ZoneHolds) -> T) 
     })
 }
 
-/// Starts the bookkeeping of the worker's zones that have `rl_conn` lines,
-/// and their heartbeats. The zones live as long as the worker's cycle,
-/// which is the worker's whole life.
+/// Starts the bookkeeping of the worker's zones that have `rl_conn` lines
+/// (the worker's calls start their heartbeats). The zones live as long as
+/// the worker's cycle, which is the worker's whole life.
 pub fn init_worker(zones: &'static [Box<RedisZone>]) {
     if !zones.iter().any(|z| z.holds) {
         return;
@@ -115,11 +114,6 @@ pub fn init_worker(zones: &'static [Box<RedisZone>]) {
             .collect(),
     };
     HOLDS.with(|h| h.try_borrow_mut().map(|mut h| *h = Some(state)).ok());
-    for (i, z) in zones.iter().enumerate() {
-        if z.holds {
-            spawn(beats(i, z)).detach();
-        }
-    }
 }
 
 /// 32 random bits, drawn in the worker: std's random hasher keys, the
@@ -150,29 +144,33 @@ pub fn peek(zone: usize) -> Option<Holder> {
 /// A take sent in generation `gen` that does not hold (refused, or
 /// answered per `on_error`): no longer counted; if a heartbeat counted it
 /// meanwhile, Redis is told (a correction).
-pub fn settle_unheld(zone: usize, key: Key, cost: u64, gen: u64) {
+/// Whether a correction is to be sent with the loop iteration's calls.
+pub fn settle_unheld(zone: usize, key: Key, cost: u64, gen: u64) -> bool {
     with_zone(zone, |_, z| {
         z.count(zone, key, 0, cost);
-        if gen < z.gen {
+        let counted = gen < z.gen;
+        if counted {
             z.outbox.push((key, HoldOp::Correct { units: cost, gen: z.gen }));
-            worker::post_flush();
         }
-    });
+        counted
+    })
+    .unwrap_or(false)
 }
 
 /// A request that held `cost` units of `key` ended: given back with the
 /// loop iteration's calls.
-pub fn give_back(zone: usize, key: Key, cost: u64) {
+/// Whether it is to be sent (the worker keeps the zone's bookkeeping).
+pub fn give_back(zone: usize, key: Key, cost: u64) -> bool {
     with_zone(zone, |_, z| {
         z.count(zone, key, 0, cost);
         z.outbox.push((key, HoldOp::GiveBack { units: cost, gen: z.gen }));
-        worker::post_flush();
-    });
+    })
+    .is_some()
 }
 
 /// The give-backs and corrections of the loop iteration, by zone, each
 /// with its zone, the worker and its fields' life.
-fn take_outbox() -> Vec<Outgoing> {
+pub fn take_outbox() -> Vec<Outgoing> {
     HOLDS.with(|h| {
         let Ok(mut h) = h.try_borrow_mut() else { return Vec::new() };
         let Some(h) = h.as_mut() else { return Vec::new() };
@@ -190,11 +188,11 @@ fn take_outbox() -> Vec<Outgoing> {
 }
 
 /// A zone's changes to send: its index, the zone, the changes.
-type Outgoing = (usize, &'static RedisZone, HoldBatch);
+pub type Outgoing = (usize, &'static RedisZone, HoldBatch);
 
 /// The next heartbeat of zone `zone`: a new generation, and every key's
 /// count (0: its field deleted); keys at 0 are then forgotten.
-fn next_beat(zone: usize) -> Option<HoldBatch> {
+pub fn next_beat(zone: usize) -> Option<HoldBatch> {
     with_zone(zone, |worker, z| {
         z.gen += 1;
         let gen = z.gen;
@@ -202,55 +200,4 @@ fn next_beat(zone: usize) -> Option<HoldBatch> {
         z.counts.retain(|_, n| *n > 0);
         HoldBatch { ops, worker, life_ms: z.life_ms }
     })
-}
-
-/// Zone `zone`'s heartbeats, every [`BEAT`], for as long as the worker
-/// runs. One that fails is not sent again: the next sets what it would
-/// have, and the fields outlive a few.
-async fn beats(zone: usize, rz: &'static RedisZone) {
-    loop {
-        sleep(BEAT).await;
-        let Some(batch) = next_beat(zone) else { return };
-        if batch.ops.is_empty() {
-            continue;
-        }
-        if let Some(e) = put(zone, batch, true).await {
-            rz.failed_doing(log(), &e, "rl_conn units not renewed until the next heartbeat");
-        }
-    }
-}
-
-/// Sends the loop iteration's give-backs and corrections, one task per
-/// zone: each call once (see the model), the worker held until it ends.
-pub fn send() {
-    for (zone, rz, batch) in take_outbox() {
-        spawn(async move {
-            let _hold = Hold::new(2 * rz.spec.timeout);
-            let n = batch.ops.len();
-            if let Some(e) = put(zone, batch, false).await {
-                let action = match n {
-                    1 => "one rl_conn give-back left to the next heartbeat".to_string(),
-                    n => format!("{n} rl_conn give-backs left to the next heartbeat"),
-                };
-                rz.failed_doing(log(), &e, &action);
-            }
-        })
-        .detach();
-    }
-}
-
-/// One `conn_put` call's worth of changes, from this worker's zone
-/// connections: the units Redis reclaimed are counted; the error, if any.
-async fn put(zone: usize, batch: HoldBatch, again: bool) -> Option<RedisError> {
-    let (reclaimed, e) = worker::put(zone, &batch, again).await;
-    if let (Some(m), true) = (redis_slot(zone), reclaimed > 0) {
-        m.conn_reclaimed.fetch_add(reclaimed, Ordering::Relaxed);
-    }
-    e
-}
-
-/// The cycle's log, for tasks that have no other.
-fn log() -> *mut ngx_log_t {
-    // SAFETY: ngx_cycle is set before any module code runs in a worker and stays valid.
-    unsafe { (*ngx_cycle).log }
 }

@@ -7,7 +7,10 @@ use core::ffi::c_void;
 use core::ptr::{self, NonNull};
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
+use ngx::async_::{sleep, spawn};
 use ngx::ffi::{
     ngx_add_timer, ngx_cycle, ngx_cycle_t, ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_block_reading,
     ngx_http_core_run_phases, ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading, ngx_log_t,
@@ -18,8 +21,10 @@ use rl_core::redis::Lives;
 
 use super::calls::Calls;
 use super::conn::Target;
+use super::timers::Hold;
 use super::{holds, inbox, open, peer};
 use super::{HoldBatch, Job, LeaseKey, RedisError, RedisZone, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
+use crate::metrics::store::redis_slot;
 
 /// What the worker calls back with replies, in its event loop.
 #[derive(Clone, Copy)]
@@ -231,7 +236,7 @@ extern "C" fn flush(ev: *mut ngx_event_t) {
     if let Some((calls, jobs)) = with_worker(log, |w| (w.calls.clone(), std::mem::take(&mut w.outbox))) {
         calls.send(jobs);
     }
-    holds::send();
+    send_holds();
 }
 
 /// Has the loop iteration's calls sent when it ends (with its jobs').
@@ -244,12 +249,74 @@ pub fn post_flush() {
     });
 }
 
-/// A worker's `rl_conn` changes on zone `zone` (see [`Calls::put`]).
-pub async fn put(zone: usize, batch: &HoldBatch, again: bool) -> (u64, Option<RedisError>) {
+/// Starts the bookkeeping of what the worker holds of the zones with
+/// `rl_conn` lines ([`holds`]), and their heartbeats. The zones live as
+/// long as the worker's cycle, which is the worker's whole life.
+pub fn start_holds(zones: &'static [Box<RedisZone>]) {
+    holds::init_worker(zones);
+    for (i, z) in zones.iter().enumerate().filter(|(_, z)| z.holds) {
+        spawn(beats(i, z)).detach();
+    }
+}
+
+/// Zone `zone`'s heartbeats, every [`holds::BEAT`], for as long as the
+/// worker runs, and at once after the zone opens a new connection (which
+/// may go to a Redis that lost the fields: restarted, failed over). One
+/// that fails is not sent again: the next sets what it would have, and the
+/// fields outlive a few.
+async fn beats(zone: usize, rz: &'static RedisZone) {
+    let opened = || with_worker(cycle_log(), |w| w.calls.opened(zone)).unwrap_or(0);
+    let mut seen = opened();
+    loop {
+        let due = Instant::now() + holds::BEAT;
+        while Instant::now() < due && opened() == seen {
+            sleep(REOPENED_LOOK).await;
+        }
+        seen = opened();
+        let Some(batch) = holds::next_beat(zone) else { return };
+        if batch.ops.is_empty() {
+            continue;
+        }
+        if let Some(e) = put(zone, batch, true).await {
+            rz.failed_doing(cycle_log(), &e, "rl_conn units not renewed until the next heartbeat");
+        }
+    }
+}
+
+/// How often the heartbeats look for a new connection.
+const REOPENED_LOOK: Duration = Duration::from_millis(50);
+
+/// Sends the loop iteration's `rl_conn` give-backs and corrections, one
+/// task per zone: each call once (see [`holds`]), the worker held until it
+/// ends.
+fn send_holds() {
+    for (zone, rz, batch) in holds::take_outbox() {
+        spawn(async move {
+            let _hold = Hold::new(2 * rz.spec.timeout);
+            let n = batch.ops.len();
+            if let Some(e) = put(zone, batch, false).await {
+                let action = match n {
+                    1 => "one rl_conn give-back left to the next heartbeat".to_string(),
+                    n => format!("{n} rl_conn give-backs left to the next heartbeat"),
+                };
+                rz.failed_doing(cycle_log(), &e, &action);
+            }
+        })
+        .detach();
+    }
+}
+
+/// One `conn_put` call's worth of `rl_conn` changes (see [`Calls::put`]):
+/// the units Redis reclaimed are counted; the error, if any.
+async fn put(zone: usize, batch: HoldBatch, again: bool) -> Option<RedisError> {
     let Some(calls) = with_worker(cycle_log(), |w| w.calls.clone()) else {
-        return (0, Some(RedisError::NotSent));
+        return Some(RedisError::NotSent);
     };
-    calls.put(zone, batch, again).await
+    let (reclaimed, e) = calls.put(zone, &batch, again).await;
+    if let (Some(m), true) = (redis_slot(zone), reclaimed > 0) {
+        m.conn_reclaimed.fetch_add(reclaimed, Ordering::Relaxed);
+    }
+    e
 }
 
 /// A request's pool is freed: its reply, if it comes, has no request to go

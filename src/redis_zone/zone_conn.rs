@@ -7,7 +7,7 @@
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -70,6 +70,10 @@ pub struct ZoneConn {
     /// up tasks that each wait for the connection).
     pub undos: std::sync::Mutex<VecDeque<(Undo, Instant)>>,
     pub undoing: AtomicBool,
+    /// Connections opened so far: a new one may go to a Redis that lost
+    /// what the old one wrote (a restart, a failover), which the worker's
+    /// `rl_conn` heartbeat then sets right at once.
+    pub opened: AtomicU64,
 }
 
 pub struct ConnState {
@@ -117,6 +121,7 @@ impl ZoneConn {
             metrics: None,
             undos: std::sync::Mutex::new(VecDeque::new()),
             undoing: AtomicBool::new(false),
+            opened: AtomicU64::new(0),
         }
     }
 
@@ -151,6 +156,7 @@ impl ZoneConn {
                     m.connected(master.as_ref().map(|(h, p)| format!("{h}:{p}")).as_deref());
                 }
                 self.clock.forget();
+                self.opened.fetch_add(1, Ordering::Relaxed);
                 st.conn = Some(c.clone());
                 st.master = master;
                 st.next_try = None;
