@@ -205,7 +205,7 @@ test-core:
 
 # The integration tests start their own nginx (and redis-server) on loopback
 # ports, once against Debian's nginx and once against the vendored 1.28.
-INTEGRATION := --test integration --test identity --test dry_run --test variables --test queue --test reliability --test conf_check --test redis --test redis_late --test misbehaving --test mixed --test auth --test sentinel --test resolver --test metrics --test quota --test version --test plans --test dashboard --test recipes --test header_clients --test applied_once --test lease --test conn --test limit_conn --test priority --test shedding
+INTEGRATION := --test integration --test identity --test dry_run --test variables --test queue --test reliability --test conf_check --test redis --test redis_late --test misbehaving --test mixed --test auth --test sentinel --test resolver --test metrics --test quota --test version --test plans --test dashboard --test recipes --test header_clients --test applied_once --test lease --test conn --test conn_redis --test limit_conn --test priority --test shedding
 
 test-integration:
 	NGINX_BUILD_DIR=$(DEBIAN_OBJS) RL_NGINX=/usr/sbin/nginx RL_MODULE=$(DEBIAN_SO) \

@@ -237,12 +237,7 @@ fn a_reload_keeps_requests_in_flight() {
     let (status, mut held) = hold(&ngx, "/slow/big.html");
     assert_eq!(status, 200);
     let old = ngx.worker_pids();
-    let from = ngx.reload_now();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while ngx.error_log_since(from).matches("start worker process").count() < WORKERS {
-        assert!(Instant::now() < deadline, "no new workers:\n{}", ngx.error_log_since(from));
-        thread::sleep(Duration::from_millis(20));
-    }
+    ngx.reload_started();
     // The old workers stop accepting at once: this request is a new worker's.
     let r = until_status(&ngx, "/slow/big.html", 429);
     assert_eq!(r.status, 429, "the old worker's request in flight is counted");

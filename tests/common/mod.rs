@@ -412,6 +412,18 @@ impl Nginx {
         self.send_reload(&self.http_block)
     }
 
+    /// Sends `nginx -s reload` with the same configuration and returns once
+    /// the new workers have started (10 s at most), the old ones perhaps
+    /// still draining.
+    pub fn reload_started(&self) {
+        let from = self.reload_now();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.error_log_since(from).matches("start worker process").count() < WORKERS {
+            assert!(Instant::now() < deadline, "no new workers:\n{}", self.error_log_since(from));
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Writes the configuration and sends `nginx -s reload`; returns the
     /// error log's length before, where what the reload logs starts.
     fn send_reload(&self, http_block: &str) -> usize {
