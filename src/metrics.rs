@@ -213,14 +213,6 @@ pub fn charge_failed(mcf: &MainConf, zone: usize, lines: usize, lost: bool) {
     }
 }
 
-/// Units of `rl_conn` lines Redis zone `zone` reclaimed from workers gone,
-/// as a request's call was told.
-pub fn conn_reclaimed(mcf: &MainConf, zone: usize, units: u64) {
-    if let (Some(Some(row)), true) = (mcf.metrics.layout.redis.get(zone), units > 0) {
-        row.mine().conn_reclaimed.fetch_add(units, Ordering::Relaxed);
-    }
-}
-
 /// The kind an error counts as.
 fn error_kind(e: &RedisError) -> usize {
     match e {

@@ -13,6 +13,7 @@ use crate::conf::{LocConf, MainConf};
 use crate::lease;
 use crate::line::Line;
 use crate::metrics;
+use crate::metrics::store::redis_slot;
 use crate::redis_zone::{self, holds, Job, JobLine, RedisError, RedisZone, Reply};
 use crate::request::{get_ctx, Ctx, LineResult, Phase};
 use crate::Module;
@@ -91,14 +92,15 @@ pub fn send(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ask: Ask)
         for (line, res) in on_zone(ctx, &mcf.lines, z, ask) {
             let l = job_line(line, res, res.cost);
             // (an rl_conn line's take is counted this worker's from now: see holds)
-            let holder = match (ask, line.limit.is_concurrent()) {
-                (_, false) => None,
-                (Ask::Decide, true) if res.cost > 0 => holds::take(z, (l.tag, l.line_id), res.cost),
-                (_, true) => holds::peek(z),
+            let holder = if !line.limit.is_concurrent() {
+                None
+            } else if ask == Ask::Decide && res.cost > 0 {
+                let h = holds::take(z, (l.tag, l.line_id), res.cost);
+                res.take_gen = h.map_or(0, |h| h.gen);
+                h
+            } else {
+                holds::peek(z)
             };
-            if let (Ask::Decide, Some(h)) = (ask, holder.filter(|_| res.cost > 0)) {
-                res.take_gen = h.gen;
-            }
             job.lines.push(match ask {
                 Ask::Decide => JobLine { check_only: line.charge_after, next, holder, ..l },
                 Ask::Read => JobLine { dry_run: false, next, holder, ..job_line(line, res, 0) },
@@ -172,13 +174,16 @@ fn settle(line: &Line, res: &mut LineResult, zone: usize, held: bool) {
     if res.take_gen == 0 {
         return;
     }
-    if !held {
-        let key = (rl_core::redis::tag_of(res.key.as_bytes()), line.id);
-        if holds::settle_unheld(zone, key, res.cost, res.take_gen) {
-            redis_zone::post_flush();
-        }
+    if !held && holds::settle_unheld(zone, hold_key(line, res), res.cost, res.take_gen) {
+        redis_zone::post_flush();
     }
     res.take_gen = 0;
+}
+
+/// The state key of `line` for the request, as [`job_line`] names it: the
+/// client key's tag and the line's id.
+fn hold_key(line: &Line, res: &LineResult) -> (u64, u64) {
+    (rl_core::redis::tag_of(res.key.as_bytes()), line.id)
 }
 
 /// What the request's `rl_conn` lines on Redis zones hold, or take still
@@ -190,7 +195,7 @@ pub fn release(mcf: &MainConf, ctx: &mut Ctx) {
         settle(line, res, z, false);
         if res.charged {
             res.charged = false;
-            if holds::give_back(z, (rl_core::redis::tag_of(res.key.as_bytes()), line.id), res.cost) {
+            if holds::give_back(z, hold_key(line, res), res.cost) {
                 redis_zone::post_flush();
             }
         }
@@ -218,7 +223,9 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
                 let charged = ask == Ask::Decide && all && o.admitted && !line.charge_after;
                 if line.limit.is_concurrent() {
                     // (a concurrent line's fifth value: the units Redis reclaimed)
-                    metrics::conn_reclaimed(mcf, reply.zone, o.next_us);
+                    if let Some(m) = redis_slot(reply.zone) {
+                        m.reclaimed(o.next_us);
+                    }
                     o.next_us = 0;
                     settle(line, res, reply.zone, charged);
                 }

@@ -186,6 +186,14 @@ impl RedisSlot {
         self.latency_sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
+    /// Redis reclaimed `units` of `rl_conn` lines from workers gone, as a
+    /// call of this worker was told.
+    pub fn reclaimed(&self, units: u64) {
+        if units > 0 {
+            self.conn_reclaimed.fetch_add(units, Ordering::Relaxed);
+        }
+    }
+
     /// A connection was opened; for a Sentinel zone, to `master`.
     pub fn connected(&self, master: Option<&str>) {
         self.connects.fetch_add(1, Ordering::Relaxed);

@@ -143,8 +143,8 @@ pub fn peek(zone: usize) -> Option<Holder> {
 
 /// A take sent in generation `gen` that does not hold (refused, or
 /// answered per `on_error`): no longer counted; if a heartbeat counted it
-/// meanwhile, Redis is told (a correction).
-/// Whether a correction is to be sent with the loop iteration's calls.
+/// meanwhile, Redis is told (a correction). Whether a correction is to be
+/// sent with the loop iteration's calls.
 pub fn settle_unheld(zone: usize, key: Key, cost: u64, gen: u64) -> bool {
     with_zone(zone, |_, z| {
         z.count(zone, key, 0, cost);
@@ -158,8 +158,8 @@ pub fn settle_unheld(zone: usize, key: Key, cost: u64, gen: u64) -> bool {
 }
 
 /// A request that held `cost` units of `key` ended: given back with the
-/// loop iteration's calls.
-/// Whether it is to be sent (the worker keeps the zone's bookkeeping).
+/// loop iteration's calls. Whether it is to be sent (the worker keeps the
+/// zone's bookkeeping).
 pub fn give_back(zone: usize, key: Key, cost: u64) -> bool {
     with_zone(zone, |_, z| {
         z.count(zone, key, 0, cost);

@@ -7,7 +7,6 @@ use core::ffi::c_void;
 use core::ptr::{self, NonNull};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ngx::async_::{sleep, spawn};
@@ -313,8 +312,8 @@ async fn put(zone: usize, batch: HoldBatch, again: bool) -> Option<RedisError> {
         return Some(RedisError::NotSent);
     };
     let (reclaimed, e) = calls.put(zone, &batch, again).await;
-    if let (Some(m), true) = (redis_slot(zone), reclaimed > 0) {
-        m.conn_reclaimed.fetch_add(reclaimed, Ordering::Relaxed);
+    if let Some(m) = redis_slot(zone) {
+        m.reclaimed(reclaimed);
     }
     e
 }
