@@ -34,7 +34,8 @@ use ngx::ngx_log_debug;
 
 use crate::conf::{LocConf, MainConf};
 use crate::delay;
-use crate::eval::{self, redis, redis::Ask};
+use crate::eval::redis::{wait as redis_wait, Ask};
+use crate::eval::{self, redis};
 use crate::lease;
 use crate::line::Stage;
 use crate::metrics;
@@ -104,6 +105,12 @@ fn preaccess(r: &mut Request) -> Status {
                 }
                 ctx
             }
+            Phase::Replied if ctx.polling => {
+                if let Some(status) = replied_wait(raw, lcf, mcf, ctx) {
+                    return status;
+                }
+                ctx
+            }
             Phase::Replied => ctx,
         },
         // Both stages were decided, in an earlier pass.
@@ -146,6 +153,12 @@ fn precontent(r: &mut Request) -> Status {
             ctx
         }
         (Stage::AfterAuth, Phase::Decided) => return Status::NGX_DECLINED,
+        (Stage::AfterAuth, Phase::Replied) if ctx.polling => {
+            if let Some(status) = replied_wait(raw, lcf, mcf, ctx) {
+                return status;
+            }
+            ctx
+        }
         (Stage::AfterAuth, Phase::Replied) => ctx,
         (Stage::AfterAuth, Phase::Queued) => {
             if let Some(status) = queued(raw, lcf, mcf, ctx) {
@@ -174,7 +187,32 @@ fn start(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut 
         if let Some(ms) = wait::arrive(&mcf.zones, &mcf.lines, ctx, log) {
             return Some(sleep_queued(raw, mcf, ctx, ms));
         }
+        if lcf.redis_queue && redis_wait::arrive(raw, mcf, ctx) {
+            return Some(asked(raw, mcf, ctx));
+        }
     }
+    send(raw, lcf, mcf, ctx)
+}
+
+/// The status of a request whose Redis waiting lines were asked about it
+/// (it waits for their reply), its takes and places settled should it end
+/// meanwhile.
+fn asked(raw: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> Status {
+    if !release_at_end(raw, mcf, ctx) {
+        return Status(NGX_HTTP_INTERNAL_SERVER_ERROR as isize);
+    }
+    Status::NGX_AGAIN
+}
+
+/// The replies of a look at the request's Redis waiting lines are in: the
+/// handler's status while it waits on, `None` once it waits no more, the
+/// stage then decided as [`start`] does after its arrival.
+fn replied_wait(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Option<Status> {
+    ctx.polling = false;
+    if let Some(ms) = redis_wait::next(mcf, ctx) {
+        return Some(sleep_queued(raw, mcf, ctx, ms));
+    }
+    ctx.phase = Phase::Decided;
     send(raw, lcf, mcf, ctx)
 }
 
@@ -187,6 +225,17 @@ fn queued(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut
     wake::awake(ptr::from_mut(ctx) as usize);
     if let Some(ms) = wait::poll(&mcf.zones, &mcf.lines, ctx, log) {
         return Some(sleep_queued(raw, mcf, ctx, ms));
+    }
+    // (Redis waiting lines after the shared-memory ones: a place to look at again, or the
+    // arrival the shared-memory lines held back)
+    if lcf.redis_queue {
+        let sent = match redis_wait::waiting(mcf, ctx) {
+            true => redis_wait::poll(raw, mcf, ctx),
+            false => redis_wait::arrive(raw, mcf, ctx),
+        };
+        if sent {
+            return Some(asked(raw, mcf, ctx));
+        }
     }
     ctx.phase = Phase::Decided;
     send(raw, lcf, mcf, ctx)
@@ -208,6 +257,7 @@ fn sleep_queued(raw: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ms:
             wake::sleeping(owner, z, res.hash, res.class, res.ticket, wev);
         }
     }
+    redis_wait::sleeping(mcf, ctx, owner, wev);
     Status::NGX_AGAIN
 }
 
@@ -219,8 +269,11 @@ fn send(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut C
     if lcf.has_redis && ctx.staged(&mcf.lines).any(|(l, res)| res.active && l.backend.redis().is_some()) {
         // SAFETY: the request and its connection are valid.
         let log = unsafe { (*(*raw).connection).log };
-        // Nothing goes to Redis if shared memory rejects, nor if this nginx's leases refuse.
-        let charged = decide(&mcf.zones, &mcf.lines, ctx, log);
+        // Nothing goes to Redis if shared memory rejects, nor if this nginx's leases refuse; nor
+        // is anything decided once a waiting line refused the request, or a zone failed it
+        // while it waited.
+        let stopped = lcf.conn_queue && (ctx.denied_by_error || redis_wait::refused(mcf, ctx));
+        let charged = !stopped && decide(&mcf.zones, &mcf.lines, ctx, log);
         ctx.reserved = Some(charged);
         if lcf.has_conn && !release_at_end(raw, mcf, ctx) {
             return Some(Status(NGX_HTTP_INTERNAL_SERVER_ERROR as isize));

@@ -79,6 +79,8 @@ pub struct LocConf {
     /// classes, [`crate::line::Line::waits`]): a request may wait for a
     /// slot before the other lines are decided (set at postconfiguration).
     pub conn_queue: bool,
+    /// One of them is on a Redis zone.
+    pub redis_queue: bool,
     /// Some line is `after_auth` (set at postconfiguration).
     pub after_auth: bool,
     /// Some line has a queue: a request may be delayed (set at postconfiguration).
@@ -109,6 +111,7 @@ impl Default for LocConf {
             has_redis: false,
             has_conn: false,
             conn_queue: false,
+            redis_queue: false,
             after_auth: false,
             may_delay: false,
             may_dry_run: false,

@@ -317,6 +317,7 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
                 if let Some(c) = r.conn.as_mut() {
                     add(&mut c.in_flight, &slot.conn_held);
                     add(&mut c.reclaimed, &slot.conn_reclaimed);
+                    add(&mut c.waiting, &slot.conn_waiting);
                 }
             }
         }

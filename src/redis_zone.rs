@@ -320,6 +320,9 @@ pub struct JobLine {
     /// An `rl_conn` line: the worker that takes its units, and when
     /// ([`holds::take`]).
     pub holder: Option<rl_core::redis::Holder>,
+    /// A waiting `rl_conn` line's place and time left (see
+    /// [`rl_core::redis::Wait`]); `None`: let in or refused at once.
+    pub wait: Option<rl_core::redis::Wait>,
 }
 
 /// One key of a node's sync in lease mode: whose state (as [`JobLine`]

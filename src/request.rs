@@ -62,11 +62,16 @@ pub struct LineResult {
     /// call asks for with the request (0: none).
     pub lease_want: u64,
     /// An `rl_conn` line with a queue: decided by its waiting line before
-    /// the stage's other lines ([`crate::shm::wait`]), which take its
-    /// verdict as it is; and, while the request waits, its ticket plus one
-    /// (0: none).
+    /// the stage's other lines ([`crate::shm::wait`], on Redis
+    /// [`crate::eval::redis::wait`]), which take its verdict as it is; and,
+    /// while the request waits, its ticket (plus one on shared memory; 0:
+    /// none), and on Redis the places ahead of it at its last look.
     pub waited: bool,
     pub ticket: u64,
+    pub ahead: u64,
+    /// A waiting `rl_conn` line on a Redis zone in the call in flight (its
+    /// arrival, or a look again).
+    pub asking: bool,
     /// The request's class on a line with `classes=` (0, the highest, on
     /// others: their one class), and on an `rl_limit` line what it must
     /// leave of the budget for the classes above it.
@@ -289,6 +294,9 @@ pub struct Ctx {
     /// When the request started waiting for an `rl_conn` slot (µs, the
     /// shared-memory clock).
     pub queued_at_us: u64,
+    /// The Redis call in flight is about waiting `rl_conn` lines
+    /// ([`crate::eval::redis::wait`]), not the stage's decision.
+    pub polling: bool,
     /// Room for the legacy fields' values ([`HeadersMode::LEGACY_BYTES`]),
     /// allocated with the context where they are sent (else null).
     pub legacy_values: *mut u8,
@@ -480,6 +488,7 @@ pub fn new_ctx(
         charge_after: false,
         release_set: false,
         queued_at_us: 0,
+        polling: false,
         // SAFETY: within the size bytes allocated (the last `values` of them).
         legacy_values: if values > 0 { unsafe { results.add(ids.len()).cast::<u8>() } } else { ptr::null_mut() },
     };

@@ -267,8 +267,9 @@ fn nginx_t_messages() {
     );
     refused("server { location / { rl_conn zone=nope max=1; } }", "unknown zone \"nope\" in \"rl_conn\" directive");
     refused(
-        "rl_zone r redis=redis://127.0.0.1:1; server { location / { rl_conn zone=r max=1 queue=1; } }",
-        "Redis zone \"r\" cannot keep a waiting line (\"queue=\") in \"rl_conn\" directive",
+        "rl_zone r redis=redis://127.0.0.1:1; server { location / { rl_conn zone=r max=1 queue=1; \
+         rl_conn zone=r max=2 key=$arg_k queue=1; } }",
+        "Redis zone \"r\" can keep one waiting line (\"queue=\") per location, a second in \"rl_conn\" directive",
     );
     refused(
         "rl_zone c size=1m; server { location / { rl_conn zone=c max=1; rl_conn zone=c max=1; } }",

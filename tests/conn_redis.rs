@@ -225,20 +225,33 @@ fn a_reload_keeps_requests_in_flight() {
 #[test]
 fn nginx_t_refuses_what_redis_zones_cannot_keep() {
     let zone = "rl_zone r redis=redis://127.0.0.1:1;";
-    for (line, says) in [
-        (
-            "rl_conn zone=r max=2 queue=5;",
-            "Redis zone \"r\" cannot keep a waiting line (\"queue=\") in \"rl_conn\" directive in",
+    let (ok, out) = nginx_t(&server(zone, "location / { rl_conn zone=r max=2 priority=$arg_p classes=a,b; }"));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(
+            "Redis zone \"r\" cannot keep classes (\"priority=\" and \"classes=\") in \"rl_conn\" directive in"
+        ) && out.contains("use a shared-memory zone"),
+        "{out}"
+    );
+    // One waiting line per Redis zone and location (a look is one call of the zone's, all or
+    // nothing); another zone's may wait beside it.
+    let (ok, out) = nginx_t(&server(
+        zone,
+        "location / { rl_conn zone=r max=2 queue=5; rl_conn zone=r max=1 key=$arg_k queue=1 timeout=5s; }",
+    ));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(
+            "Redis zone \"r\" can keep one waiting line (\"queue=\") per location, a second in \"rl_conn\" directive in"
         ),
-        (
-            "rl_conn zone=r max=2 priority=$arg_p classes=a,b;",
-            "Redis zone \"r\" cannot keep classes (\"priority=\" and \"classes=\") in \"rl_conn\" directive in",
-        ),
-    ] {
-        let (ok, out) = nginx_t(&server(zone, &format!("location / {{ {line} }}")));
-        assert!(!ok, "{line}: {out}");
-        assert!(out.contains(says) && out.contains("use a shared-memory zone"), "{line}: {out}");
-    }
+        "{out}"
+    );
+    let (ok, out) = nginx_t(&server(
+        &format!("{zone} rl_zone s redis=redis://127.0.0.1:1; rl_zone c size=1m;"),
+        "location / { rl_conn zone=r max=2 queue=5; rl_conn zone=s max=1 queue=1 timeout=5s; \
+         rl_conn zone=c max=1 queue=1; }",
+    ));
+    assert!(ok, "{out}");
     let (ok, out) =
         nginx_t(&server("rl_zone r redis=redis://127.0.0.1:1 lease=1m;", "location / { rl_conn zone=r max=2; }"));
     assert!(!ok, "{out}");
@@ -461,4 +474,216 @@ fn a_new_connection_is_told_what_is_held_at_once() {
         assert_eq!(ngx.get("/fast.html?k=a", &[]).status, 429, "round {round}");
     }
     drop(held);
+}
+
+/// A location of `rl_conn zone=r max=1 key=all` and `params` (a queue) on a
+/// Redis zone, its requests logged with their status and `$rl_delay`.
+fn queue_conf(redis: &Redis, params: &str) -> String {
+    format!(
+        "rl_zone r redis={} timeout=500ms;\n\
+         log_format q '$request_uri $status $rl_status $rl_delay';\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           access_log {{ROOT}}/../q.log q;\n\
+           location /q/ {{ rl_conn zone=r max=1 key=all {params}; rl_headers off; {SLOW} }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}",
+        redis.url()
+    )
+}
+
+fn start_queue(redis: &Redis, params: &str) -> Nginx {
+    Nginx::setup(&queue_conf(redis, params))
+        .file("html/q/slow.html", &slow_file())
+        .file("html/q/fast.html", "fast\n")
+        .start()
+}
+
+/// The status of the response on `s` if its status line comes within
+/// `within` (the connection kept: a slow file's request then holds its
+/// slot), else `None`.
+fn status_within(s: &TcpStream, within: Duration) -> Option<u16> {
+    use std::io::BufRead;
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut line = String::new();
+    let got = std::io::BufReader::new(s.try_clone().unwrap()).read_line(&mut line);
+    got.ok().filter(|n| *n > 0)?;
+    line.split(' ').nth(1).and_then(|v| v.parse().ok())
+}
+
+/// The places of the key's waiting line in Redis ("#ticket" fields).
+fn places(redis: &Redis) -> Vec<String> {
+    fields(redis).into_keys().filter(|f| f.starts_with('#') && f != "#").collect()
+}
+
+/// Polls `ngx`'s `nginx_rl_conn_waiting` until it reads `n` (10 s at most).
+fn until_waiting_on(ngx: &Nginx, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(ngx, "nginx_rl_conn_waiting") != n {
+        assert!(Instant::now() < deadline, "never {n} waiting:\n{}", ngx.error_log());
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `queue=2` across two nginx: over the limit, a request to each nginx
+/// waits (a place each in the key's hash), a third is refused at once; when
+/// the slot is free they get it one after the other, in the order they
+/// came, whichever nginx they wait on: `DELAYED`, with the time they
+/// waited. Once they end, the key is gone.
+#[test]
+fn a_queue_across_nginx_lets_requests_wait_their_turn() {
+    let redis = Redis::start();
+    let a = start_queue(&redis, "queue=2 timeout=20s");
+    let b = start_queue(&redis, "queue=2 timeout=20s");
+    let (status, held) = hold(&a, "/q/slow.html?n=a");
+    assert_eq!(status, 200);
+    let first = send_only(b.port, "/q/slow.html?n=first");
+    until_waiting_on(&b, 1);
+    let second = send_only(a.port, "/q/slow.html?n=second");
+    until_waiting_on(&a, 1);
+    assert_eq!(places(&redis).len(), 2, "{:?}", fields(&redis));
+    let t = Instant::now();
+    assert_eq!(b.get("/q/fast.html?n=full", &[]).status, 429, "the line is full");
+    assert!(t.elapsed() < Duration::from_millis(300), "refused at once: {:?}", t.elapsed());
+    assert_eq!(status_within(&first, Duration::from_millis(300)), None, "answered while the slot is held");
+    drop(held);
+    assert_eq!(status_within(&first, Duration::from_secs(5)), Some(200), "the first to come, on the other nginx");
+    assert_eq!(status_within(&second, Duration::from_millis(300)), None, "the second while the first holds the slot");
+    assert_eq!(metric(&a, "nginx_rl_conn_waiting"), 1);
+    drop(first);
+    assert_eq!(status_within(&second, Duration::from_secs(5)), Some(200));
+    until_waiting_on(&a, 0);
+    until_waiting_on(&b, 0);
+    assert!(places(&redis).is_empty(), "{:?}", fields(&redis));
+    let log = std::fs::read_to_string(b.prefix.join("q.log")).unwrap();
+    let line = log.lines().find(|l| l.starts_with("/q/slow.html?n=first ")).unwrap_or_else(|| panic!("{log}"));
+    assert!(line.starts_with("/q/slow.html?n=first 200 DELAYED "), "{log}");
+    let waited_ms: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(waited_ms >= 300, "waited {waited_ms} ms: {log}");
+    assert!(log.contains("/q/fast.html?n=full 429 REJECTED"), "{log}");
+    drop(second);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held_in_redis(&redis) > 0 {
+        assert!(Instant::now() < deadline, "not given back: {:?}", fields(&redis));
+        thread::sleep(Duration::from_millis(50));
+    }
+    for n in [&a, &b] {
+        assert!(crash_lines(&n.error_log()).is_empty(), "{}", n.error_log());
+    }
+}
+
+/// A request that waits longer than `timeout=` is refused (the location's
+/// status, `limit_conn`'s log line) and gives its place up: the next
+/// request finds the line with room and waits its own time.
+#[test]
+fn a_wait_on_redis_ends_at_its_timeout() {
+    let redis = Redis::start();
+    let ngx = start_queue(&redis, "queue=1 timeout=400ms");
+    let (status, _held) = hold(&ngx, "/q/slow.html");
+    assert_eq!(status, 200);
+    let from = ngx.error_log().len();
+    let t = Instant::now();
+    assert_eq!(ngx.get("/q/fast.html", &[]).status, 429);
+    let took = t.elapsed();
+    // (nginx's clock is the one cached at its event loop's last wake: a few ms behind ours)
+    assert!(took >= Duration::from_millis(380) && took < Duration::from_secs(3), "answered after {took:?}");
+    assert!(ngx.error_log_since(from).contains("limiting connections by zone \"r\""), "{}", ngx.error_log_since(from));
+    until_waiting_on(&ngx, 0);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !places(&redis).is_empty() {
+        assert!(Instant::now() < deadline, "the place was not given up: {:?}", fields(&redis));
+        thread::sleep(Duration::from_millis(10));
+    }
+    let t = Instant::now();
+    assert_eq!(ngx.get("/q/fast.html", &[]).status, 429);
+    assert!(t.elapsed() >= Duration::from_millis(380), "refused without waiting: {:?}", t.elapsed());
+}
+
+/// A client that goes away while it waits gives its place up at once: the
+/// next request takes it (a line of one place), and gets the slot when it
+/// is free.
+#[test]
+fn a_waiter_on_redis_that_leaves_gives_its_place_up() {
+    let redis = Redis::start();
+    let ngx = start_queue(&redis, "queue=1 timeout=20s");
+    let (status, held) = hold(&ngx, "/q/slow.html");
+    assert_eq!(status, 200);
+    let b = send_only(ngx.port, "/q/fast.html?n=b");
+    until_waiting_on(&ngx, 1);
+    assert_eq!(places(&redis).len(), 1);
+    drop(b);
+    until_waiting_on(&ngx, 0);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !places(&redis).is_empty() {
+        assert!(Instant::now() < deadline, "the place was not given up: {:?}", fields(&redis));
+        thread::sleep(Duration::from_millis(10));
+    }
+    let c = send_only(ngx.port, "/q/fast.html?n=c");
+    until_waiting_on(&ngx, 1);
+    drop(held);
+    let (sc, text) = response(c);
+    assert_eq!(sc, 200, "{text}");
+}
+
+/// A waiter of an nginx killed (SIGKILL) keeps its place only until it
+/// lapses (a request that no longer looks: 3 heartbeats and the zone's
+/// timeout at most): a waiter of the other nginx behind it gets the slot
+/// freed then, not before.
+#[test]
+fn a_killed_nginx_waiters_places_lapse() {
+    let redis = Redis::start();
+    let a = start_queue(&redis, "queue=2 timeout=30s");
+    let b = start_queue(&redis, "queue=2 timeout=30s");
+    let (status, held) = hold(&b, "/q/slow.html?n=held");
+    assert_eq!(status, 200);
+    let _dead = send_only(a.port, "/q/fast.html?n=dead");
+    until_waiting_on(&a, 1);
+    let behind = send_only(b.port, "/q/slow.html?n=behind");
+    until_waiting_on(&b, 1);
+    kill_nginx(&a);
+    let killed = Instant::now();
+    drop(held);
+    assert_eq!(status_within(&behind, Duration::from_secs(8)), Some(200), "{:?}", fields(&redis));
+    let took = killed.elapsed();
+    assert!(took >= Duration::from_millis(2500), "let in after {took:?}, before the dead place lapsed");
+    assert!(took <= Duration::from_millis(5000), "let in after {took:?}");
+    assert!(places(&redis).is_empty(), "{:?}", fields(&redis));
+}
+
+/// Redis stopped while requests wait: with `on_error=allow` a waiter is let
+/// through (its line left out, as Redis cannot decide it), with
+/// `on_error=deny` it is refused, each within the zone's timeout and a
+/// look; neither is counted waiting any more.
+#[test]
+fn redis_down_while_waiting_per_on_error() {
+    let mut redis = Redis::start();
+    let conf = |on_error: &str| {
+        format!(
+            "rl_zone r redis={} timeout=200ms on_error={on_error};\n\
+             server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+               location /q/ {{ rl_conn zone=r max=1 key=$arg_k queue=1 timeout=20s; {SLOW} }}\n\
+               location = /metrics {{ rl_metrics; }}\n\
+             }}",
+            redis.url()
+        )
+    };
+    let start = |c: &str| Nginx::setup(c).file("html/q/slow.html", &slow_file()).start();
+    let (allow, deny) = (start(&conf("allow")), start(&conf("deny")));
+    let mut waiters = Vec::new();
+    for (n, k) in [(&allow, "a"), (&deny, "d")] {
+        let (status, held) = hold(n, &format!("/q/slow.html?k={k}"));
+        assert_eq!(status, 200);
+        waiters.push((held, send_only(n.port, &format!("/q/slow.html?k={k}&n=waiter"))));
+        until_waiting_on(n, 1);
+    }
+    redis.stop();
+    let t = Instant::now();
+    assert_eq!(status_within(&waiters[0].1, Duration::from_secs(3)), Some(200), "on_error=allow lets it through");
+    assert_eq!(status_within(&waiters[1].1, Duration::from_secs(3)), Some(429), "on_error=deny refuses it");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    for n in [&allow, &deny] {
+        until_waiting_on(n, 0);
+        let log = n.error_log();
+        assert!(!failed_lines(&log, "r").is_empty(), "{log}");
+        assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
+    }
 }

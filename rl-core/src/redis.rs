@@ -390,6 +390,20 @@ pub struct LineArg {
     /// A [`Limit::concurrent`] line: the worker whose units the request
     /// takes (see [`Holder`]); `None` for every other line.
     pub holder: Option<Holder>,
+    /// A [`Limit::concurrent`] line with a queue whose request may wait for
+    /// its units (see [`Wait`]); `None`: it is let in or refused at once.
+    pub wait: Option<Wait>,
+}
+
+/// A take of a [`Limit::concurrent`] line that may wait in the key's
+/// waiting line (its [`Limit::queue`] places): the ticket of the request's
+/// place (0: it arrives, and takes a place if it must wait), and how long
+/// its wait has left (ms), which bounds how long the place outlives a
+/// request that stops looking. See [`holders`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Wait {
+    pub ticket: u64,
+    pub left_ms: u64,
 }
 
 /// Who takes the units of a [`Limit::concurrent`] line on Redis, and when:
@@ -408,13 +422,33 @@ pub struct Holder {
 impl From<(Limit, u64)> for LineArg {
     /// An enforced line.
     fn from((limit, cost): (Limit, u64)) -> Self {
-        LineArg { limit, cost, dry_run: false, check_only: false, next: false, lease_life: 0, kept: 0, holder: None }
+        LineArg {
+            limit,
+            cost,
+            dry_run: false,
+            check_only: false,
+            next: false,
+            lease_life: 0,
+            kept: 0,
+            holder: None,
+            wait: None,
+        }
     }
 }
 
 impl From<(Limit, u64, bool)> for LineArg {
     fn from((limit, cost, dry_run): (Limit, u64, bool)) -> Self {
-        LineArg { limit, cost, dry_run, check_only: false, next: false, lease_life: 0, kept: 0, holder: None }
+        LineArg {
+            limit,
+            cost,
+            dry_run,
+            check_only: false,
+            next: false,
+            lease_life: 0,
+            kept: 0,
+            holder: None,
+            wait: None,
+        }
     }
 }
 
@@ -500,8 +534,10 @@ fn flush_run(run: Option<(LineArg, u64)>, spec: &mut Spec, emit: &mut impl FnMut
 /// [`Outcome::next_us`], plus 32 and a last field for a line of classes
 /// (`"... 32 kept"`, [`LineArg::kept`]); a lease asked with the request is
 /// `"... 16 life"`; a [`Limit::concurrent`] line with its [`Holder`] is
-/// `"concurrent count period_us max cost 0 flags worker gen life_ms"`,
-/// flags 64 plus the dry-run and next bits.
+/// `"concurrent count period_us max cost queue flags worker gen life_ms
+/// ticket left_ms"`, flags 64 plus the dry-run and next bits, and the
+/// queue, ticket and time left those of its [`Wait`] (all 0 for a take
+/// that never waits).
 pub fn write_spec(out: &mut String, line: &LineArg) {
     if line.lease_life > 0 {
         let (limit, rate) = (&line.limit, line.limit.rate());
@@ -520,16 +556,22 @@ pub fn write_spec(out: &mut String, line: &LineArg) {
     if let Some(h) = line.holder {
         let (limit, rate) = (&line.limit, line.limit.rate());
         let flags = 64 | u8::from(line.dry_run) | u8::from(line.next) << 3;
+        let (queue, w) = match line.wait {
+            Some(w) => (limit.queue(), w),
+            None => (0, Wait::default()),
+        };
         let _ = write!(
             out,
-            "concurrent {} {} {} {} 0 {flags} {} {} {}",
+            "concurrent {} {} {} {} {queue} {flags} {} {} {} {} {}",
             rate.count,
             rate.period_us,
             limit.burst(),
             line.cost,
             h.worker,
             h.gen,
-            h.life_ms
+            h.life_ms,
+            w.ticket,
+            w.left_ms
         );
         return;
     }
@@ -603,6 +645,10 @@ pub enum HoldOp {
     Correct { units: u64, gen: u64 },
     /// The heartbeat of generation `gen`: the worker holds `units`.
     Set { units: u64, gen: u64 },
+    /// A request gives up its place in the key's waiting line (see
+    /// [`Wait`]): it ends, or its wait is over. The worker's field is
+    /// neither written nor renewed.
+    Leave { ticket: u64 },
 }
 
 /// Emits the `conn_put` call's `ARGV` for `ops` (one per key, in the order
@@ -628,6 +674,7 @@ pub fn write_conn_args<'a>(
             HoldOp::GiveBack { units, gen } => ('d', units, gen),
             HoldOp::Correct { units, gen } => ('c', units, gen),
             HoldOp::Set { units, gen } => ('s', units, gen),
+            HoldOp::Leave { ticket } => ('q', ticket, 0),
         };
         let _ = write!(text, "{c} {units} {gen}");
         emit(Arg::Str(&text));
@@ -911,16 +958,23 @@ pub fn parse_reply<S: Shape>(reply: &[i64], requests: &[S]) -> Option<ScriptRepl
     Some(ScriptReply::Done { now_us, requests: out })
 }
 
-/// One line's outcome in the script's reply; `None` if it is malformed.
+/// One line's outcome in the script's reply; `None` if it is malformed. A
+/// [`Limit::concurrent`] line whose request waits in the key's waiting
+/// line (code -3) is not admitted, its ticket as `reset_us` and the places
+/// ahead of it as `delay_us` (see [`holders::Holders::take_waiting`]).
 fn parse_line(l: &[i64]) -> Option<Outcome> {
     let &[remaining, reset_us, code, delay_us, next_us] = l else { return None };
-    let (admitted, retry_after_us) = match code {
-        -2 => (true, None),
-        -1 => (false, None),
-        r => (false, Some(u64::try_from(r).ok()?)),
+    let (admitted, retry_after_us, waits) = match code {
+        -3 => (false, None, true),
+        -2 => (true, None, false),
+        -1 => (false, None, false),
+        r => (false, Some(u64::try_from(r).ok()?), false),
     };
     let delay_us = u64::try_from(delay_us).ok()?;
-    if delay_us > 0 && !admitted {
+    if delay_us > 0 && !admitted && !waits {
+        return None;
+    }
+    if waits && reset_us < 1 {
         return None;
     }
     Some(Outcome {

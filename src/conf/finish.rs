@@ -178,18 +178,11 @@ fn http_resolver(cf: *mut ngx_conf_t) -> Option<(core::ptr::NonNull<ngx::ffi::ng
 /// is refused (a waiting line, classes; lease mode, whose leases are units
 /// of a rate).
 fn redis_conn(leases: &[LeaseZone], r: usize, line: &Line) -> Result<(), ConfError> {
-    // (classes come with a waiting line of theirs)
-    let what = match () {
-        _ if line.classes.is_some() => Some("classes (\"priority=\" and \"classes=\")"),
-        _ if line.waits() => Some("a waiting line (\"queue=\")"),
-        _ => None,
-    };
-    if let Some(what) = what {
+    if line.classes.is_some() {
         refuse!(
-            "Redis zone \"{}\" cannot keep {} in \"rl_conn\" directive in {}, use a shared-memory zone \
-             (\"rl_zone NAME size=...\")",
+            "Redis zone \"{}\" cannot keep classes (\"priority=\" and \"classes=\") in \"rl_conn\" directive in {}, \
+             use a shared-memory zone (\"rl_zone NAME size=...\")",
             Quote(&line.zone_name),
-            what,
             line.origin
         );
     }
@@ -299,6 +292,25 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
         loc.has_redis = loc.lines.iter().any(|id| matches!(backend(id), Some(Backend::Redis(_))));
         loc.has_conn = !loc.conns.is_empty();
         loc.conn_queue = loc.conns.iter().any(|id| lines.get(id.0 as usize).is_some_and(Line::waits));
+        loc.redis_queue = loc
+            .conns
+            .iter()
+            .any(|id| lines.get(id.0 as usize).is_some_and(|l| l.waits() && l.backend.redis().is_some()));
+        // (a request's look at a Redis zone's waiting lines is one request's lines in one call,
+        // all or nothing: one line each)
+        let mut waits_on: Vec<usize> = Vec::new();
+        for l in loc.conns.iter().filter_map(|id| lines.get(id.0 as usize)) {
+            let Some(z) = l.backend.redis().filter(|_| l.waits()) else { continue };
+            if waits_on.contains(&z) {
+                refuse!(
+                    "Redis zone \"{}\" can keep one waiting line (\"queue=\") per location, \
+                     a second in \"rl_conn\" directive in {}",
+                    Quote(&l.zone_name),
+                    l.origin
+                );
+            }
+            waits_on.push(z);
+        }
         loc.after_auth =
             loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.stage == Stage::AfterAuth));
         loc.may_delay = loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(|l| l.limit.queue() > 0));

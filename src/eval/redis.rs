@@ -1,9 +1,12 @@
 //! A request's Redis lines: one job per zone sent to the I/O thread, the
 //! request suspended until every zone has answered (or the backstop timer
 //! fires), each reply written into the lines' results, and the request
-//! resumed in the handler that sent them. For a stage of the access phase
-//! and an `rl_quota` read alike ([`Ask`]); what a zone that fails does is
-//! the one difference.
+//! resumed in the handler that sent them. For a stage of the access phase,
+//! a waiting `rl_conn` line's look at its waiting line ([`wait`]) and an
+//! `rl_quota` read alike ([`Ask`]); what a zone that fails does is the one
+//! difference.
+
+pub mod wait;
 
 use ngx::ffi::{ngx_http_request_t, ngx_log_t};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
@@ -25,6 +28,10 @@ pub enum Ask {
     /// phase): a zone that fails is left out, or rejects the request, per
     /// its `on_error`.
     Decide,
+    /// To let the request in by the waiting lines of its waiting `rl_conn`
+    /// lines ([`LineResult::asking`]), or give it a place there: each is
+    /// decided alone, before the stage's other lines ([`wait`]).
+    Wait,
     /// To read every line at cost 0, writing nothing (`rl_quota`, the
     /// script's check-only mode): a zone that fails makes the answer 503.
     Read,
@@ -32,10 +39,11 @@ pub enum Ask {
 
 impl Ask {
     /// What a request waiting for Redis asked: a read in an `rl_quota`
-    /// location, else a decision.
-    fn of(r: &Request) -> Ask {
+    /// location, else a look at its waiting lines or a decision.
+    fn of(r: &Request, ctx: &Ctx) -> Ask {
         match Module::location_conf(r).is_some_and(|lcf: &LocConf| lcf.quota) {
             true => Ask::Read,
+            false if ctx.polling => Ask::Wait,
             false => Ask::Decide,
         }
     }
@@ -59,12 +67,14 @@ pub fn job_line(line: &Line, res: &LineResult, cost: u64) -> JobLine {
         lease_life: 0,
         kept: res.kept,
         holder: None,
+        wait: None,
     }
 }
 
 /// The request's active lines on Redis zone `zone` that `ask` is about
-/// (those of the current stage, or every line for a read), with their
-/// results.
+/// (those of the current stage but the waiting `rl_conn` lines, which
+/// their waiting lines decide; those asking their waiting lines; or every
+/// line for a read), with their results.
 fn on_zone<'a>(
     ctx: &'a mut Ctx,
     lines: &'a [Line],
@@ -74,7 +84,14 @@ fn on_zone<'a>(
     let stage = ctx.stage;
     // (a line in lease mode that this nginx's leases decided is not Redis')
     ctx.iter_mut(lines).filter(move |(l, r)| {
-        r.active && !r.leased && l.backend.redis() == Some(zone) && (ask == Ask::Read || l.stage == stage)
+        r.active
+            && !r.leased
+            && l.backend.redis() == Some(zone)
+            && match ask {
+                Ask::Decide => l.stage == stage && !r.waited,
+                Ask::Wait => r.asking,
+                Ask::Read => true,
+            }
     })
 }
 
@@ -87,14 +104,15 @@ pub fn send(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ask: Ask)
     let log = unsafe { (*(*r).connection).log };
     // (the wait for one more unit is asked for where the `RateLimit` field sends it)
     let next = ctx.headers.draft();
+    let (queued_at, now) = (ctx.queued_at_us, crate::shm::now_us());
     for (z, zone) in mcf.redis.iter().enumerate() {
-        let mut job = Job { id: 0, zone: z, commit: ask == Ask::Decide, charge: false, lines: Default::default() };
+        let mut job = Job { id: 0, zone: z, commit: ask != Ask::Read, charge: false, lines: Default::default() };
         for (line, res) in on_zone(ctx, &mcf.lines, z, ask) {
             let l = job_line(line, res, res.cost);
             // (an rl_conn line's take is counted this worker's from now: see holds)
             let holder = if !line.limit.is_concurrent() {
                 None
-            } else if ask == Ask::Decide && res.cost > 0 {
+            } else if ask != Ask::Read && res.cost > 0 {
                 let h = holds::take(z, (l.tag, l.line_id), res.cost);
                 res.take_gen = h.map_or(0, |h| h.gen);
                 h
@@ -103,6 +121,7 @@ pub fn send(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ask: Ask)
             };
             job.lines.push(match ask {
                 Ask::Decide => JobLine { check_only: line.charge_after, next, holder, ..l },
+                Ask::Wait => JobLine { next, holder, wait: Some(wait::place(line, res, queued_at, now)), ..l },
                 Ask::Read => JobLine { dry_run: false, next, holder, ..job_line(line, res, 0) },
             });
             // (a lease asked with the request, right after its line: see lease::spend)
@@ -134,6 +153,11 @@ pub fn send(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ask: Ask)
 /// 503.
 fn failed(log: *mut ngx_log_t, mcf: &MainConf, ctx: &mut Ctx, z: usize, zone: &RedisZone, e: &RedisError, ask: Ask) {
     match ask {
+        Ask::Wait => {
+            zone.failed(log, e);
+            metrics::redis_failed(mcf, ctx, z, zone.on_error_allow, e);
+            wait::failed(mcf, ctx, z, zone.on_error_allow);
+        }
         Ask::Decide => {
             // (`on_error=local`: this nginx decides the zone's lines in lease mode alone)
             if lease::alone(&mcf.leases, &mcf.lines, ctx, z, log) {
@@ -187,16 +211,20 @@ fn hold_key(line: &Line, res: &LineResult) -> (u64, u64) {
 }
 
 /// What the request's `rl_conn` lines on Redis zones hold, or take still
-/// in flight, is given back: the request has ended (its pool's cleanup).
-/// Once: a line given back holds nothing more.
+/// in flight, is given back, and the places they wait in given up: the
+/// request has ended (its pool's cleanup). Once: a line given back holds
+/// nothing more. This worker's first waiter for the key looks again at
+/// once.
 pub fn release(mcf: &MainConf, ctx: &mut Ctx) {
     for (line, res) in ctx.iter_mut(&mcf.lines) {
         let Some(z) = line.backend.redis().filter(|_| line.limit.is_concurrent()) else { continue };
         settle(line, res, z, false);
+        wait::leave(line, res, z);
         if res.charged {
             res.charged = false;
             if holds::give_back(z, hold_key(line, res), res.cost) {
                 redis_zone::post_flush();
+                wait::wake(line, res, z);
             }
         }
     }
@@ -209,9 +237,10 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
     let req = unsafe { Request::from_ngx_http_request(r) };
     let (Some(ctx), Some(mcf)) = (get_ctx(req), Module::main_conf(req)) else { return };
     let Some(zone) = mcf.redis.get(reply.zone) else { return };
-    let ask = Ask::of(req);
+    let ask = Ask::of(req, ctx);
     ctx.awaited &= !(1 << reply.zone);
     let at = reply.result.as_ref().map_or(0, |(_, _, at, _)| *at);
+    let since = ctx.queued_at_us;
     let mut grants = Grants::new();
     match reply.result {
         Ok((all, outcomes, _, got)) => {
@@ -227,6 +256,12 @@ pub fn on_reply(r: *mut ngx_http_request_t, reply: Reply) {
                         m.reclaimed(o.next_us);
                     }
                     o.next_us = 0;
+                }
+                if ask == Ask::Wait {
+                    wait::answered(line, res, reply.zone, &o, since);
+                    continue;
+                }
+                if line.limit.is_concurrent() {
                     settle(line, res, reply.zone, charged);
                 }
                 res.set(&o, charged);
@@ -268,7 +303,7 @@ pub fn on_lost(r: *mut ngx_http_request_t) {
     // SAFETY: r is a live suspended request.
     let req = unsafe { Request::from_ngx_http_request(r) };
     let (Some(ctx), Some(mcf)) = (get_ctx(req), Module::main_conf(req)) else { return };
-    let ask = Ask::of(req);
+    let ask = Ask::of(req, ctx);
     for (z, zone) in mcf.redis.iter().enumerate() {
         if ctx.awaited & (1 << z) != 0 {
             leases_answered(mcf, ctx, z, &Grants::new(), req.log());

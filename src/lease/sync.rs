@@ -210,6 +210,7 @@ fn settle(lz: &LeaseZone) -> u64 {
             lease_life: 0,
             kept: 0,
             holder: None,
+            wait: None,
         };
         redis_zone::charge(log(), lz.redis, line);
     }

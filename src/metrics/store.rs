@@ -52,6 +52,8 @@ pub struct RedisSlot {
     /// were told.
     pub conn_held: AtomicU64,
     pub conn_reclaimed: AtomicU64,
+    /// The worker's requests waiting in `rl_conn` waiting lines (`queue=`).
+    pub conn_waiting: AtomicU64,
     /// The Sentinel master, `host:port`, under a sequence lock (odd while
     /// being written): length, then up to 48 bytes.
     master_seq: AtomicU64,

@@ -168,6 +168,14 @@ pub fn give_back(zone: usize, key: Key, cost: u64) -> bool {
     .is_some()
 }
 
+/// A request gives up its place `ticket` in the waiting line of `key` on
+/// zone `zone` (it ends, or its wait is over): sent with the loop
+/// iteration's calls, once (a place whose leave is lost lapses). Whether it
+/// is to be sent.
+pub fn leave(zone: usize, key: Key, ticket: u64) -> bool {
+    with_zone(zone, |_, z| z.outbox.push((key, HoldOp::Leave { ticket }))).is_some()
+}
+
 /// The give-backs and corrections of the loop iteration, by zone, each
 /// with its zone, the worker and its fields' life.
 pub fn take_outbox() -> Vec<Outgoing> {

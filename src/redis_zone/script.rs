@@ -113,6 +113,7 @@ pub async fn call(
                 lease_life: l.lease_life,
                 kept: l.kept,
                 holder: l.holder,
+                wait: l.wait,
             })
         });
         write_args(lines, Call { commit, now_us: None, deadline_us, memo: memo.is_some() }, |a| push_arg(&mut cmd, a));

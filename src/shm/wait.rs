@@ -57,9 +57,10 @@ pub(super) fn lock_of<'a>(zones: &'a [Box<Zone>], line: &Line) -> Option<super::
 
 /// Whether `line` is decided here: an enforced `rl_conn` line with a
 /// queue, or one with classes (a dry-run one never waits: it is let in or
-/// not at once, its verdict reported, never enforced).
+/// not at once, its verdict reported, never enforced), on a shared-memory
+/// zone (a Redis zone's are [`crate::eval::redis::wait`]'s).
 fn queued(line: &Line, res: &LineResult) -> bool {
-    res.active && line.waits() && (!res.dry_run || line.lanes.len() > 1)
+    res.active && line.waits() && (!res.dry_run || line.lanes.len() > 1) && line.backend.shm().is_some()
 }
 
 /// The deadline a place keeps in the line (whole seconds, rounded up, and

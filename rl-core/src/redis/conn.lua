@@ -18,7 +18,9 @@
 --        field (its gen and set flag);
 --   "s": the heartbeat of generation gen: the field set to units (0: the
 --        field deleted) if its generation is older; else only renewed (a
---        give-back or take of that generation came first, and counts).
+--        give-back or take of that generation came first, and counts);
+--   "q": "q ticket 0", a request gives up its place in the key's waiting
+--        line (its field neither written nor renewed).
 -- Every op the field takes renews it (the worker lives); what is not the
 -- worker's own is never written but for lapsed fields, which go (and what
 -- they held is counted reclaimed). Not named: a copy sent again could give
@@ -32,7 +34,7 @@ local function conn_put(KEYS, ARGV)
   end
   local ops = {}
   for k = 1, #KEYS do
-    local op, n, g = string.match(ARGV[k + 3], '^([dcs]) (%d+) (%d+)$')
+    local op, n, g = string.match(ARGV[k + 3], '^([dcsq]) (%d+) (%d+)$')
     n, g = tonumber(n), tonumber(g)
     if not (op and n and g and n < E and g < E) then
       return redis.error_reply('rl: malformed arguments')
@@ -50,7 +52,9 @@ local function conn_put(KEYS, ARGV)
       end
       -- The field's new count, generation and set flag (nil: unchanged).
       local count, gen, set = nil, mg, mset
-      if op == 's' then
+      if op == 'q' then
+        redis.call('HDEL', key, '#' .. n)
+      elseif op == 's' then
         if mg < g then
           count, gen, set = n, g, '1'
         elseif mg >= 0 then

@@ -14,10 +14,19 @@
 //! applied only where that heartbeat set the field. A lost give-back, or a
 //! take whose reply was lost, is so set right by the next heartbeat, and a
 //! copy of a call that comes late can only count more, never less.
+//!
+//! A line with a queue keeps a waiting line in the same key: a place per
+//! request waiting for units (`#ticket` in the script: its units and when
+//! it lapses), tickets handed out in order (`#`). A request is let in when
+//! its units and those of every live place ahead of it fit in what is free
+//! (so an arrival never passes a waiter, and every waiter that fits gets in
+//! at its next look, not one at a time); a place lapses unless its request
+//! looks again (a worker gone, a leave lost), and one of a request whose
+//! wait is over lapses a second after it, whoever looks first dropping it.
 
 use std::collections::BTreeMap;
 
-use super::{HoldOp, Holder};
+use super::{HoldOp, Holder, Wait};
 use crate::limit::{Limit, Outcome};
 
 /// A worker's field: what it holds, and how it was last written.
@@ -33,10 +42,40 @@ pub struct Field {
     pub set: bool,
 }
 
-/// A key's fields, by worker.
+/// A place in a key's waiting line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    /// The units its request asks for.
+    pub cost: u64,
+    /// When it lapses unless renewed (ms of the Redis clock).
+    pub deadline_ms: u64,
+}
+
+/// A key's fields, by worker, and its waiting line.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Holders {
     pub fields: BTreeMap<String, Field>,
+    /// The waiting line's places, by ticket.
+    pub places: BTreeMap<u64, Place>,
+    /// The ticket the next place gets (0 before any: the first is 1).
+    pub next_ticket: u64,
+}
+
+/// How a take that waits ends: let in (the outcome says so), waiting in
+/// the line with `ticket` (`ahead`: the live places before it), or
+/// refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    Admitted,
+    Waiting { ticket: u64, ahead: u64 },
+    Refused,
+}
+
+/// The deadline a place is given at `now_ms`: its request's wait
+/// (`left_ms`) and a second, at most the fields' `life_ms` (a request
+/// that looks again renews it).
+pub fn place_deadline(now_ms: u64, left_ms: u64, life_ms: u64) -> u64 {
+    now_ms.saturating_add(left_ms.saturating_add(1000).min(life_ms))
 }
 
 impl Holders {
@@ -45,11 +84,20 @@ impl Holders {
         self.fields.values().filter(|f| f.deadline_ms >= now_ms).map(|f| f.count).sum()
     }
 
-    /// Drops the fields lapsed at `now_ms`: the units they held.
+    /// Drops the fields and places lapsed at `now_ms`: the units the
+    /// fields held.
     fn reclaim(&mut self, now_ms: u64) -> u64 {
         let lapsed: u64 = self.fields.values().filter(|f| f.deadline_ms < now_ms).map(|f| f.count).sum();
         self.fields.retain(|_, f| f.deadline_ms >= now_ms);
+        self.places.retain(|_, p| p.deadline_ms >= now_ms);
         lapsed
+    }
+
+    /// The live places at `now_ms` before `ticket` (every one for 0): how
+    /// many, and their units.
+    fn ahead(&self, now_ms: u64, ticket: u64) -> (u64, u64) {
+        let live = self.places.iter().filter(|(t, p)| p.deadline_ms >= now_ms && (ticket == 0 || **t < ticket));
+        live.fold((0, 0), |(n, units), (_, p)| (n + 1, units.saturating_add(p.cost)))
     }
 
     /// A take of `cost` units on `limit` by `holder` at `now_ms` (the
@@ -57,6 +105,34 @@ impl Holders {
     /// the units reclaimed from lapsed fields (committing only; whatever it
     /// decides). A cost of 0 passes and writes nothing but the reclaim.
     pub fn take(&mut self, limit: &Limit, cost: u64, holder: &Holder, now_ms: u64, commit: bool) -> (Outcome, u64) {
+        let (o, reclaimed, _) = self.take_waiting(limit, cost, holder, None, now_ms, commit);
+        (o, reclaimed)
+    }
+
+    /// [`Holders::take`] of a line that may wait (`wait`; `None`: one that
+    /// never does, as [`Holders::take`]): also how it ends in the line. A
+    /// waiting outcome (not admitted) reports its ticket as `reset_us` and
+    /// the live places ahead as `delay_us`, as the script's reply does.
+    /// Every take leaves what is free to the live places ahead of it
+    /// (all of them for one that arrives); what remains is what is free
+    /// beyond those places (and, admitted, its own units). A request
+    /// whose place is gone (lapsed, or never made) is refused; one that
+    /// arrives takes a place when it must wait and the line has one free
+    /// (committing, at a cost above 0), else is refused. A cost of 0
+    /// passes and writes nothing but the reclaim.
+    pub fn take_waiting(
+        &mut self,
+        limit: &Limit,
+        cost: u64,
+        holder: &Holder,
+        wait: Option<Wait>,
+        now_ms: u64,
+        commit: bool,
+    ) -> (Outcome, u64, Turn) {
+        let ticket = wait.map_or(0, |w| w.ticket);
+        let own = self.places.get(&ticket).copied().filter(|p| ticket > 0 && p.deadline_ms >= now_ms);
+        let (nahead, ahead) = self.ahead(now_ms, ticket);
+        let waiting = self.places.values().filter(|p| p.deadline_ms >= now_ms).count() as u64;
         let held = self.held(now_ms);
         let reclaimed = match commit {
             true => self.reclaim(now_ms),
@@ -71,24 +147,61 @@ impl Holders {
             _ => cost,
         };
         let free = limit.burst().saturating_sub(held);
-        if need > free {
-            return (Outcome::reject(free, 0, None), reclaimed);
+        let avail = free.saturating_sub(ahead);
+        if ticket > 0 && own.is_none() {
+            return (Outcome::reject(avail, 0, None), reclaimed, Turn::Refused);
         }
-        if commit && need > 0 {
-            let (count, gen, set) = match mine {
-                Some(f) if f.gen >= holder.gen => (f.count + need, f.gen, f.set),
-                Some(f) => (f.count + need, holder.gen, false),
-                None => (need, holder.gen, false),
-            };
-            let deadline_ms = now_ms + holder.life_ms;
-            self.fields.insert(holder.worker.to_string(), Field { count, gen, deadline_ms, set });
+        if need == 0 || need <= avail {
+            if commit && need > 0 {
+                let (count, gen, set) = match mine {
+                    Some(f) if f.gen >= holder.gen => (f.count + need, f.gen, f.set),
+                    Some(f) => (f.count + need, holder.gen, false),
+                    None => (need, holder.gen, false),
+                };
+                let deadline_ms = now_ms + holder.life_ms;
+                self.fields.insert(holder.worker.to_string(), Field { count, gen, deadline_ms, set });
+            }
+            if commit && cost > 0 && ticket > 0 {
+                self.places.remove(&ticket);
+            }
+            return (Outcome::admit(avail - need, 0, 0), reclaimed, Turn::Admitted);
         }
-        (Outcome::admit(free - need, 0, 0), reclaimed)
+        let waits = |ticket: u64| Outcome { reset_us: ticket, delay_us: nahead, ..Outcome::reject(avail, 0, None) };
+        match (wait, own) {
+            (Some(w), Some(p)) => {
+                // (renewed once half its life is gone: a look a request makes every few ms writes
+                // nothing)
+                if commit && cost > 0 && p.deadline_ms.saturating_sub(now_ms) < holder.life_ms / 2 {
+                    let deadline_ms = place_deadline(now_ms, w.left_ms, holder.life_ms);
+                    self.places.insert(ticket, Place { deadline_ms, ..p });
+                }
+                (waits(ticket), reclaimed, Turn::Waiting { ticket, ahead: nahead })
+            }
+            (Some(w), None) if commit && cost > 0 && waiting < limit.queue() => {
+                let t = self.next_ticket.max(1);
+                self.next_ticket = t + 1;
+                let deadline_ms = place_deadline(now_ms, w.left_ms, holder.life_ms);
+                self.places.insert(t, Place { cost, deadline_ms });
+                (waits(t), reclaimed, Turn::Waiting { ticket: t, ahead: nahead })
+            }
+            _ => (Outcome::reject(avail, 0, None), reclaimed, Turn::Refused),
+        }
+    }
+
+    /// A request gives up its place `ticket` (it ends, or its wait is
+    /// over): the units reclaimed from lapsed fields.
+    pub fn leave(&mut self, ticket: u64, now_ms: u64) -> u64 {
+        let reclaimed = self.reclaim(now_ms);
+        self.places.remove(&ticket);
+        reclaimed
     }
 
     /// One op of `worker`'s `conn_put` call at `now_ms`, its field living
     /// `life_ms` more if written: the units reclaimed from lapsed fields.
     pub fn put(&mut self, worker: &str, life_ms: u64, op: HoldOp, now_ms: u64) -> u64 {
+        if let HoldOp::Leave { ticket } = op {
+            return self.leave(ticket, now_ms);
+        }
         let reclaimed = self.reclaim(now_ms);
         let mine = self.fields.get(worker).copied();
         let next = match (op, mine) {

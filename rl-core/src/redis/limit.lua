@@ -185,6 +185,9 @@ local floor, pack, unpack_
 -- up (a key's expiry counts from it: from ms, a key could expire up to
 -- 999 us short of its reset time + the margin); commit: mode "1".
 local now, ms, ms_up, commit
+-- Whether the call took or renewed a place in a waiting line (see
+-- `concurrent`): its memo is kept.
+local placed = false
 -- The reply so far, and its length.
 local reply, nreply
 
@@ -871,30 +874,55 @@ end
 -- generation the take was sent in, lim[20] the field's life (ms).
 -- Keys are read by HGETALL (MGET reads them as missing); a key of another
 -- type reads as empty, and is replaced by a write.
+-- A line with a queue (`queue=`) keeps its waiting line in the same key:
+-- a field "#ticket" per place, "cost deadline" (ms: it lapses unless its
+-- request looks again), and "#" the next ticket (rl-core's
+-- redis::holders, which says how a request is let in from the line).
 -- A key of fields: the units the live ones hold, this worker's field
--- (count, gen, set flag; gen -1: none), the names of the fields lapsed,
--- the units they held, and whether the key is of another type.
+-- (count, gen, set flag; gen -1: none), the names of the fields lapsed
+-- (places too), the units they held, whether the key is of another type,
+-- the live places as (ticket, cost, deadline) triples (nil: none), and
+-- the next ticket.
 local function holders(key, me)
   local all = redis.pcall('HGETALL', key)
-  local held, mine, mg, mset, lapsed, freed = 0, 0, -1, '0', nil, 0
+  local held, mine, mg, mset, lapsed, freed, places, nextt = 0, 0, -1, '0', nil, 0, nil, 1
   if type(all) ~= 'table' or all.err then
-    return held, mine, mg, mset, lapsed, freed, true
+    return held, mine, mg, mset, lapsed, freed, true, places, nextt
   end
   for i = 1, #all, 2 do
-    local c, g, d, st = string.match(all[i + 1], '^(%d+) (%d+) (%d+) ([01])$')
-    c, g, d = tonumber(c), tonumber(g), tonumber(d)
-    if c and g and d and ms <= d then
-      held = held + c
-      if all[i] == me then
-        mine, mg, mset = c, g, st
+    local name = all[i]
+    if string.byte(name, 1) == 35 then
+      -- ("#": the waiting line's)
+      if name == '#' then
+        nextt = tonumber(all[i + 1]) or 1
+      else
+        local t = tonumber(string.sub(name, 2))
+        local c, d = string.match(all[i + 1], '^(%d+) (%d+)$')
+        c, d = tonumber(c), tonumber(d)
+        if t and c and d and ms <= d then
+          places = places or {}
+          places[#places + 1], places[#places + 2], places[#places + 3] = t, c, d
+        else
+          lapsed = lapsed or {}
+          lapsed[#lapsed + 1] = name
+        end
       end
     else
-      lapsed = lapsed or {}
-      lapsed[#lapsed + 1] = all[i]
-      if c then freed = freed + c end
+      local c, g, d, st = string.match(all[i + 1], '^(%d+) (%d+) (%d+) ([01])$')
+      c, g, d = tonumber(c), tonumber(g), tonumber(d)
+      if c and g and d and ms <= d then
+        held = held + c
+        if name == me then
+          mine, mg, mset = c, g, st
+        end
+      else
+        lapsed = lapsed or {}
+        lapsed[#lapsed + 1] = name
+        if c then freed = freed + c end
+      end
     end
   end
-  return held, mine, mg, mset, lapsed, freed, false
+  return held, mine, mg, mset, lapsed, freed, false, places, nextt
 end
 -- A field's value.
 local function holding(count, gen, life, set)
@@ -907,17 +935,31 @@ local function hold_key(key, life)
     redis.call('PEXPIRE', key, ttl(life + 2000))
   end
 end
+-- A place's value: its units and its deadline, `left` ms of its wait and
+-- a second from now, at most the fields' life.
+local function place(cost, left, life)
+  return string.format('%.0f %.0f', cost, ms + math.min(left + 1000, life))
+end
 -- A take committed is in its call's memo (a copy must not take twice);
 -- an undo leaves it (its line, without the worker, does not parse as one):
--- the worker's heartbeat sets what it holds.
+-- the worker's heartbeat sets what it holds. A line with a queue (lim[21],
+-- lim[22] the request's ticket, 0 when it arrives, lim[23] the ms its wait
+-- has left) may wait: its request is let in when its units and those of
+-- every live place ahead of it fit in what is free; else it keeps its
+-- place (renewed once half its life is gone), or takes one if the line has
+-- one free (code -3: the ticket as the reset, the places ahead as the
+-- delay), or is refused (its place gone, or the line full). A place taken
+-- or renewed is written at once, whatever the call's other lines decide
+-- (nginx sends a waiting line alone), and keeps the call's memo (a copy
+-- must find the same ticket).
 local function concurrent(lim, j, key, cost)
-  local b, me, gen, life = lim[4], lim[18], lim[19], lim[20]
+  local b, me, gen, life, Q, tk, lft = lim[4], lim[18], lim[19], lim[20], lim[21], lim[22], lim[23]
   -- (a string state of this key pending, were a key ever shared: written first)
   if R[7 * j - 6] then
     flush(j)
   end
   cur[j] = nil
-  local held, mine, mg, mset, lapsed, freed, wrongtype = holders(key, me)
+  local held, mine, mg, mset, lapsed, freed, wrongtype, places, nextt = holders(key, me)
   if commit and lapsed then
     -- (their workers are gone: the units go back whatever this line decides)
     redis.call('HDEL', key, unpack(lapsed))
@@ -928,24 +970,67 @@ local function concurrent(lim, j, key, cost)
   if gen < mg then need = 0 end
   local free = b - held
   if free < 0 then free = 0 end
-  if need <= free then
+  -- The live places ahead (every one for an arrival): how many, their
+  -- units; the request's own place (its units, its deadline); how many.
+  local nahead, ahead, own, od, nplaces = 0, 0, nil, 0, 0
+  if places then
+    nplaces = #places / 3
+    for i = 1, #places, 3 do
+      local t = places[i]
+      if tk > 0 and t == tk then
+        own, od = places[i + 1], places[i + 2]
+      elseif tk == 0 or t < tk then
+        nahead, ahead = nahead + 1, ahead + places[i + 1]
+      end
+    end
+  end
+  local avail = free - ahead
+  if avail < 0 then avail = 0 end
+  if tk > 0 and not own then
+    return true, false, avail, 0, -1, 0, nil, 0, 0, 0, freed
+  end
+  if need == 0 or need <= avail then
     local val = nil
-    if commit and need > 0 then
+    if commit and cost > 0 and (need > 0 or tk > 0) then
       val = function()
         if wrongtype then
           redis.call('DEL', key)
         end
-        -- (a take of a newer generation than the field's: that heartbeat
-        -- did not set the count)
-        local g, st = mg, mset
-        if mg < gen then g, st = gen, '0' end
-        redis.call('HSET', key, me, holding(mine + need, g, life, st))
-        hold_key(key, life)
+        if tk > 0 then
+          redis.call('HDEL', key, '#' .. tk)
+        end
+        if need > 0 then
+          -- (a take of a newer generation than the field's: that heartbeat
+          -- did not set the count)
+          local g, st = mg, mset
+          if mg < gen then g, st = gen, '0' end
+          redis.call('HSET', key, me, holding(mine + need, g, life, st))
+          hold_key(key, life)
+        end
       end
     end
-    return true, true, free - need, 0, -1, 0, val, 0, 0, 0, freed
+    return true, true, avail - need, 0, -1, 0, val, 0, 0, 0, freed
   end
-  return true, false, free, 0, -1, 0, nil, 0, 0, 0, freed
+  if own then
+    if commit and cost > 0 and od - ms < floor(life / 2) then
+      redis.call('HSET', key, '#' .. tk, place(own, lft, life))
+      hold_key(key, life)
+      placed = true
+    end
+    return true, false, avail, tk, -3, nahead, nil, 0, 0, 0, freed
+  end
+  if Q > 0 and commit and cost > 0 and nplaces < Q then
+    if wrongtype then
+      redis.call('DEL', key)
+    end
+    local t = nextt
+    if t < 1 then t = 1 end
+    redis.call('HSET', key, '#' .. t, place(cost, lft, life), '#', string.format('%.0f', t + 1))
+    hold_key(key, life)
+    placed = true
+    return true, false, avail, t, -3, nahead, nil, 0, 0, 0, freed
+  end
+  return true, false, avail, 0, -1, 0, nil, 0, 0, 0, freed
 end
 
 -- token_bucket and leaky_bucket
@@ -1036,23 +1121,26 @@ local by_name = {
 -- false; a number of lines as {0, n}, a run "-n" as {-1, n}; nil for a
 -- malformed number.
 local specs, nspecs = {}, 0
--- A concurrent line (rl_conn): "concurrent count period_us max cost 0
--- flags worker gen life", flags the sum of 64, 1 for a dry-run line and 8
--- for one that reports the wait for one more unit (none: the fifth value
--- is what the line reclaimed); the worker (no space), its generation and
--- its fields' life (ms) as lim[18], lim[19], lim[20] (see `concurrent`).
+-- A concurrent line (rl_conn): "concurrent count period_us max cost queue
+-- flags worker gen life ticket left", flags the sum of 64, 1 for a dry-run
+-- line and 8 for one that reports the wait for one more unit (none: the
+-- fifth value is what the line reclaimed); the worker (no space), its
+-- generation and its fields' life (ms) as lim[18], lim[19], lim[20]; the
+-- queue (0: the request never waits), its ticket and the ms its wait has
+-- left as lim[21], lim[22], lim[23] (see `concurrent`).
 local function parse_conn(s)
-  local w1, w2, w3, w4, w5, me, w6, w7 =
-    string.match(s, '^concurrent (%d+) (%d+) (%d+) (%d+) 0 (%d+) (%S+) (%d+) (%d+)$')
+  local w1, w2, w3, w4, wq, w5, me, w6, w7, w8, w9 =
+    string.match(s, '^concurrent (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%S+) (%d+) (%d+) (%d+) (%d+)$')
   local c, p, b, x, f, gen, life = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4), tonumber(w5),
     tonumber(w6), tonumber(w7)
-  if not (c and p and b and x and f and gen and life and c >= 1 and p >= 1 and b >= 1
-      and b < E and x < E and gen < E and life >= 1 and life < E
+  local q, tk, lft = tonumber(wq), tonumber(w8), tonumber(w9)
+  if not (c and p and b and x and f and gen and life and q and tk and lft and c >= 1 and p >= 1 and b >= 1
+      and b < E and x < E and gen < E and life >= 1 and life < E and q < E and tk < E and lft < E
       and (f == 64 or f == 65 or f == 72 or f == 73)) then
     return false
   end
   return { 'concurrent', c, p, b, x, b, false, 0, f % 2 == 1, concurrent, 'concurrent', 0, false, false, false,
-    false, false, me, gen, life }
+    false, false, me, gen, life, q, tk, lft }
 end
 local function parse(s)
   local n = tonumber(s)
@@ -1491,6 +1579,7 @@ local function limit(KEYS, ARGV)
 
   commit = mode == '1' or mode == '2'
   granted = false
+  placed = false
   local nargs = #ARGV
   -- (sized for a request of one line: a table grown entry by entry costs
   -- Redis' Lua a resize at 2, 3 and 5 entries; the unused ones are cleared
@@ -1571,7 +1660,10 @@ local function limit(KEYS, ARGV)
             left(n, lim, j, key)
           end
         else
-          reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
+          -- (a request waiting in a concurrent line's waiting line: the
+          -- places ahead of it)
+          if rty ~= -3 then dly = 0 end
+          reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, dly, nxt
         end
       else
         -- no key, a malformed line, an unknown algorithm, beyond 2^52 us,
@@ -1656,7 +1748,8 @@ local function limit(KEYS, ARGV)
               nadmits = nadmits + 3
             end
           else
-            reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, 0, nxt
+            if rty ~= -3 then dly = 0 end
+            reply[n], reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = rem, rst, rty, dly, nxt
             if not (lim and lim[9]) then
               all = 0
             end
@@ -1698,7 +1791,7 @@ local function limit(KEYS, ARGV)
   end
   -- (a call that charged nothing, and granted no lease, needs no memo:
   -- run again, it is still applied once)
-  if memo and (ndone > 0 or granted) then
+  if memo and (ndone > 0 or granted or placed) then
     remember(reply, nreply, MEMO_MS + floor((deadline - now) / 1000))
   end
   return reply

@@ -186,6 +186,18 @@ pub fn check_line(limit: &Limit, cost: u64, line: &Outcome, deepest: u64) -> Res
     if line.remaining > b {
         return Err(OutOfRange::Remaining { got: line.remaining, max: b });
     }
+    // (a concurrent line's request waiting in the key's line: its ticket as
+    // the reset, the places ahead of it as the delay; nginx that share the
+    // key may give the line other queues, so no queue bounds them)
+    if limit.algorithm() == Algorithm::Concurrent && !line.admitted && line.reset_us > 0 {
+        if line.reset_us > MAX_EXACT {
+            return Err(OutOfRange::Reset { got: line.reset_us, max: MAX_EXACT });
+        }
+        if line.delay_us > MAX_EXACT {
+            return Err(OutOfRange::Delay { got: line.delay_us, max: MAX_EXACT });
+        }
+        return Ok(());
+    }
     // (a concurrent line's fifth value is not a wait but the units it
     // reclaimed from holders gone: see the script's `concurrent`)
     if line.next_us > line.reset_us && limit.algorithm() != Algorithm::Concurrent {

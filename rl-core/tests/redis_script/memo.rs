@@ -511,6 +511,7 @@ fn memo_batches() {
                 lease_life: 0,
                 kept: 0,
                 holder: None,
+                wait: None,
             },
         )
     };

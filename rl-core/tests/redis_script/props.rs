@@ -48,6 +48,7 @@ fn replay(limits: &[Limit], dry: &[bool], ops: &[(Raw, Vec<u8>)], start: u64, ji
             lease_life: 0,
             kept: 0,
             holder: None,
+            wait: None,
         })
         .collect();
     let mut p = Pair::new(&lines);
@@ -145,6 +146,7 @@ fn replay_charges(limits: &[Limit], kinds: &[u8], ops: &[(Raw, Vec<u8>)], start:
             lease_life: 0,
             kept: 0,
             holder: None,
+            wait: None,
         })
         .collect();
     let mut p = Pair::new(&lines);
@@ -273,6 +275,7 @@ fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], star
         lease_life: 0,
         kept: 0,
         holder: None,
+        wait: None,
     }]);
     let (mut t, mut prev) = (start, Outcome::default());
     for ((sel, f, flags), picks) in ops {
@@ -317,6 +320,7 @@ fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], star
             lease_life: 0,
             kept: 0,
             holder: None,
+            wait: None,
         }];
         prev = p.step(&line, now, commit, flags & 1 == 1).1[0];
     }
@@ -356,6 +360,7 @@ fn replay_memo(limits: &[Limit], kinds: &[u8], varying: bool, ops: &[(Raw, Vec<u
         lease_life: 0,
         kept: 0,
         holder: None,
+        wait: None,
     };
     let base: Vec<LineArg> = match varying {
         true => vec![kind(limits[0], kinds[0])],
@@ -512,6 +517,7 @@ fn replay_memo_batches(ls: &[Vec<Limit>], batches: &[RawBatch], start: u64, mode
                             lease_life: 0,
                             kept: 0,
                             holder: None,
+                            wait: None,
                         };
                         (i, a)
                     })
