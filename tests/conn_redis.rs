@@ -169,15 +169,20 @@ fn a_heartbeat_sets_the_count_right() {
     let ngx = start(&conf(&redis, 2));
     let (status, _held) = hold(&ngx, "/slow/big.html?k=a");
     assert_eq!(status, 200);
-    let f = fields(&redis);
-    let (worker, value) = f.iter().next().expect("a field");
-    let words: Vec<&str> = value.split(' ').collect();
-    assert_eq!(words.len(), 4, "{value}");
-    assert_eq!(words[0], "1");
-    let raised = format!("2 {} {} {}", words[1], words[2], words[3]);
-    let key = redis.keys("*").remove(0);
-    redis.cli(&["HSET", &key, worker, &raised]);
-    assert_eq!(ngx.get("/fast.html?k=a", &[]).status, 429, "Redis counts 2 held");
+    // (a heartbeat between the write and the request sets the count right before the request
+    // sees it: raised again, up to 5 times)
+    let raised = (0..5).any(|_| {
+        let f = fields(&redis);
+        let (worker, value) = f.iter().next().expect("a field");
+        let words: Vec<&str> = value.split(' ').collect();
+        assert_eq!(words.len(), 4, "{value}");
+        assert_eq!(words[0], "1");
+        let raised = format!("2 {} {} {}", words[1], words[2], words[3]);
+        let key = redis.keys("*").remove(0);
+        redis.cli(&["HSET", &key, worker, &raised]);
+        ngx.get("/fast.html?k=a", &[]).status == 429
+    });
+    assert!(raised, "Redis never counted 2 held: {:?}", fields(&redis));
     let start = Instant::now();
     loop {
         if ngx.get("/fast.html?k=a", &[]).status == 200 {
@@ -375,8 +380,9 @@ fn least_privilege_acl_user() {
         redis.port
     ));
     assert_eq!(ngx.get("/fast.html?k=a", &[]).status, 200);
-    let (status, _held) = hold(&ngx, "/slow/big.html?k=a");
-    assert_eq!(status, 200);
+    // (that request's give-back goes in a call of its own, which the next request's take may
+    // overtake: the slot is free within a round trip)
+    let (_held, _) = hold_within(&ngx, "/slow/big.html?k=a", Duration::from_secs(2), "the slot given back");
     assert_eq!(ngx.get("/fast.html?k=a", &[]).status, 429);
     // (two heartbeats)
     thread::sleep(Duration::from_millis(2200));

@@ -8,7 +8,10 @@
 //! heartbeat of generation `g` sets its field to what the worker counts
 //! (its held units and its takes in flight, each counted from when it was
 //! sent). A take sent before that heartbeat, coming after it, finds a later
-//! generation in the field and is decided as charged already; a give-back
+//! generation in the field: its units are counted already, and it is let
+//! in only while what the key holds, its units among them, is within the
+//! max (a heartbeat that overtook the take set the field without asking);
+//! refused, the correction below gives them back; a give-back
 //! sent before it is counted in it, and is dropped; a take of that
 //! heartbeat counted but that did not hold is given back by a correction,
 //! applied only where that heartbeat set the field. A lost give-back, or a
@@ -141,17 +144,21 @@ impl Holders {
         // (live only: a lapsed field is a worker gone, whether or not this
         // take commits and drops it)
         let mine = self.fields.get(holder.worker).copied().filter(|f| f.deadline_ms >= now_ms);
-        // A take the worker's later heartbeat counted already.
+        // A take the worker's later heartbeat counted already: its units need no room of
+        // their own.
         let need = match mine {
             Some(f) if f.gen > holder.gen => 0,
             _ => cost,
         };
         let free = limit.burst().saturating_sub(held);
         let avail = free.saturating_sub(ahead);
-        if ticket > 0 && own.is_none() {
+        if ticket > 0 && own.is_none() && cost > 0 {
             return (Outcome::reject(avail, 0, None), reclaimed, Turn::Refused);
         }
-        if need == 0 || need <= avail {
+        // (a take the heartbeat counted is in `held` already: let in only while what is held,
+        // with it, is within the max; that heartbeat may have come first and set the field
+        // beyond it)
+        if cost == 0 || held.saturating_add(ahead).saturating_add(need) <= limit.burst() {
             if commit && need > 0 {
                 let (count, gen, set) = match mine {
                     Some(f) if f.gen >= holder.gen => (f.count + need, f.gen, f.set),
@@ -169,15 +176,21 @@ impl Holders {
         let waits = |ticket: u64| Outcome { reset_us: ticket, delay_us: nahead, ..Outcome::reject(avail, 0, None) };
         match (wait, own) {
             (Some(w), Some(p)) => {
-                // (renewed once half its life is gone: a look a request makes every few ms writes
-                // nothing)
-                if commit && cost > 0 && p.deadline_ms.saturating_sub(now_ms) < holder.life_ms / 2 {
-                    let deadline_ms = place_deadline(now_ms, w.left_ms, holder.life_ms);
+                // (renewed once half its life is gone, if that gains a second: a look a request
+                // makes every few ms writes nothing, nor does one late in its wait, whose
+                // deadline stays at its end)
+                let deadline_ms = place_deadline(now_ms, w.left_ms, holder.life_ms);
+                if commit
+                    && cost > 0
+                    && p.deadline_ms.saturating_sub(now_ms) < holder.life_ms / 2
+                    && deadline_ms >= p.deadline_ms.saturating_add(1000)
+                {
                     self.places.insert(ticket, Place { deadline_ms, ..p });
                 }
                 (waits(ticket), reclaimed, Turn::Waiting { ticket, ahead: nahead })
             }
-            (Some(w), None) if commit && cost > 0 && waiting < limit.queue() => {
+            // (a request that asks for more than the max never fits: no place)
+            (Some(w), None) if commit && cost > 0 && cost <= limit.burst() && waiting < limit.queue() => {
                 let t = self.next_ticket.max(1);
                 self.next_ticket = t + 1;
                 let deadline_ms = place_deadline(now_ms, w.left_ms, holder.life_ms);

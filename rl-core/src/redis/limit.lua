@@ -869,7 +869,10 @@ end
 -- that commits on the key. A worker's heartbeat (`conn_put`'s "s") sets
 -- what it holds by its own count (its held units and takes in flight): a
 -- take sent before that heartbeat (its gen below the field's) is counted
--- in it already, so it is decided as if charged, and writes nothing. The
+-- in it already, so it writes nothing, and is let in while what is held
+-- (its units among them) is within max (the heartbeat may have come
+-- first, and set more than max: then it is refused, and the worker's
+-- correction gives its units back). The
 -- line's words: max as count and burst, lim[18] the worker, lim[19] the
 -- generation the take was sent in, lim[20] the field's life (ms).
 -- Keys are read by HGETALL (MGET reads them as missing); a key of another
@@ -935,10 +938,10 @@ local function hold_key(key, life)
     redis.call('PEXPIRE', key, ttl(life + 2000))
   end
 end
--- A place's value: its units and its deadline, `left` ms of its wait and
--- a second from now, at most the fields' life.
-local function place(cost, left, life)
-  return string.format('%.0f %.0f', cost, ms + math.min(left + 1000, life))
+-- A place's deadline: `left` ms of its wait and a second from now, at
+-- most the fields' life.
+local function place_deadline(left, life)
+  return ms + math.min(left + 1000, life)
 end
 -- A take committed is in its call's memo (a copy must not take twice);
 -- an undo leaves it (its line, without the worker, does not parse as one):
@@ -989,7 +992,10 @@ local function concurrent(lim, j, key, cost)
   if tk > 0 and not own then
     return true, false, avail, 0, -1, 0, nil, 0, 0, 0, freed
   end
-  if need == 0 or need <= avail then
+  -- (a take its worker's heartbeat counted is in `held` already: let in
+  -- only while what is held, with it, is within max; that heartbeat may
+  -- have reached Redis before it, and set the field beyond max)
+  if cost == 0 or need <= b - held - ahead then
     local val = nil
     if commit and cost > 0 and (need > 0 or tk > 0) then
       val = function()
@@ -1012,20 +1018,25 @@ local function concurrent(lim, j, key, cost)
     return true, true, avail - need, 0, -1, 0, val, 0, 0, 0, freed
   end
   if own then
-    if commit and cost > 0 and od - ms < floor(life / 2) then
-      redis.call('HSET', key, '#' .. tk, place(own, lft, life))
+    -- (renewed once half its life is gone, if that gains a second: late in
+    -- a wait, the deadline stays at its end)
+    local d = place_deadline(lft, life)
+    if commit and cost > 0 and od - ms < floor(life / 2) and d >= od + 1000 then
+      redis.call('HSET', key, '#' .. tk, string.format('%.0f %.0f', own, d))
       hold_key(key, life)
       placed = true
     end
     return true, false, avail, tk, -3, nahead, nil, 0, 0, 0, freed
   end
-  if Q > 0 and commit and cost > 0 and nplaces < Q then
+  -- (a request that asks for more than max never fits: no place)
+  if Q > 0 and commit and cost > 0 and cost <= b and nplaces < Q then
     if wrongtype then
       redis.call('DEL', key)
     end
     local t = nextt
     if t < 1 then t = 1 end
-    redis.call('HSET', key, '#' .. t, place(cost, lft, life), '#', string.format('%.0f', t + 1))
+    redis.call('HSET', key, '#' .. t, string.format('%.0f %.0f', cost, place_deadline(lft, life)), '#',
+      string.format('%.0f', t + 1))
     hold_key(key, life)
     placed = true
     return true, false, avail, t, -3, nahead, nil, 0, 0, 0, freed

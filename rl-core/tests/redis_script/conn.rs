@@ -1,12 +1,15 @@
 //! `rl_conn` on a Redis zone (requests in flight, a concurrency limit): a
-//! `concurrent` line's takes (in `limit`) and `conn_put`'s give-backs "d",
-//! corrections "c" and heartbeats "s" (the library's `NAME_conn`, or
-//! `conn_script()`) held to rl-core's model,
-//! `rl_core::redis::holders::Holders`: the same outcomes, the same units
-//! reclaimed from lapsed fields, and every field of the key's HASH (count,
-//! generation, deadline, set flag) the model's. Stories by hand, then a
-//! proptest (failures persist in `conn.proptest-regressions`, next to
-//! this file) and a check that its replay reaches every path.
+//! `concurrent` line's takes (in `limit`), those that may wait in the key's
+//! waiting line (a line with a queue: arrivals, polls of a ticket), and
+//! `conn_put`'s give-backs "d", corrections "c", heartbeats "s" and leaves
+//! "q" (the library's `NAME_conn`, or `conn_script()`) held to rl-core's
+//! model, `rl_core::redis::holders::Holders`: the same outcomes, the same
+//! units reclaimed from lapsed fields, and the whole of the key's HASH the
+//! model's: every worker's field (count, generation, deadline, set flag),
+//! every place "#ticket" (cost, deadline) and the next ticket "#". Stories
+//! by hand, then a proptest (failures persist in
+//! `conn.proptest-regressions`, next to this file) and a check that its
+//! replay reaches every path.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -15,8 +18,8 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{FileFailurePersistence, TestRunner};
 use rl_core::limit::{Algorithm, Limit};
-use rl_core::redis::holders::{Field, Holders};
-use rl_core::redis::{conn_args, write_spec, HoldOp, Holder, LineArg};
+use rl_core::redis::holders::{place_deadline, Field, Holders, Place, Turn};
+use rl_core::redis::{conn_args, write_spec, HoldOp, Holder, LineArg, Wait};
 use rl_core::verdict::Outcome;
 
 use crate::fixtures::{keys, limit, T0};
@@ -38,6 +41,41 @@ const MODES: [Mode; 2] = [Mode::Function, Mode::Eval];
 fn conn_line(max: u64, cost: u64, worker: &'static str, gen: u64, life_ms: u64) -> LineArg {
     let holder = Some(Holder { worker, gen, life_ms });
     LineArg { holder, ..LineArg::from((Limit::concurrent(max).unwrap(), cost)) }
+}
+
+/// `line` (a `concurrent` line's) on a limit with a waiting line of
+/// `queue` places, its request waiting with `ticket` (0: it arrives) and
+/// `left_ms` of its wait left.
+fn waits(line: LineArg, queue: u64, ticket: u64, left_ms: u64) -> LineArg {
+    let limit = line.limit.with_queue(queue).unwrap();
+    LineArg { limit, wait: Some(Wait { ticket, left_ms }), ..line }
+}
+
+/// A place's value as the script writes it: "cost deadline_ms".
+fn parse_place(v: &str) -> Place {
+    let w: Vec<&str> = v.split(' ').collect();
+    let n = |s: &str| s.parse::<u64>().unwrap_or_else(|_| panic!("a place's value {v:?}"));
+    assert!(w.len() == 2, "a place's value {v:?}");
+    Place { cost: n(w[0]), deadline_ms: n(w[1]) }
+}
+
+/// A key's HASH as the model keeps it: a field per worker, "#ticket" a
+/// place, "#" the next ticket (none: 0, the model's before any).
+fn parse_hash(hash: &BTreeMap<String, String>) -> Holders {
+    let mut h = Holders::default();
+    for (f, v) in hash {
+        match f.strip_prefix('#') {
+            Some("") => h.next_ticket = v.parse().unwrap_or_else(|_| panic!("the next ticket {v:?}")),
+            Some(t) => {
+                let t = t.parse().unwrap_or_else(|_| panic!("a place's name {f:?}"));
+                h.places.insert(t, parse_place(v));
+            }
+            None => {
+                h.fields.insert(f.clone(), parse_field(v));
+            }
+        }
+    }
+    h
 }
 
 /// A field's value as the script writes it: "count gen deadline_ms set".
@@ -65,6 +103,24 @@ struct Stats {
     corrected: u64,
     dropped: u64,
     set: u64,
+    /// Arrivals that took a place (and of those, ones that fit in what is
+    /// free but not beside the live places ahead); arrivals that must wait
+    /// refused a place (the line full, or of no queue).
+    placed: u64,
+    behind: u64,
+    full: u64,
+    /// Polls of a live place: let in, kept waiting (and of those, renewed).
+    poll_admitted: u64,
+    poll_waiting: u64,
+    renewed: u64,
+    /// Polls refused, their place gone (lapsed, left, let in, or never
+    /// made); takes that never wait refused for the places' units.
+    poll_gone: u64,
+    never_refused: u64,
+    /// Committing calls that dropped lapsed places; leaves that removed a
+    /// place.
+    lapsed_places: u64,
+    left: u64,
 }
 
 thread_local! {
@@ -88,18 +144,24 @@ struct Conn {
     /// The longest life of a field written so far (ms): no key lives
     /// longer than that and the script's margin.
     max_life: u64,
+    /// How the requests of the last [`Conn::takes`] ended in the waiting
+    /// line, the model's.
+    turns: Vec<Turn>,
 }
 
 impl Conn {
     fn new(mode: Mode, nkeys: usize) -> Conn {
-        Conn { redis: Redis::with(mode), keys: keys(nkeys), model: vec![Holders::default(); nkeys], max_life: 0 }
+        let model = vec![Holders::default(); nkeys];
+        Conn { redis: Redis::with(mode), keys: keys(nkeys), model, max_life: 0, turns: vec![] }
     }
 
     /// One call of `reqs` at `now` (each request one `concurrent` line, on
-    /// key `k`), committed or checked only (by Redis `TIME` with
-    /// `use_time`), on both sides: the replies (the fifth value of a line,
-    /// in `next_us`: the units it reclaimed), the model's. Checks that a
-    /// check-only call wrote nothing, then the store.
+    /// key `k`, that may wait: its `wait`), committed or checked only (by
+    /// Redis `TIME` with `use_time`), on both sides: the replies (the fifth
+    /// value of a line, in `next_us`: the units it reclaimed), the model's
+    /// (`Holders::take_waiting`; how each ended in the line in
+    /// `self.turns`). Checks that a check-only call wrote nothing, then the
+    /// store.
     fn takes(&mut self, reqs: &[(usize, LineArg)], now: u64, commit: bool, use_time: bool) -> Replies {
         self.redis.set_now(now);
         self.same(now);
@@ -108,24 +170,61 @@ impl Conn {
         let slices: Vec<&[LineArg]> = lines.iter().map(|l| &l[..]).collect();
         let (snap, writes) = (self.redis.snapshot(), self.redis.writes());
         let got = self.redis.run_batch(&keys, &slices, now, commit, use_time);
+        let now_ms = now / 1000;
+        self.turns.clear();
         for (i, ((k, l), (admitted, outs))) in reqs.iter().zip(&got).enumerate() {
             let h = l.holder.expect("a concurrent line");
             self.max_life = self.max_life.max(h.life_ms);
             let m = &mut self.model[*k];
-            let live = |f: &Field| f.deadline_ms >= now / 1000;
+            let live = |f: &Field| f.deadline_ms >= now_ms;
             if l.cost > 0 && m.fields.get(h.worker).is_some_and(|f| live(f) && f.gen > h.gen) {
                 count(|s| s.counted += 1);
             }
-            let (o, reclaimed) = m.take(&l.limit, l.cost, &h, now / 1000, commit);
+            let before = m.clone();
+            let (o, reclaimed, turn) = m.take_waiting(&l.limit, l.cost, &h, l.wait, now_ms, commit);
             let want = Outcome { next_us: reclaimed, ..o };
             assert_eq!(
                 (*admitted, outs.as_slice()),
                 (o.admitted || l.dry_run, &[want][..]),
                 "request {i} of {reqs:?} at {now} (commit {commit}): the script's, the model's"
             );
+            // (the outcome says how it ends in the line, as the reply does)
+            match turn {
+                Turn::Admitted => assert!(o.admitted, "{o:?}"),
+                Turn::Waiting { ticket, ahead } => {
+                    assert!(!o.admitted && ticket > 0 && o.retry_after_us.is_none(), "{o:?}");
+                    assert_eq!((o.reset_us, o.delay_us), (ticket, ahead), "{o:?}");
+                }
+                Turn::Refused => assert!(!o.admitted && o.reset_us == 0 && o.delay_us == 0, "{o:?}"),
+            }
+            assert!(l.wait.is_some() || !matches!(turn, Turn::Waiting { .. }), "a take that never waits waits");
+            self.turns.push(turn);
             count(|s| {
                 s.refused += u64::from(!o.admitted);
                 s.reclaimed_take += u64::from(reclaimed > 0);
+                let ticket = l.wait.map_or(0, |w| w.ticket);
+                let own = before.places.get(&ticket).filter(|p| ticket > 0 && p.deadline_ms >= now_ms);
+                match (l.wait, turn) {
+                    (Some(_), Turn::Waiting { ticket: t, .. }) if own.is_none() => {
+                        s.placed += 1;
+                        let free = l.limit.burst().saturating_sub(before.held(now_ms));
+                        s.behind += u64::from(l.cost <= free);
+                        assert_eq!(before.places.get(&t), None, "a ticket handed out twice");
+                    }
+                    (Some(_), Turn::Waiting { ticket: t, .. }) => {
+                        s.poll_waiting += 1;
+                        s.renewed += u64::from(m.places.get(&t) != own);
+                    }
+                    (Some(_), Turn::Admitted) if own.is_some() => s.poll_admitted += 1,
+                    (Some(_), Turn::Refused) if ticket > 0 => s.poll_gone += 1,
+                    (Some(_), Turn::Refused) => s.full += u64::from(commit && l.cost > 0),
+                    (None, Turn::Refused) => {
+                        let free = l.limit.burst().saturating_sub(before.held(now_ms));
+                        s.never_refused += u64::from(l.cost <= free);
+                    }
+                    _ => {}
+                }
+                s.lapsed_places += u64::from(commit && before.places.values().any(|p| p.deadline_ms < now_ms));
             });
         }
         if !commit {
@@ -149,6 +248,25 @@ impl Conn {
         (got[0].0, got[0].1[0])
     }
 
+    /// [`Conn::take`] of a request that may wait (`line` with its `wait`):
+    /// its line's outcome, and how it ends in the waiting line.
+    fn turn(&mut self, k: usize, line: LineArg, now: u64) -> (Outcome, Turn) {
+        let got = self.takes(&[(k, line)], now, true, false);
+        (got[0].1[0], self.turns[0])
+    }
+
+    /// [`Conn::turn`], checked only.
+    fn check_turn(&mut self, k: usize, line: LineArg, now: u64) -> (Outcome, Turn) {
+        let got = self.takes(&[(k, line)], now, false, false);
+        (got[0].1[0], self.turns[0])
+    }
+
+    /// `worker`'s `conn_put` of one op, a leave of its request's place
+    /// `ticket` on key `k` at `now`: the units reclaimed.
+    fn leave(&mut self, worker: &'static str, k: usize, ticket: u64, now: u64) -> u64 {
+        self.put(worker, LIFE, &[(k, HoldOp::Leave { ticket })], now, false)
+    }
+
     /// `worker`'s `conn_put` call at `now` (`ops`: per key of the call, its
     /// index and the op), its fields living `life_ms`, on both sides: the
     /// units it reclaimed (the model's too). Then the store.
@@ -163,11 +281,16 @@ impl Conn {
         for (k, op) in ops {
             let m = &mut self.model[*k];
             let before = m.fields.get(worker).copied().filter(|f| f.deadline_ms >= now / 1000);
+            let places = m.places.len();
+            let lapsed = m.places.values().any(|p| p.deadline_ms < now / 1000);
             let r = m.put(worker, life_ms, *op, now / 1000);
             want += r;
             let after = m.fields.get(worker).copied();
+            let left = m.places.len() < places && !lapsed;
             count(|s| {
                 s.reclaimed_put += u64::from(r > 0);
+                s.lapsed_places += u64::from(lapsed);
+                s.left += u64::from(matches!(op, HoldOp::Leave { .. }) && left);
                 match (op, before) {
                     (HoldOp::Correct { .. }, Some(b)) if after.map_or(0, |a| a.count) < b.count => s.corrected += 1,
                     (HoldOp::GiveBack { gen, units }, Some(b)) if b.gen > *gen && *units > 0 => s.dropped += 1,
@@ -181,11 +304,27 @@ impl Conn {
         got
     }
 
-    /// Key `k`'s fields as the fake holds them (none if the key is
+    /// Key `k` as the fake holds it, read as the model keeps it: its
+    /// workers' fields, its places, its next ticket (nothing if the key is
     /// missing).
+    fn stored(&self, k: usize) -> Holders {
+        parse_hash(&self.redis.hash(&self.keys[k]).unwrap_or_default())
+    }
+
+    /// Key `k`'s workers' fields as the fake holds them (none if the key
+    /// is missing).
     fn fields(&self, k: usize) -> BTreeMap<String, Field> {
-        let hash = self.redis.hash(&self.keys[k]).unwrap_or_default();
-        hash.iter().map(|(f, v)| (f.clone(), parse_field(v))).collect()
+        self.stored(k).fields
+    }
+
+    /// Key `k`'s places in the fake.
+    fn places(&self, k: usize) -> BTreeMap<u64, Place> {
+        self.stored(k).places
+    }
+
+    /// Key `k`'s place `ticket` in the fake.
+    fn place(&self, k: usize, ticket: u64) -> Option<Place> {
+        self.places(k).get(&ticket).copied()
     }
 
     /// Worker `w`'s field of key `k` in the fake.
@@ -193,29 +332,40 @@ impl Conn {
         self.fields(k).get(w).copied()
     }
 
-    /// The store at `now` (the fake's clock) held to the model: every field
-    /// of every key the model's. A key the fake let expire held only lapsed
-    /// fields (the model forgets them: nothing reclaims them then); a key
-    /// of fields lives at least as long as each of its live fields, and no
-    /// longer than the longest life written and the script's margin.
+    /// The store at `now` (the fake's clock) held to the model: every key
+    /// the model's, whole: its workers' fields, its places and its next
+    /// ticket. A key the fake let expire held only lapsed fields and
+    /// places (the model forgets them, and its next ticket: nothing
+    /// reclaims them then, and tickets start again at 1); a key lives at
+    /// least as long as each of its live fields and places, and no longer
+    /// than the longest life written and the script's margin.
     fn same(&mut self, now: u64) {
         self.redis.set_now(now);
         let now_ms = now / 1000;
         for k in 0..self.keys.len() {
             let key = &self.keys[k];
+            let m = &mut self.model[k];
             if self.redis.kind(key).is_none() {
-                let live: Vec<_> = self.model[k].fields.iter().filter(|(_, f)| f.deadline_ms >= now_ms).collect();
+                let live: Vec<_> = m.fields.iter().filter(|(_, f)| f.deadline_ms >= now_ms).collect();
                 assert!(live.is_empty(), "key {k} expired at {now} with live fields {live:?}");
-                self.model[k].fields.clear();
+                let live: Vec<_> = m.places.iter().filter(|(_, p)| p.deadline_ms >= now_ms).collect();
+                assert!(live.is_empty(), "key {k} expired at {now} with live places {live:?}");
+                *m = Holders::default();
             }
-            assert_eq!(self.fields(k), self.model[k].fields, "key {k} at {now}: the fake's fields, the model's");
-            if self.model[k].fields.is_empty() {
+            let m = &self.model[k];
+            assert_eq!(self.stored(k), *m, "key {k} at {now}: the fake's fields and places, the model's");
+            if *m == Holders::default() {
                 continue;
             }
             let exp = self.redis.expiry(key).unwrap_or_else(|| panic!("key {k} at {now}: no expiry"));
-            for (w, f) in &self.model[k].fields {
+            for (w, f) in &m.fields {
                 if f.deadline_ms >= now_ms {
                     assert!(exp >= (f.deadline_ms + 1) * 1000, "key {k} expires at {exp}, before {w}'s field {f:?}");
+                }
+            }
+            for (t, p) in &m.places {
+                if p.deadline_ms >= now_ms {
+                    assert!(exp >= (p.deadline_ms + 1) * 1000, "key {k} expires at {exp}, before place {t} {p:?}");
                 }
             }
             let most = now + (self.max_life + 2000) * 1000;
@@ -473,7 +623,7 @@ fn dry_run_line() {
         // (the flag word: 64 + 1)
         let mut s = String::new();
         write_spec(&mut s, &dry);
-        assert_eq!(s, format!("concurrent 1 1000000 1 1 0 65 {W1} 1 {LIFE}"));
+        assert_eq!(s, format!("concurrent 1 1000000 1 1 0 65 {W1} 1 {LIFE} 0 0"));
     }
 }
 
@@ -576,29 +726,57 @@ fn memo_takes_once_and_undo_leaves_it() {
 fn malformed_lines_fail_closed() {
     let mut good = String::new();
     write_spec(&mut good, &conn_line(3, 1, W0, 2, 500));
-    assert_eq!(good, format!("concurrent 3 1000000 3 1 0 64 {W0} 2 500"));
+    assert_eq!(good, format!("concurrent 3 1000000 3 1 0 64 {W0} 2 500 0 0"));
+    // (a line that may wait: its queue, ticket and time left; one that
+    // never does on a limit with a queue: none of them)
+    let mut s = String::new();
+    write_spec(&mut s, &waits(conn_line(3, 1, W0, 2, 500), 4, 7, 300));
+    assert_eq!(s, format!("concurrent 3 1000000 3 1 4 64 {W0} 2 500 7 300"));
+    s.clear();
+    let line = conn_line(3, 1, W0, 2, 500);
+    write_spec(&mut s, &LineArg { limit: line.limit.with_queue(4).unwrap(), ..line });
+    assert_eq!(s, good);
     let bad = [
-        "concurrent 3 1000000 3 1 0 66 web1:100 2 500",
-        "concurrent 3 1000000 3 1 0 80 web1:100 2 500",
-        "concurrent 3 1000000 3 1 0 0 web1:100 2 500",
+        "concurrent 3 1000000 3 1 0 66 web1:100 2 500 0 0",
+        "concurrent 3 1000000 3 1 0 80 web1:100 2 500 0 0",
+        "concurrent 3 1000000 3 1 0 0 web1:100 2 500 0 0",
         "concurrent 3 1000000 3 1 0 0",
-        "concurrent 3 1000000 3 1 0 64 2 500",
-        "concurrent 3 1000000 3 1 1 64 web1:100 2 500",
-        "concurrent 3 1000000 0 1 0 64 web1:100 2 500",
-        "concurrent 0 1000000 3 1 0 64 web1:100 2 500",
-        "concurrent 3 0 3 1 0 64 web1:100 2 500",
-        "concurrent 3 1000000 3 1 0 64 web1:100 2 0",
-        "concurrent 3 1000000 3 1 0 64 web1:100 -1 500",
-        "concurrent 3 1000000 3 1 0 64 web1:100 1.5 500",
-        "concurrent 3 1000000 3 -1 0 64 web1:100 2 500",
-        "concurrent 3 1000000 3 1 0 64 web1:100 2 500 7",
-        "concurrent 3 1000000 3 1 0 64 web1:100 2 500 ",
-        "concurrent 3 1000000 4503599627370496 1 0 64 web1:100 2 500",
-        "concurrent 3 1000000 3 4503599627370496 0 64 web1:100 2 500",
-        "concurrent 3 1000000 3 1 0 64 web1:100 4503599627370496 500",
-        "concurrent 3 1000000 3 1 0 64 web1:100 2 4503599627370496",
-        "concurrent  3 1000000 3 1 0 64 web1:100 2 500",
+        "concurrent 3 1000000 3 1 0 64 2 500 0 0",
+        "concurrent 3 1000000 0 1 0 64 web1:100 2 500 0 0",
+        "concurrent 0 1000000 3 1 0 64 web1:100 2 500 0 0",
+        "concurrent 3 0 3 1 0 64 web1:100 2 500 0 0",
+        "concurrent 3 1000000 3 1 0 64 web1:100 2 0 0 0",
+        "concurrent 3 1000000 3 1 0 64 web1:100 -1 500 0 0",
+        "concurrent 3 1000000 3 1 0 64 web1:100 1.5 500 0 0",
+        "concurrent 3 1000000 3 -1 0 64 web1:100 2 500 0 0",
+        "concurrent 3 1000000 3 1 0 64 web1:100 2 500 0 0 7",
+        "concurrent 3 1000000 3 1 0 64 web1:100 2 500 0 0 ",
+        "concurrent 3 1000000 4503599627370496 1 0 64 web1:100 2 500 0 0",
+        "concurrent 3 1000000 3 4503599627370496 0 64 web1:100 2 500 0 0",
+        "concurrent 3 1000000 3 1 0 64 web1:100 4503599627370496 500 0 0",
+        "concurrent 3 1000000 3 1 0 64 web1:100 2 4503599627370496 0 0",
+        "concurrent  3 1000000 3 1 0 64 web1:100 2 500 0 0",
+        // (the line before the waiting line's words, or a word short)
+        "concurrent 3 1000000 3 1 0 64 web1:100 2 500",
+        "concurrent 3 1000000 3 1 0 64 web1:100 2 500 0",
+        "concurrent 3 1000000 3 1 2 64 web1:100 2 500 1",
+        // (the queue, the ticket or the time left not a number below 2^52)
+        "concurrent 3 1000000 3 1 x 64 web1:100 2 500 0 0",
+        "concurrent 3 1000000 3 1 -1 64 web1:100 2 500 0 0",
+        "concurrent 3 1000000 3 1 2 64 web1:100 2 500 x 0",
+        "concurrent 3 1000000 3 1 2 64 web1:100 2 500 -1 0",
+        "concurrent 3 1000000 3 1 2 64 web1:100 2 500 1.5 0",
+        "concurrent 3 1000000 3 1 2 64 web1:100 2 500 0 x",
+        "concurrent 3 1000000 3 1 2 64 web1:100 2 500 0 -5",
+        "concurrent 3 1000000 3 1 2 64 web1:100 2 500 0 1e3",
+        "concurrent 3 1000000 3 1 4503599627370496 64 web1:100 2 500 0 0",
+        "concurrent 3 1000000 3 1 2 64 web1:100 2 500 4503599627370496 0",
+        "concurrent 3 1000000 3 1 2 64 web1:100 2 500 0 4503599627370496",
+        "concurrent 3 1000000 3 1 2 64 web1:100 2 500 0  0",
     ];
+    // (just below 2^52: a poll of a place that is not there, refused with
+    // what is free)
+    let top = "concurrent 3 1000000 3 1 4503599627370495 64 web1:100 2 500 4503599627370495 4503599627370495";
     for mode in MODES {
         let r = Redis::with(mode);
         let key = keys(1);
@@ -608,6 +786,8 @@ fn malformed_lines_fail_closed() {
             assert_eq!(r.eval(&key, &args(line)), [T0 as i64, 0, 0, -1, 0, 0], "{line:?}");
             assert_eq!((r.writes(), r.snapshot()), (0, String::new()), "{line:?}");
         }
+        assert_eq!(r.eval(&key, &args(top)), [T0 as i64, 3, 0, -1, 0, 0], "{top:?}");
+        assert_eq!((r.writes(), r.snapshot()), (0, String::new()), "{top:?}");
         // (in a request of two lines, it rejects the request)
         let two = vec!["1".to_owned(), T0.to_string(), String::new(), "2".to_owned(), good.clone(), bad[0].to_owned()];
         let reply = r.eval(&[key[0].clone(), key[0].clone()], &two);
@@ -627,6 +807,9 @@ fn malformed_lines_fail_closed() {
             vec![with(1, ""), with(2, "0"), with(2, "x"), with(3, "x 1 2"), with(3, "d 1"), with(3, "d -1 2")];
         bad_puts.push(with(3, "d 1 2 3"));
         bad_puts.push(with(3, "s 1 4503599627370496"));
+        // (a leave: "q ticket 0")
+        assert_eq!(conn_args(&[HoldOp::Leave { ticket: 7 }], W0, 500, Some(T0))[3], "q 7 0");
+        bad_puts.extend([with(3, "q 7"), with(3, "q x 0"), with(3, "q 4503599627370496 0"), with(3, "q -7 0")]);
         bad_puts.push(put[..3].to_vec());
         let mut more = put.clone();
         more.push("d 1 2".to_owned());
@@ -701,16 +884,412 @@ fn wrong_type_and_malformed_fields() {
     }
 }
 
+/// A poll of cost 0 whose place is gone (lapsed, left, let in, or never
+/// made) passes, as any cost of 0 does, and writes nothing.
+#[test]
+fn poll_of_cost_zero_whose_place_is_gone() {
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        c.takes(&[(0, waiter(1, 2, 0, W1, 7, 5000))], T0, false, false);
+        c.takes(&[(0, waiter(1, 2, 0, W1, 7, 5000))], T0, true, false);
+    }
+}
+
+/// The waiting line's stories' life of a field (ms): long enough that a
+/// place's deadline, its wait and a second, is under it.
+const WLIFE: u64 = 10_000;
+
+/// A request of `cost` units by `worker` (generation 1, its field living
+/// [`WLIFE`]) on a line of `max` units and a waiting line of `queue`
+/// places, waiting with `ticket` (0: it arrives) and `left_ms` left.
+fn waiter(max: u64, queue: u64, cost: u64, worker: &'static str, ticket: u64, left_ms: u64) -> LineArg {
+    waits(conn_line(max, cost, worker, 1, WLIFE), queue, ticket, left_ms)
+}
+
+/// A refusal's or a wait's outcome: nothing left but `remaining`, the
+/// ticket as the reset, the places ahead as the delay.
+fn not_yet(remaining: u64, ticket: u64, ahead: u64) -> Outcome {
+    Outcome { remaining, reset_us: ticket, delay_us: ahead, ..Outcome::default() }
+}
+
+/// An admission's outcome: what remains beside the places ahead.
+fn let_in(remaining: u64) -> Outcome {
+    Outcome { admitted: true, remaining, ..Outcome::default() }
+}
+
+/// An arrival over what is free, on a line with a queue, takes a place:
+/// tickets in order ("#" the next), its deadline its wait and a second
+/// from now, the live places ahead of it as its delay, what is free
+/// beyond them as what remains. An arrival never passes a waiter: one
+/// that fits in what is free, but not beside the places ahead, waits
+/// behind them; and a full line (every place live) refuses one, writing
+/// nothing.
+#[test]
+fn arrivals_take_places_in_order() {
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        let ms = T0 / 1000;
+        assert!(c.take(0, conn_line(3, 2, W0, 1, WLIFE), T0).0);
+        // 1 free: an arrival of 2 waits, first.
+        let (o, turn) = c.turn(0, waiter(3, 3, 2, W1, 0, 5000), T0 + 1000);
+        assert_eq!((o, turn), (not_yet(1, 1, 0), Turn::Waiting { ticket: 1, ahead: 0 }));
+        assert_eq!(c.place(0, 1), Some(Place { cost: 2, deadline_ms: ms + 1 + 5000 + 1000 }));
+        assert_eq!(c.stored(0).next_ticket, 2);
+        assert_eq!(c.field(0, W1), None, "a place holds no units");
+        // One of 1 fits in what is free, but not beside place 1's 2.
+        let (o, turn) = c.turn(0, waiter(3, 3, 1, W2, 0, 5000), T0 + 2000);
+        assert_eq!((o, turn), (not_yet(0, 2, 1), Turn::Waiting { ticket: 2, ahead: 1 }));
+        // 2 free: still not beside the places' 3.
+        c.put(W0, WLIFE, &[(0, HoldOp::GiveBack { units: 1, gen: 1 })], T0 + 3000, false);
+        let (o, turn) = c.turn(0, waiter(3, 3, 1, W0, 0, 5000), T0 + 4000);
+        assert_eq!((o, turn), (not_yet(0, 3, 2), Turn::Waiting { ticket: 3, ahead: 2 }));
+        assert_eq!(c.field(0, W0).map(|f| f.count), Some(1), "a place takes no units");
+        // The line full: refused, nothing written.
+        let writes = c.redis.writes();
+        let (o, turn) = c.turn(0, waiter(3, 3, 1, W1, 0, 5000), T0 + 5000);
+        assert_eq!((o, turn), (not_yet(0, 0, 0), Turn::Refused));
+        assert_eq!(c.redis.writes(), writes);
+        assert_eq!(c.places(0).keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(c.stored(0).next_ticket, 4);
+        // (a larger line's arrival takes the fourth)
+        let (_, turn) = c.turn(0, waiter(3, 4, 1, W1, 0, 5000), T0 + 6000);
+        assert_eq!(turn, Turn::Waiting { ticket: 4, ahead: 3 });
+    }
+}
+
+/// An arrival that fits together with every live place ahead of it is let
+/// in at once (the places keep their units); a poll is let in when its
+/// units and those of the live places ahead fit in what is free, and its
+/// place is deleted (the next ticket stays).
+#[test]
+fn arrival_that_fits_beside_the_line_is_admitted() {
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        assert!(c.take(0, conn_line(4, 3, W0, 1, WLIFE), T0).0);
+        let (o, turn) = c.turn(0, waiter(4, 2, 2, W1, 0, 5000), T0 + 1000);
+        assert_eq!((o, turn), (not_yet(1, 1, 0), Turn::Waiting { ticket: 1, ahead: 0 }));
+        c.put(W0, WLIFE, &[(0, HoldOp::GiveBack { units: 2, gen: 1 })], T0 + 2000, false);
+        // 3 free: 1 beside place 1's 2.
+        let (o, turn) = c.turn(0, waiter(4, 2, 1, W2, 0, 5000), T0 + 3000);
+        assert_eq!((o, turn), (let_in(0), Turn::Admitted));
+        assert_eq!(c.field(0, W2).map(|f| f.count), Some(1));
+        assert_eq!(c.places(0).len(), 1, "place 1 stays");
+        // Its poll: 2 free, none ahead.
+        let (o, turn) = c.turn(0, waiter(4, 2, 2, W1, 1, 4000), T0 + 4000);
+        assert_eq!((o, turn), (let_in(0), Turn::Admitted));
+        assert_eq!(c.field(0, W1).map(|f| f.count), Some(2));
+        assert_eq!(c.places(0), BTreeMap::new(), "let in: its place deleted");
+        assert_eq!(c.stored(0).next_ticket, 2, "the next ticket stays");
+    }
+}
+
+/// Waiters are let in together: once what is free covers them, each is
+/// let in at its next look, whatever the order of their looks (the
+/// second does not need the first to have looked first).
+#[test]
+fn waiters_are_let_in_together() {
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        assert!(c.take(0, conn_line(2, 2, W0, 1, WLIFE), T0).0);
+        assert_eq!(c.turn(0, waiter(2, 2, 1, W1, 0, 5000), T0 + 1000).1, Turn::Waiting { ticket: 1, ahead: 0 });
+        assert_eq!(c.turn(0, waiter(2, 2, 1, W2, 0, 5000), T0 + 1000).1, Turn::Waiting { ticket: 2, ahead: 1 });
+        c.put(W0, WLIFE, &[(0, HoldOp::GiveBack { units: 1, gen: 1 })], T0 + 2000, false);
+        // 1 free: not beside place 1.
+        let (o, turn) = c.turn(0, waiter(2, 2, 1, W2, 2, 5000), T0 + 3000);
+        assert_eq!((o, turn), (not_yet(0, 2, 1), Turn::Waiting { ticket: 2, ahead: 1 }));
+        c.put(W0, WLIFE, &[(0, HoldOp::GiveBack { units: 1, gen: 1 })], T0 + 4000, false);
+        // 2 free: the second is let in first, the first after it.
+        let (o, turn) = c.turn(0, waiter(2, 2, 1, W2, 2, 5000), T0 + 5000);
+        assert_eq!((o, turn), (let_in(0), Turn::Admitted));
+        assert_eq!(c.places(0).keys().copied().collect::<Vec<_>>(), [1]);
+        let (o, turn) = c.turn(0, waiter(2, 2, 1, W1, 1, 5000), T0 + 6000);
+        assert_eq!((o, turn), (let_in(0), Turn::Admitted));
+        let s = c.stored(0);
+        assert_eq!((s.places.len(), s.next_ticket), (0, 3));
+        assert_eq!((s.fields[W1].count, s.fields[W2].count), (1, 1));
+        assert_eq!(c.field(0, W0), None, "given back to 0");
+    }
+}
+
+/// A place lapses at its deadline (its request's wait and a second, at
+/// most a field's life): then it no longer counts ahead, the next call
+/// that commits on the key drops it (no units reclaimed: it held none),
+/// and a poll of it is refused as one of a ticket never handed out.
+#[test]
+fn places_lapse() {
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        let ms = T0 / 1000;
+        assert!(c.take(0, conn_line(1, 1, W0, 1, WLIFE), T0).0);
+        assert_eq!(c.turn(0, waiter(1, 3, 1, W1, 0, 0), T0).1, Turn::Waiting { ticket: 1, ahead: 0 });
+        assert_eq!(c.turn(0, waiter(1, 3, 1, W2, 0, 50_000), T0).1, Turn::Waiting { ticket: 2, ahead: 1 });
+        assert_eq!(c.place(0, 1).map(|p| p.deadline_ms), Some(place_deadline(ms, 0, WLIFE)));
+        assert_eq!(place_deadline(ms, 0, WLIFE), ms + 1000, "a second past its wait");
+        assert_eq!(c.place(0, 2).map(|p| p.deadline_ms), Some(ms + WLIFE), "at most a field's life");
+        // At its deadline's last µs, still ahead.
+        let (o, _) = c.check_turn(0, waiter(1, 3, 1, W2, 2, 50_000), T0 + 1_000_999);
+        assert_eq!(o, not_yet(0, 2, 1));
+        // Then not, though still there until a call commits.
+        let t = T0 + 1_001_000;
+        let (o, _) = c.check_turn(0, waiter(1, 3, 1, W2, 2, 50_000), t);
+        assert_eq!(o, not_yet(0, 2, 0));
+        assert_eq!(c.places(0).len(), 2);
+        let (o, _) = c.turn(0, waiter(1, 3, 1, W2, 2, 50_000), t);
+        assert_eq!((o, o.next_us), (not_yet(0, 2, 0), 0));
+        assert_eq!(c.places(0).keys().copied().collect::<Vec<_>>(), [2], "dropped");
+        // Its poll, or one of a ticket never handed out: refused.
+        let writes = c.redis.writes();
+        for ticket in [1, 3, 9] {
+            let (o, turn) = c.turn(0, waiter(1, 3, 1, W1, ticket, 5000), t + 1000);
+            assert_eq!((o, turn), (not_yet(0, 0, 0), Turn::Refused), "ticket {ticket}");
+        }
+        assert_eq!(c.redis.writes(), writes, "refused: nothing written");
+        // (with units free, the same: a request whose place is gone never
+        // takes another)
+        c.put(W0, WLIFE, &[(0, HoldOp::GiveBack { units: 1, gen: 1 })], t + 2000, false);
+        let (o, turn) = c.turn(0, waiter(1, 3, 1, W1, 1, 5000), t + 3000);
+        assert_eq!((o, turn), (not_yet(1, 0, 0), Turn::Refused), "its place gone: refused, 1 free");
+        // A dropped place is a lapsed field's call too (conn_put's).
+        c.put(W0, WLIFE, &[(0, HoldOp::Set { units: 1, gen: 2 })], t + 4000, false);
+        let t = T0 + 12_000_000;
+        assert_eq!(c.put(W1, WLIFE, &[(0, HoldOp::GiveBack { units: 1, gen: 1 })], t, false), 1);
+        assert_eq!(c.stored(0), Holders { next_ticket: 3, ..Holders::default() }, "all lapsed");
+        // (the key kept for its next ticket until it expires: then tickets
+        // start again at 1)
+        c.same(T0 + 40_000_000);
+        assert_eq!(c.redis.kind(&c.keys[0]), None);
+        assert!(c.take(0, conn_line(1, 1, W0, 1, WLIFE), T0 + 40_000_000).0);
+        let (_, turn) = c.turn(0, waiter(1, 3, 1, W1, 0, 0), T0 + 40_000_000);
+        assert_eq!(turn, Turn::Waiting { ticket: 1, ahead: 0 });
+    }
+}
+
+/// A poll of a place with less than half a field's life left renews it
+/// (its deadline the poll's wait and a second from now, at most a life);
+/// one made earlier writes nothing, and a check-only one never does.
+#[test]
+fn polls_renew_a_place_past_half_its_life() {
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        let ms = T0 / 1000;
+        // (W0 holds the unit throughout)
+        assert!(c.take(0, conn_line(1, 1, W0, 1, 60_000), T0).0);
+        assert_eq!(c.turn(0, waiter(1, 2, 1, W1, 0, 60_000), T0).1, Turn::Waiting { ticket: 1, ahead: 0 });
+        let placed = Place { cost: 1, deadline_ms: ms + WLIFE };
+        assert_eq!(c.place(0, 1), Some(placed));
+        // Half its life left (5 s of 10): not renewed.
+        let writes = c.redis.writes();
+        for dt in [1_000_000, 4_000_000, 5_000_000] {
+            let (o, turn) = c.turn(0, waiter(1, 2, 1, W1, 1, 30_000), T0 + dt);
+            assert_eq!((o, turn), (not_yet(0, 1, 0), Turn::Waiting { ticket: 1, ahead: 0 }), "{dt}");
+        }
+        assert_eq!((c.redis.writes(), c.place(0, 1)), (writes, Some(placed)));
+        // Less: renewed, at most a life from now, by a commit only.
+        let t = T0 + 5_001_000;
+        let (o, _) = c.check_turn(0, waiter(1, 2, 1, W1, 1, 30_000), t);
+        assert_eq!(o, not_yet(0, 1, 0));
+        assert_eq!((c.redis.writes(), c.place(0, 1)), (writes, Some(placed)));
+        let (o, _) = c.turn(0, waiter(1, 2, 1, W1, 1, 30_000), t);
+        assert_eq!(o, not_yet(0, 1, 0));
+        assert!(c.redis.writes() > writes);
+        assert_eq!(c.place(0, 1), Some(Place { cost: 1, deadline_ms: t / 1000 + WLIFE }));
+        // (its wait nearly over: a renewal would gain nothing, so nothing is written)
+        let renewed = c.place(0, 1);
+        let writes = c.redis.writes();
+        let t = T0 + 10_600_000;
+        let (o, _) = c.turn(0, waiter(1, 2, 1, W1, 1, 200), t);
+        assert_eq!(o, not_yet(0, 1, 0));
+        assert_eq!((c.redis.writes(), c.place(0, 1)), (writes, renewed));
+        // (a renewal that gains a second: the wait and a second from now)
+        let t = T0 + 11_000_000;
+        let (o, _) = c.turn(0, waiter(1, 2, 1, W1, 1, 5_000), t);
+        assert_eq!(o, not_yet(0, 1, 0));
+        assert_eq!(c.place(0, 1), Some(Place { cost: 1, deadline_ms: t / 1000 + 6000 }));
+    }
+}
+
+/// A leave ("q ticket 0") deletes the place, whoever sends it, neither
+/// writing nor renewing the sender's field; a later poll of it is
+/// refused, and those behind it move up. It reclaims lapsed fields as
+/// every `conn_put` op does; a leave of a place that is not there changes
+/// nothing.
+#[test]
+fn leave_gives_up_a_place() {
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        assert!(c.take(0, conn_line(1, 1, W0, 1, WLIFE), T0).0);
+        assert_eq!(c.turn(0, waiter(1, 2, 1, W1, 0, 5000), T0).1, Turn::Waiting { ticket: 1, ahead: 0 });
+        assert_eq!(c.turn(0, waiter(1, 2, 1, W2, 0, 5000), T0).1, Turn::Waiting { ticket: 2, ahead: 1 });
+        let w0 = c.field(0, W0);
+        assert_eq!(c.leave(W0, 0, 1, T0 + 1000), 0);
+        assert_eq!(c.places(0).keys().copied().collect::<Vec<_>>(), [2]);
+        assert_eq!((c.field(0, W0), c.field(0, W1)), (w0, None), "no field written or renewed");
+        let (o, turn) = c.turn(0, waiter(1, 2, 1, W1, 1, 5000), T0 + 2000);
+        assert_eq!((o, turn), (not_yet(0, 0, 0), Turn::Refused));
+        let (o, turn) = c.turn(0, waiter(1, 2, 1, W2, 2, 5000), T0 + 2000);
+        assert_eq!((o, turn), (not_yet(0, 2, 0), Turn::Waiting { ticket: 2, ahead: 0 }));
+        // (a place that is not there: nothing)
+        let before = c.stored(0);
+        c.leave(W1, 0, 7, T0 + 3000);
+        assert_eq!(c.stored(0), before);
+        // W0's field lapsed (the key not yet expired): reclaimed by a leave.
+        let t = T0 + 11_000_000;
+        assert_eq!(c.leave(W2, 0, 2, t), 1);
+        assert_eq!(c.stored(0), Holders { next_ticket: 3, ..Holders::default() });
+        // (on a key of a worker's field only: its last field gone, the key
+        // is, as any give-back's)
+        c.same(T0 + 60_000_000);
+        assert!(c.take(0, conn_line(1, 1, W0, 1, WLIFE), T0 + 60_000_000).0);
+        c.leave(W0, 0, 1, T0 + 61_000_000);
+        assert_eq!(c.fields(0).len(), 1);
+    }
+}
+
+/// A take that never waits (no `wait`: nginx sends none for a line with
+/// no queue) leaves what is free to the live places all the same: it is
+/// refused while its units and theirs do not fit, and takes none.
+#[test]
+fn take_that_never_waits_leaves_the_places_their_units() {
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        assert!(c.take(0, conn_line(3, 2, W0, 1, WLIFE), T0).0);
+        let (o, turn) = c.turn(0, waiter(3, 2, 2, W1, 0, 5000), T0 + 1000);
+        assert_eq!((o, turn), (not_yet(1, 1, 0), Turn::Waiting { ticket: 1, ahead: 0 }));
+        let plain = conn_line(3, 1, W2, 1, WLIFE);
+        let queued = LineArg { limit: plain.limit.with_queue(2).unwrap(), ..plain };
+        for (i, line) in [plain, queued].into_iter().enumerate() {
+            let (o, turn) = c.turn(0, line, T0 + 2000 + i as u64 * 1000);
+            assert_eq!((o, turn), (not_yet(0, 0, 0), Turn::Refused), "1 free, 2 ahead");
+        }
+        c.put(W0, WLIFE, &[(0, HoldOp::GiveBack { units: 1, gen: 1 })], T0 + 4000, false);
+        let (o, turn) = c.turn(0, plain, T0 + 5000);
+        assert_eq!((o, turn), (not_yet(0, 0, 0), Turn::Refused), "2 free, 2 ahead");
+        c.put(W0, WLIFE, &[(0, HoldOp::GiveBack { units: 1, gen: 1 })], T0 + 6000, false);
+        let (o, turn) = c.turn(0, queued, T0 + 7000);
+        assert_eq!((o, turn), (let_in(0), Turn::Admitted), "3 free, 2 ahead");
+        assert_eq!(c.places(0).len(), 1);
+        assert_eq!(c.stored(0).next_ticket, 2);
+        // (and the place, its turn come, is let in)
+        let (o, turn) = c.turn(0, waiter(3, 2, 2, W1, 1, 5000), T0 + 8000);
+        assert_eq!((o, turn), (let_in(0), Turn::Admitted));
+    }
+}
+
+/// A check-only arrival (mode "0") decides as the commit would but takes
+/// no place; a check-only poll neither renews its place nor, let in,
+/// deletes it.
+#[test]
+fn check_only_takes_no_place() {
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        assert!(c.take(0, conn_line(1, 1, W0, 1, WLIFE), T0).0);
+        let (o, turn) = c.check_turn(0, waiter(1, 2, 1, W1, 0, 60_000), T0 + 1000);
+        assert_eq!((o, turn), (not_yet(0, 0, 0), Turn::Refused));
+        assert_eq!(c.redis.kind(&c.keys[0]).as_deref(), Some("hash"));
+        assert_eq!((c.places(0).len(), c.stored(0).next_ticket), (0, 0));
+        assert_eq!(c.turn(0, waiter(1, 2, 1, W1, 0, 60_000), T0 + 1000).1, Turn::Waiting { ticket: 1, ahead: 0 });
+        let placed = c.place(0, 1);
+        let (o, turn) = c.check_turn(0, waiter(1, 2, 1, W1, 1, 5000), T0 + 9_000_000);
+        assert_eq!((o, turn), (not_yet(0, 1, 0), Turn::Waiting { ticket: 1, ahead: 0 }), "past half its life");
+        c.put(W0, WLIFE, &[(0, HoldOp::GiveBack { units: 1, gen: 1 })], T0 + 9_100_000, false);
+        let (o, turn) = c.check_turn(0, waiter(1, 2, 1, W1, 1, 5000), T0 + 9_200_000);
+        assert_eq!((o, turn), (let_in(0), Turn::Admitted));
+        assert_eq!(c.place(0, 1), placed, "neither renewed nor deleted");
+        // (an arrival that fits, checked: admitted, beside the place: 1
+        // free, 1 ahead)
+        let (o, turn) = c.check_turn(0, waiter(1, 2, 1, W2, 0, 5000), T0 + 9_300_000);
+        assert_eq!((o, turn), (not_yet(0, 0, 0), Turn::Refused));
+    }
+}
+
+/// An arrival named by a memo (mode "2") sent twice takes one place: the
+/// copy answers the first reply, with its ticket, and writes nothing. A
+/// poll let in is in its memo as a take; one that renews its place keeps
+/// its memo too; one that only waits needs none.
+#[test]
+fn memo_arrival_takes_one_place() {
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        c.max_life = WLIFE;
+        assert!(c.take(0, conn_line(1, 1, W0, 1, WLIFE), T0).0);
+        let keys = c.keys.clone();
+        let t = T0 + 1000;
+        let line = waiter(1, 2, 1, W1, 0, 60_000);
+        let memo = memo_key(&c.keys, (9, 1));
+        let raw = c.redis.call_memo(&keys, &[&[line][..]], t, false, None, &memo);
+        let (o, _, turn) = c.model[0].take_waiting(&line.limit, 1, &line.holder.unwrap(), line.wait, t / 1000, true);
+        assert_eq!(turn, Turn::Waiting { ticket: 1, ahead: 0 });
+        assert_eq!(parse_script_reply(&raw, &[&[line][..]]), (t, Some(vec![(false, vec![o])])));
+        c.same(t);
+        assert_eq!(c.redis.memo(&memo), Some(Memo::Ran { reply: raw.clone(), done: vec![] }));
+        let before = c.redis.before(&memo);
+        assert_eq!(c.redis.call_memo(&keys, &[&[line][..]], t + 1000, false, None, &memo), raw, "the copy");
+        c.redis.unchanged_since(&before, 0, "a copy of an arrival");
+        c.same(t + 1000);
+        assert_eq!(c.places(0).len(), 1, "one place");
+
+        // A poll that only waits: no memo.
+        let poll = waiter(1, 2, 1, W1, 1, 60_000);
+        let memo2 = memo_key(&c.keys, (9, 2));
+        let t = T0 + 2_000_000;
+        let raw = c.redis.call_memo(&keys, &[&[poll][..]], t, false, None, &memo2);
+        let (o, _, _) = c.model[0].take_waiting(&poll.limit, 1, &poll.holder.unwrap(), poll.wait, t / 1000, true);
+        assert_eq!(parse_script_reply(&raw, &[&[poll][..]]), (t, Some(vec![(false, vec![o])])));
+        assert_eq!(c.redis.memo(&memo2), None);
+        c.same(t);
+        // One that renews: kept.
+        let memo3 = memo_key(&c.keys, (9, 3));
+        let t = T0 + 8_000_000;
+        let raw = c.redis.call_memo(&keys, &[&[poll][..]], t, false, None, &memo3);
+        let (o, _, _) = c.model[0].take_waiting(&poll.limit, 1, &poll.holder.unwrap(), poll.wait, t / 1000, true);
+        assert_eq!(parse_script_reply(&raw, &[&[poll][..]]), (t, Some(vec![(false, vec![o])])));
+        assert_eq!(c.redis.memo(&memo3), Some(Memo::Ran { reply: raw.clone(), done: vec![] }));
+        c.same(t);
+        // One let in: its take once, its place deleted.
+        c.put(W0, WLIFE, &[(0, HoldOp::GiveBack { units: 1, gen: 1 })], t + 1000, false);
+        let memo4 = memo_key(&c.keys, (9, 4));
+        let t = t + 2000;
+        let raw = c.redis.call_memo(&keys, &[&[poll][..]], t, false, None, &memo4);
+        let (o, _, turn) = c.model[0].take_waiting(&poll.limit, 1, &poll.holder.unwrap(), poll.wait, t / 1000, true);
+        assert_eq!(turn, Turn::Admitted);
+        assert_eq!(parse_script_reply(&raw, &[&[poll][..]]), (t, Some(vec![(true, vec![o])])));
+        assert_eq!(c.redis.memo(&memo4), Some(Memo::Ran { reply: raw.clone(), done: vec![(1, 0, 0)] }));
+        c.same(t);
+        let before = c.redis.before(&memo4);
+        assert_eq!(c.redis.call_memo(&keys, &[&[poll][..]], t + 1000, false, None, &memo4), raw, "the copy");
+        c.redis.unchanged_since(&before, 0, "a copy of a poll let in");
+        assert_eq!(c.field(0, W1).map(|f| f.count), Some(1), "taken once");
+        c.same(t + 1000);
+    }
+}
+
+/// How a random take waits: never (no `wait`), arriving, or polling a
+/// ticket: one of a place the key holds (`Poll`, the i-th, modulo how
+/// many, live or lapsed; arriving if none), one handed out on the key
+/// (`Old`, the i-th last, modulo how many: often a place gone; made up
+/// if none was), or one made up (`MadeUp`); each with the ms its wait
+/// has left.
+#[derive(Clone, Copy, Debug)]
+enum Waits {
+    Never,
+    Arrive(u64),
+    Poll(usize, u64),
+    Old(usize, u64),
+    MadeUp(u64, u64),
+}
+
 /// One random step of a replay (keys and workers taken modulo their
 /// numbers; a generation as the worker's current one + `dgen` - 1).
 #[derive(Clone, Debug)]
 enum Step {
     /// The clock moves on (µs).
     Wait(u64),
-    /// One call of one or two takes (key, worker, dgen, cost, dry-run),
-    /// committed or checked, by Redis `TIME` or not.
-    Take { reqs: Vec<(usize, usize, u64, u64, bool)>, commit: bool, time: bool },
-    /// A worker's `conn_put` call: per key (0 d, 1 c, 2 s, units, dgen).
+    /// One call of one or two takes (key, worker, dgen, cost, dry-run, how
+    /// it waits), committed or checked, by Redis `TIME` or not.
+    Take { reqs: Vec<(usize, usize, u64, u64, bool, Waits)>, commit: bool, time: bool },
+    /// A worker's `conn_put` call: per key (0 d, 1 c, 2 s, units, dgen;
+    /// 3 a leave of a ticket handed out on the key, the units-th last
+    /// (modulo how many), 4 a leave of ticket units + 1).
     Put { worker: usize, ops: Vec<(usize, u8, u64, u64)>, time: bool },
     /// A worker's generation moves on.
     Bump { worker: usize },
@@ -721,16 +1300,26 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
     let wait = prop_oneof![
         2 => Just(0u64),
         2 => 1u64..1_000,
-        2 => 1_000u64..300_000,
+        3 => 1_000u64..300_000,
         2 => 300_000u64..2_500_000,
         1 => 2_500_000u64..6_000_000,
     ]
     .prop_map(Step::Wait);
-    let take = (0usize..2, 0usize..3, 0u64..3, 0u64..=3, prop::bool::weighted(0.1));
-    let op = (0usize..2, 0u8..3, 0u64..=3, 0u64..3);
+    // (a wait's time left: a place's deadline under a life, or at it)
+    let left = prop_oneof![2 => 0u64..100, 2 => 100u64..1_500, 1 => 1_500u64..100_000];
+    let waits = prop_oneof![
+        3 => Just(Waits::Never),
+        3 => left.clone().prop_map(Waits::Arrive),
+        4 => (0usize..4, left.clone()).prop_map(|(i, l)| Waits::Poll(i, l)),
+        1 => (0usize..4, left.clone()).prop_map(|(i, l)| Waits::Old(i, l)),
+        1 => (1u64..12, left).prop_map(|(t, l)| Waits::MadeUp(t, l)),
+    ];
+    let take = (0usize..2, 0usize..3, 0u64..3, 0u64..=3, prop::bool::weighted(0.1), waits);
+    let kind = prop_oneof![3 => 0u8..3, 1 => 3u8..5];
+    let op = (0usize..2, kind, 0u64..=3, 0u64..3);
     let step = prop_oneof![
         3 => wait,
-        5 => (prop::collection::vec(take, 1..=2), prop::bool::weighted(0.8), any::<bool>())
+        6 => (prop::collection::vec(take, 1..=2), prop::bool::weighted(0.8), any::<bool>())
             .prop_map(|(reqs, commit, time)| Step::Take { reqs, commit, time }),
         4 => (0usize..3, prop::collection::vec(op, 1..=2), any::<bool>())
             .prop_map(|(worker, ops, time)| Step::Put { worker, ops, time }),
@@ -739,20 +1328,31 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
     prop::collection::vec(step, 1..60)
 }
 
-/// A replay's keys' maxes (1 or 2 keys), its workers' lives (ms; 2 or 3
-/// workers), and its steps.
-fn replays() -> impl Strategy<Value = (Vec<u64>, Vec<u64>, Vec<Step>)> {
-    (prop::collection::vec(1u64..=6, 1..=2), prop::collection::vec(50u64..=1_500, 2..=3), steps())
+/// A replay's keys' maxes and queues (1 or 2 keys; a queue of 0: a line
+/// whose arrivals never take a place, though its polls may find one), its
+/// workers' lives (ms; 2 or 3 workers), and its steps.
+type ReplayCase = (Vec<(u64, u64)>, Vec<u64>, Vec<Step>);
+
+fn replays() -> impl Strategy<Value = ReplayCase> {
+    let key = (1u64..=6, prop_oneof![1 => Just(0u64), 3 => 1u64..=3]);
+    (prop::collection::vec(key, 1..=2), prop::collection::vec(50u64..=1_500, 2..=3), steps())
 }
 
-/// `steps` on keys of `maxes` by workers of `lives`, on the script (run as
-/// `mode`) and the model, compared at every step: how many keys the fake
-/// let expire.
-fn replay(maxes: &[u64], lives: &[u64], steps: &[Step], mode: Mode) -> u64 {
-    let (nk, nw) = (maxes.len(), lives.len());
+/// `steps` on keys of `lines` (max, queue) by workers of `lives`, on the
+/// script (run as `mode`) and the model, compared at every step: how many
+/// keys the fake let expire.
+fn replay(lines: &[(u64, u64)], lives: &[u64], steps: &[Step], mode: Mode) -> u64 {
+    let (nk, nw) = (lines.len(), lives.len());
     let mut c = Conn::new(mode, nk);
     let mut gens = vec![1u64; nw];
     let gen = |g: u64, d: u64| (g + d).saturating_sub(1);
+    // The tickets handed out, per key.
+    let mut tickets: Vec<Vec<u64>> = vec![vec![]; nk];
+    // (the i-th last: the latest are the likeliest still waiting)
+    let pick = |tickets: &[u64], i: usize| match tickets {
+        [] => i as u64 + 1,
+        _ => tickets[tickets.len() - 1 - i % tickets.len()],
+    };
     let mut t = T0 + 123;
     for step in steps {
         match step {
@@ -762,28 +1362,50 @@ fn replay(maxes: &[u64], lives: &[u64], steps: &[Step], mode: Mode) -> u64 {
                 c.same(t);
             }
             Step::Take { reqs, commit, time } => {
-                let lines: Vec<(usize, LineArg)> = reqs
+                let reqs: Vec<(usize, LineArg)> = reqs
                     .iter()
-                    .map(|&(k, w, dg, cost, dry)| {
+                    .map(|&(k, w, dg, cost, dry, how)| {
                         let (k, w) = (k % nk, w % nw);
-                        let line = conn_line(maxes[k], cost, WORKERS[w], gen(gens[w], dg), lives[w]);
-                        (k, LineArg { dry_run: dry, ..line })
+                        let (max, queue) = lines[k];
+                        let places: Vec<u64> = c.model[k].places.keys().copied().collect();
+                        let ticket = match how {
+                            Waits::Never => None,
+                            Waits::Arrive(left) => Some((0, left)),
+                            Waits::Poll(_, left) if places.is_empty() => Some((0, left)),
+                            Waits::Poll(i, left) => Some((places[i % places.len()], left)),
+                            Waits::Old(i, left) => Some((pick(&tickets[k], i), left)),
+                            Waits::MadeUp(ticket, left) => Some((ticket, left)),
+                        };
+                        let line = conn_line(max, cost, WORKERS[w], gen(gens[w], dg), lives[w]);
+                        let line = LineArg { dry_run: dry, ..line };
+                        let line = match ticket {
+                            None => line,
+                            Some((ticket, left)) => waits(line, queue, ticket, left),
+                        };
+                        (k, line)
                     })
                     .collect();
-                c.takes(&lines, t, *commit, *time);
+                c.takes(&reqs, t, *commit, *time);
+                for ((k, l), turn) in reqs.iter().zip(&c.turns) {
+                    if let (Some(Wait { ticket: 0, .. }), Turn::Waiting { ticket, .. }) = (l.wait, turn) {
+                        tickets[*k].push(*ticket);
+                    }
+                }
             }
             Step::Put { worker, ops, time } => {
                 let w = worker % nw;
                 let ops: Vec<(usize, HoldOp)> = ops
                     .iter()
                     .map(|&(k, kind, units, dg)| {
-                        let gen = gen(gens[w], dg);
+                        let (k, gen) = (k % nk, gen(gens[w], dg));
                         let op = match kind {
                             0 => HoldOp::GiveBack { units, gen },
                             1 => HoldOp::Correct { units, gen },
-                            _ => HoldOp::Set { units, gen },
+                            2 => HoldOp::Set { units, gen },
+                            3 => HoldOp::Leave { ticket: pick(&tickets[k], units as usize) },
+                            _ => HoldOp::Leave { ticket: units + 1 },
                         };
-                        (k % nk, op)
+                        (k, op)
                     })
                     .collect();
                 c.put(WORKERS[w], lives[w], &ops, t, *time);
@@ -801,14 +1423,17 @@ proptest! {
         ..ProptestConfig::with_cases(256)
     })]
 
-    /// 1 or 2 keys, 2 or 3 workers, any order of takes (committed or
-    /// checked, generations around each worker's), `conn_put` calls and
-    /// time passing (fields lapsing): the script's replies and fields are
-    /// the model's, as a function library and as scripts.
+    /// 1 or 2 keys (with a waiting line or not), 2 or 3 workers, any order
+    /// of takes (committed or checked, generations around each worker's;
+    /// that never wait, arrivals, polls of tickets handed out or made up),
+    /// `conn_put` calls (give-backs, corrections, heartbeats, leaves) and
+    /// time passing (fields and places lapsing): the script's replies,
+    /// fields and places are the model's, as a function library and as
+    /// scripts.
     #[test]
-    fn prop_conn_is_the_model((maxes, lives, steps) in replays()) {
+    fn prop_conn_is_the_model((lines, lives, steps) in replays()) {
         for mode in MODES {
-            replay(&maxes, &lives, &steps, mode);
+            replay(&lines, &lives, &steps, mode);
         }
     }
 }
@@ -816,19 +1441,54 @@ proptest! {
 /// Sanity: the replay reaches every path often enough to mean something
 /// (refusals, takes counted already, reclaims by takes and by `conn_put`,
 /// corrections applied, give-backs dropped, heartbeats that set a field,
-/// keys expired).
+/// keys expired; in the waiting line: places taken, arrivals that fit in
+/// what is free waiting behind the line, arrivals refused a full line,
+/// polls let in, kept waiting, renewed, refused their place gone, takes
+/// that never wait refused for the places' units, places lapsed and
+/// dropped, leaves).
 #[test]
 fn conn_coverage() {
     STATS.with(|s| s.set(Stats::default()));
     let mut runner = TestRunner::deterministic();
     let strategy = replays();
     let mut expired = 0;
-    for _ in 0..80 {
-        let (maxes, lives, steps) = strategy.new_tree(&mut runner).unwrap().current();
-        expired += replay(&maxes, &lives, &steps, Mode::Function);
+    for _ in 0..200 {
+        let (lines, lives, steps) = strategy.new_tree(&mut runner).unwrap().current();
+        expired += replay(&lines, &lives, &steps, Mode::Function);
     }
     let s = STATS.with(Cell::get);
     let all = [s.refused, s.counted, s.reclaimed_take, s.reclaimed_put, s.corrected, s.dropped, s.set];
     assert!(all.iter().all(|n| *n >= 10), "{s:?}");
+    let line = [
+        s.placed,
+        s.behind,
+        s.full,
+        s.poll_admitted,
+        s.poll_waiting,
+        s.poll_gone,
+        s.never_refused,
+        s.lapsed_places,
+        s.left,
+    ];
+    assert!(line.iter().all(|n| *n >= 10), "{s:?}");
+    // (a renewal needs half a life gone and a second gained: rarer in these replays)
+    assert!(s.renewed >= 1, "{s:?}");
     assert!(expired >= 10, "{expired} {s:?}");
+}
+
+/// An arrival asking for more units than the max never fits: it is
+/// refused a place (it would hold the line back until it lapsed), and
+/// writes nothing.
+#[test]
+fn arrival_over_the_max_takes_no_place() {
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        assert!(c.take(0, conn_line(2, 2, W0, 1, WLIFE), T0).0);
+        let writes = c.redis.writes();
+        let (o, turn) = c.turn(0, waiter(2, 2, 3, W1, 0, 5000), T0 + 1000);
+        assert_eq!((o, turn), (not_yet(0, 0, 0), Turn::Refused));
+        assert_eq!((c.redis.writes(), c.places(0).len()), (writes, 0));
+        // (one that fits the max waits)
+        assert_eq!(c.turn(0, waiter(2, 2, 2, W1, 0, 5000), T0 + 2000).1, Turn::Waiting { ticket: 1, ahead: 0 });
+    }
 }
