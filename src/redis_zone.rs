@@ -323,6 +323,8 @@ pub struct JobLine {
     /// A waiting `rl_conn` line's place and time left (see
     /// [`rl_core::redis::Wait`]); `None`: let in or refused at once.
     pub wait: Option<rl_core::redis::Wait>,
+    /// A line of classes: the request's class and the line's.
+    pub classes: Option<rl_core::redis::ClassArg>,
 }
 
 /// One key of a node's sync in lease mode: whose state (as [`JobLine`]

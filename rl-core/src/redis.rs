@@ -120,6 +120,7 @@ use std::hash::Hasher;
 use siphasher::sip::SipHasher13;
 use smallvec::SmallVec;
 
+use crate::limit::wait::Lane;
 use crate::limit::{Algorithm, Limit, Outcome};
 
 pub mod holders;
@@ -393,6 +394,20 @@ pub struct LineArg {
     /// A [`Limit::concurrent`] line with a queue whose request may wait for
     /// its units (see [`Wait`]); `None`: it is let in or refused at once.
     pub wait: Option<Wait>,
+    /// A [`Limit::concurrent`] line of several classes (`classes=`): the
+    /// request's class and the line's (see [`ClassArg`]); `None`: one
+    /// class.
+    pub classes: Option<ClassArg>,
+}
+
+/// The classes of a [`Limit::concurrent`] line on Redis: the request's
+/// (0 the highest; its worker's field of the key is [`Holder::worker`]
+/// and "/class") and the line's, highest first, each with its places in
+/// the waiting line and its reserve (see [`holders`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClassArg {
+    pub class: u8,
+    pub lanes: &'static [Lane],
 }
 
 /// A take of a [`Limit::concurrent`] line that may wait in the key's
@@ -432,6 +447,7 @@ impl From<(Limit, u64)> for LineArg {
             kept: 0,
             holder: None,
             wait: None,
+            classes: None,
         }
     }
 }
@@ -448,6 +464,7 @@ impl From<(Limit, u64, bool)> for LineArg {
             kept: 0,
             holder: None,
             wait: None,
+            classes: None,
         }
     }
 }
@@ -537,7 +554,8 @@ fn flush_run(run: Option<(LineArg, u64)>, spec: &mut Spec, emit: &mut impl FnMut
 /// `"concurrent count period_us max cost queue flags worker gen life_ms
 /// ticket left_ms"`, flags 64 plus the dry-run and next bits, and the
 /// queue, ticket and time left those of its [`Wait`] (all 0 for a take
-/// that never waits).
+/// that never waits), then on a line of classes `" class n"` and per class
+/// `" places reserve"` ([`ClassArg`]).
 pub fn write_spec(out: &mut String, line: &LineArg) {
     if line.lease_life > 0 {
         let (limit, rate) = (&line.limit, line.limit.rate());
@@ -573,6 +591,12 @@ pub fn write_spec(out: &mut String, line: &LineArg) {
             w.ticket,
             w.left_ms
         );
+        if let Some(c) = line.classes {
+            let _ = write!(out, " {} {}", c.class, c.lanes.len());
+            for l in c.lanes {
+                let _ = write!(out, " {} {}", l.places, l.reserve);
+            }
+        }
         return;
     }
     let (limit, rate) = (&line.limit, line.limit.rate());

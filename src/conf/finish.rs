@@ -178,14 +178,6 @@ fn http_resolver(cf: *mut ngx_conf_t) -> Option<(core::ptr::NonNull<ngx::ffi::ng
 /// is refused (a waiting line, classes; lease mode, whose leases are units
 /// of a rate).
 fn redis_conn(leases: &[LeaseZone], r: usize, line: &Line) -> Result<(), ConfError> {
-    if line.classes.is_some() {
-        refuse!(
-            "Redis zone \"{}\" cannot keep classes (\"priority=\" and \"classes=\") in \"rl_conn\" directive in {}, \
-             use a shared-memory zone (\"rl_zone NAME size=...\")",
-            Quote(&line.zone_name),
-            line.origin
-        );
-    }
     if leases.iter().any(|l| l.redis == r) {
         refuse!(
             "zone \"{}\" has \"lease\", whose leases cannot hold requests in flight, in \"rl_conn\" directive in {}",

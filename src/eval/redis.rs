@@ -10,7 +10,8 @@ pub mod wait;
 
 use ngx::ffi::{ngx_http_request_t, ngx_log_t};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
-use rl_core::redis::Grants;
+use rl_core::limit::wait::Lane;
+use rl_core::redis::{ClassArg, Grants};
 
 use crate::conf::{LocConf, MainConf};
 use crate::lease;
@@ -68,6 +69,7 @@ pub fn job_line(line: &Line, res: &LineResult, cost: u64) -> JobLine {
         kept: res.kept,
         holder: None,
         wait: None,
+        classes: classes(line, res),
     }
 }
 
@@ -113,11 +115,11 @@ pub fn send(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ask: Ask)
             let holder = if !line.limit.is_concurrent() {
                 None
             } else if ask != Ask::Read && res.cost > 0 {
-                let h = holds::take(z, (l.tag, l.line_id), res.cost);
+                let h = holds::take(z, (l.tag, l.line_id, hold_class(line, res)), res.cost);
                 res.take_gen = h.map_or(0, |h| h.gen);
                 h
             } else {
-                holds::peek(z)
+                holds::peek(z, (l.tag, l.line_id, hold_class(line, res)))
             };
             job.lines.push(match ask {
                 Ask::Decide => JobLine { check_only: line.charge_after, next, holder, ..l },
@@ -204,10 +206,33 @@ fn settle(line: &Line, res: &mut LineResult, zone: usize, held: bool) {
     res.take_gen = 0;
 }
 
-/// The state key of `line` for the request, as [`job_line`] names it: the
-/// client key's tag and the line's id.
-fn hold_key(line: &Line, res: &LineResult) -> (u64, u64) {
-    (rl_core::redis::tag_of(res.key.as_bytes()), line.id)
+/// The state key of `line` for the request, as [`job_line`] names it (the
+/// client key's tag and the line's id), and on a line of classes the
+/// request's class plus one (its worker's field of that class).
+fn hold_key(line: &Line, res: &LineResult) -> holds::Key {
+    (rl_core::redis::tag_of(res.key.as_bytes()), line.id, hold_class(line, res))
+}
+
+/// A [`holds::Key`]'s class of `line` for the request.
+fn hold_class(line: &Line, res: &LineResult) -> u8 {
+    match line.lanes.len() > 1 {
+        true => res.class.saturating_add(1),
+        false => 0,
+    }
+}
+
+/// The classes of `line` for the request's job: the request's and the
+/// line's, on a line of classes.
+fn classes(line: &Line, res: &LineResult) -> Option<ClassArg> {
+    if line.lanes.len() < 2 {
+        return None;
+    }
+    // SAFETY: the lines live in the main configuration, which lives as long as the worker's
+    // cycle: until the worker exits (a reload's old workers keep theirs while they drain). A
+    // job lives no longer: it is the worker's, answered or dropped by its I/O thread, which
+    // ends with the worker's process.
+    let lanes: &'static [Lane] = unsafe { &*core::ptr::from_ref(line.lanes.as_slice()) };
+    Some(ClassArg { class: res.class, lanes })
 }
 
 /// What the request's `rl_conn` lines on Redis zones hold, or take still

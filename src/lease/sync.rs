@@ -211,6 +211,7 @@ fn settle(lz: &LeaseZone) -> u64 {
             kept: 0,
             holder: None,
             wait: None,
+            classes: None,
         };
         redis_zone::charge(log(), lz.redis, line);
     }

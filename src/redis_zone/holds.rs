@@ -28,8 +28,16 @@ pub const BEAT: Duration = Duration::from_secs(1);
 /// besides): a worker's beat that comes late, or fails once, loses nothing.
 pub const LAPSE_BEATS: u64 = 3;
 
-/// A client key's tag and a line id: one state key of a zone.
-type Key = (u64, u64);
+/// A client key's tag and a line id: one state key of a zone; and, on a
+/// line of classes, the request's class plus one (0 on other lines): a
+/// worker holds a key's units of each class in a field of its own
+/// ([`Holds::names`]).
+pub type Key = (u64, u64, u8);
+
+/// The state key of a [`Key`].
+fn state(key: Key) -> (u64, u64) {
+    (key.0, key.1)
+}
 
 /// One zone's bookkeeping.
 struct ZoneHolds {
@@ -40,7 +48,8 @@ struct ZoneHolds {
     /// What the worker counts as held, per key: a key at 0 stays until the
     /// next heartbeat has deleted its field.
     counts: HashMap<Key, u64>,
-    /// Give-backs and corrections for the loop iteration's call.
+    /// Give-backs, corrections and places given up for the loop
+    /// iteration's calls.
     outbox: Vec<(Key, HoldOp)>,
     /// The sum of `counts` (`nginx_rl_conn_in_flight`).
     total: u64,
@@ -61,8 +70,10 @@ impl ZoneHolds {
 }
 
 struct Holds {
-    /// The worker's field name: its host, process id and a random part.
-    worker: &'static str,
+    /// The worker's field names: its host, process id and a random part;
+    /// then of its fields of class k on lines of classes, that and "/k"
+    /// (by a [`Key`]'s class plus one).
+    names: Vec<&'static str>,
     /// The worker's Redis zones (for their connections' messages).
     redis: &'static [Box<RedisZone>],
     /// By zone index: `None` for a zone without `rl_conn` lines.
@@ -76,13 +87,18 @@ thread_local! {
 /// Runs `f` on zone `zone`'s bookkeeping, if the worker keeps one. Never
 /// re-entered (nothing in `f` calls back here); should it be, nothing is
 /// done rather than the worker aborted.
-fn with_zone<T>(zone: usize, f: impl FnOnce(&'static str, &mut ZoneHolds) -> T) -> Option<T> {
+fn with_zone<T>(zone: usize, f: impl FnOnce(&[&'static str], &mut ZoneHolds) -> T) -> Option<T> {
     HOLDS.with(|h| {
         let mut h = h.try_borrow_mut().ok()?;
         let h = h.as_mut()?;
-        let worker = h.worker;
-        h.zones.get_mut(zone)?.as_mut().map(|z| f(worker, z))
+        let names = &h.names;
+        h.zones.get_mut(zone)?.as_mut().map(|z| f(names, z))
     })
+}
+
+/// The field name of class code `class` (a [`Key`]'s) in `names`.
+fn name_of(names: &[&'static str], class: u8) -> &'static str {
+    names.get(usize::from(class)).or(names.first()).copied().unwrap_or("")
 }
 
 /// Starts the bookkeeping of the worker's zones that have `rl_conn` lines
@@ -92,13 +108,14 @@ pub fn init_worker(zones: &'static [Box<RedisZone>]) {
     if !zones.iter().any(|z| z.holds) {
         return;
     }
-    // (one name for the worker's life: leaked once, as the worker's lines
-    // name it in every take; a random part besides, as containers of one
-    // image may share a host name and process ids)
+    // (one name for the worker's life, and one per class: leaked once, as
+    // the worker's lines name them in every take; a random part besides, as
+    // containers of one image may share a host name and process ids)
     let name = format!("{}:{}:{:08x}", super::host_name(), std::process::id(), random32());
-    let worker: &'static str = Box::leak(name.into_boxed_str());
+    let classes: Vec<String> = (0..rl_core::limit::wait::MAX_LANES).map(|k| format!("{name}/{k}")).collect();
+    let names = core::iter::once(name).chain(classes).map(|n| &*Box::leak(n.into_boxed_str())).collect();
     let state = Holds {
-        worker,
+        names,
         redis: zones,
         zones: zones
             .iter()
@@ -129,16 +146,16 @@ fn random32() -> u32 {
 /// A take of `cost` units of `key` on zone `zone`, sent now: counted held
 /// until it is [`settle`]d otherwise. Who takes them, for the line.
 pub fn take(zone: usize, key: Key, cost: u64) -> Option<Holder> {
-    with_zone(zone, |worker, z| {
+    with_zone(zone, |names, z| {
         z.count(zone, key, cost, 0);
-        Holder { worker, gen: z.gen, life_ms: z.life_ms }
+        Holder { worker: name_of(names, key.2), gen: z.gen, life_ms: z.life_ms }
     })
 }
 
-/// Who would take units of zone `zone` now, for a line only read
+/// Who would take units of `key` on zone `zone` now, for a line only read
 /// (`rl_quota`): nothing is counted.
-pub fn peek(zone: usize) -> Option<Holder> {
-    with_zone(zone, |worker, z| Holder { worker, gen: z.gen, life_ms: z.life_ms })
+pub fn peek(zone: usize, key: Key) -> Option<Holder> {
+    with_zone(zone, |names, z| Holder { worker: name_of(names, key.2), gen: z.gen, life_ms: z.life_ms })
 }
 
 /// A take sent in generation `gen` that does not hold (refused, or
@@ -172,40 +189,60 @@ pub fn give_back(zone: usize, key: Key, cost: u64) -> bool {
 /// zone `zone` (it ends, or its wait is over): sent with the loop
 /// iteration's calls, once (a place whose leave is lost lapses). Whether it
 /// is to be sent.
-pub fn leave(zone: usize, key: Key, ticket: u64) -> bool {
-    with_zone(zone, |_, z| z.outbox.push((key, HoldOp::Leave { ticket }))).is_some()
+pub fn leave(zone: usize, key: (u64, u64), ticket: u64) -> bool {
+    with_zone(zone, |_, z| z.outbox.push(((key.0, key.1, 0), HoldOp::Leave { ticket }))).is_some()
 }
 
-/// The give-backs and corrections of the loop iteration, by zone, each
-/// with its zone, the worker and its fields' life.
+/// The give-backs, corrections and places given up of the loop
+/// iteration, by zone and field name (one call each), each with its zone,
+/// the field name and its fields' life.
 pub fn take_outbox() -> Vec<Outgoing> {
     HOLDS.with(|h| {
         let Ok(mut h) = h.try_borrow_mut() else { return Vec::new() };
         let Some(h) = h.as_mut() else { return Vec::new() };
-        let (worker, redis) = (h.worker, h.redis);
-        h.zones
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, z)| {
-                let z = z.as_mut().filter(|z| !z.outbox.is_empty())?;
-                let batch = HoldBatch { ops: std::mem::take(&mut z.outbox), worker, life_ms: z.life_ms };
-                Some((i, &**redis.get(i)?, batch))
-            })
-            .collect()
+        let redis = h.redis;
+        let mut out = Vec::new();
+        for (i, z) in h.zones.iter_mut().enumerate() {
+            let Some(z) = z.as_mut().filter(|z| !z.outbox.is_empty()) else { continue };
+            let Some(rz) = redis.get(i) else { continue };
+            for batch in batches(&h.names, std::mem::take(&mut z.outbox), z.life_ms) {
+                out.push((i, &**rz, batch));
+            }
+        }
+        out
     })
+}
+
+/// `ops` in one batch per field name (most often one: lines of classes
+/// have a field per class).
+fn batches(names: &[&'static str], mut ops: Vec<(Key, HoldOp)>, life_ms: u64) -> Vec<HoldBatch> {
+    ops.sort_by_key(|(k, _)| k.2);
+    let mut out: Vec<HoldBatch> = Vec::new();
+    let mut class = None;
+    for (key, op) in ops {
+        if class != Some(key.2) {
+            class = Some(key.2);
+            out.push(HoldBatch { ops: Vec::new(), worker: name_of(names, key.2), life_ms });
+        }
+        if let Some(b) = out.last_mut() {
+            b.ops.push((state(key), op));
+        }
+    }
+    out
 }
 
 /// A zone's changes to send: its index, the zone, the changes.
 pub type Outgoing = (usize, &'static RedisZone, HoldBatch);
 
 /// The next heartbeat of zone `zone`: a new generation, and every key's
-/// count (0: its field deleted); keys at 0 are then forgotten.
-pub fn next_beat(zone: usize) -> Option<HoldBatch> {
-    with_zone(zone, |worker, z| {
+/// count (0: its field deleted), a call per field name; keys at 0 are then
+/// forgotten. `None` when the worker keeps no bookkeeping of the zone.
+pub fn next_beat(zone: usize) -> Option<Vec<HoldBatch>> {
+    with_zone(zone, |names, z| {
         z.gen += 1;
         let gen = z.gen;
         let ops = z.counts.iter().map(|(k, &units)| (*k, HoldOp::Set { units, gen })).collect();
         z.counts.retain(|_, n| *n > 0);
-        HoldBatch { ops, worker, life_ms: z.life_ms }
+        batches(names, ops, z.life_ms)
     })
 }

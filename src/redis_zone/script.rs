@@ -114,6 +114,7 @@ pub async fn call(
                 kept: l.kept,
                 holder: l.holder,
                 wait: l.wait,
+                classes: l.classes,
             })
         });
         write_args(lines, Call { commit, now_us: None, deadline_us, memo: memo.is_some() }, |a| push_arg(&mut cmd, a));

@@ -272,12 +272,11 @@ async fn beats(zone: usize, rz: &'static RedisZone) {
             sleep(REOPENED_LOOK).await;
         }
         seen = opened();
-        let Some(batch) = holds::next_beat(zone) else { return };
-        if batch.ops.is_empty() {
-            continue;
-        }
-        if let Some(e) = put(zone, batch, true).await {
-            rz.failed_doing(cycle_log(), &e, "rl_conn units not renewed until the next heartbeat");
+        let Some(batches) = holds::next_beat(zone) else { return };
+        for batch in batches.into_iter().filter(|b| !b.ops.is_empty()) {
+            if let Some(e) = put(zone, batch, true).await {
+                rz.failed_doing(cycle_log(), &e, "rl_conn units not renewed until the next heartbeat");
+            }
         }
     }
 }

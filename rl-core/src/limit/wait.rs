@@ -35,7 +35,7 @@
 
 /// One class of requests: its places in the waiting line, and the units
 /// it keeps from the classes below it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Lane {
     pub places: u64,
     pub reserve: u64,

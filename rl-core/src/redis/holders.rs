@@ -29,7 +29,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{HoldOp, Holder, Wait};
+use super::{ClassArg, HoldOp, Holder, Wait};
 use crate::limit::{Limit, Outcome};
 
 /// A worker's field: what it holds, and how it was last written.
@@ -52,6 +52,9 @@ pub struct Place {
     pub cost: u64,
     /// When it lapses unless renewed (ms of the Redis clock).
     pub deadline_ms: u64,
+    /// Its request's class, on a line of classes (`None`: written without
+    /// one, read as the lowest).
+    pub class: Option<u64>,
 }
 
 /// A key's fields, by worker, and its waiting line.
@@ -72,6 +75,18 @@ pub enum Turn {
     Admitted,
     Waiting { ticket: u64, ahead: u64 },
     Refused,
+}
+
+/// The class of a worker's field named `name` on a line whose lowest
+/// class is `low`: the digits after its last "/", if they name one up to
+/// `low`; else the lowest.
+pub fn field_class(name: &str, low: usize) -> usize {
+    match name.rsplit_once('/') {
+        Some((_, d)) if !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()) => {
+            d.parse::<usize>().ok().filter(|&k| k <= low).unwrap_or(low)
+        }
+        _ => low,
+    }
 }
 
 /// The deadline a place is given at `now_ms`: its request's wait
@@ -96,47 +111,71 @@ impl Holders {
         lapsed
     }
 
-    /// The live places at `now_ms` before `ticket` (every one for 0): how
-    /// many, and their units.
-    fn ahead(&self, now_ms: u64, ticket: u64) -> (u64, u64) {
-        let live = self.places.iter().filter(|(t, p)| p.deadline_ms >= now_ms && (ticket == 0 || **t < ticket));
-        live.fold((0, 0), |(n, units), (_, p)| (n + 1, units.saturating_add(p.cost)))
-    }
-
     /// A take of `cost` units on `limit` by `holder` at `now_ms` (the
     /// script's `concurrent`), committed or only checked: the outcome, and
     /// the units reclaimed from lapsed fields (committing only; whatever it
     /// decides). A cost of 0 passes and writes nothing but the reclaim.
     pub fn take(&mut self, limit: &Limit, cost: u64, holder: &Holder, now_ms: u64, commit: bool) -> (Outcome, u64) {
-        let (o, reclaimed, _) = self.take_waiting(limit, cost, holder, None, now_ms, commit);
+        let (o, reclaimed, _) = self.take_waiting(limit, cost, holder, None, None, now_ms, commit);
         (o, reclaimed)
     }
 
     /// [`Holders::take`] of a line that may wait (`wait`; `None`: one that
-    /// never does, as [`Holders::take`]): also how it ends in the line. A
-    /// waiting outcome (not admitted) reports its ticket as `reset_us` and
-    /// the live places ahead as `delay_us`, as the script's reply does.
-    /// Every take leaves what is free to the live places ahead of it
-    /// (all of them for one that arrives); what remains is what is free
-    /// beyond those places (and, admitted, its own units). A request
-    /// whose place is gone (lapsed, or never made) is refused; one that
-    /// arrives takes a place when it must wait and the line has one free
-    /// (committing, at a cost above 0), else is refused. A cost of 0
-    /// passes and writes nothing but the reclaim.
+    /// never does, as [`Holders::take`]), of classes or not (`classes`):
+    /// also how it ends in the line. A waiting outcome (not admitted)
+    /// reports its ticket as `reset_us` and the live places ahead as
+    /// `delay_us`, as the script's reply does. Every take leaves what is
+    /// free to the live places ahead of it (all of them for one that
+    /// arrives: on a line of classes, those of its class and above); what
+    /// remains is what is free beyond those places (and, admitted, its own
+    /// units). On a line of classes, what is free for class `k` also
+    /// leaves the unused reserve of each class above it (its reserve less
+    /// what its fields hold; a worker's field of class `k` is named with
+    /// "/k"). A request whose place is gone (lapsed, taken by a higher
+    /// class, or never made) is refused; one that arrives takes a place
+    /// when it must wait, its units fit in what the reserves above leave
+    /// of the max, its class has a place free, and the line has one
+    /// (or, of classes, a lower class has one to give up: the newest of
+    /// the lowest), committing at a cost above 0; else it is refused. A
+    /// cost of 0 passes and writes nothing but the reclaim.
+    #[allow(clippy::too_many_arguments)]
     pub fn take_waiting(
         &mut self,
         limit: &Limit,
         cost: u64,
         holder: &Holder,
         wait: Option<Wait>,
+        classes: Option<ClassArg>,
         now_ms: u64,
         commit: bool,
     ) -> (Outcome, u64, Turn) {
         let ticket = wait.map_or(0, |w| w.ticket);
-        let own = self.places.get(&ticket).copied().filter(|p| ticket > 0 && p.deadline_ms >= now_ms);
-        let (nahead, ahead) = self.ahead(now_ms, ticket);
-        let waiting = self.places.values().filter(|p| p.deadline_ms >= now_ms).count() as u64;
+        let low = classes.map_or(1, |c| c.lanes.len()).saturating_sub(1);
+        let k = classes.map(|c| usize::from(c.class));
+        let place_class = |p: &Place| p.class.map_or(low, |c| usize::try_from(c).unwrap_or(usize::MAX).min(low));
+        let live: Vec<(u64, Place)> =
+            self.places.iter().filter(|(_, p)| p.deadline_ms >= now_ms).map(|(t, p)| (*t, *p)).collect();
+        let own = live.iter().find(|(t, _)| ticket > 0 && *t == ticket).map(|(_, p)| *p);
+        let is_ahead = |t: u64, p: &Place| {
+            let pk = place_class(p);
+            t != ticket
+                && match k {
+                    Some(k) => pk < k || (pk == k && (ticket == 0 || t < ticket)),
+                    None => ticket == 0 || t < ticket,
+                }
+        };
+        let (nahead, ahead) = live
+            .iter()
+            .filter(|(t, p)| is_ahead(*t, p))
+            .fold((0u64, 0u64), |(n, units), (_, p)| (n + 1, units.saturating_add(p.cost)));
         let held = self.held(now_ms);
+        // The unused reserves of the classes above, and all their reserves.
+        let (unused, kept) = match (classes, k) {
+            (Some(c), Some(k)) => c.lanes.iter().take(k).enumerate().fold((0u64, 0u64), |(u, kept), (j, l)| {
+                (u.saturating_add(l.reserve.saturating_sub(self.held_by_class(now_ms, j, low))), kept + l.reserve)
+            }),
+            _ => (0, 0),
+        };
         let reclaimed = match commit {
             true => self.reclaim(now_ms),
             false => 0,
@@ -150,15 +189,15 @@ impl Holders {
             Some(f) if f.gen > holder.gen => 0,
             _ => cost,
         };
-        let free = limit.burst().saturating_sub(held);
-        let avail = free.saturating_sub(ahead);
+        let taken = held.saturating_add(unused).saturating_add(ahead);
+        let avail = limit.burst().saturating_sub(taken);
         if ticket > 0 && own.is_none() && cost > 0 {
             return (Outcome::reject(avail, 0, None), reclaimed, Turn::Refused);
         }
         // (a take the heartbeat counted is in `held` already: let in only while what is held,
         // with it, is within the max; that heartbeat may have come first and set the field
         // beyond it)
-        if cost == 0 || held.saturating_add(ahead).saturating_add(need) <= limit.burst() {
+        if cost == 0 || taken.saturating_add(need) <= limit.burst() {
             if commit && need > 0 {
                 let (count, gen, set) = match mine {
                     Some(f) if f.gen >= holder.gen => (f.count + need, f.gen, f.set),
@@ -174,31 +213,66 @@ impl Holders {
             return (Outcome::admit(avail - need, 0, 0), reclaimed, Turn::Admitted);
         }
         let waits = |ticket: u64| Outcome { reset_us: ticket, delay_us: nahead, ..Outcome::reject(avail, 0, None) };
-        match (wait, own) {
-            (Some(w), Some(p)) => {
-                // (renewed once half its life is gone, if that gains a second: a look a request
-                // makes every few ms writes nothing, nor does one late in its wait, whose
-                // deadline stays at its end)
-                let deadline_ms = place_deadline(now_ms, w.left_ms, holder.life_ms);
-                if commit
-                    && cost > 0
-                    && p.deadline_ms.saturating_sub(now_ms) < holder.life_ms / 2
-                    && deadline_ms >= p.deadline_ms.saturating_add(1000)
-                {
-                    self.places.insert(ticket, Place { deadline_ms, ..p });
-                }
-                (waits(ticket), reclaimed, Turn::Waiting { ticket, ahead: nahead })
+        let class = k.map(|k| k as u64);
+        let refused = (Outcome::reject(avail, 0, None), reclaimed, Turn::Refused);
+        let Some(w) = wait else { return refused };
+        if let Some(p) = own {
+            // (renewed once half its life is gone, if that gains a second: a look a request
+            // makes every few ms writes nothing, nor does one late in its wait, whose
+            // deadline stays at its end)
+            let deadline_ms = place_deadline(now_ms, w.left_ms, holder.life_ms);
+            if commit
+                && cost > 0
+                && p.deadline_ms.saturating_sub(now_ms) < holder.life_ms / 2
+                && deadline_ms >= p.deadline_ms.saturating_add(1000)
+            {
+                self.places.insert(ticket, Place { cost: p.cost, deadline_ms, class });
             }
-            // (a request that asks for more than the max never fits: no place)
-            (Some(w), None) if commit && cost > 0 && cost <= limit.burst() && waiting < limit.queue() => {
-                let t = self.next_ticket.max(1);
-                self.next_ticket = t + 1;
-                let deadline_ms = place_deadline(now_ms, w.left_ms, holder.life_ms);
-                self.places.insert(t, Place { cost, deadline_ms });
-                (waits(t), reclaimed, Turn::Waiting { ticket: t, ahead: nahead })
-            }
-            _ => (Outcome::reject(avail, 0, None), reclaimed, Turn::Refused),
+            return (waits(ticket), reclaimed, Turn::Waiting { ticket, ahead: nahead });
         }
+        // (a request that asks for more than the reserves above leave of the max never fits:
+        // no place)
+        if !(limit.queue() > 0 && commit && cost > 0 && cost <= limit.burst().saturating_sub(kept)) {
+            return refused;
+        }
+        if let (Some(c), Some(k)) = (classes, k) {
+            let of_class = live.iter().filter(|(_, p)| place_class(p) == k).count() as u64;
+            if of_class >= c.lanes.get(k).map_or(0, |l| l.places) {
+                return refused;
+            }
+        }
+        let nplaces = live.len() as u64;
+        if nplaces >= limit.queue() {
+            // The places of the classes below, newest of the lowest first.
+            let mut below: Vec<(usize, u64)> = match k {
+                Some(k) => live.iter().map(|(t, p)| (place_class(p), *t)).filter(|(pk, _)| *pk > k).collect(),
+                None => Vec::new(),
+            };
+            let want = (nplaces - limit.queue() + 1) as usize;
+            if below.len() < want {
+                return refused;
+            }
+            below.sort_unstable_by(|x, y| y.cmp(x));
+            for (_, t) in below.into_iter().take(want) {
+                self.places.remove(&t);
+            }
+        }
+        let t = self.next_ticket.max(1);
+        self.next_ticket = t + 1;
+        let deadline_ms = place_deadline(now_ms, w.left_ms, holder.life_ms);
+        self.places.insert(t, Place { cost, deadline_ms, class });
+        (waits(t), reclaimed, Turn::Waiting { ticket: t, ahead: nahead })
+    }
+
+    /// The units the live fields of class `k` hold (a line's lowest class
+    /// being `low`): a field named "worker/k" is of class `k`, one that
+    /// names no class (or none up to `low`) of the lowest.
+    fn held_by_class(&self, now_ms: u64, k: usize, low: usize) -> u64 {
+        self.fields
+            .iter()
+            .filter(|(name, f)| f.deadline_ms >= now_ms && field_class(name, low) == k)
+            .map(|(_, f)| f.count)
+            .sum()
     }
 
     /// A request gives up its place `ticket` (it ends, or its wait is

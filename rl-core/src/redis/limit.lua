@@ -881,17 +881,28 @@ end
 -- a field "#ticket" per place, "cost deadline" (ms: it lapses unless its
 -- request looks again), and "#" the next ticket (rl-core's
 -- redis::holders, which says how a request is let in from the line).
+-- A line of classes (`classes=`) has a field per worker and class (the
+-- worker's name and "/k", k its class, 0 the highest), and a place its
+-- class ("cost deadline k"); a field or place that names none (or none of
+-- the line's) is of the lowest class.
 -- A key of fields: the units the live ones hold, this worker's field
 -- (count, gen, set flag; gen -1: none), the names of the fields lapsed
 -- (places too), the units they held, whether the key is of another type,
--- the live places as (ticket, cost, deadline) triples (nil: none), and
--- the next ticket.
-local function holders(key, me)
+-- the live places as (ticket, cost, deadline, class) quadruples (nil:
+-- none), the next ticket, and for a line of `n` classes the units the
+-- live fields of each class hold (by class, from 0).
+local function holders(key, me, n)
   local all = redis.pcall('HGETALL', key)
   local held, mine, mg, mset, lapsed, freed, places, nextt = 0, 0, -1, '0', nil, 0, nil, 1
-  if type(all) ~= 'table' or all.err then
-    return held, mine, mg, mset, lapsed, freed, true, places, nextt
+  local byclass = nil
+  if n then
+    byclass = {}
+    for j = 0, n - 1 do byclass[j] = 0 end
   end
+  if type(all) ~= 'table' or all.err then
+    return held, mine, mg, mset, lapsed, freed, true, places, nextt, byclass
+  end
+  local low = (n or 1) - 1
   for i = 1, #all, 2 do
     local name = all[i]
     if string.byte(name, 1) == 35 then
@@ -900,11 +911,13 @@ local function holders(key, me)
         nextt = tonumber(all[i + 1]) or 1
       else
         local t = tonumber(string.sub(name, 2))
-        local c, d = string.match(all[i + 1], '^(%d+) (%d+)$')
-        c, d = tonumber(c), tonumber(d)
+        local c, d, k = string.match(all[i + 1], '^(%d+) (%d+) ?(%d*)$')
+        c, d, k = tonumber(c), tonumber(d), tonumber(k)
         if t and c and d and ms <= d then
+          if not k or k > low then k = low end
           places = places or {}
-          places[#places + 1], places[#places + 2], places[#places + 3] = t, c, d
+          local q = #places
+          places[q + 1], places[q + 2], places[q + 3], places[q + 4] = t, c, d, k
         else
           lapsed = lapsed or {}
           lapsed[#lapsed + 1] = name
@@ -918,6 +931,11 @@ local function holders(key, me)
         if name == me then
           mine, mg, mset = c, g, st
         end
+        if byclass then
+          local k = tonumber(string.match(name, '/(%d+)$'))
+          if not k or k > low then k = low end
+          byclass[k] = byclass[k] + c
+        end
       else
         lapsed = lapsed or {}
         lapsed[#lapsed + 1] = name
@@ -925,7 +943,7 @@ local function holders(key, me)
       end
     end
   end
-  return held, mine, mg, mset, lapsed, freed, false, places, nextt
+  return held, mine, mg, mset, lapsed, freed, false, places, nextt, byclass
 end
 -- A field's value.
 local function holding(count, gen, life, set)
@@ -943,6 +961,14 @@ end
 local function place_deadline(left, life)
   return ms + math.min(left + 1000, life)
 end
+-- A place's value: its units, its deadline, and on a line of classes its
+-- class.
+local function place_value(cost, d, k)
+  if k then
+    return string.format('%.0f %.0f %.0f', cost, d, k)
+  end
+  return string.format('%.0f %.0f', cost, d)
+end
 -- A take committed is in its call's memo (a copy must not take twice);
 -- an undo leaves it (its line, without the worker, does not parse as one):
 -- the worker's heartbeat sets what it holds. A line with a queue (lim[21],
@@ -955,14 +981,25 @@ end
 -- or renewed is written at once, whatever the call's other lines decide
 -- (nginx sends a waiting line alone), and keeps the call's memo (a copy
 -- must find the same ticket).
+-- A line of classes (lim[24] the request's class k, lim[25] the classes'
+-- places and reserves, lim[26] how many; the worker's field its field of
+-- class k): what is free for class k leaves the unused reserve of every
+-- class above it (its reserve less what its fields hold); the places
+-- ahead are those of the classes above and the earlier ones of its own;
+-- an arrival takes a place only within its class's places and if its
+-- units fit in what the reserves above leave of max, and when the line's
+-- places are all taken it takes the newest place of the lowest class
+-- below its own that has one (whose request finds it gone at its next
+-- look), or is refused.
 local function concurrent(lim, j, key, cost)
   local b, me, gen, life, Q, tk, lft = lim[4], lim[18], lim[19], lim[20], lim[21], lim[22], lim[23]
+  local k, lanes, n = lim[24], lim[25], lim[26]
   -- (a string state of this key pending, were a key ever shared: written first)
   if R[7 * j - 6] then
     flush(j)
   end
   cur[j] = nil
-  local held, mine, mg, mset, lapsed, freed, wrongtype, places, nextt = holders(key, me)
+  local held, mine, mg, mset, lapsed, freed, wrongtype, places, nextt, byclass = holders(key, me, n)
   if commit and lapsed then
     -- (their workers are gone: the units go back whatever this line decides)
     redis.call('HDEL', key, unpack(lapsed))
@@ -971,23 +1008,32 @@ local function concurrent(lim, j, key, cost)
   -- A take its worker's last heartbeat counted already.
   local need = cost
   if gen < mg then need = 0 end
-  local free = b - held
-  if free < 0 then free = 0 end
-  -- The live places ahead (every one for an arrival): how many, their
-  -- units; the request's own place (its units, its deadline); how many.
-  local nahead, ahead, own, od, nplaces = 0, 0, nil, 0, 0
-  if places then
-    nplaces = #places / 3
-    for i = 1, #places, 3 do
-      local t = places[i]
-      if tk > 0 and t == tk then
-        own, od = places[i + 1], places[i + 2]
-      elseif tk == 0 or t < tk then
-        nahead, ahead = nahead + 1, ahead + places[i + 1]
-      end
+  -- The unused reserves of the classes above, and all their reserves.
+  local unused, kept = 0, 0
+  if k then
+    for c = 0, k - 1 do
+      local r = lanes[2 * c + 2]
+      kept = kept + r
+      if r > byclass[c] then unused = unused + r - byclass[c] end
     end
   end
-  local avail = free - ahead
+  -- The live places ahead (every one of its class and above for an
+  -- arrival): how many, their units; the request's own place (its units,
+  -- its deadline); how many places, and of its class.
+  local nahead, ahead, own, od, nplaces, mine_places = 0, 0, nil, 0, 0, 0
+  if places then
+    nplaces = #places / 4
+    for i = 1, #places, 4 do
+      local t, pk = places[i], places[i + 3]
+      if tk > 0 and t == tk then
+        own, od = places[i + 1], places[i + 2]
+      elseif (k and pk < k) or ((not k or pk == k) and (tk == 0 or t < tk)) then
+        nahead, ahead = nahead + 1, ahead + places[i + 1]
+      end
+      if k and pk == k then mine_places = mine_places + 1 end
+    end
+  end
+  local avail = b - held - unused - ahead
   if avail < 0 then avail = 0 end
   if tk > 0 and not own then
     return true, false, avail, 0, -1, 0, nil, 0, 0, 0, freed
@@ -995,7 +1041,7 @@ local function concurrent(lim, j, key, cost)
   -- (a take its worker's heartbeat counted is in `held` already: let in
   -- only while what is held, with it, is within max; that heartbeat may
   -- have reached Redis before it, and set the field beyond max)
-  if cost == 0 or need <= b - held - ahead then
+  if cost == 0 or need <= b - held - unused - ahead then
     local val = nil
     if commit and cost > 0 and (need > 0 or tk > 0) then
       val = function()
@@ -1022,26 +1068,53 @@ local function concurrent(lim, j, key, cost)
     -- a wait, the deadline stays at its end)
     local d = place_deadline(lft, life)
     if commit and cost > 0 and od - ms < floor(life / 2) and d >= od + 1000 then
-      redis.call('HSET', key, '#' .. tk, string.format('%.0f %.0f', own, d))
+      redis.call('HSET', key, '#' .. tk, place_value(own, d, k))
       hold_key(key, life)
       placed = true
     end
     return true, false, avail, tk, -3, nahead, nil, 0, 0, 0, freed
   end
-  -- (a request that asks for more than max never fits: no place)
-  if Q > 0 and commit and cost > 0 and cost <= b and nplaces < Q then
-    if wrongtype then
-      redis.call('DEL', key)
-    end
-    local t = nextt
-    if t < 1 then t = 1 end
-    redis.call('HSET', key, '#' .. t, string.format('%.0f %.0f', cost, place_deadline(lft, life)), '#',
-      string.format('%.0f', t + 1))
-    hold_key(key, life)
-    placed = true
-    return true, false, avail, t, -3, nahead, nil, 0, 0, 0, freed
+  -- (a request that asks for more than the reserves above leave of max
+  -- never fits: no place)
+  if not (Q > 0 and commit and cost > 0 and cost <= b - kept) then
+    return true, false, avail, 0, -1, 0, nil, 0, 0, 0, freed
   end
-  return true, false, avail, 0, -1, 0, nil, 0, 0, 0, freed
+  if k and mine_places >= lanes[2 * k + 1] then
+    return true, false, avail, 0, -1, 0, nil, 0, 0, 0, freed
+  end
+  if nplaces >= Q then
+    -- The places of the classes below, newest of the lowest first: as
+    -- many as it takes to free one.
+    local below = {}
+    if k and places then
+      for i = 1, #places, 4 do
+        if places[i + 3] > k then
+          below[#below + 1] = { places[i + 3], places[i] }
+        end
+      end
+    end
+    local want = nplaces - Q + 1
+    if #below < want then
+      return true, false, avail, 0, -1, 0, nil, 0, 0, 0, freed
+    end
+    table.sort(below, function(x, y)
+      if x[1] ~= y[1] then return x[1] > y[1] end
+      return x[2] > y[2]
+    end)
+    for i = 1, want do
+      redis.call('HDEL', key, '#' .. below[i][2])
+    end
+  end
+  if wrongtype then
+    redis.call('DEL', key)
+  end
+  local t = nextt
+  if t < 1 then t = 1 end
+  redis.call('HSET', key, '#' .. t, place_value(cost, place_deadline(lft, life), k), '#',
+    string.format('%.0f', t + 1))
+  hold_key(key, life)
+  placed = true
+  return true, false, avail, t, -3, nahead, nil, 0, 0, 0, freed
 end
 
 -- token_bucket and leaky_bucket
@@ -1138,10 +1211,13 @@ local specs, nspecs = {}, 0
 -- fifth value is what the line reclaimed); the worker (no space), its
 -- generation and its fields' life (ms) as lim[18], lim[19], lim[20]; the
 -- queue (0: the request never waits), its ticket and the ms its wait has
--- left as lim[21], lim[22], lim[23] (see `concurrent`).
+-- left as lim[21], lim[22], lim[23]; on a line of classes " k n" then n
+-- times " places reserve" after them: the request's class (0 the highest),
+-- and each class's places in the waiting line and reserve, as lim[24],
+-- lim[26] and lim[25] (flat) (see `concurrent`).
 local function parse_conn(s)
-  local w1, w2, w3, w4, wq, w5, me, w6, w7, w8, w9 =
-    string.match(s, '^concurrent (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%S+) (%d+) (%d+) (%d+) (%d+)$')
+  local w1, w2, w3, w4, wq, w5, me, w6, w7, w8, w9, rest =
+    string.match(s, '^concurrent (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%S+) (%d+) (%d+) (%d+) (%d+)(.*)$')
   local c, p, b, x, f, gen, life = tonumber(w1), tonumber(w2), tonumber(w3), tonumber(w4), tonumber(w5),
     tonumber(w6), tonumber(w7)
   local q, tk, lft = tonumber(wq), tonumber(w8), tonumber(w9)
@@ -1150,8 +1226,30 @@ local function parse_conn(s)
       and (f == 64 or f == 65 or f == 72 or f == 73)) then
     return false
   end
+  -- A line of classes: " k n" and per class " places reserve".
+  local k, lanes, n = nil, nil, nil
+  if rest ~= '' then
+    local wk, wn, more = string.match(rest, '^ (%d+) (%d+)(.*)$')
+    k, n = tonumber(wk), tonumber(wn)
+    if not (k and n and n >= 2 and n <= 16 and k < n) then
+      return false
+    end
+    lanes = {}
+    for i = 1, n do
+      local wp, wr, after = string.match(more, '^ (%d+) (%d+)(.*)$')
+      local pl, r = tonumber(wp), tonumber(wr)
+      if not (pl and r and pl < E and r < E) then
+        return false
+      end
+      lanes[2 * i - 1], lanes[2 * i] = pl, r
+      more = after
+    end
+    if more ~= '' then
+      return false
+    end
+  end
   return { 'concurrent', c, p, b, x, b, false, 0, f % 2 == 1, concurrent, 'concurrent', 0, false, false, false,
-    false, false, me, gen, life, q, tk, lft }
+    false, false, me, gen, life, q, tk, lft, k, lanes, n }
 end
 local function parse(s)
   local n = tonumber(s)

@@ -17,9 +17,10 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{FileFailurePersistence, TestRunner};
+use rl_core::limit::wait::Lane;
 use rl_core::limit::{Algorithm, Limit};
-use rl_core::redis::holders::{place_deadline, Field, Holders, Place, Turn};
-use rl_core::redis::{conn_args, write_spec, HoldOp, Holder, LineArg, Wait};
+use rl_core::redis::holders::{field_class, place_deadline, Field, Holders, Place, Turn};
+use rl_core::redis::{conn_args, write_spec, ClassArg, HoldOp, Holder, LineArg, Wait};
 use rl_core::verdict::Outcome;
 
 use crate::fixtures::{keys, limit, T0};
@@ -30,6 +31,16 @@ const W0: &str = "web1:100";
 const W1: &str = "web1:101";
 const W2: &str = "web2:100";
 const WORKERS: [&str; 3] = [W0, W1, W2];
+
+/// The workers' fields on a line of classes (the worker's name and "/k":
+/// its field of class k), then a field that names no class (as a line
+/// written before `classes=` leaves it) and one of a class beyond the
+/// line's (as one of more classes does): both of the lowest class.
+const NAMES: [[&str; 5]; 3] = [
+    ["web1:100/0", "web1:100/1", "web1:100/2", W0, "web1:100/9"],
+    ["web1:101/0", "web1:101/1", "web1:101/2", W1, "web1:101/9"],
+    ["web2:100/0", "web2:100/1", "web2:100/2", W2, "web2:100/9"],
+];
 
 /// The stories' life of a field (ms).
 const LIFE: u64 = 1_000;
@@ -51,12 +62,13 @@ fn waits(line: LineArg, queue: u64, ticket: u64, left_ms: u64) -> LineArg {
     LineArg { limit, wait: Some(Wait { ticket, left_ms }), ..line }
 }
 
-/// A place's value as the script writes it: "cost deadline_ms".
+/// A place's value as the script writes it: "cost deadline_ms", and on a
+/// line of classes its class, "cost deadline_ms k".
 fn parse_place(v: &str) -> Place {
     let w: Vec<&str> = v.split(' ').collect();
     let n = |s: &str| s.parse::<u64>().unwrap_or_else(|_| panic!("a place's value {v:?}"));
-    assert!(w.len() == 2, "a place's value {v:?}");
-    Place { cost: n(w[0]), deadline_ms: n(w[1]) }
+    assert!(w.len() == 2 || w.len() == 3, "a place's value {v:?}");
+    Place { cost: n(w[0]), deadline_ms: n(w[1]), class: w.get(2).map(|k| n(k)) }
 }
 
 /// A key's HASH as the model keeps it: a field per worker, "#ticket" a
@@ -121,6 +133,29 @@ struct Stats {
     /// place.
     lapsed_places: u64,
     left: u64,
+    /// On a line of classes: takes refused only for the unused reserves of
+    /// the classes above (they would fit beside what is held and the places
+    /// ahead); takes admitted only because a class above holds units of its
+    /// reserve (all the reserves above left free, they would not fit).
+    reserve_refused: u64,
+    reserve_spent: u64,
+    /// Arrivals refused a place: their units over what the reserves above
+    /// leave of the max (but within it); their class's places all taken;
+    /// the line full with no place of a lower class to take.
+    over_kept: u64,
+    class_full: u64,
+    line_full: u64,
+    /// Arrivals that took a place by deleting one of a lower class (and
+    /// the places so deleted); arrivals placed ahead of a lower class's
+    /// live places; polls kept waiting behind a place of a higher class
+    /// that came later.
+    evicted: u64,
+    evictions: u64,
+    passed: u64,
+    overtaken: u64,
+    /// Takes on a line of classes that found a live field or place that
+    /// names no class of the line's (read as of the lowest).
+    unnamed: u64,
 }
 
 thread_local! {
@@ -132,6 +167,77 @@ fn count(f: impl FnOnce(&mut Stats)) {
         let mut x = s.get();
         f(&mut x);
         s.set(x);
+    });
+}
+
+/// Counts the paths a take on a line of classes (`l`, its classes
+/// `classes`) reached: the model's key `before` it and `after` it, its
+/// outcome and how it ended in the line (`decided`), at `now_ms`.
+fn class_paths(
+    before: &Holders,
+    after: &Holders,
+    l: &LineArg,
+    classes: ClassArg,
+    decided: (&Outcome, Turn),
+    now_ms: u64,
+    commit: bool,
+) {
+    let (o, turn) = decided;
+    let lanes = classes.lanes;
+    let (low, k) = (lanes.len() - 1, usize::from(classes.class));
+    let (h, max) = (l.holder.expect("a concurrent line"), l.limit.burst());
+    let fields: Vec<(&String, &Field)> = before.fields.iter().filter(|(_, f)| f.deadline_ms >= now_ms).collect();
+    let mut by_class = vec![0u64; lanes.len()];
+    for (name, f) in &fields {
+        by_class[field_class(name, low)] += f.count;
+    }
+    let unused: u64 = lanes[..k].iter().zip(&by_class).map(|(l, h)| l.reserve.saturating_sub(*h)).sum();
+    let kept: u64 = lanes[..k].iter().map(|l| l.reserve).sum();
+    let class_of = |p: &Place| p.class.and_then(|c| usize::try_from(c).ok()).map_or(low, |c| c.min(low));
+    let ticket = l.wait.map_or(0, |w| w.ticket);
+    // (ticket, class, cost)
+    let live: Vec<(u64, usize, u64)> =
+        before.places.iter().filter(|(_, p)| p.deadline_ms >= now_ms).map(|(t, p)| (*t, class_of(p), p.cost)).collect();
+    let own = live.iter().any(|(t, ..)| ticket > 0 && *t == ticket);
+    let is_ahead = |t: u64, pk: usize| t != ticket && (pk < k || (pk == k && (ticket == 0 || t < ticket)));
+    let ahead: u64 = live.iter().filter(|(t, pk, _)| is_ahead(*t, *pk)).map(|(.., c)| c).sum();
+    let held = before.held(now_ms);
+    let need = match before.fields.get(h.worker) {
+        Some(f) if f.deadline_ms >= now_ms && f.gen > h.gen => 0,
+        _ => l.cost,
+    };
+    let named = |name: &str| name.rsplit_once('/').and_then(|(_, d)| d.parse::<usize>().ok()).is_some_and(|c| c <= low);
+    let unnamed = fields.iter().any(|(name, _)| !named(name))
+        || before.places.values().any(|p| p.deadline_ms >= now_ms && p.class.is_none_or(|c| c > low as u64));
+    count(|s| {
+        s.unnamed += u64::from(unnamed);
+        if l.cost > 0 && (ticket == 0 || own) {
+            s.reserve_refused += u64::from(!o.admitted && held + ahead + need <= max);
+            s.reserve_spent += u64::from(o.admitted && held + kept + ahead + need > max);
+        }
+        let arrival = ticket == 0 && l.wait.is_some() && commit && l.cost > 0 && l.limit.queue() > 0;
+        match turn {
+            Turn::Refused if arrival && held + unused + ahead + need > max => {
+                let of_class = live.iter().filter(|(_, pk, _)| *pk == k).count() as u64;
+                if l.cost > max.saturating_sub(kept) {
+                    s.over_kept += u64::from(l.cost <= max);
+                } else if of_class >= lanes[k].places {
+                    s.class_full += 1;
+                } else {
+                    s.line_full += 1;
+                }
+            }
+            Turn::Waiting { .. } if arrival => {
+                let deleted = live.iter().filter(|(t, ..)| !after.places.contains_key(t)).count() as u64;
+                s.evicted += u64::from(deleted > 0);
+                s.evictions += deleted;
+                s.passed += u64::from(live.iter().any(|(t, pk, _)| *pk > k && after.places.contains_key(t)));
+            }
+            Turn::Waiting { .. } if own => {
+                s.overtaken += u64::from(live.iter().any(|(t, pk, _)| *t > ticket && *pk < k));
+            }
+            _ => {}
+        }
     });
 }
 
@@ -181,7 +287,7 @@ impl Conn {
                 count(|s| s.counted += 1);
             }
             let before = m.clone();
-            let (o, reclaimed, turn) = m.take_waiting(&l.limit, l.cost, &h, l.wait, now_ms, commit);
+            let (o, reclaimed, turn) = m.take_waiting(&l.limit, l.cost, &h, l.wait, l.classes, now_ms, commit);
             let want = Outcome { next_us: reclaimed, ..o };
             assert_eq!(
                 (*admitted, outs.as_slice()),
@@ -226,6 +332,9 @@ impl Conn {
                 }
                 s.lapsed_places += u64::from(commit && before.places.values().any(|p| p.deadline_ms < now_ms));
             });
+            if let Some(classes) = l.classes {
+                class_paths(&before, &self.model[*k], l, classes, (&o, turn), now_ms, commit);
+            }
         }
         if !commit {
             assert_eq!(self.redis.writes(), writes, "a check-only call wrote");
@@ -933,7 +1042,7 @@ fn arrivals_take_places_in_order() {
         // 1 free: an arrival of 2 waits, first.
         let (o, turn) = c.turn(0, waiter(3, 3, 2, W1, 0, 5000), T0 + 1000);
         assert_eq!((o, turn), (not_yet(1, 1, 0), Turn::Waiting { ticket: 1, ahead: 0 }));
-        assert_eq!(c.place(0, 1), Some(Place { cost: 2, deadline_ms: ms + 1 + 5000 + 1000 }));
+        assert_eq!(c.place(0, 1), Some(Place { cost: 2, deadline_ms: ms + 1 + 5000 + 1000, class: None }));
         assert_eq!(c.stored(0).next_ticket, 2);
         assert_eq!(c.field(0, W1), None, "a place holds no units");
         // One of 1 fits in what is free, but not beside place 1's 2.
@@ -1075,7 +1184,7 @@ fn polls_renew_a_place_past_half_its_life() {
         // (W0 holds the unit throughout)
         assert!(c.take(0, conn_line(1, 1, W0, 1, 60_000), T0).0);
         assert_eq!(c.turn(0, waiter(1, 2, 1, W1, 0, 60_000), T0).1, Turn::Waiting { ticket: 1, ahead: 0 });
-        let placed = Place { cost: 1, deadline_ms: ms + WLIFE };
+        let placed = Place { cost: 1, deadline_ms: ms + WLIFE, class: None };
         assert_eq!(c.place(0, 1), Some(placed));
         // Half its life left (5 s of 10): not renewed.
         let writes = c.redis.writes();
@@ -1092,7 +1201,7 @@ fn polls_renew_a_place_past_half_its_life() {
         let (o, _) = c.turn(0, waiter(1, 2, 1, W1, 1, 30_000), t);
         assert_eq!(o, not_yet(0, 1, 0));
         assert!(c.redis.writes() > writes);
-        assert_eq!(c.place(0, 1), Some(Place { cost: 1, deadline_ms: t / 1000 + WLIFE }));
+        assert_eq!(c.place(0, 1), Some(Place { cost: 1, deadline_ms: t / 1000 + WLIFE, class: None }));
         // (its wait nearly over: a renewal would gain nothing, so nothing is written)
         let renewed = c.place(0, 1);
         let writes = c.redis.writes();
@@ -1104,7 +1213,7 @@ fn polls_renew_a_place_past_half_its_life() {
         let t = T0 + 11_000_000;
         let (o, _) = c.turn(0, waiter(1, 2, 1, W1, 1, 5_000), t);
         assert_eq!(o, not_yet(0, 1, 0));
-        assert_eq!(c.place(0, 1), Some(Place { cost: 1, deadline_ms: t / 1000 + 6000 }));
+        assert_eq!(c.place(0, 1), Some(Place { cost: 1, deadline_ms: t / 1000 + 6000, class: None }));
     }
 }
 
@@ -1217,7 +1326,8 @@ fn memo_arrival_takes_one_place() {
         let line = waiter(1, 2, 1, W1, 0, 60_000);
         let memo = memo_key(&c.keys, (9, 1));
         let raw = c.redis.call_memo(&keys, &[&[line][..]], t, false, None, &memo);
-        let (o, _, turn) = c.model[0].take_waiting(&line.limit, 1, &line.holder.unwrap(), line.wait, t / 1000, true);
+        let (o, _, turn) =
+            c.model[0].take_waiting(&line.limit, 1, &line.holder.unwrap(), line.wait, None, t / 1000, true);
         assert_eq!(turn, Turn::Waiting { ticket: 1, ahead: 0 });
         assert_eq!(parse_script_reply(&raw, &[&[line][..]]), (t, Some(vec![(false, vec![o])])));
         c.same(t);
@@ -1233,7 +1343,7 @@ fn memo_arrival_takes_one_place() {
         let memo2 = memo_key(&c.keys, (9, 2));
         let t = T0 + 2_000_000;
         let raw = c.redis.call_memo(&keys, &[&[poll][..]], t, false, None, &memo2);
-        let (o, _, _) = c.model[0].take_waiting(&poll.limit, 1, &poll.holder.unwrap(), poll.wait, t / 1000, true);
+        let (o, _, _) = c.model[0].take_waiting(&poll.limit, 1, &poll.holder.unwrap(), poll.wait, None, t / 1000, true);
         assert_eq!(parse_script_reply(&raw, &[&[poll][..]]), (t, Some(vec![(false, vec![o])])));
         assert_eq!(c.redis.memo(&memo2), None);
         c.same(t);
@@ -1241,7 +1351,7 @@ fn memo_arrival_takes_one_place() {
         let memo3 = memo_key(&c.keys, (9, 3));
         let t = T0 + 8_000_000;
         let raw = c.redis.call_memo(&keys, &[&[poll][..]], t, false, None, &memo3);
-        let (o, _, _) = c.model[0].take_waiting(&poll.limit, 1, &poll.holder.unwrap(), poll.wait, t / 1000, true);
+        let (o, _, _) = c.model[0].take_waiting(&poll.limit, 1, &poll.holder.unwrap(), poll.wait, None, t / 1000, true);
         assert_eq!(parse_script_reply(&raw, &[&[poll][..]]), (t, Some(vec![(false, vec![o])])));
         assert_eq!(c.redis.memo(&memo3), Some(Memo::Ran { reply: raw.clone(), done: vec![] }));
         c.same(t);
@@ -1250,7 +1360,8 @@ fn memo_arrival_takes_one_place() {
         let memo4 = memo_key(&c.keys, (9, 4));
         let t = t + 2000;
         let raw = c.redis.call_memo(&keys, &[&[poll][..]], t, false, None, &memo4);
-        let (o, _, turn) = c.model[0].take_waiting(&poll.limit, 1, &poll.holder.unwrap(), poll.wait, t / 1000, true);
+        let (o, _, turn) =
+            c.model[0].take_waiting(&poll.limit, 1, &poll.holder.unwrap(), poll.wait, None, t / 1000, true);
         assert_eq!(turn, Turn::Admitted);
         assert_eq!(parse_script_reply(&raw, &[&[poll][..]]), (t, Some(vec![(true, vec![o])])));
         assert_eq!(c.redis.memo(&memo4), Some(Memo::Ran { reply: raw.clone(), done: vec![(1, 0, 0)] }));
@@ -1278,24 +1389,35 @@ enum Waits {
     MadeUp(u64, u64),
 }
 
+/// A random take: key, worker, dgen, cost, dry-run, how it waits, and on
+/// a line of classes its class (modulo how many; a poll of a place of a
+/// class: the place's) and its worker's field (0: a take of the line as
+/// before `classes=`, of no class, by the worker's name alone; 1: of its
+/// class, by a field of a class beyond the line's; else its class's
+/// field).
+type TakeReq = (usize, usize, u64, u64, bool, Waits, u8, u8);
+
 /// One random step of a replay (keys and workers taken modulo their
 /// numbers; a generation as the worker's current one + `dgen` - 1).
 #[derive(Clone, Debug)]
 enum Step {
     /// The clock moves on (µs).
     Wait(u64),
-    /// One call of one or two takes (key, worker, dgen, cost, dry-run, how
-    /// it waits), committed or checked, by Redis `TIME` or not.
-    Take { reqs: Vec<(usize, usize, u64, u64, bool, Waits)>, commit: bool, time: bool },
-    /// A worker's `conn_put` call: per key (0 d, 1 c, 2 s, units, dgen;
-    /// 3 a leave of a ticket handed out on the key, the units-th last
-    /// (modulo how many), 4 a leave of ticket units + 1).
-    Put { worker: usize, ops: Vec<(usize, u8, u64, u64)>, time: bool },
+    /// One call of one or two takes ([`TakeReq`]), committed or checked,
+    /// by Redis `TIME` or not.
+    Take { reqs: Vec<TakeReq>, commit: bool, time: bool },
+    /// A worker's `conn_put` call (in a replay of classes by its field
+    /// `NAMES[worker][field]`): per key (0 d, 1 c, 2 s, units, dgen; 3 a
+    /// leave of a ticket handed out on the key, the units-th last (modulo
+    /// how many), 4 a leave of ticket units + 1).
+    Put { worker: usize, field: usize, ops: Vec<(usize, u8, u64, u64)>, time: bool },
     /// A worker's generation moves on.
     Bump { worker: usize },
 }
 
-fn steps() -> impl Strategy<Value = Vec<Step>> {
+/// Random steps: calls of takes weighing `takes` against 3 of time
+/// passing, 4 of `conn_put` calls and 1 of a generation moving on.
+fn steps(takes: u32) -> impl Strategy<Value = Vec<Step>> {
     // (past a life, often; past a key's expiry, sometimes)
     let wait = prop_oneof![
         2 => Just(0u64),
@@ -1314,15 +1436,16 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
         1 => (0usize..4, left.clone()).prop_map(|(i, l)| Waits::Old(i, l)),
         1 => (1u64..12, left).prop_map(|(t, l)| Waits::MadeUp(t, l)),
     ];
-    let take = (0usize..2, 0usize..3, 0u64..3, 0u64..=3, prop::bool::weighted(0.1), waits);
+    let take = (0usize..2, 0usize..3, 0u64..3, 0u64..=3, prop::bool::weighted(0.1), waits, 0u8..3, 0u8..16);
     let kind = prop_oneof![3 => 0u8..3, 1 => 3u8..5];
     let op = (0usize..2, kind, 0u64..=3, 0u64..3);
+    let field = prop_oneof![4 => 0usize..3, 1 => 3usize..5];
     let step = prop_oneof![
         3 => wait,
-        6 => (prop::collection::vec(take, 1..=2), prop::bool::weighted(0.8), any::<bool>())
+        takes => (prop::collection::vec(take, 1..=2), prop::bool::weighted(0.8), any::<bool>())
             .prop_map(|(reqs, commit, time)| Step::Take { reqs, commit, time }),
-        4 => (0usize..3, prop::collection::vec(op, 1..=2), any::<bool>())
-            .prop_map(|(worker, ops, time)| Step::Put { worker, ops, time }),
+        4 => (0usize..3, field, prop::collection::vec(op, 1..=2), any::<bool>())
+            .prop_map(|(worker, field, ops, time)| Step::Put { worker, field, ops, time }),
         1 => (0usize..3).prop_map(|worker| Step::Bump { worker }),
     ];
     prop::collection::vec(step, 1..60)
@@ -1335,14 +1458,48 @@ type ReplayCase = (Vec<(u64, u64)>, Vec<u64>, Vec<Step>);
 
 fn replays() -> impl Strategy<Value = ReplayCase> {
     let key = (1u64..=6, prop_oneof![1 => Just(0u64), 3 => 1u64..=3]);
-    (prop::collection::vec(key, 1..=2), prop::collection::vec(50u64..=1_500, 2..=3), steps())
+    (prop::collection::vec(key, 1..=2), prop::collection::vec(50u64..=1_500, 2..=3), steps(6))
 }
 
-/// `steps` on keys of `lines` (max, queue) by workers of `lives`, on the
-/// script (run as `mode`) and the model, compared at every step: how many
-/// keys the fake let expire.
-fn replay(lines: &[(u64, u64)], lives: &[u64], steps: &[Step], mode: Mode) -> u64 {
+/// A key of a replay of classes: its max, its queue, and its classes (2
+/// or 3, highest first: places and reserve each).
+type ClassKey = (u64, u64, Vec<Lane>);
+
+/// A replay of classes: its keys (1 or 2), its workers' lives, its steps.
+type ClassReplayCase = (Vec<ClassKey>, Vec<u64>, Vec<Step>);
+
+fn class_replays() -> impl Strategy<Value = ClassReplayCase> {
+    let lane = (prop_oneof![1 => Just(0u64), 4 => 1u64..=3], prop_oneof![3 => Just(0u64), 2 => 1u64..=2])
+        .prop_map(|(places, reserve)| Lane { places, reserve });
+    // (the queue: as nginx makes it without `queue=`, its classes' places
+    // together; or given, often fewer; or none)
+    let queue = prop_oneof![1 => Just(None), 1 => Just(Some(0u64)), 4 => (1u64..=3).prop_map(Some)];
+    let key = (1u64..=4, queue, prop::collection::vec(lane, 2..=3)).prop_map(|(max, queue, lanes)| {
+        let queue = queue.unwrap_or_else(|| lanes.iter().map(|l| l.places).sum());
+        (max, queue, lanes)
+    });
+    // (more takes: classes need places live together)
+    (prop::collection::vec(key, 1..=2), prop::collection::vec(50u64..=1_500, 2..=3), steps(10))
+}
+
+/// A replay's key: its max, its queue, and its classes (`None`: one).
+type ReplayKey = (u64, u64, Option<&'static [Lane]>);
+
+/// The keys of a replay of classes, their classes for `LineArg` (which
+/// holds them as the module does, for as long as it runs: leaked).
+fn class_lines(keys: &[ClassKey]) -> Vec<ReplayKey> {
+    keys.iter().map(|(max, queue, lanes)| (*max, *queue, Some(&*Box::leak(lanes.clone().into_boxed_slice())))).collect()
+}
+
+/// `steps` on keys of `lines` (max, queue, classes) by workers of `lives`,
+/// on the script (run as `mode`) and the model, compared at every step:
+/// how many keys the fake let expire. On a key of classes a take is of a
+/// class (its worker's field of it, see [`TakeReq`]), and a `conn_put`
+/// call is its worker's field of a class (or of none, or one beyond);
+/// with no key of classes, every worker is its name alone.
+fn replay(lines: &[ReplayKey], lives: &[u64], steps: &[Step], mode: Mode) -> u64 {
     let (nk, nw) = (lines.len(), lives.len());
+    let classed = lines.iter().any(|l| l.2.is_some());
     let mut c = Conn::new(mode, nk);
     let mut gens = vec![1u64; nw];
     let gen = |g: u64, d: u64| (g + d).saturating_sub(1);
@@ -1364,20 +1521,35 @@ fn replay(lines: &[(u64, u64)], lives: &[u64], steps: &[Step], mode: Mode) -> u6
             Step::Take { reqs, commit, time } => {
                 let reqs: Vec<(usize, LineArg)> = reqs
                     .iter()
-                    .map(|&(k, w, dg, cost, dry, how)| {
+                    .map(|&(k, w, dg, cost, dry, how, class, field)| {
                         let (k, w) = (k % nk, w % nw);
-                        let (max, queue) = lines[k];
-                        let places: Vec<u64> = c.model[k].places.keys().copied().collect();
-                        let ticket = match how {
-                            Waits::Never => None,
-                            Waits::Arrive(left) => Some((0, left)),
-                            Waits::Poll(_, left) if places.is_empty() => Some((0, left)),
-                            Waits::Poll(i, left) => Some((places[i % places.len()], left)),
-                            Waits::Old(i, left) => Some((pick(&tickets[k], i), left)),
-                            Waits::MadeUp(ticket, left) => Some((ticket, left)),
+                        let (max, queue, lanes) = lines[k];
+                        let places: Vec<(u64, Option<u64>)> =
+                            c.model[k].places.iter().map(|(t, p)| (*t, p.class)).collect();
+                        let (ticket, of) = match how {
+                            Waits::Never => (None, None),
+                            Waits::Arrive(left) => (Some((0, left)), None),
+                            Waits::Poll(_, left) if places.is_empty() => (Some((0, left)), None),
+                            Waits::Poll(i, left) => {
+                                let (t, of) = places[i % places.len()];
+                                (Some((t, left)), of)
+                            }
+                            Waits::Old(i, left) => (Some((pick(&tickets[k], i), left)), None),
+                            Waits::MadeUp(ticket, left) => (Some((ticket, left)), None),
                         };
-                        let line = conn_line(max, cost, WORKERS[w], gen(gens[w], dg), lives[w]);
-                        let line = LineArg { dry_run: dry, ..line };
+                        // (on a line of classes, the class and the worker's field of it)
+                        let classes = lanes.filter(|_| field > 0).map(|lanes| {
+                            let n = lanes.len() as u64;
+                            let class = of.filter(|c| *c < n).unwrap_or(u64::from(class) % n);
+                            ClassArg { class: class as u8, lanes }
+                        });
+                        let worker = match (classes, field) {
+                            (None, _) => WORKERS[w],
+                            (Some(_), 1) => NAMES[w][4],
+                            (Some(c), _) => NAMES[w][usize::from(c.class)],
+                        };
+                        let line = conn_line(max, cost, worker, gen(gens[w], dg), lives[w]);
+                        let line = LineArg { dry_run: dry, classes, ..line };
                         let line = match ticket {
                             None => line,
                             Some((ticket, left)) => waits(line, queue, ticket, left),
@@ -1392,7 +1564,7 @@ fn replay(lines: &[(u64, u64)], lives: &[u64], steps: &[Step], mode: Mode) -> u6
                     }
                 }
             }
-            Step::Put { worker, ops, time } => {
+            Step::Put { worker, field, ops, time } => {
                 let w = worker % nw;
                 let ops: Vec<(usize, HoldOp)> = ops
                     .iter()
@@ -1408,12 +1580,21 @@ fn replay(lines: &[(u64, u64)], lives: &[u64], steps: &[Step], mode: Mode) -> u6
                         (k, op)
                     })
                     .collect();
-                c.put(WORKERS[w], lives[w], &ops, t, *time);
+                let name = match classed {
+                    true => NAMES[w][*field % 5],
+                    false => WORKERS[w],
+                };
+                c.put(name, lives[w], &ops, t, *time);
             }
             Step::Bump { worker } => gens[worker % nw] += 1,
         }
     }
     c.redis.fake.get::<u64>("expired").unwrap()
+}
+
+/// The keys of a replay with no classes.
+fn plain_lines(keys: &[(u64, u64)]) -> Vec<ReplayKey> {
+    keys.iter().map(|&(max, queue)| (max, queue, None)).collect()
 }
 
 proptest! {
@@ -1432,6 +1613,22 @@ proptest! {
     /// scripts.
     #[test]
     fn prop_conn_is_the_model((lines, lives, steps) in replays()) {
+        let lines = plain_lines(&lines);
+        for mode in MODES {
+            replay(&lines, &lives, &steps, mode);
+        }
+    }
+
+    /// The same on lines of classes (2 or 3, random places and reserves,
+    /// a queue of their places together, fewer, or none): takes of random
+    /// classes by the workers' fields of them (and now and then one of the
+    /// line as before `classes=`, or by a field of a class beyond the
+    /// line's), `conn_put` calls by the fields of any class: reserves,
+    /// places ahead by class, places per class, places of a lower class
+    /// taken by a higher one, all the model's.
+    #[test]
+    fn prop_conn_classes_is_the_model((keys, lives, steps) in class_replays()) {
+        let lines = class_lines(&keys);
         for mode in MODES {
             replay(&lines, &lives, &steps, mode);
         }
@@ -1445,7 +1642,12 @@ proptest! {
 /// what is free waiting behind the line, arrivals refused a full line,
 /// polls let in, kept waiting, renewed, refused their place gone, takes
 /// that never wait refused for the places' units, places lapsed and
-/// dropped, leaves).
+/// dropped, leaves); and the replay of classes every path of classes
+/// (refusals for the reserves above, reserves used up, arrivals refused a
+/// place over what the reserves leave, their class's places all taken or
+/// the line full, places of a lower class taken, arrivals placed ahead of
+/// a lower class, polls overtaken by a higher class, fields and places
+/// that name no class).
 #[test]
 fn conn_coverage() {
     STATS.with(|s| s.set(Stats::default()));
@@ -1454,7 +1656,7 @@ fn conn_coverage() {
     let mut expired = 0;
     for _ in 0..200 {
         let (lines, lives, steps) = strategy.new_tree(&mut runner).unwrap().current();
-        expired += replay(&lines, &lives, &steps, Mode::Function);
+        expired += replay(&plain_lines(&lines), &lives, &steps, Mode::Function);
     }
     let s = STATS.with(Cell::get);
     let all = [s.refused, s.counted, s.reclaimed_take, s.reclaimed_put, s.corrected, s.dropped, s.set];
@@ -1474,6 +1676,31 @@ fn conn_coverage() {
     // (a renewal needs half a life gone and a second gained: rarer in these replays)
     assert!(s.renewed >= 1, "{s:?}");
     assert!(expired >= 10, "{expired} {s:?}");
+
+    STATS.with(|s| s.set(Stats::default()));
+    let strategy = class_replays();
+    let mut expired = 0;
+    for _ in 0..400 {
+        let (keys, lives, steps) = strategy.new_tree(&mut runner).unwrap().current();
+        expired += replay(&class_lines(&keys), &lives, &steps, Mode::Function);
+    }
+    let s = STATS.with(Cell::get);
+    let classes = [
+        s.reserve_refused,
+        s.reserve_spent,
+        s.over_kept,
+        s.class_full,
+        s.line_full,
+        s.evicted,
+        s.passed,
+        s.overtaken,
+        s.unnamed,
+        s.placed,
+        s.poll_admitted,
+        s.poll_gone,
+    ];
+    assert!(classes.iter().all(|n| *n >= 10), "{s:?}");
+    assert!(expired >= 10, "{expired} {s:?}");
 }
 
 /// An arrival asking for more units than the max never fits: it is
@@ -1490,5 +1717,455 @@ fn arrival_over_the_max_takes_no_place() {
         assert_eq!((c.redis.writes(), c.places(0).len()), (writes, 0));
         // (one that fits the max waits)
         assert_eq!(c.turn(0, waiter(2, 2, 2, W1, 0, 5000), T0 + 2000).1, Turn::Waiting { ticket: 1, ahead: 0 });
+    }
+}
+
+/// A line of classes as the stories take it: `max` units, a waiting line
+/// of `queue` places, its classes `lanes` (highest first).
+#[derive(Clone, Copy, Debug)]
+struct Classes {
+    max: u64,
+    queue: u64,
+    lanes: &'static [Lane],
+}
+
+impl Classes {
+    /// A take of `cost` units of class `k` by worker `w` (its field of
+    /// class `k`, `NAMES[w][k]`: "host:pid/k"), generation 1, its field
+    /// living [`WLIFE`], that never waits.
+    fn take(self, k: u8, w: usize, cost: u64) -> LineArg {
+        self.of(k, conn_line(self.max, cost, NAMES[w][usize::from(k)], 1, WLIFE))
+    }
+
+    /// [`Classes::take`] of a request that may wait: arriving (`ticket`
+    /// 0) or polling its place `ticket`, 5 s of its wait left.
+    fn wait(self, k: u8, w: usize, cost: u64, ticket: u64) -> LineArg {
+        self.of(k, waits(conn_line(self.max, cost, NAMES[w][usize::from(k)], 1, WLIFE), self.queue, ticket, 5000))
+    }
+
+    /// `line` on this line of classes, its request of class `k`.
+    fn of(self, k: u8, line: LineArg) -> LineArg {
+        let limit = line.limit.with_lanes(self.queue, self.lanes).unwrap();
+        LineArg { limit, classes: Some(ClassArg { class: k, lanes: self.lanes }), ..line }
+    }
+}
+
+/// Worker `w`'s field of class `k` (see [`NAMES`]).
+fn field_of(w: usize, k: usize) -> &'static str {
+    NAMES[w][k]
+}
+
+/// A give-back of `units` (generation 1) by worker `w`'s field of class
+/// `k`.
+fn give_back(c: &mut Conn, w: usize, k: usize, units: u64, now: u64) {
+    c.put(field_of(w, k), WLIFE, &[(0, HoldOp::GiveBack { units, gen: 1 })], now, false);
+}
+
+/// Key `k`'s live places in the fake: ticket, and class.
+fn places_of(c: &Conn, k: usize) -> Vec<(u64, Option<u64>)> {
+    c.places(k).iter().map(|(t, p)| (*t, p.class)).collect()
+}
+
+/// Max 4, a critical class keeping 2 units from a standard one: standard
+/// takes until only critical's unused reserve is left, then is refused
+/// (checked or committed), while critical still gets in. What critical's
+/// fields hold is its reserve used, not more units kept on top of it:
+/// once critical holds 2, standard takes all the rest.
+#[test]
+fn reserves_keep_units_for_the_classes_above() {
+    const LANES: &[Lane] = &[Lane { places: 2, reserve: 2 }, Lane { places: 2, reserve: 0 }];
+    let line = Classes { max: 4, queue: 0, lanes: LANES };
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        assert_eq!(c.take(0, line.take(1, 0, 1), T0), (true, let_in(1)), "1 held, 2 kept");
+        assert_eq!(c.take(0, line.take(1, 1, 1), T0 + 1000), (true, let_in(0)));
+        assert_eq!(c.check(0, line.take(1, 2, 1), T0 + 2000), (false, not_yet(0, 0, 0)), "only the reserve left");
+        assert_eq!(c.take(0, line.take(1, 2, 1), T0 + 2000), (false, not_yet(0, 0, 0)));
+        assert_eq!(c.field(0, field_of(2, 1)), None, "refused: nothing written");
+        // Critical: nothing above it keeps units.
+        assert_eq!(c.take(0, line.take(0, 2, 2), T0 + 3000), (true, let_in(0)));
+        assert_eq!(
+            c.field(0, field_of(2, 0)),
+            Some(Field { count: 2, gen: 1, deadline_ms: T0 / 1000 + 3 + WLIFE, set: false })
+        );
+        // Critical down to 1: 1 of its reserve unused, kept from standard.
+        give_back(&mut c, 2, 0, 1, T0 + 4000);
+        assert_eq!(c.take(0, line.take(1, 2, 1), T0 + 5000), (false, not_yet(0, 0, 0)));
+        assert_eq!(c.take(0, line.take(0, 1, 1), T0 + 6000), (true, let_in(0)), "critical takes its own");
+        // Standard gives back its 2: critical holds 2 (its reserve, used
+        // up), standard takes the other 2.
+        give_back(&mut c, 0, 1, 1, T0 + 7000);
+        give_back(&mut c, 1, 1, 1, T0 + 7000);
+        assert_eq!(c.take(0, line.take(1, 2, 2), T0 + 8000), (true, let_in(0)));
+        let counts: Vec<(String, u64)> = c.fields(0).into_iter().map(|(w, f)| (w, f.count)).collect();
+        let want = [(field_of(1, 0), 1), (field_of(2, 0), 1), (field_of(2, 1), 2)];
+        assert_eq!(counts, want.map(|(w, n)| (w.to_owned(), n)));
+    }
+}
+
+/// Three classes, each of the two above keeping a unit: a class's reserve
+/// is kept from the classes below it only, never from itself or a class
+/// above it; a middle class holding its unit uses its reserve up.
+#[test]
+fn reserves_count_for_the_classes_below_only() {
+    const LANES: &[Lane] =
+        &[Lane { places: 0, reserve: 1 }, Lane { places: 0, reserve: 1 }, Lane { places: 0, reserve: 0 }];
+    let line = Classes { max: 3, queue: 0, lanes: LANES };
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        assert_eq!(c.take(0, line.take(2, 0, 1), T0), (true, let_in(0)), "1 held, 2 kept");
+        assert_eq!(c.take(0, line.take(2, 1, 1), T0 + 1000), (false, not_yet(0, 0, 0)));
+        assert_eq!(c.take(0, line.take(1, 1, 1), T0 + 2000), (true, let_in(0)), "1 held, class 0's 1 kept");
+        // (class 1 holds its reserve: class 2 still finds class 0's kept)
+        assert_eq!(c.take(0, line.take(1, 2, 1), T0 + 3000), (false, not_yet(0, 0, 0)));
+        assert_eq!(c.take(0, line.take(2, 2, 1), T0 + 3000), (false, not_yet(0, 0, 0)));
+        assert_eq!(c.take(0, line.take(0, 2, 1), T0 + 4000), (true, let_in(0)));
+        assert_eq!(c.fields(0).len(), 3);
+        // Class 1 gives back: its unit kept again from class 2, not from class 0.
+        give_back(&mut c, 1, 1, 1, T0 + 5000);
+        assert_eq!(c.take(0, line.take(2, 1, 1), T0 + 6000), (false, not_yet(0, 0, 0)));
+        assert_eq!(c.take(0, line.take(0, 1, 1), T0 + 7000), (true, let_in(0)));
+    }
+}
+
+/// A waiter of a lower class waits behind a higher class's waiter even if
+/// it came first; a higher-class arrival waits ahead of the earlier places
+/// of the classes below (its `ahead` counts only the places of its class
+/// and above), and one of a lower class behind every place of the classes
+/// above. Units freed go to the higher class first.
+#[test]
+fn classes_wait_in_order() {
+    const LANES: &[Lane] = &[Lane { places: 3, reserve: 0 }, Lane { places: 3, reserve: 0 }];
+    let line = Classes { max: 1, queue: 6, lanes: LANES };
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        let ms = T0 / 1000;
+        assert!(c.take(0, line.take(1, 0, 1), T0).0);
+        // Standard first: tickets 1, 2.
+        assert_eq!(
+            c.turn(0, line.wait(1, 1, 1, 0), T0 + 1000),
+            (not_yet(0, 1, 0), Turn::Waiting { ticket: 1, ahead: 0 })
+        );
+        assert_eq!(c.place(0, 1), Some(Place { cost: 1, deadline_ms: ms + 1 + 6000, class: Some(1) }));
+        assert_eq!(c.turn(0, line.wait(1, 2, 1, 0), T0 + 2000).1, Turn::Waiting { ticket: 2, ahead: 1 });
+        // Critical after them: ahead of them.
+        assert_eq!(
+            c.turn(0, line.wait(0, 1, 1, 0), T0 + 3000),
+            (not_yet(0, 3, 0), Turn::Waiting { ticket: 3, ahead: 0 })
+        );
+        assert_eq!(c.place(0, 3).map(|p| p.class), Some(Some(0)));
+        assert_eq!(c.turn(0, line.wait(0, 2, 1, 0), T0 + 4000).1, Turn::Waiting { ticket: 4, ahead: 1 });
+        // A standard arrival: behind all four.
+        assert_eq!(c.turn(0, line.wait(1, 0, 1, 0), T0 + 5000).1, Turn::Waiting { ticket: 5, ahead: 4 });
+        assert_eq!(c.stored(0).next_ticket, 6);
+        // A unit free: standard's first waits behind critical's two.
+        give_back(&mut c, 0, 1, 1, T0 + 6000);
+        assert_eq!(
+            c.turn(0, line.wait(1, 1, 1, 1), T0 + 7000),
+            (not_yet(0, 1, 2), Turn::Waiting { ticket: 1, ahead: 2 })
+        );
+        assert_eq!(
+            c.turn(0, line.wait(0, 2, 1, 4), T0 + 7000),
+            (not_yet(0, 4, 1), Turn::Waiting { ticket: 4, ahead: 1 })
+        );
+        assert_eq!(c.turn(0, line.wait(0, 1, 1, 3), T0 + 8000), (let_in(0), Turn::Admitted));
+        assert_eq!(c.field(0, field_of(1, 0)).map(|f| f.count), Some(1));
+        assert_eq!(places_of(&c, 0), [(1, Some(1)), (2, Some(1)), (4, Some(0)), (5, Some(1))]);
+        // Freed again: critical's ticket 4 first, then standard in order.
+        give_back(&mut c, 1, 0, 1, T0 + 9000);
+        assert_eq!(c.turn(0, line.wait(1, 1, 1, 1), T0 + 10_000).1, Turn::Waiting { ticket: 1, ahead: 1 });
+        assert_eq!(c.turn(0, line.wait(0, 2, 1, 4), T0 + 10_000), (let_in(0), Turn::Admitted));
+        give_back(&mut c, 2, 0, 1, T0 + 11_000);
+        assert_eq!(
+            c.turn(0, line.wait(1, 2, 1, 2), T0 + 12_000),
+            (not_yet(0, 2, 1), Turn::Waiting { ticket: 2, ahead: 1 })
+        );
+        assert_eq!(c.turn(0, line.wait(1, 1, 1, 1), T0 + 12_000), (let_in(0), Turn::Admitted));
+        assert_eq!(places_of(&c, 0), [(2, Some(1)), (5, Some(1))]);
+    }
+}
+
+/// Each class has its own places: a class whose places are all taken is
+/// refused a place (nothing written) while another class still gets one,
+/// and the line its last; a class of 0 places never waits (let in if it
+/// fits, else refused), and one whose place is given up gets it back.
+#[test]
+fn places_per_class() {
+    const LANES: &[Lane] =
+        &[Lane { places: 1, reserve: 0 }, Lane { places: 0, reserve: 0 }, Lane { places: 2, reserve: 0 }];
+    let line = Classes { max: 1, queue: 4, lanes: LANES };
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        assert!(c.take(0, line.take(2, 0, 1), T0).0);
+        assert_eq!(c.turn(0, line.wait(0, 1, 1, 0), T0 + 1000).1, Turn::Waiting { ticket: 1, ahead: 0 });
+        let writes = c.redis.writes();
+        assert_eq!(
+            c.turn(0, line.wait(0, 2, 1, 0), T0 + 2000),
+            (not_yet(0, 0, 0), Turn::Refused),
+            "class 0's place taken"
+        );
+        assert_eq!(c.turn(0, line.wait(1, 2, 1, 0), T0 + 2000), (not_yet(0, 0, 0), Turn::Refused), "class 1 has none");
+        assert_eq!(c.redis.writes(), writes, "refused: nothing written");
+        assert_eq!(c.turn(0, line.wait(2, 1, 1, 0), T0 + 3000).1, Turn::Waiting { ticket: 2, ahead: 1 });
+        assert_eq!(c.turn(0, line.wait(2, 2, 1, 0), T0 + 4000).1, Turn::Waiting { ticket: 3, ahead: 2 });
+        let writes = c.redis.writes();
+        assert_eq!(
+            c.turn(0, line.wait(2, 0, 1, 0), T0 + 5000),
+            (not_yet(0, 0, 0), Turn::Refused),
+            "class 2's two taken"
+        );
+        assert_eq!(c.redis.writes(), writes);
+        assert_eq!(places_of(&c, 0), [(1, Some(0)), (2, Some(2)), (3, Some(2))], "one of the line's 4 left");
+        // Class 0's waiter leaves, the unit is freed: class 1 (no places)
+        // is let in, nothing of its class or above ahead.
+        c.leave(field_of(1, 0), 0, 1, T0 + 6000);
+        give_back(&mut c, 0, 2, 1, T0 + 6000);
+        assert_eq!(c.turn(0, line.wait(1, 2, 1, 0), T0 + 7000), (let_in(0), Turn::Admitted));
+        // (full again: class 1 refused, class 0 takes its place back)
+        assert_eq!(c.turn(0, line.wait(1, 0, 1, 0), T0 + 8000), (not_yet(0, 0, 0), Turn::Refused));
+        assert_eq!(
+            c.turn(0, line.wait(0, 2, 1, 0), T0 + 8000),
+            (not_yet(0, 4, 0), Turn::Waiting { ticket: 4, ahead: 0 })
+        );
+    }
+}
+
+/// The line's places all taken, an arrival of a higher class takes the
+/// place of the newest waiter of the lowest class that has one (as many
+/// as it takes: a line whose queue a reload cut), whose next poll is
+/// refused, its place gone; an arrival of the lowest class, or of a class
+/// with no lower place to take, is refused, nothing written.
+#[test]
+fn higher_class_takes_the_place_of_the_lowest() {
+    const LANES: &[Lane] =
+        &[Lane { places: 2, reserve: 0 }, Lane { places: 2, reserve: 0 }, Lane { places: 2, reserve: 0 }];
+    let line = Classes { max: 1, queue: 3, lanes: LANES };
+    for mode in MODES {
+        let mut c = Conn::new(mode, 2);
+        assert!(c.take(0, line.take(2, 0, 1), T0).0);
+        assert_eq!(c.turn(0, line.wait(2, 1, 1, 0), T0 + 1000).1, Turn::Waiting { ticket: 1, ahead: 0 });
+        assert_eq!(c.turn(0, line.wait(1, 1, 1, 0), T0 + 2000).1, Turn::Waiting { ticket: 2, ahead: 0 });
+        assert_eq!(c.turn(0, line.wait(2, 2, 1, 0), T0 + 3000).1, Turn::Waiting { ticket: 3, ahead: 2 });
+        // Full: the lowest class refused.
+        let writes = c.redis.writes();
+        assert_eq!(c.turn(0, line.wait(2, 0, 1, 0), T0 + 4000), (not_yet(0, 0, 0), Turn::Refused));
+        assert_eq!(c.redis.writes(), writes);
+        // Class 1 takes class 2's newest, 3.
+        assert_eq!(
+            c.turn(0, line.wait(1, 2, 1, 0), T0 + 5000),
+            (not_yet(0, 4, 1), Turn::Waiting { ticket: 4, ahead: 1 })
+        );
+        assert_eq!(places_of(&c, 0), [(1, Some(2)), (2, Some(1)), (4, Some(1))]);
+        let writes = c.redis.writes();
+        assert_eq!(c.turn(0, line.wait(2, 2, 1, 3), T0 + 6000), (not_yet(0, 0, 0), Turn::Refused), "its place gone");
+        assert_eq!(c.redis.writes(), writes);
+        // Class 0 takes class 2's last, 1, then class 1's newest, 4.
+        assert_eq!(c.turn(0, line.wait(0, 0, 1, 0), T0 + 7000).1, Turn::Waiting { ticket: 5, ahead: 0 });
+        assert_eq!(c.turn(0, line.wait(0, 1, 1, 0), T0 + 8000).1, Turn::Waiting { ticket: 6, ahead: 1 });
+        assert_eq!(places_of(&c, 0), [(2, Some(1)), (5, Some(0)), (6, Some(0))]);
+        // (class 0's places all taken; class 1 finds no lower place)
+        let writes = c.redis.writes();
+        assert_eq!(c.turn(0, line.wait(0, 2, 1, 0), T0 + 9000), (not_yet(0, 0, 0), Turn::Refused));
+        assert_eq!(c.turn(0, line.wait(1, 0, 1, 0), T0 + 9000), (not_yet(0, 0, 0), Turn::Refused));
+        assert_eq!(c.redis.writes(), writes);
+        for (k, ticket) in [(2, 1), (1, 4)] {
+            let (o, turn) = c.turn(0, line.wait(k, 1, 1, ticket), T0 + 10_000);
+            assert_eq!((o, turn), (not_yet(0, 0, 0), Turn::Refused), "ticket {ticket}");
+        }
+        // (a check-only arrival takes nothing)
+        assert_eq!(c.check_turn(0, line.wait(0, 2, 1, 0), T0 + 10_000).1, Turn::Refused);
+        assert_eq!(c.stored(0).next_ticket, 7);
+
+        // Key 1: two of class 2, then one of class 1; the queue cut to 2, a
+        // class 0 arrival takes two places: the lowest class's, though
+        // class 1's is newer.
+        assert!(c.take(1, line.take(2, 0, 1), T0).0);
+        for (k, w, ticket, ahead) in [(2, 0, 1, 0), (2, 1, 2, 1), (1, 2, 3, 0)] {
+            assert_eq!(c.turn(1, line.wait(k, w, 1, 0), T0 + 1000).1, Turn::Waiting { ticket, ahead });
+        }
+        let cut = Classes { queue: 2, ..line };
+        let writes = c.redis.writes();
+        assert_eq!(c.turn(1, cut.wait(2, 0, 1, 0), T0 + 2000), (not_yet(0, 0, 0), Turn::Refused));
+        assert_eq!(c.redis.writes(), writes);
+        assert_eq!(c.turn(1, cut.wait(0, 0, 1, 0), T0 + 2000).1, Turn::Waiting { ticket: 4, ahead: 0 });
+        assert_eq!(places_of(&c, 1), [(3, Some(1)), (4, Some(0))]);
+    }
+}
+
+/// An arrival whose units are over what the reserves of the classes
+/// above leave of the max is refused a place (it could only get in by
+/// taking reserved units), whatever those classes hold; within it, it
+/// waits. A class with nothing above it may wait for the whole max.
+#[test]
+fn arrival_over_what_the_reserves_leave_takes_no_place() {
+    const LANES: &[Lane] = &[Lane { places: 1, reserve: 2 }, Lane { places: 2, reserve: 0 }];
+    let line = Classes { max: 3, queue: 3, lanes: LANES };
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        assert_eq!(c.turn(0, line.wait(1, 0, 2, 0), T0), (not_yet(1, 0, 0), Turn::Refused), "2 over 3 - 2");
+        assert_eq!(c.redis.kind(&c.keys[0]), None, "nothing written");
+        assert_eq!(c.turn(0, line.wait(1, 0, 1, 0), T0 + 1000), (let_in(0), Turn::Admitted));
+        assert_eq!(
+            c.turn(0, line.wait(1, 1, 1, 0), T0 + 2000),
+            (not_yet(0, 1, 0), Turn::Waiting { ticket: 1, ahead: 0 })
+        );
+        // Critical, for the whole max: waits.
+        assert_eq!(
+            c.turn(0, line.wait(0, 2, 3, 0), T0 + 3000),
+            (not_yet(2, 2, 0), Turn::Waiting { ticket: 2, ahead: 0 })
+        );
+        // Critical holding its reserve (a heartbeat): standard's 2 still
+        // refused a place.
+        c.put(field_of(1, 0), WLIFE, &[(0, HoldOp::Set { units: 2, gen: 1 })], T0 + 4000, false);
+        let writes = c.redis.writes();
+        assert_eq!(c.turn(0, line.wait(1, 2, 2, 0), T0 + 5000), (not_yet(0, 0, 0), Turn::Refused));
+        assert_eq!(c.redis.writes(), writes);
+        assert_eq!(places_of(&c, 0), [(1, Some(1)), (2, Some(0))]);
+    }
+}
+
+/// On a line of classes, a field that names no class (written by the line
+/// before `classes=`: the worker's name alone) or one beyond the line's
+/// ("/9") is of the lowest class: it uses no reserve above; a place
+/// written without a class (a take of the line before `classes=`) is of
+/// the lowest class too: never ahead of a higher class, behind it, and
+/// the first a higher class takes.
+#[test]
+fn fields_and_places_that_name_no_class_are_of_the_lowest() {
+    const LANES: &[Lane] =
+        &[Lane { places: 2, reserve: 2 }, Lane { places: 2, reserve: 0 }, Lane { places: 2, reserve: 0 }];
+    let line = Classes { max: 4, queue: 3, lanes: LANES };
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        c.put(W0, WLIFE, &[(0, HoldOp::Set { units: 1, gen: 1 })], T0, false);
+        c.put(field_of(1, 4), WLIFE, &[(0, HoldOp::Set { units: 1, gen: 1 })], T0, false);
+        // 2 held, class 0's 2 unused: no room below class 0.
+        assert_eq!(c.take(0, line.take(2, 2, 1), T0 + 1000), (false, not_yet(0, 0, 0)));
+        assert_eq!(c.take(0, line.take(1, 2, 1), T0 + 1000), (false, not_yet(0, 0, 0)));
+        assert_eq!(c.take(0, line.take(0, 2, 2), T0 + 2000), (true, let_in(0)));
+        // Full: a class 2 waiter, then one of the line before classes (all
+        // places ahead of it), then class 0's (only its own class ahead).
+        assert_eq!(c.turn(0, line.wait(2, 2, 1, 0), T0 + 3000).1, Turn::Waiting { ticket: 1, ahead: 0 });
+        let plain = waiter(4, 3, 1, W1, 0, 5000);
+        assert_eq!(c.turn(0, plain, T0 + 4000).1, Turn::Waiting { ticket: 2, ahead: 1 });
+        assert_eq!(c.place(0, 2).map(|p| p.class), Some(None), "written without a class");
+        assert_eq!(c.turn(0, line.wait(0, 0, 1, 0), T0 + 5000).1, Turn::Waiting { ticket: 3, ahead: 0 });
+        // (a class 2 poll of the first: class 0's ahead, not the later
+        // place of no class; a class 1 arrival takes the newest of the
+        // lowest: the place of no class)
+        assert_eq!(c.turn(0, line.wait(2, 2, 1, 1), T0 + 6000).1, Turn::Waiting { ticket: 1, ahead: 1 });
+        assert_eq!(c.turn(0, line.wait(1, 1, 1, 0), T0 + 7000).1, Turn::Waiting { ticket: 4, ahead: 1 });
+        assert_eq!(places_of(&c, 0), [(1, Some(2)), (3, Some(0)), (4, Some(1))]);
+        assert_eq!(c.turn(0, waiter(4, 3, 1, W1, 2, 5000), T0 + 8000).1, Turn::Refused, "its place gone");
+    }
+}
+
+/// A line of fewer classes reads the places of a class beyond its own
+/// (a line of more classes wrote them, before a reload) as of its lowest.
+#[test]
+fn places_of_a_class_beyond_the_line_are_of_its_lowest() {
+    const THREE: &[Lane] =
+        &[Lane { places: 2, reserve: 0 }, Lane { places: 2, reserve: 0 }, Lane { places: 2, reserve: 0 }];
+    const TWO: &[Lane] = &[Lane { places: 2, reserve: 0 }, Lane { places: 2, reserve: 0 }];
+    let (three, two) = (Classes { max: 1, queue: 3, lanes: THREE }, Classes { max: 1, queue: 3, lanes: TWO });
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        assert!(c.take(0, three.take(0, 0, 1), T0).0);
+        assert_eq!(c.turn(0, three.wait(2, 1, 1, 0), T0 + 1000).1, Turn::Waiting { ticket: 1, ahead: 0 });
+        assert_eq!(c.place(0, 1).map(|p| p.class), Some(Some(2)));
+        assert_eq!(c.turn(0, two.wait(0, 2, 1, 0), T0 + 2000).1, Turn::Waiting { ticket: 2, ahead: 0 });
+        assert_eq!(c.turn(0, two.wait(1, 2, 1, 0), T0 + 3000).1, Turn::Waiting { ticket: 3, ahead: 2 });
+        // (full: class 0 takes the newest of class 1, the one beyond among them)
+        assert_eq!(c.turn(0, two.wait(0, 0, 1, 0), T0 + 4000).1, Turn::Waiting { ticket: 4, ahead: 1 });
+        assert_eq!(places_of(&c, 0), [(1, Some(2)), (2, Some(0)), (4, Some(0))]);
+        assert_eq!(c.turn(0, two.wait(0, 1, 1, 0), T0 + 5000).1, Turn::Refused, "class 0's places taken");
+    }
+}
+
+/// An arrival of a higher class named by a memo (mode "2"), sent twice,
+/// takes one place and the place of a lower class once: the copy answers
+/// the first reply and writes nothing.
+#[test]
+fn memo_arrival_takes_a_lower_place_once() {
+    const LANES: &[Lane] = &[Lane { places: 1, reserve: 0 }, Lane { places: 1, reserve: 0 }];
+    let line = Classes { max: 1, queue: 1, lanes: LANES };
+    for mode in MODES {
+        let mut c = Conn::new(mode, 1);
+        c.max_life = WLIFE;
+        assert!(c.take(0, line.take(1, 0, 1), T0).0);
+        assert_eq!(c.turn(0, line.wait(1, 1, 1, 0), T0).1, Turn::Waiting { ticket: 1, ahead: 0 });
+        let keys = c.keys.clone();
+        let t = T0 + 1000;
+        let arrival = line.wait(0, 2, 1, 0);
+        let memo = memo_key(&c.keys, (9, 1));
+        let raw = c.redis.call_memo(&keys, &[&[arrival][..]], t, false, None, &memo);
+        let h = arrival.holder.unwrap();
+        let (o, _, turn) =
+            c.model[0].take_waiting(&arrival.limit, 1, &h, arrival.wait, arrival.classes, t / 1000, true);
+        assert_eq!(turn, Turn::Waiting { ticket: 2, ahead: 0 });
+        assert_eq!(parse_script_reply(&raw, &[&[arrival][..]]), (t, Some(vec![(false, vec![o])])));
+        c.same(t);
+        assert_eq!(places_of(&c, 0), [(2, Some(0))]);
+        let before = c.redis.before(&memo);
+        assert_eq!(c.redis.call_memo(&keys, &[&[arrival][..]], t + 1000, false, None, &memo), raw, "the copy");
+        c.redis.unchanged_since(&before, 0, "a copy of an arrival that took a place");
+        c.same(t + 1000);
+        assert_eq!(c.stored(0).next_ticket, 3);
+    }
+}
+
+/// A line of classes is written " class n" and n × " places reserve"
+/// after the waiting line's words; one whose classes do not parse (fewer
+/// than 2 or more than 16, a class not among them, a class's words
+/// missing, extra or not numbers below 2^52) fails closed, writing
+/// nothing.
+#[test]
+fn malformed_class_lines_fail_closed() {
+    const LANES: &[Lane] = &[Lane { places: 2, reserve: 1 }, Lane { places: 3, reserve: 0 }];
+    let line = Classes { max: 3, queue: 5, lanes: LANES };
+    let mut good = String::new();
+    write_spec(&mut good, &line.wait(1, 0, 1, 0));
+    assert_eq!(good, "concurrent 3 1000000 3 1 5 64 web1:100/1 1 10000 0 5000 1 2 2 1 3 0");
+    // (a take that never waits: no queue, its classes all the same)
+    let mut never = String::new();
+    write_spec(&mut never, &line.take(0, 0, 1));
+    assert_eq!(never, "concurrent 3 1000000 3 1 0 64 web1:100/0 1 10000 0 0 0 2 2 1 3 0");
+    let head = "concurrent 3 1000000 3 1 5 64 web1:100/1 1 10000 0 5000";
+    let sixteen: String = (0..16).map(|_| " 1 0").collect();
+    let bad = [
+        " 1".to_owned(),
+        " 1 2".to_owned(),
+        " 1 2 2 1".to_owned(),
+        " 1 2 2 1 3".to_owned(),
+        " 1 2 2 1 3 0 7".to_owned(),
+        " 1 2 2 1 3 0 ".to_owned(),
+        " 1 2 2 1  3 0".to_owned(),
+        " 1  2 2 1 3 0".to_owned(),
+        " 2 2 2 1 3 0".to_owned(),
+        " 0 1 2 1".to_owned(),
+        " 0 0".to_owned(),
+        " 1 2 2 1 3 x".to_owned(),
+        " 1 2 2 1 3 -1".to_owned(),
+        " 1 2 2 1 3 1.5".to_owned(),
+        " 1 2 2 1 4503599627370496 0".to_owned(),
+        " 1 2 2 4503599627370496 3 0".to_owned(),
+        " -1 2 2 1 3 0".to_owned(),
+        format!(" 0 17{sixteen} 1 0"),
+    ];
+    for mode in MODES {
+        let r = Redis::with(mode);
+        let key = keys(1);
+        r.set_now(T0);
+        let args = |line: &str| vec!["1".to_owned(), T0.to_string(), String::new(), line.to_owned()];
+        for tail in &bad {
+            let line = format!("{head}{tail}");
+            assert_eq!(r.eval(&key, &args(&line)), [T0 as i64, 0, 0, -1, 0, 0], "{line:?}");
+            assert_eq!((r.writes(), r.snapshot()), (0, String::new()), "{line:?}");
+        }
+        // (16 classes parse: the lowest's take let in; the worker's field
+        // "/1" of class 1 on that line, of the good line's class 1 too)
+        let line = format!("{head} 15 16{sixteen}");
+        assert_eq!(r.eval(&key, &args(&line)), [T0 as i64, 2, 0, -2, 0, 0], "{line:?}");
+        assert_eq!(r.eval(&key, &args(&good)), [T0 as i64, 0, 0, -2, 0, 0], "the good line");
     }
 }

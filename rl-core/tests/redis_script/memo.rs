@@ -512,6 +512,7 @@ fn memo_batches() {
                 kept: 0,
                 holder: None,
                 wait: None,
+                classes: None,
             },
         )
     };

@@ -49,6 +49,7 @@ fn replay(limits: &[Limit], dry: &[bool], ops: &[(Raw, Vec<u8>)], start: u64, ji
             kept: 0,
             holder: None,
             wait: None,
+            classes: None,
         })
         .collect();
     let mut p = Pair::new(&lines);
@@ -147,6 +148,7 @@ fn replay_charges(limits: &[Limit], kinds: &[u8], ops: &[(Raw, Vec<u8>)], start:
             kept: 0,
             holder: None,
             wait: None,
+            classes: None,
         })
         .collect();
     let mut p = Pair::new(&lines);
@@ -276,6 +278,7 @@ fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], star
         kept: 0,
         holder: None,
         wait: None,
+        classes: None,
     }]);
     let (mut t, mut prev) = (start, Outcome::default());
     for ((sel, f, flags), picks) in ops {
@@ -321,6 +324,7 @@ fn replay_varying_with(limits: &[Limit], dry: bool, ops: &[(Raw, Vec<u8>)], star
             kept: 0,
             holder: None,
             wait: None,
+            classes: None,
         }];
         prev = p.step(&line, now, commit, flags & 1 == 1).1[0];
     }
@@ -361,6 +365,7 @@ fn replay_memo(limits: &[Limit], kinds: &[u8], varying: bool, ops: &[(Raw, Vec<u
         kept: 0,
         holder: None,
         wait: None,
+        classes: None,
     };
     let base: Vec<LineArg> = match varying {
         true => vec![kind(limits[0], kinds[0])],
@@ -518,6 +523,7 @@ fn replay_memo_batches(ls: &[Vec<Limit>], batches: &[RawBatch], start: u64, mode
                             kept: 0,
                             holder: None,
                             wait: None,
+                            classes: None,
                         };
                         (i, a)
                     })

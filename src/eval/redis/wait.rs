@@ -192,7 +192,8 @@ pub fn leave(line: &Line, res: &mut LineResult, z: usize) {
     }
     let ticket = core::mem::replace(&mut res.ticket, 0);
     counted(z, false);
-    if holds::leave(z, hold_key(line, res), ticket) {
+    let (tag, id, _) = hold_key(line, res);
+    if holds::leave(z, (tag, id), ticket) {
         redis_zone::post_flush();
     }
     wake(line, res, z);
@@ -214,7 +215,7 @@ fn counted(z: usize, more: bool) {
 /// request's key on zone `z` looks again at once: units of the key were
 /// given back here, or a place ahead given up.
 pub fn wake(line: &Line, res: &LineResult, z: usize) {
-    let (tag, id) = hold_key(line, res);
+    let (tag, id, _) = hold_key(line, res);
     shm_wake::wake(WAKE_ZONE + z, [tag, id]);
 }
 
@@ -223,8 +224,8 @@ pub fn wake(line: &Line, res: &LineResult, z: usize) {
 pub fn sleeping(mcf: &MainConf, ctx: &Ctx, owner: usize, wev: *mut ngx_event_t) {
     for (line, res) in ctx.iter(&mcf.lines).filter(|(_, res)| res.ticket != 0) {
         if let Some(z) = line.backend.redis() {
-            let (tag, id) = hold_key(line, res);
-            shm_wake::sleeping(owner, WAKE_ZONE + z, [tag, id], 0, res.ticket, wev);
+            let (tag, id, _) = hold_key(line, res);
+            shm_wake::sleeping(owner, WAKE_ZONE + z, [tag, id], res.class, res.ticket, wev);
         }
     }
 }
