@@ -454,18 +454,7 @@ impl From<(Limit, u64)> for LineArg {
 
 impl From<(Limit, u64, bool)> for LineArg {
     fn from((limit, cost, dry_run): (Limit, u64, bool)) -> Self {
-        LineArg {
-            limit,
-            cost,
-            dry_run,
-            check_only: false,
-            next: false,
-            lease_life: 0,
-            kept: 0,
-            holder: None,
-            wait: None,
-            classes: None,
-        }
+        LineArg { dry_run, ..LineArg::from((limit, cost)) }
     }
 }
 
