@@ -516,6 +516,16 @@ fn places(redis: &Redis) -> Vec<String> {
     fields(redis).into_keys().filter(|f| f.starts_with('#') && f != "#").collect()
 }
 
+/// Polls the key until it has no place left (2 s at most): the places
+/// given up have reached Redis.
+fn until_no_places(redis: &Redis) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !places(redis).is_empty() {
+        assert!(Instant::now() < deadline, "the place was not given up: {:?}", fields(redis));
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Polls `ngx`'s `nginx_rl_conn_waiting` until it reads `n` (10 s at most).
 fn until_waiting_on(ngx: &Nginx, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -589,11 +599,7 @@ fn a_wait_on_redis_ends_at_its_timeout() {
     assert!(took >= Duration::from_millis(380) && took < Duration::from_secs(3), "answered after {took:?}");
     assert!(ngx.error_log_since(from).contains("limiting connections by zone \"r\""), "{}", ngx.error_log_since(from));
     until_waiting_on(&ngx, 0);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !places(&redis).is_empty() {
-        assert!(Instant::now() < deadline, "the place was not given up: {:?}", fields(&redis));
-        thread::sleep(Duration::from_millis(10));
-    }
+    until_no_places(&redis);
     let t = Instant::now();
     assert_eq!(ngx.get("/q/fast.html", &[]).status, 429);
     assert!(t.elapsed() >= Duration::from_millis(380), "refused without waiting: {:?}", t.elapsed());
@@ -613,11 +619,7 @@ fn a_waiter_on_redis_that_leaves_gives_its_place_up() {
     assert_eq!(places(&redis).len(), 1);
     drop(b);
     until_waiting_on(&ngx, 0);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !places(&redis).is_empty() {
-        assert!(Instant::now() < deadline, "the place was not given up: {:?}", fields(&redis));
-        thread::sleep(Duration::from_millis(10));
-    }
+    until_no_places(&redis);
     let c = send_only(ngx.port, "/q/fast.html?n=c");
     until_waiting_on(&ngx, 1);
     drop(held);

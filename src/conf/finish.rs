@@ -174,9 +174,8 @@ fn http_resolver(cf: *mut ngx_conf_t) -> Option<(core::ptr::NonNull<ngx::ffi::ng
     Some((resolver, timeout))
 }
 
-/// An `rl_conn` line on Redis zone `r`: what such a zone cannot do yet
-/// is refused (a waiting line, classes; lease mode, whose leases are units
-/// of a rate).
+/// An `rl_conn` line on Redis zone `r`: refused on a zone in lease mode,
+/// whose leases are units of a rate.
 fn redis_conn(leases: &[LeaseZone], r: usize, line: &Line) -> Result<(), ConfError> {
     if leases.iter().any(|l| l.redis == r) {
         refuse!(

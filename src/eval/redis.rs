@@ -247,9 +247,10 @@ pub fn release(mcf: &MainConf, ctx: &mut Ctx) {
         wait::leave(line, res, z);
         if res.charged {
             res.charged = false;
-            if holds::give_back(z, hold_key(line, res), res.cost) {
+            let key = hold_key(line, res);
+            if holds::give_back(z, key, res.cost) {
                 redis_zone::post_flush();
-                wait::wake(line, res, z);
+                wait::wake(z, key);
             }
         }
     }

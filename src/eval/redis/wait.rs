@@ -44,6 +44,12 @@ fn waiting_line(line: &Line, res: &LineResult) -> bool {
     res.active && !res.dry_run && line.waits() && line.backend.redis().is_some()
 }
 
+/// Whether the request has a place in `line`'s waiting line on a Redis
+/// zone.
+fn has_place(line: &Line, res: &LineResult) -> bool {
+    res.ticket != 0 && line.backend.redis().is_some()
+}
+
 /// The place a look of `line` asks about, and the time left of the wait
 /// that started at `queued_at` (µs), at `now`.
 pub fn place(line: &Line, res: &LineResult, queued_at: u64, now: u64) -> Wait {
@@ -87,7 +93,7 @@ fn ask(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> bool {
 
 /// Whether the request has a place in a Redis waiting line.
 pub fn waiting(mcf: &MainConf, ctx: &Ctx) -> bool {
-    ctx.staged(&mcf.lines).any(|(l, res)| res.ticket != 0 && l.backend.redis().is_some())
+    ctx.staged(&mcf.lines).any(|(l, res)| has_place(l, res))
 }
 
 /// The request, asleep in Redis waiting lines, looks again at each: whether
@@ -96,15 +102,13 @@ pub fn waiting(mcf: &MainConf, ctx: &Ctx) -> bool {
 pub fn poll(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> bool {
     let (since, now) = (ctx.queued_at_us, now_us());
     let mut over = false;
-    for (line, res) in ctx.staged_mut(&mcf.lines).filter(|(l, res)| res.ticket != 0 && l.backend.redis().is_some()) {
+    for (line, res) in ctx.staged_mut(&mcf.lines).filter(|(l, res)| has_place(l, res)) {
         if place(line, res, since, now).left_ms == 0 {
             over = true;
             if let Some(z) = line.backend.redis() {
                 leave(line, res, z);
             }
-            let o =
-                Outcome { admitted: false, remaining: 0, reset_us: 0, retry_after_us: None, delay_us: 0, next_us: 0 };
-            res.set(&o, false);
+            res.set(&Outcome::default(), false);
         } else {
             res.asking = true;
         }
@@ -166,11 +170,7 @@ pub fn next(mcf: &MainConf, ctx: &mut Ctx) -> Option<u64> {
         leave_all(mcf, ctx);
         return None;
     }
-    let ahead = ctx
-        .staged(&mcf.lines)
-        .filter(|(l, res)| res.ticket != 0 && l.backend.redis().is_some())
-        .map(|(_, res)| res.ahead)
-        .min()?;
+    let ahead = ctx.staged(&mcf.lines).filter(|(l, res)| has_place(l, res)).map(|(_, res)| res.ahead).min()?;
     Some(POLL_STEP_MS.saturating_mul(ahead.saturating_add(1)).min(POLL_MAX_MS))
 }
 
@@ -192,11 +192,11 @@ pub fn leave(line: &Line, res: &mut LineResult, z: usize) {
     }
     let ticket = core::mem::replace(&mut res.ticket, 0);
     counted(z, false);
-    let (tag, id, _) = hold_key(line, res);
-    if holds::leave(z, (tag, id), ticket) {
+    let key = hold_key(line, res);
+    if holds::leave(z, (key.0, key.1), ticket) {
         redis_zone::post_flush();
     }
-    wake(line, res, z);
+    wake(z, key);
 }
 
 /// Counts a request of this worker that waits in a waiting line of zone
@@ -211,12 +211,11 @@ fn counted(z: usize, more: bool) {
     }
 }
 
-/// This worker's first request asleep in `line`'s waiting line for the
-/// request's key on zone `z` looks again at once: units of the key were
-/// given back here, or a place ahead given up.
-pub fn wake(line: &Line, res: &LineResult, z: usize) {
-    let (tag, id, _) = hold_key(line, res);
-    shm_wake::wake(WAKE_ZONE + z, [tag, id]);
+/// This worker's first request asleep in the waiting line of `key`'s state
+/// on zone `z` looks again at once: units of the key were given back here,
+/// or a place ahead given up.
+pub fn wake(z: usize, key: holds::Key) {
+    shm_wake::wake(WAKE_ZONE + z, [key.0, key.1]);
 }
 
 /// Records that the request of `owner`, asleep with its timer on `wev`,
