@@ -283,6 +283,7 @@ fn charge_after_failed_logins_only_redis() {
 /// which.
 fn plan_rates(zone: &str) {
     let ngx = plans(zone, "location / { rl_limit zone=z key=$http_x_api_key rate=$plan_rate algorithm=fixed; }");
+    clear_of_window_end(3600, 5);
     for (key, n) in [("free-1", 2), ("pro-1", 5)] {
         let h = [("X-Api-Key", key)];
         for i in 0..n {
@@ -316,6 +317,7 @@ fn plan_rate_from_map_redis() {
 /// fields say so.
 fn many_plans(zone: &str) {
     let ngx = plans(zone, "location / { rl_limit zone=z key=$http_x_user rate=$http_x_rate algorithm=fixed; }");
+    clear_of_window_end(3600, 5);
     for round in 0..13 {
         for n in 1..=12u64 {
             let (user, rate) = (format!("u{n}"), format!("{n}r/h"));

@@ -80,6 +80,21 @@ pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
 }
 
+/// Waits, if need be, until the `fixed` window of `window_s` seconds that
+/// the clock is in has `need_s` seconds left, so that a test's requests all
+/// fall in one window: the module aligns fixed windows to the Unix epoch,
+/// and nginx's clock is this one (no fake clock reaches a running nginx).
+/// Waits at most `need_s` seconds, and only when the end is that near.
+pub fn clear_of_window_end(window_s: u64, need_s: u64) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let window = Duration::from_secs(window_s);
+    let into = Duration::from_nanos((now.as_nanos() % window.as_nanos()) as u64);
+    let left = window - into;
+    if left < Duration::from_secs(need_s) {
+        thread::sleep(left + Duration::from_millis(50));
+    }
+}
+
 /// Files every prefix gets (relative to the prefix), on top of the test's own.
 const DEFAULT_FILES: &[(&str, &str)] = &[
     ("html/index.html", "index\n"),
