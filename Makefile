@@ -22,7 +22,7 @@ RUN_CONF_ABS  = $(abspath $(RUN_CONF))
 CARGO        ?= cargo
 
 # Debian packages the build, the tests and the benchmark need.
-APT_PACKAGES := nginx nginx-dev libclang-dev pkg-config libssl-dev libpcre2-dev zlib1g-dev redis-server openssl prometheus python3-prometheus-client nghttp2-client
+APT_PACKAGES := nginx nginx-dev libclang-dev pkg-config libssl-dev libpcre2-dev zlib1g-dev redis-server openssl prometheus python3-prometheus-client nghttp2-client memcached
 # What `make deb` needs on top (lintian checks the package in `make test`).
 DEB_APT_PACKAGES := debhelper dpkg-dev lintian
 
@@ -205,7 +205,7 @@ test-core:
 
 # The integration tests start their own nginx (and redis-server) on loopback
 # ports, once against Debian's nginx and once against the vendored 1.28.
-INTEGRATION := --test integration --test identity --test dry_run --test variables --test queue --test reliability --test conf_check --test redis --test redis_late --test misbehaving --test mixed --test auth --test sentinel --test resolver --test metrics --test quota --test version --test plans --test dashboard --test recipes --test header_clients --test applied_once --test lease --test conn --test conn_redis --test limit_conn --test priority --test shedding
+INTEGRATION := --test integration --test identity --test dry_run --test variables --test queue --test reliability --test conf_check --test redis --test redis_late --test misbehaving --test mixed --test auth --test sentinel --test resolver --test metrics --test quota --test version --test plans --test dashboard --test recipes --test header_clients --test applied_once --test lease --test conn --test conn_redis --test limit_conn --test priority --test shedding --test memcached --test misbehaving_memcached
 
 # The test files with targets of their own (test-package, test-build-src).
 OWN_TARGET_TESTS := package nginx_src

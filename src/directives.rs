@@ -1,6 +1,6 @@
 //! The directive handlers, each filling the configuration ([`crate::conf`])
 //! from its arguments: `rl_zone` ([`zone`], a Redis zone's parameters in
-//! [`redis`]), `rl_limit` ([`limit`], a shell over
+//! [`redis`], a Memcached zone's in [`memcached`]), `rl_limit` ([`limit`], a shell over
 //! [`rl_core::spec::LineSpec`]), and the four that set one value of a
 //! location, `rl_status`, `rl_headers`, `rl_dry_run` and `rl_log_level`
 //! ([`values`], one handler over a table).
@@ -12,6 +12,7 @@
 //! Imports run one way: `directives` → `conf`, never back.
 
 mod limit;
+mod memcached;
 mod redis;
 mod values;
 mod zone;

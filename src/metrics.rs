@@ -215,11 +215,15 @@ pub fn charge_failed(mcf: &MainConf, zone: usize, lines: usize, lost: bool) {
 
 /// The kind an error counts as.
 fn error_kind(e: &RedisError) -> usize {
-    match e {
+    match e.inner() {
         RedisError::Timeout | RedisError::Late => ERR_TIMEOUT,
         RedisError::Io(_) | RedisError::NotConnected { .. } | RedisError::Unreachable(_) => ERR_CONNECTION,
-        RedisError::Server(_) | RedisError::Malformed(_) => ERR_SCRIPT,
-        RedisError::Overloaded | RedisError::Unanswered | RedisError::NotSent | RedisError::NoZone => ERR_REFUSED,
+        RedisError::Server(_) | RedisError::Malformed(_) | RedisError::Protocol(_) => ERR_SCRIPT,
+        RedisError::Overloaded
+        | RedisError::Unanswered
+        | RedisError::NotSent
+        | RedisError::NoZone
+        | RedisError::At(..) => ERR_REFUSED,
     }
 }
 
@@ -288,7 +292,8 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
     }
     for (z, zone) in mcf.redis.iter().enumerate() {
         let conn = zone.holds.then(ConnSample::default);
-        let mut r = RedisZoneSample { zone: zone.name.clone(), conn, ..Default::default() };
+        let memcached = zone.is_memcached();
+        let mut r = RedisZoneSample { zone: zone.name.clone(), conn, memcached, ..Default::default() };
         if let Some(Some(row)) = m.layout.redis.get(z) {
             let add =
                 |sum: &mut u64, c: &core::sync::atomic::AtomicU64| *sum = sum.wrapping_add(c.load(Ordering::Relaxed));
@@ -311,6 +316,7 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
                 add(&mut r.charge_failures, &slot.charge_failures);
                 add(&mut r.charge_unknown, &slot.charge_unknown);
                 add(&mut r.connects, &slot.connects);
+                add(&mut r.counters_lost, &slot.counters_lost);
                 if let Some(master) = slot.master() {
                     r.masters.push(master);
                 }

@@ -15,6 +15,7 @@ mod cluster_link;
 mod conn;
 pub mod holds;
 mod inbox;
+mod memcached;
 mod open;
 mod peer;
 mod script;
@@ -35,7 +36,7 @@ use rl_core::limit::Limit;
 use rl_core::redis::RequestReply;
 use smallvec::SmallVec;
 
-pub use self::conn::Target;
+pub use self::conn::{McAddr, Target};
 pub use self::tls::client_config as tls_config;
 pub use self::worker::{
     beat, charge, exit_worker, init_worker, lease, post_flush, resume, start_holds, submit, suspend, Hooks,
@@ -118,14 +119,32 @@ impl RedisZone {
         }
     }
 
+    /// What the zone is on, as messages and metrics name it.
+    pub fn store(&self) -> &'static str {
+        match self.spec.target {
+            Target::Memcached(_) => "memcached",
+            _ => "redis",
+        }
+    }
+
+    /// A Memcached zone.
+    pub fn is_memcached(&self) -> bool {
+        matches!(self.spec.target, Target::Memcached(_))
+    }
+
     fn log_failure(&self, log: *mut ngx_log_t, e: &RedisError, action: &str) {
-        let e = Shown(e, self.spec.timeout);
+        let shown = match e {
+            RedisError::At(server, _) => server.as_str(),
+            _ => self.shown.as_str(),
+        };
+        let e = Shown(e.inner(), self.spec.timeout);
         ngx_log_error!(
             NGX_LOG_ERR,
             log,
-            "rl_zone \"{}\" redis {} failed: {}, {} ({} errors so far)",
+            "rl_zone \"{}\" {} {} failed: {}, {} ({} errors so far)",
             self.name,
-            self.shown,
+            self.store(),
+            shown,
             e,
             action,
             self.errors.get()
@@ -149,7 +168,7 @@ pub fn host_name() -> String {
 
 /// Takes one line of a budget of [`LOG_PER_SECOND`] (`second`: the second
 /// of the last line, `count`: lines in it); false when it is spent.
-fn budget(second: &Cell<i64>, count: &Cell<u32>) -> bool {
+pub(super) fn budget(second: &Cell<i64>, count: &Cell<u32>) -> bool {
     let now = ngx_time() as i64;
     if second.get() != now {
         second.set(now);
@@ -180,6 +199,12 @@ pub enum RedisError {
     Late,
     /// The server answered with an error.
     Server(String),
+    /// A Memcached server's reply is none memcached sends (what it looks
+    /// like, for the log); the connection is closed.
+    Protocol(String),
+    /// The error of one server of a Memcached zone (its address): the log
+    /// names that server, not the zone's list.
+    At(String, Box<RedisError>),
     /// The reply is not one the script can have sent: not an array of
     /// integers, the wrong length, or a value out of the line's range
     /// (what is wrong, for the log).
@@ -200,7 +225,15 @@ pub enum RedisError {
 impl RedisError {
     /// A new connection may help.
     pub fn is_io(&self) -> bool {
-        matches!(self, RedisError::Io(_))
+        matches!(self.inner(), RedisError::Io(_))
+    }
+
+    /// The error itself, without the server it came from.
+    pub fn inner(&self) -> &RedisError {
+        match self {
+            RedisError::At(_, e) => e.inner(),
+            e => e,
+        }
     }
 
     /// The call is known not to have changed anything in Redis: it was not
@@ -209,7 +242,7 @@ impl RedisError {
     /// not the script's) Redis may have run it.
     pub fn not_applied(&self) -> bool {
         matches!(
-            self,
+            self.inner(),
             RedisError::NotConnected { .. }
                 | RedisError::Unreachable(_)
                 | RedisError::Server(_)
@@ -225,6 +258,8 @@ impl fmt::Display for RedisError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RedisError::Io(e) | RedisError::Server(e) | RedisError::Unreachable(e) => f.write_str(e),
+            RedisError::Protocol(e) => write!(f, "bad reply: {e}"),
+            RedisError::At(_, e) => e.fmt(f),
             RedisError::NotConnected { last } => write!(f, "not connected, reconnecting after: {last}"),
             RedisError::Timeout => f.write_str("timed out"),
             RedisError::Late => f.write_str("timed out (Redis ran the call past its deadline and wrote nothing)"),

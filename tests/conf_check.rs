@@ -369,7 +369,7 @@ fn cases(certs: &TestCerts) -> Vec<Case> {
     let zone = |params: &str| server(&format!("rl_zone {params}; {MARK}"), "location / { }");
     let mut shm: Vec<(String, String)> = vec![
         ("".into(), "invalid number of arguments".into()),
-        ("z".into(), "must have \"size\" or \"redis\" parameter".into()),
+        ("z".into(), "must have \"size\", \"redis\" or \"memcached\" parameter".into()),
         ("\"\" size=64k".into(), "invalid zone name \"\"".into()),
         ("a=b size=64k".into(), "invalid zone name \"a=b\"".into()),
         ("z size=".into(), "invalid zone size \"size=\"".into()),

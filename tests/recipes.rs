@@ -1,5 +1,6 @@
 //! The recipes of `nginx-conf/` for what the README describes beside the
-//! directives: a fleet of nginx on one Redis (`redis-fleet.conf`), the
+//! directives: a fleet of nginx on one Redis (`redis-fleet.conf`), or on
+//! two memcached servers (`memcached-fleet.conf`), the
 //! counters for Prometheus and Grafana (`metrics.conf`), and the endpoint
 //! that tells a client its budget (`quota-endpoint.conf`), each run as it is
 //! on a throw-away prefix (the others are started by `variables.rs` and
@@ -8,6 +9,7 @@
 mod common;
 
 use common::conf_nginx::ConfNginx;
+use common::memcached::Memcached;
 use common::redis::Redis;
 use common::*;
 
@@ -53,6 +55,52 @@ fn redis_fleet_shares_one_budget() {
         let log = ngx.error_log();
         assert!(!failed_lines(&log, "fleet").is_empty(), "no failure logged for zone fleet:\n{log}");
         assert!(!failed_lines(&log, "fleet_login").is_empty(), "no failure logged for zone fleet_login:\n{log}");
+        assert!(crash_lines(&log).is_empty(), "{log}");
+    }
+}
+
+/// nginx-conf/memcached-fleet.conf started twice on two memcached servers:
+/// an API key's 10 requests a minute are spent across both nginx, then both
+/// refuse it (and not another key); the login's 5 attempts are shared too.
+/// With both servers gone, the API fails open and the login fails closed.
+#[test]
+fn memcached_fleet_shares_one_budget() {
+    let (mut m1, mut m2) = (Memcached::start(), Memcached::start());
+    let servers = format!("{},{}", m1.addr(), m2.addr());
+    let replace = [("127.0.0.1:11211,127.0.0.1:11212", servers.as_str())];
+    let a = ConfNginx::start_with("memcached-fleet.conf", &[API_INDEX], &replace);
+    let b = ConfNginx::start_with("memcached-fleet.conf", &[API_INDEX], &replace);
+    let fleet = [&a, &b];
+    let key = [("X-Api-Key", "fleet-key")];
+    // (the API's fixed window of a minute: its 11 requests in one)
+    clear_of_window_end(60, 5);
+    for i in 0..10 {
+        let r = fleet[i % 2].get("/api/", &key);
+        assert_eq!(r.status, 200, "request {i} of 10, to nginx {}: {r:?}", i % 2);
+    }
+    for (n, ngx) in fleet.iter().enumerate() {
+        let r = ngx.get("/api/", &key);
+        assert_eq!(r.status, 429, "nginx {n}, the fleet's 10 spent: {r:?}");
+        assert!(r.num("Retry-After") >= 1, "{r:?}");
+        assert_eq!(ngx.get("/api/", &[("X-Api-Key", "other-key")]).status, 200, "nginx {n}, another key");
+    }
+    for (n, ngx) in fleet.iter().enumerate() {
+        assert_eq!(ngx.get("/login", &[]).status, 200, "login {n}: 2 of the 5 spent");
+    }
+    assert!(!(m1.keys().is_empty() && m2.keys().is_empty()), "the fleet's counters are in memcached");
+
+    m1.stop();
+    m2.stop();
+    for (n, ngx) in fleet.iter().enumerate() {
+        let r = ngx.get("/api/", &key);
+        assert_eq!(r.status, 200, "nginx {n}, memcached down, /api/ (on_error=allow): {r:?}");
+        let r = ngx.get("/login", &[]);
+        assert_eq!(r.status, 429, "nginx {n}, memcached down, /login (on_error=deny), 3 attempts left: {r:?}");
+    }
+    for ngx in fleet {
+        let log = ngx.error_log();
+        assert!(log.contains("rl_zone \"fleet\" memcached"), "no failure logged for zone fleet:\n{log}");
+        assert!(log.contains("rl_zone \"fleet_login\" memcached"), "no failure logged for zone fleet_login:\n{log}");
         assert!(crash_lines(&log).is_empty(), "{log}");
     }
 }

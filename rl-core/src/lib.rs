@@ -6,6 +6,8 @@
 //!   line, spent by one node alone, never more than the line admits.
 //! - [`limit`]: the rate-limiting algorithms as pure state transitions over
 //!   integer time (microseconds, passed in by the caller).
+//! - [`memcached`]: Memcached zones' keys, servers, protocol and
+//!   decisions from counters.
 //! - [`metrics`]: the verdicts `rl_metrics` counts and their rendering
 //!   (Prometheus text format, JSON).
 //! - [`parse`]: rates, sizes and durations as nginx.conf writes them.
@@ -22,6 +24,7 @@
 pub mod habits;
 pub mod lease;
 pub mod limit;
+pub mod memcached;
 pub mod metrics;
 pub mod parse;
 pub mod redis;

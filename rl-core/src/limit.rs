@@ -319,14 +319,7 @@ impl Limit {
             interval: rate.period_us.div_ceil(rate.count),
             capacity,
             varying: false,
-            path: match algorithm {
-                Algorithm::Fixed => Path::Fixed,
-                Algorithm::Sliding => Path::Sliding,
-                Algorithm::SlidingLog => Path::Log,
-                Algorithm::TokenBucket | Algorithm::LeakyBucket => Path::Bucket,
-                Algorithm::Gcra => Path::Gcra,
-                Algorithm::Concurrent => Path::Conn,
-            },
+            path: Limit::static_path(algorithm),
             words,
         })
     }
@@ -445,6 +438,31 @@ impl Limit {
             // (its burst is fixed by the configuration: no plans vary it)
             Algorithm::Concurrent => self,
             _ => Limit { varying: true, path: Path::Varying, words: self.words + 1, ..self },
+        }
+    }
+
+    /// The static line of a [`Limit::varying`] line's values (its state has
+    /// no scale tag): for a store that keeps a counter per window length
+    /// and knows no scale (memcached zones), a line as any one request sees
+    /// it. A static line is itself.
+    pub fn unvarying(self) -> Limit {
+        match self.path {
+            Path::Varying => {
+                Limit { varying: false, path: Limit::static_path(self.algorithm), words: self.words - 1, ..self }
+            }
+            _ => Limit { varying: false, ..self },
+        }
+    }
+
+    /// The code a static line of `algorithm` runs.
+    fn static_path(algorithm: Algorithm) -> Path {
+        match algorithm {
+            Algorithm::Fixed => Path::Fixed,
+            Algorithm::Sliding => Path::Sliding,
+            Algorithm::SlidingLog => Path::Log,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => Path::Bucket,
+            Algorithm::Gcra => Path::Gcra,
+            Algorithm::Concurrent => Path::Conn,
         }
     }
 

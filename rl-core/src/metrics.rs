@@ -143,6 +143,10 @@ pub struct RedisZoneSample {
     /// For a Sentinel zone: the masters the workers' connections go to
     /// (`host:port`, distinct, sorted).
     pub masters: Vec<String>,
+    /// A Memcached zone (its families are `nginx_rl_memcached_*`).
+    pub memcached: bool,
+    /// A Memcached zone's counters found lost within their window.
+    pub counters_lost: u64,
 }
 
 /// A Redis zone in lease mode: its syncs summed over the workers (one
@@ -400,22 +404,73 @@ fn conn_prometheus(s: &Snapshot, out: &mut String) {
     }
 }
 
-fn redis_prometheus(zones: &[RedisZoneSample], out: &mut String) {
-    family(out, "nginx_rl_redis_calls_total", "counter", "Script calls made to a Redis zone.");
-    for z in zones {
-        sample(out, "nginx_rl_redis_calls_total", &[("zone", &z.zone)], z.calls);
+/// The families of one kind of store zone: Redis zones' or Memcached
+/// zones' names and words.
+struct Store {
+    memcached: bool,
+    /// The families' prefix.
+    p: &'static str,
+    zone: &'static str,
+    call: &'static str,
+    /// [`ERROR_KINDS`] as this store's errors are labelled.
+    kinds: [&'static str; ERROR_KINDS.len()],
+}
+
+const REDIS: Store =
+    Store { memcached: false, p: "nginx_rl_redis", zone: "a Redis zone", call: "script call", kinds: ERROR_KINDS };
+
+/// (a Memcached call is one round trip per server the batch touches, side by side)
+const MEMCACHED: Store = Store {
+    memcached: true,
+    p: "nginx_rl_memcached",
+    zone: "a Memcached zone",
+    call: "call (its round trips to the zone's servers)",
+    kinds: ["timeout", "connection", "reply", "refused"],
+};
+
+fn redis_prometheus(all: &[RedisZoneSample], out: &mut String) {
+    for store in [REDIS, MEMCACHED] {
+        let zones: Vec<&RedisZoneSample> = all.iter().filter(|z| z.memcached == store.memcached).collect();
+        if !zones.is_empty() {
+            store_prometheus(&zones, &store, out);
+        }
     }
     family(
         out,
-        "nginx_rl_redis_call_requests_total",
+        "nginx_rl_charge_failures_total",
         "counter",
-        "Requests decided by those calls (per call: over calls).",
+        "Costs of charge=after lines a Redis or Memcached zone did not charge: the call was not sent, or the server refused it (logged, not retried).",
     );
-    for z in zones {
-        sample(out, "nginx_rl_redis_call_requests_total", &[("zone", &z.zone)], z.call_requests);
+    for z in all {
+        sample(out, "nginx_rl_charge_failures_total", &[("zone", &z.zone)], z.charge_failures);
     }
-    let h = "nginx_rl_redis_call_duration_seconds";
-    family(out, h, "histogram", "Time from a script call's start to its answer (or failure).");
+    family(
+        out,
+        "nginx_rl_charge_unknown_total",
+        "counter",
+        "Costs of charge=after lines whose call got no reply: the server may or may not have charged them (logged, not retried).",
+    );
+    for z in all {
+        sample(out, "nginx_rl_charge_unknown_total", &[("zone", &z.zone)], z.charge_unknown);
+    }
+}
+
+/// The families of one store's zones.
+fn store_prometheus(zones: &[&RedisZoneSample], st: &Store, out: &mut String) {
+    let p = st.p;
+    let name = |n: &str| format!("{p}_{n}");
+    let calls = name("calls_total");
+    family(out, &calls, "counter", &format!("Calls made to {} (each a {}).", st.zone, st.call));
+    for z in zones {
+        sample(out, &calls, &[("zone", &z.zone)], z.calls);
+    }
+    let reqs = name("call_requests_total");
+    family(out, &reqs, "counter", "Requests decided by those calls (per call: over calls).");
+    for z in zones {
+        sample(out, &reqs, &[("zone", &z.zone)], z.call_requests);
+    }
+    let h = name("call_duration_seconds");
+    family(out, &h, "histogram", "Time from a call's start to its answer (or failure).");
     for z in zones {
         let mut cum = 0u64;
         for (i, n) in z.latency.iter().enumerate() {
@@ -429,59 +484,50 @@ fn redis_prometheus(zones: &[RedisZoneSample], out: &mut String) {
         sample(out, &format!("{h}_sum"), &[("zone", &z.zone)], Seconds(z.latency_sum_us));
         sample(out, &format!("{h}_count"), &[("zone", &z.zone)], cum);
     }
-    family(out, "nginx_rl_redis_errors_total", "counter", "Requests a Redis zone could not decide, by kind of error.");
+    let errors = name("errors_total");
+    family(out, &errors, "counter", &format!("Requests {} could not decide, by kind of error.", st.zone));
     for z in zones {
-        for (k, n) in ERROR_KINDS.iter().zip(z.errors) {
-            sample(out, "nginx_rl_redis_errors_total", &[("zone", &z.zone), ("kind", k)], n);
+        for (k, n) in st.kinds.iter().zip(z.errors) {
+            sample(out, &errors, &[("zone", &z.zone), ("kind", k)], n);
         }
     }
+    let on_error = name("on_error_total");
+    family(out, &on_error, "counter", "Requests on_error let through (allowed) or rejected (denied).");
+    for z in zones {
+        sample(out, &on_error, &[("zone", &z.zone), ("action", "allowed")], z.on_error_allowed);
+        sample(out, &on_error, &[("zone", &z.zone), ("action", "denied")], z.on_error_denied);
+    }
+    let connects = name("connects_total");
     family(
         out,
-        "nginx_rl_redis_on_error_total",
+        &connects,
         "counter",
-        "Requests on_error let through (allowed) or rejected (denied).",
+        &format!(
+            "Connections opened to {}'s servers (one per worker and server at first use; more are reconnects).",
+            st.zone
+        ),
     );
     for z in zones {
-        sample(out, "nginx_rl_redis_on_error_total", &[("zone", &z.zone), ("action", "allowed")], z.on_error_allowed);
-        sample(out, "nginx_rl_redis_on_error_total", &[("zone", &z.zone), ("action", "denied")], z.on_error_denied);
+        sample(out, &connects, &[("zone", &z.zone)], z.connects);
     }
-    family(
-        out,
-        "nginx_rl_charge_failures_total",
-        "counter",
-        "Costs of charge=after lines a Redis zone did not charge: the call was not sent, or Redis refused it (logged, not retried).",
-    );
-    for z in zones {
-        sample(out, "nginx_rl_charge_failures_total", &[("zone", &z.zone)], z.charge_failures);
-    }
-    family(
-        out,
-        "nginx_rl_charge_unknown_total",
-        "counter",
-        "Costs of charge=after lines whose call got no reply: Redis may or may not have charged them (logged, not retried).",
-    );
-    for z in zones {
-        sample(out, "nginx_rl_charge_unknown_total", &[("zone", &z.zone)], z.charge_unknown);
-    }
-    family(
-        out,
-        "nginx_rl_redis_connects_total",
-        "counter",
-        "Connections opened to a Redis zone (one per worker at its first request; more are reconnects).",
-    );
-    for z in zones {
-        sample(out, "nginx_rl_redis_connects_total", &[("zone", &z.zone)], z.connects);
-    }
-    if zones.iter().any(|z| !z.masters.is_empty()) {
+    if st.memcached {
+        let lost = name("counters_lost_total");
         family(
             out,
-            "nginx_rl_redis_master",
-            "gauge",
-            "The master a Sentinel zone's connections go to (1 per address).",
+            &lost,
+            "counter",
+            "Counters found lost within their window (evicted, or the server restarted): their keys were counted again from zero.",
         );
         for z in zones {
+            sample(out, &lost, &[("zone", &z.zone)], z.counters_lost);
+        }
+    }
+    if zones.iter().any(|z| !z.masters.is_empty()) {
+        let master = name("master");
+        family(out, &master, "gauge", "The master a Sentinel zone's connections go to (1 per address).");
+        for z in zones {
             for m in &z.masters {
-                sample(out, "nginx_rl_redis_master", &[("zone", &z.zone), ("addr", m)], 1);
+                sample(out, &master, &[("zone", &z.zone), ("addr", m)], 1);
             }
         }
     }
@@ -559,6 +605,9 @@ pub fn json(s: &Snapshot, out: &mut String) {
     out.push_str("],\"redis\":[");
     for (i, z) in s.redis.iter().enumerate() {
         open_object(out, i, &z.zone);
+        if z.memcached {
+            let _ = write!(out, ",\"store\":\"memcached\",\"counters_lost\":{}", z.counters_lost);
+        }
         let _ = write!(
             out,
             ",\"calls\":{},\"call_requests\":{},\"call_duration_seconds\":{{\"buckets\":{{",

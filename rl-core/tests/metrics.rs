@@ -39,6 +39,8 @@ fn snapshot() -> Snapshot {
             charge_unknown: 4,
             masters: vec!["127.0.0.1:6380".into()],
             conn: Some(ConnSample { in_flight: 2, reclaimed: 5, waiting: 0 }),
+            memcached: false,
+            counters_lost: 0,
         }],
         leases: vec![LeaseZoneSample {
             zone: "l\"e".into(),
@@ -112,6 +114,42 @@ fn prometheus_text() {
         assert_eq!(out.matches(&format!("# HELP {name} ")).count(), 1, "{name}");
         assert_eq!(out.matches(&format!("# TYPE {name} ")).count(), 1, "{name}");
     }
+}
+
+/// A Memcached zone beside a Redis zone: its numbers in families of its
+/// own (`nginx_rl_memcached_*`, its errors of a reply as `reply`, its lost
+/// counters), the charge families shared, each family once.
+#[test]
+fn memcached_zones_have_families_of_their_own() {
+    let mut s = snapshot();
+    let redis = s.redis[0].clone();
+    s.redis.push(RedisZoneSample {
+        zone: "m".into(),
+        calls: 8,
+        errors: [0, 1, 2, 0],
+        charge_failures: 1,
+        memcached: true,
+        counters_lost: 3,
+        masters: vec![],
+        conn: None,
+        ..redis
+    });
+    let mut out = String::new();
+    prometheus(&s, &mut out);
+    assert!(out.contains("nginx_rl_memcached_calls_total{zone=\"m\"} 8\n"), "{out}");
+    assert!(!out.contains("nginx_rl_redis_calls_total{zone=\"m\"}"), "{out}");
+    assert!(out.contains("nginx_rl_redis_calls_total{zone=\"r\"} 3\n"), "{out}");
+    assert!(out.contains("nginx_rl_memcached_errors_total{zone=\"m\",kind=\"reply\"} 2\n"), "{out}");
+    assert!(out.contains("nginx_rl_memcached_counters_lost_total{zone=\"m\"} 3\n"), "{out}");
+    assert!(out.contains("nginx_rl_charge_failures_total{zone=\"m\"} 1\n"), "{out}");
+    assert!(!out.contains("nginx_rl_memcached_master"), "{out}");
+    for l in out.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let name = l.split(' ').nth(2).unwrap_or("");
+        assert_eq!(out.matches(&format!("# TYPE {name} ")).count(), 1, "{name}");
+    }
+    let mut json_out = String::new();
+    json(&s, &mut json_out);
+    assert!(json_out.contains("{\"zone\":\"m\",\"store\":\"memcached\",\"counters_lost\":3,\"calls\":8"), "{json_out}");
 }
 
 /// A line of classes: its verdicts by class, in both formats; no class

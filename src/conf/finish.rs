@@ -187,6 +187,39 @@ fn redis_conn(leases: &[LeaseZone], r: usize, line: &Line) -> Result<(), ConfErr
     Ok(())
 }
 
+/// A line on Memcached zone `zone`: its counters serve `fixed` and
+/// `sliding` lines, which hold no request in flight and keep no class
+/// reserves.
+fn memcached_line(zone: &str, line: &Line) -> Result<(), ConfError> {
+    if line.limit.is_concurrent() {
+        refuse!(
+            "memcached zone \"{}\" cannot hold requests in flight in \"{}\" directive in {}",
+            Quote(zone),
+            line.directive(),
+            line.origin
+        );
+    }
+    if !rl_core::memcached::supports(&line.limit) {
+        refuse!(
+            "algorithm \"{}\" is not supported on memcached zone \"{}\", which supports \"fixed\" and \"sliding\", \
+             in \"{}\" directive in {}",
+            line.limit.algorithm().name(),
+            Quote(zone),
+            line.directive(),
+            line.origin
+        );
+    }
+    if line.classes.is_some() {
+        refuse!(
+            "memcached zone \"{}\" cannot keep class reserves in \"{}\" directive in {}",
+            Quote(zone),
+            line.directive(),
+            line.origin
+        );
+    }
+    Ok(())
+}
+
 fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
     check_names(&mcf.lines)?;
     for line in mcf.lines.iter_mut() {
@@ -208,13 +241,17 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
             }
         };
         line.id = line.identity();
+        let memcached = line.backend.redis().and_then(|r| mcf.redis.get(r)).filter(|z| z.is_memcached());
+        if let Some(z) = memcached {
+            memcached_line(&z.name, line)?;
+        }
         if let Some(r) = line.backend.redis().filter(|_| line.limit.is_concurrent()) {
             redis_conn(&mcf.leases, r, line)?;
         }
         match line.backend {
             Backend::Shm(i) => mcf.zones[i].note_line(&line.limit),
             // A rate or burst from variables is checked per request.
-            Backend::Redis(_) if !line.limit_varies() && !rl_core::redis::exact(&line.limit) => {
+            Backend::Redis(_) if memcached.is_none() && !line.limit_varies() && !rl_core::redis::exact(&line.limit) => {
                 refuse!(
                     "rate {} with burst {} is out of the range a Redis zone computes exactly in \"rl_limit\" directive in {}",
                     line.limit.rate(),

@@ -1,5 +1,6 @@
-//! `rl_zone NAME size=SIZE;` or `rl_zone NAME redis=URL ...;`: a zone in
-//! shared memory, or on Redis ([`super::redis`]).
+//! `rl_zone NAME size=SIZE;`, `rl_zone NAME redis=URL ...;` or `rl_zone
+//! NAME memcached=ADDRESS,... ...;`: a zone in shared memory, on Redis
+//! ([`super::redis`]), or on Memcached ([`super::memcached`]).
 
 use core::ffi::{c_char, c_void};
 
@@ -9,7 +10,7 @@ use rl_core::lease::Kept;
 use rl_core::parse::parse_size;
 use rl_core::spec::{params, Quote};
 
-use super::{args, arguments, bytes, origin, redis, text};
+use super::{args, arguments, bytes, memcached, origin, redis, text};
 use crate::conf::{self, refuse, ConfError, MainConf, MAX_REDIS_ZONES};
 use crate::lease::LeaseZone;
 use crate::shm::{self, Zone};
@@ -35,7 +36,7 @@ fn rl_zone(cf: *mut ngx_conf_t, mcf: &mut MainConf, args: &[ngx_str_t]) -> Resul
     if mcf.zones.iter().any(|z| z.name == name) || mcf.redis.iter().any(|z| z.name == name) {
         refuse!("duplicate zone \"{}\" in \"rl_zone\" directive", Quote(name));
     }
-    let known: Vec<&'static str> = ["size", "redis"].into_iter().chain(redis::PARAMS).collect();
+    let known: Vec<&'static str> = ["size", "redis", "memcached"].into_iter().chain(redis::PARAMS).collect();
     // `rl_zone $binary_remote_addr zone=api:10m rate=10r/s;`: limit_req_zone's line.
     let key_hint = habits::zone_key(name);
     let hint = |arg: &str| match (habits::zone_param(arg), &key_hint) {
@@ -43,6 +44,22 @@ fn rl_zone(cf: *mut ngx_conf_t, mcf: &mut MainConf, args: &[ngx_str_t]) -> Resul
         (h, k) => h.or_else(|| k.clone()),
     };
     let given = params("rl_zone", &bytes(args.get(2..).unwrap_or_default()), &known, hint)?;
+    if let Some(servers) = given.get("memcached") {
+        if let Some((other, _)) = given.iter().find(|(n, _)| *n != "memcached" && !memcached::PARAMS.contains(n)) {
+            refuse!("\"memcached\" and \"{}\" parameters cannot be used together in \"rl_zone\" directive", other);
+        }
+        if mcf.redis.len() == MAX_REDIS_ZONES {
+            refuse!(
+                "too many Redis and Memcached zones in \"rl_zone\" directive, at most {} are supported",
+                MAX_REDIS_ZONES
+            );
+        }
+        match memcached::parse(name, servers, |p| given.get(p)) {
+            Ok(z) => mcf.redis.push(Box::new(z)),
+            Err(e) => refuse!("{} in \"rl_zone\" directive", e),
+        }
+        return Ok(());
+    }
     if let Some(url) = given.get("redis") {
         if given.get("size").is_some() {
             refuse!("\"size\" and \"redis\" parameters cannot be used together in \"rl_zone\" directive");
@@ -78,7 +95,7 @@ fn rl_zone(cf: *mut ngx_conf_t, mcf: &mut MainConf, args: &[ngx_str_t]) -> Resul
         return Ok(());
     }
     let Some(value) = given.get("size") else {
-        refuse!("\"rl_zone\" directive must have \"size\" or \"redis\" parameter");
+        refuse!("\"rl_zone\" directive must have \"size\", \"redis\" or \"memcached\" parameter");
     };
     if let Some((other, _)) = given.iter().find(|(n, _)| *n != "size") {
         refuse!("\"size\" and \"{}\" parameters cannot be used together in \"rl_zone\" directive", other);

@@ -54,6 +54,8 @@ pub struct RedisSlot {
     pub conn_reclaimed: AtomicU64,
     /// The worker's requests waiting in `rl_conn` waiting lines (`queue=`).
     pub conn_waiting: AtomicU64,
+    /// A Memcached zone's counters found lost within their window.
+    pub counters_lost: AtomicU64,
     /// The Sentinel master, `host:port`, under a sequence lock (odd while
     /// being written): length, then up to 48 bytes.
     master_seq: AtomicU64,
@@ -194,6 +196,12 @@ impl RedisSlot {
         if units > 0 {
             self.conn_reclaimed.fetch_add(units, Ordering::Relaxed);
         }
+    }
+
+    /// A Memcached zone's counter was found lost (see
+    /// `redis_zone::memcached`).
+    pub fn counter_lost(&self) {
+        self.counters_lost.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A connection was opened; for a Sentinel zone, to `master`.

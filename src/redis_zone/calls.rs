@@ -10,6 +10,7 @@
 //! A batch is answered by the zone's timeout at the latest; the requests of
 //! a zone waiting for Redis are bounded ([`MAX_WAITING`]).
 
+use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +21,7 @@ use rl_core::redis::Lives;
 use super::clock::script_deadline;
 use super::conn::Target;
 use super::inbox;
+use super::memcached::{self, McZone};
 use super::script::Code;
 use super::timers::{timeout, Hold};
 use super::zone_conn::{watch_master, Fate, Undo, ZoneConn};
@@ -46,6 +48,9 @@ const CHARGE_GRACE: Duration = Duration::from_millis(500);
 /// A worker's zones, as its calls use them.
 pub struct Calls {
     conns: Vec<Arc<ZoneConn>>,
+    /// The Memcached zones (by zone index, `None` for a Redis zone), whose
+    /// calls are [`memcached`]'s.
+    mc: Vec<Option<Rc<McZone>>>,
     code: Arc<Code>,
 }
 
@@ -61,7 +66,16 @@ impl Drop for Waiting<'_> {
 impl Calls {
     /// The zones' connections (opened at the first call); Sentinel zones
     /// start following their master.
-    pub fn new(zones: Vec<ZoneSpec>) -> Calls {
+    pub fn new(zones: Vec<ZoneSpec>, names: &[&str]) -> Calls {
+        let mc = zones
+            .iter()
+            .zip(names)
+            .enumerate()
+            .map(|(i, (z, name))| match z.target {
+                Target::Memcached(_) => Some(Rc::new(McZone::new(name, z.clone(), redis_slot(i)))),
+                _ => None,
+            })
+            .collect();
         let conns: Vec<Arc<ZoneConn>> = zones
             .into_iter()
             .enumerate()
@@ -72,7 +86,7 @@ impl Calls {
                 spawn(watch_master(zc.clone())).detach();
             }
         }
-        Calls { conns, code: Arc::new(Code::new()) }
+        Calls { conns, mc, code: Arc::new(Code::new()) }
     }
 
     /// A node's sync of its leases on zone `zone` (see
@@ -129,28 +143,40 @@ impl Calls {
                 }
                 continue;
             };
-            if job.charge {
-                spawn(charge(zc.clone(), self.code.clone(), job)).detach();
-                continue;
+            let mc = self.mc.get(job.zone).and_then(Option::as_ref);
+            match (job.charge, mc) {
+                (true, Some(mc)) => {
+                    spawn(memcached::charge(mc.clone(), job)).detach();
+                    continue;
+                }
+                (true, None) => {
+                    spawn(charge(zc.clone(), self.code.clone(), job)).detach();
+                    continue;
+                }
+                _ => {}
             }
             if by_zone.len() <= job.zone {
                 by_zone.resize_with(job.zone + 1, Vec::new);
             }
             by_zone[job.zone].push(job);
         }
-        for (jobs, zc) in by_zone.into_iter().zip(&self.conns) {
+        for (zone, (jobs, zc)) in by_zone.into_iter().zip(&self.conns).enumerate() {
             // Decisions and reads (`rl_quota`) go in calls of their own.
             let (charges, reads): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.commit);
             for (mut jobs, commit) in [(charges, true), (reads, false)] {
                 while !jobs.is_empty() {
                     let rest = jobs.split_off(jobs.len().min(MAX_BATCH));
                     let zc = zc.clone();
-                    if zc.waiting.load(Ordering::Relaxed) + jobs.len() > MAX_WAITING {
+                    let mc = self.mc.get(zone).and_then(Option::as_ref);
+                    let waiting = mc.map_or_else(|| zc.waiting.load(Ordering::Relaxed), |mc| mc.waiting.get());
+                    if waiting + jobs.len() > MAX_WAITING {
                         inbox::put(jobs.iter().map(|job| Reply {
                             id: job.id,
                             zone: job.zone,
                             result: Err(RedisError::Overloaded),
                         }));
+                    } else if let Some(mc) = mc {
+                        spawn(memcached::serve(mc.clone(), jobs, commit)).detach();
                     } else {
                         zc.waiting.fetch_add(jobs.len(), Ordering::Relaxed);
                         spawn(serve(zc, self.code.clone(), jobs, commit)).detach();

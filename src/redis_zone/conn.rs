@@ -39,6 +39,27 @@ pub enum Target {
     Sentinel { sentinels: Vec<String>, master: String, url: RedisUrl },
     /// `redis+cluster://h:p,h:p`: node URLs.
     Cluster(Vec<String>),
+    /// `memcached=h:p,h:p`: the servers, keys spread over them by
+    /// consistent hashing (see [`super::memcached`]).
+    Memcached(Vec<McAddr>),
+}
+
+/// A memcached server's address as `memcached=` gives it.
+#[derive(Clone, Debug)]
+pub struct McAddr {
+    pub host: String,
+    pub port: u16,
+    /// Written in brackets.
+    pub v6: bool,
+}
+
+impl core::fmt::Display for McAddr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.v6 {
+            true => write!(f, "[{}]:{}", self.host, self.port),
+            false => write!(f, "{}:{}", self.host, self.port),
+        }
+    }
 }
 
 /// An open connection as calls use it: the client's handle, and what the

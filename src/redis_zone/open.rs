@@ -57,6 +57,14 @@ pub fn resolve_at_start<'a>(urls: impl IntoIterator<Item = &'a str>) {
     }
 }
 
+/// Resolves `host` (a memcached server's, not an address) now, as
+/// [`resolve_at_start`] does a URL's.
+pub fn resolve_host_at_start(host: &str, port: u16) {
+    if RESOLVER.with(Cell::get).is_none() && host.parse::<IpAddr>().is_err() {
+        let _ = known_addr(host, port);
+    }
+}
+
 /// The host and port of a TCP (or TLS) address.
 pub fn host_port(a: &ConnectionAddr) -> Option<(&str, u16)> {
     match a {
@@ -183,7 +191,7 @@ pub fn data_config() -> AsyncConnectionConfig {
 
 /// A TCP connection to the first of `addrs` that takes one (as nginx tries
 /// an upstream's addresses).
-async fn connect(addrs: &[SocketAddr]) -> Result<PeerStream, RedisError> {
+pub async fn connect(addrs: &[SocketAddr]) -> Result<PeerStream, RedisError> {
     let mut last = RedisError::Io("no address".into());
     for &sa in addrs {
         let mut stream = match PeerStream::connect(sa) {

@@ -91,7 +91,7 @@ fn with_worker<T>(log: *mut ngx_log_t, f: impl FnOnce(&mut Worker) -> T) -> Opti
 }
 
 /// The cycle's log, for handlers that have no other.
-fn cycle_log() -> *mut ngx_log_t {
+pub(super) fn cycle_log() -> *mut ngx_log_t {
     // SAFETY: ngx_cycle is set before any module code runs in a worker and stays valid.
     unsafe { (*ngx_cycle).log }
 }
@@ -116,7 +116,13 @@ pub fn init_worker(
         Target::Single(u) => vec![u.as_str()],
         Target::Sentinel { sentinels, .. } => sentinels.iter().map(String::as_str).collect(),
         Target::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
+        Target::Memcached(_) => vec![],
     }));
+    for s in &specs {
+        if let Target::Memcached(servers) = &s.target {
+            servers.iter().for_each(|a| open::resolve_host_at_start(&a.host, a.port));
+        }
+    }
     inbox::open(on_inbox);
     // SAFETY: a zeroed event is nginx's initial state for a posted-only event.
     let mut flush_ev: Box<ngx_event_t> = Box::new(unsafe { core::mem::zeroed() });
@@ -125,7 +131,7 @@ pub fn init_worker(
     let installed = WORKER.with(|w| {
         let Ok(mut w) = w.try_borrow_mut() else { return false };
         *w = Some(Worker {
-            calls: Rc::new(Calls::new(specs)),
+            calls: Rc::new(Calls::new(specs, &zones.iter().map(|z| z.name.as_str()).collect::<Vec<_>>())),
             outbox: Vec::new(),
             flush_ev,
             pending: HashMap::new(),

@@ -468,6 +468,8 @@ async fn connect(
             Ok((Conn::open(&url.url_for(&host, port), tls, stall).await?, Some((host, port))))
         }
         Target::Cluster(nodes) => Ok((Conn::open_cluster(nodes, tls, stall).await?, None)),
+        // (a Memcached zone's calls are `memcached`'s: none comes here)
+        Target::Memcached(_) => Err(RedisError::NotSent),
     }
 }
 

@@ -768,6 +768,7 @@ pub fn sf_param(r: &Response, header: &str, item: &str, param: &str) -> u64 {
 pub mod conf_nginx;
 pub mod cutting_proxy;
 pub mod held;
+pub mod memcached;
 pub mod redis;
 
 // Shared by the test files.
