@@ -30,7 +30,7 @@ use core::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ngx::ffi::{ngx_log_t, ngx_time, NGX_LOG_ERR};
+use ngx::ffi::{ngx_cycle, ngx_log_t, ngx_time, NGX_LOG_ERR};
 use ngx::ngx_log_error;
 use rl_core::limit::Limit;
 use rl_core::redis::RequestReply;
@@ -150,6 +150,12 @@ impl RedisZone {
             self.errors.get()
         );
     }
+}
+
+/// The cycle's log, for handlers that have no other.
+pub(crate) fn cycle_log() -> *mut ngx_log_t {
+    // SAFETY: ngx_cycle is set before any module code runs in a worker and stays valid.
+    unsafe { (*ngx_cycle).log }
 }
 
 /// This host's name (empty if it has none), which names this nginx in

@@ -207,6 +207,25 @@ fn server_error_reply() {
     misbehave(Behaviour::ServerError, None);
 }
 
+/// A server whose every reply is followed by bytes no command asked for:
+/// each request is decided on its reply (the limit's headers, nothing
+/// logged), and the connection, no longer in step, is closed after each
+/// round trip, so that no round trip reads another's bytes as its reply
+/// (before, the second request got `JUNK` as its reply: a failure, and
+/// `on_error`).
+#[test]
+fn bytes_after_a_reply_close_the_connection() {
+    let fake = FakeMemcached::start(Behaviour::Trailing);
+    let ngx = Nginx::start(&conf(&fake.addr(), false));
+    for i in 0..5 {
+        let r = ngx.get("/a.html", &[("X-K", "k")]);
+        assert_eq!((r.status, r.header("X-RateLimit-Limit")), (200, Some("100")), "request {i}: {r:?}");
+    }
+    let log = ngx.error_log();
+    assert!(mc_failed_lines(&log, "z").is_empty(), "{:?}", mc_failed_lines(&log, "z"));
+    assert!(fake.connections() >= 5, "{} connections for 5 round trips", fake.connections());
+}
+
 /// A real memcached frozen by SIGSTOP, on `on_error` allow then deny:
 /// requests wait at most the timeout and get the `on_error` answer, logged
 /// and counted as timeouts; after SIGCONT memcached accepts new connections

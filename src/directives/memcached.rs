@@ -1,10 +1,7 @@
 //! `rl_zone NAME memcached=ADDRESS[,ADDRESS...] ...`: the parameters of a
 //! Memcached zone, read and checked while nginx reads the configuration.
 
-use std::time::Duration;
-
 use rl_core::memcached::MAX_PREFIX;
-use rl_core::parse::parse_duration_ms;
 use rl_core::spec::Quote;
 
 use crate::redis_zone::{McAddr, RedisZone, Target, ZoneSpec};
@@ -17,9 +14,6 @@ pub const PARAMS: [&str; 3] = ["timeout", "on_error", "prefix"];
 /// memcached's own port.
 const DEFAULT_PORT: u16 = 11211;
 
-const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
-/// As a Redis zone's (see `directives::redis`).
-const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_PREFIX: &str = "rl:";
 
 /// Builds the zone from `memcached=ADDRESS,...` and [`PARAMS`] (`get`
@@ -34,16 +28,7 @@ pub fn parse<'a>(name: &str, servers: &str, get: impl Fn(&str) -> Option<&'a str
         }
         addrs.push(a);
     }
-    let timeout = match get("timeout") {
-        None => DEFAULT_TIMEOUT,
-        Some(v) => match parse_duration_ms(v).map(Duration::from_millis) {
-            Ok(t) if !t.is_zero() && t <= MAX_TIMEOUT => t,
-            _ => {
-                let max = MAX_TIMEOUT.as_secs();
-                return Err(format!("invalid timeout \"{}\", it must be from 1ms to {max}s", Quote(v)));
-            }
-        },
-    };
+    let timeout = super::redis::timeout_param(get("timeout"))?;
     let allow = match get("on_error") {
         None | Some("allow") => true,
         Some("deny") => false,

@@ -97,6 +97,19 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_PREFIX: &str = "rl:";
 
+/// `timeout=` of a Redis or Memcached zone (the default where it is not
+/// given); an error if out of range.
+pub fn timeout_param(value: Option<&str>) -> Result<Duration, String> {
+    let Some(v) = value else { return Ok(DEFAULT_TIMEOUT) };
+    match parse_duration_ms(v).map(Duration::from_millis) {
+        Ok(t) if !t.is_zero() && t <= MAX_TIMEOUT => Ok(t),
+        _ => {
+            let max = MAX_TIMEOUT.as_secs();
+            Err(format!("invalid timeout \"{}\", it must be from 1ms to {max}s", Quote(v)))
+        }
+    }
+}
+
 /// Builds the zone from `redis=URL` and the other parameters of
 /// [`PARAMS`] (`get` returns a parameter's value, each given at most
 /// once); relative file names are taken from `conf_prefix`, as nginx does.
@@ -110,16 +123,7 @@ pub fn parse<'a>(
     let shown = redact(url);
     let invalid = |e: &dyn fmt::Display| format!("invalid redis URL \"{}\": {e}", Quote(&shown));
     let parsed = RedisUrl::parse(url).map_err(|e| invalid(&e))?;
-    let timeout = match get("timeout") {
-        None => DEFAULT_TIMEOUT,
-        Some(v) => match parse_duration_ms(v).map(Duration::from_millis) {
-            Ok(t) if !t.is_zero() && t <= MAX_TIMEOUT => t,
-            _ => {
-                let max = MAX_TIMEOUT.as_secs();
-                return Err(format!("invalid timeout \"{}\", it must be from 1ms to {max}s", Quote(v)));
-            }
-        },
-    };
+    let timeout = timeout_param(get("timeout"))?;
     let allow = match get("on_error") {
         None | Some("allow") => true,
         Some("deny") => false,

@@ -357,7 +357,7 @@ impl McZone {
                 if budget(&self.lost_second, &self.lost_count) {
                     ngx_log_error!(
                         NGX_LOG_WARN,
-                        super::worker::cycle_log(),
+                        super::cycle_log(),
                         "rl_zone \"{}\" memcached {}: a counter was lost within its window (evicted, \
                          or the server restarted): its key's requests are counted again from zero",
                         self.name,
@@ -396,7 +396,12 @@ impl McZone {
         }
         let Some(stream) = conn.as_mut() else { return Err(RedisError::NotSent) };
         let result = match timeout(self.stall(), exchange(stream, out, n)).await {
-            Ok(Ok(replies)) => return Ok(replies),
+            Ok(Ok((replies, true))) => return Ok(replies),
+            // (bytes after the last reply: the next round trip would read them as its own)
+            Ok(Ok((replies, false))) => {
+                *conn = None;
+                return Ok(replies);
+            }
             Ok(Err(e)) => e,
             Err(_) => RedisError::Timeout,
         };
@@ -439,8 +444,9 @@ impl McZone {
     }
 }
 
-/// Writes `out` and reads `n` replies.
-async fn exchange(stream: &mut PeerStream, out: &[u8], n: usize) -> Result<Vec<McReply>, RedisError> {
+/// Writes `out` and reads `n` replies; false with them if more bytes came
+/// than the replies (which memcached never sends).
+async fn exchange(stream: &mut PeerStream, out: &[u8], n: usize) -> Result<(Vec<McReply>, bool), RedisError> {
     let io = |e: io::Error| RedisError::Io(e.to_string());
     let mut rest = out;
     while !rest.is_empty() {
@@ -481,7 +487,7 @@ async fn exchange(stream: &mut PeerStream, out: &[u8], n: usize) -> Result<Vec<M
         at = 0;
         buf.extend_from_slice(chunk.get(..got).unwrap_or_default());
     }
-    Ok(replies)
+    Ok((replies, at == buf.len()))
 }
 
 /// How long taking back is tried, at most.

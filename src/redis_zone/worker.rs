@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ngx::async_::{sleep, spawn};
 use ngx::ffi::{
-    ngx_add_timer, ngx_cycle, ngx_cycle_t, ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_block_reading,
+    ngx_add_timer, ngx_cycle_t, ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_block_reading,
     ngx_http_core_run_phases, ngx_http_request_t, ngx_http_run_posted_requests, ngx_http_test_reading, ngx_log_t,
     ngx_msec_t, ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, ngx_resolver_t, NGX_LOG_ALERT,
 };
@@ -21,7 +21,7 @@ use rl_core::redis::Lives;
 use super::calls::Calls;
 use super::conn::Target;
 use super::timers::Hold;
-use super::{holds, inbox, open, peer};
+use super::{cycle_log, holds, inbox, open, peer};
 use super::{HoldBatch, Job, LeaseKey, RedisError, RedisZone, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
 use crate::metrics::store::redis_slot;
 
@@ -88,12 +88,6 @@ fn with_worker<T>(log: *mut ngx_log_t, f: impl FnOnce(&mut Worker) -> T) -> Opti
             None
         }
     })
-}
-
-/// The cycle's log, for handlers that have no other.
-pub(super) fn cycle_log() -> *mut ngx_log_t {
-    // SAFETY: ngx_cycle is set before any module code runs in a worker and stays valid.
-    unsafe { (*ngx_cycle).log }
 }
 
 /// Sets up the worker's Redis zones (in a worker, never in the master), if

@@ -29,6 +29,8 @@ pub enum Behaviour {
     Slow(Duration),
     /// Answers every command with `SERVER_ERROR out of memory\r\n`.
     ServerError,
+    /// Answers as memcached would, each reply followed by `JUNK\r\n`.
+    Trailing,
 }
 
 /// The fake server; stopped on drop.
@@ -138,6 +140,7 @@ fn serve(mut s: TcpStream, b: Behaviour, commands: &AtomicUsize, stop: &AtomicBo
                     healthy(&line)
                 }
                 Behaviour::CloseAtOnce => return,
+                Behaviour::Trailing => healthy(&line) + "JUNK\r\n",
             };
             if s.write_all(reply.as_bytes()).is_err() {
                 return;
