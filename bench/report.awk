@@ -6,8 +6,10 @@
 # META: key<TAB>value lines. SCENARIOS: bench/scenarios.tsv. RAW: one line
 # per wrk run: phase id secs requests duration_us p50_us p99_us n200 n429
 # n5xx nother (-1: not counted) err_connect err_read err_write err_timeout
-# err_status (400 and above) cpu_ns redis_ns status reason load
-# client_busy (CPU 1's busy share, in thousandths). MEM: zone zone_bytes nfill fill_codes held
+# err_status (400 and above) cpu_ns server_ns (redis-server's CPU; memcached's
+# in the rlmemcached_* rows) status reason load client_busy (CPU 1's busy
+# share, in thousandths) calls (redis-server's script calls; -: not counted,
+# the memcached rows). MEM: zone zone_bytes nfill fill_codes held
 # first_eviction nlong long_ok long_refused long_other. SECTION.md: the section
 # bench/scrape.sh wrote (raw-scrape.md after a full run).
 
@@ -46,7 +48,7 @@ file == 3 {
     if ($8 >= 0) { s200[id] += $8; s429[id] += $9; s5xx[id] += $10; soth[id] += $11 }
     else { shigh[id] += $16; slow[id] += $4 - $16; uncounted[id] = 1 }
     sreq[id] += $4
-    scalls[id] += $23
+    if ($23 == "-") nocalls[id] = 1; else scalls[id] += $23
     serr[id] += $13 + $14 + $15
     if ($19 != "ok") fail[id] = $20
     next
@@ -107,7 +109,7 @@ function algof(id,    a) {
 }
 function keysmb(id,    a) {
     a = algof(id)
-    if (id ~ /^(lua|rlredis)/ || !(a in mheld)) return "-"
+    if (id ~ /^(lua|rlredis|rlmemcached)/ || !(a in mheld)) return "-"
     return commas(mheld[a] * 1048576 / mbytes[a])
 }
 function goal(text, measured, ok) {
@@ -120,7 +122,7 @@ function goal(text, measured, ok) {
 # was and the server's less so (wrk set it).
 function busynote(a, b) {
     if (B[a] < 90 || B[b] < 90)
-        return sprintf(" (inconclusive: %s busy %.0f%% / %.0f%%)", (inst[a] ~ /^(lua|rlredis)$/ && rloc[a] != "client") ? "CPU 0" : "worker", B[a], B[b])
+        return sprintf(" (inconclusive: %s busy %.0f%% / %.0f%%)", (inst[a] ~ /^(lua|rlredis|rlmemcached)$/ && rloc[a] != "client") ? "CPU 0" : "worker", B[a], B[b])
     if ((K[a] >= 95 && B[a] < 95) || (K[b] >= 95 && B[b] < 95))
         return sprintf(" (inconclusive: client busy %.0f%% / %.0f%%, worker %.0f%% / %.0f%%)", K[a], K[b], B[a], B[b])
     return ""
@@ -140,7 +142,9 @@ function vsstock(id, r, stock) {
 }
 function refname(g) { return (g ~ /Lua peer/) ? "Lua peer" : (g ~ /lease/) ? "ref" : (g ~ /^redis/) ? "Lua peer" : "limit_req" }
 # Script calls redis-server ran per 1,000 requests of the scenario's timed runs ("-": not counted).
-function calls1k(id) { return (sreq[id] > 0 && scalls[id] != "") ? sprintf("%.1f", 1000 * scalls[id] / sreq[id]) : "-" }
+function calls1k(id) { return (sreq[id] > 0 && scalls[id] != "" && !(id in nocalls)) ? sprintf("%.1f", 1000 * scalls[id] / sreq[id]) : "-" }
+# The server CPU of a row of the Redis groups: redis-server's, or memcached's (named) in a Memcached zone row.
+function srvcpu(id) { return sprintf("%.2f", RC[id]) (inst[id] == "rlmemcached" ? " memcached" : "") }
 # The Redis zone against the Lua peer: every rlredis_* row whose ref is a peer
 # row, by layout (redis-server beside nginx, or beside wrk), keys, connections.
 function ralg(id,    a) { a = id; sub(/^rlredis_/, "", a); sub(/_k1k.*$/, "", a); return a }
@@ -171,6 +175,18 @@ function rbefore(a, b,    la, lb) {
     return rord[a] < rord[b]
 }
 function vv(a, b, fmt) { return sprintf(fmt, a) " / " sprintf(fmt, b) }
+# The Memcached zone beside the Redis zone: its rlredis_* twin (the same name
+# after the store's), the algorithm, and a value of each row of a triple
+# ("-" for a row that did not run), arr[id] / div in fmt.
+function mtwin(id,    t) { t = id; sub(/^rlmemcached_/, "rlredis_", t); return t }
+function malg(id,    a) { a = id; sub(/^rlmemcached_/, "", a); sub(/_k1k.*$/, "", a); return a }
+function v3(arr, a, b, c, div, fmt) { return v1(arr, a, div, fmt) " / " v1(arr, b, div, fmt) " / " v1(arr, c, div, fmt) }
+function v1(arr, id, div, fmt) { return (id in R) ? sprintf(fmt, arr[id] / div) : "-" }
+function mbefore(a, b) {
+    if (nkeys[a] + 0 != nkeys[b] + 0) return nkeys[a] + 0 < nkeys[b] + 0
+    if (conns[a] + 0 != conns[b] + 0) return conns[a] + 0 < conns[b] + 0
+    return mord[a] < mord[b]
+}
 
 END {
     have = 0
@@ -183,6 +199,9 @@ END {
         B[id] = median(busy, id, n); K[id] = median(cbusy, id, n)
     }
     base = ("baseline" in R) ? "baseline" : ""
+    # The groups in which a Memcached zone row ran: their server CPU column names both servers.
+    mcran = 0
+    for (i = 1; i <= ns; i++) if (inst[sid[i]] == "rlmemcached" && (sid[i] in R)) { gmc[group[sid[i]]] = 1; mcran = 1 }
 
     print "# nginx-rl benchmark results"
     print ""
@@ -199,6 +218,7 @@ END {
     print "| nginx | " meta["nginx"] " (Debian's `/usr/sbin/nginx`) |"
     print "| module | " meta["module"] " |"
     print "| Lua peer | " meta["lua"] "; redis-server " meta["redis"] " |"
+    if (mcran) print "| Memcached zone | memcached " meta["memcached"] " (`-U 0 -m 64 -t 1`); at the end: " meta["memcached_stats"] " |"
     print "| client | wrk " meta["wrk"] " |"
     print "| method | " meta["setup"] " |"
     print "| noise | " meta["load"] " (the machine is shared: medians over interleaved rounds) |"
@@ -217,13 +237,18 @@ END {
     print "shares CPU 1 with wrk. client busy: CPU 1's busy share (wrk's core, from `/proc/stat`); near 100%, wrk set the"
     print "pace and req/s says more about the client than nginx. p50 (Redis groups): median of the rounds' p50 latency."
     print "Ratios are of median req/s. keys/MB: from the memory test below."
+    if (mcran) {
+        print "The `rlmemcached_*` rows, nginx-rl's Memcached zone, sit in the Redis groups beside the Redis zone's rows:"
+        print "memcached runs where redis-server does (CPU 0), its CPU time is in the server CPU column (marked memcached)"
+        print "and in CPU 0 busy, and their x Lua peer is against the same Lua + Redis peer row as the Redis zone's."
+    }
     print ""
     for (g = 1; g <= ng; g++) {
         gn = gname[g]
         print "### " gn
         print ""
         if (gn ~ /^redis/)
-            print "| scenario | req/s | min - max | p50 | p99 | nginx CPU us/req | " ((gn in gclient) ? "worker busy" : "CPU 0 busy (worker + redis-server)") " | " ((gn in gclient) ? "CPU 1 busy (wrk + redis-server)" : "client busy") " | redis-server CPU us/req | Redis calls / 1,000 req | x baseline | x " refname(gn) " | status mix |"
+            print "| scenario | req/s | min - max | p50 | p99 | nginx CPU us/req | " ((gn in gclient) ? "worker busy" : (gn in gmc) ? "CPU 0 busy (worker + redis-server or memcached)" : "CPU 0 busy (worker + redis-server)") " | " ((gn in gclient) ? "CPU 1 busy (wrk + redis-server)" : "client busy") " | " ((gn in gmc) ? "server CPU us/req (redis-server, or memcached)" : "redis-server CPU us/req") " | Redis calls / 1,000 req | x baseline | x " refname(gn) " | status mix |"
         else
             print "| scenario | req/s | min - max | p99 | CPU us/req | added | worker busy | client busy | x baseline | x " refname(gn) " | keys/MB | status mix |"
         if (gn ~ /^redis/) print "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"
@@ -234,6 +259,7 @@ END {
             name = "`" id "` " desc[id]
             if (!runs[id]) {
                 why = (id ~ /^rlredis/ && meta["skip_redis"] != "") ? "skipped: the module rejects the Redis zone (`nginx -t`: " meta["skip_redis"] ")" : "not run"
+                if (id ~ /^rlmemcached/ && meta["skip_memcached"] != "") why = "skipped: the module rejects the Memcached zone (`nginx -t`: " meta["skip_memcached"] ")"
                 if (gn ~ /^redis/) printf "| %s | - | - | - | - | - | - | - | - | - | - | - | %s |\n", name, why
                 else printf "| %s | - | - | - | - | - | - | - | - | - | - | %s |\n", name, why
                 continue
@@ -245,7 +271,7 @@ END {
             if (id in fail) st = "**FAIL: " fail[id] "** " st
             if (id in warmfail) st = "**FAIL (warm-up): " warmfail[id] "** " st
             if (gn ~ /^redis/)
-                printf "| %s | %s | %s - %s | %s | %s | %.2f | %.0f%% | %.0f%% | %.2f | %s | %s | %s | %s |\n", name, commas(R[id]), commas(RMIN[id]), commas(RMAX[id]), ms(P50[id]), ms(P[id]), C[id], B[id], K[id], RC[id], calls1k(id), xb, xr, st
+                printf "| %s | %s | %s - %s | %s | %s | %.2f | %.0f%% | %.0f%% | %s | %s | %s | %s | %s |\n", name, commas(R[id]), commas(RMIN[id]), commas(RMAX[id]), ms(P50[id]), ms(P[id]), C[id], B[id], K[id], srvcpu(id), calls1k(id), xb, xr, st
             else {
                 add = (base != "") ? sprintf("%+.2f", C[id] - C[base]) : "-"
                 if (id == base) add = "-"
@@ -284,6 +310,39 @@ END {
                 vv(P50[id] / 1000, P50[r] / 1000, "%.2f"), vv(P[id] / 1000, P[r] / 1000, "%.2f"), vv(C[id], C[r], "%.2f"), vv(RC[id], RC[r], "%.2f"), vv(B[id], B[r], "%.0f%%")
             if (rloc[id] == "client") printf " %s |", vv(K[id], K[r], "%.0f%%")
             printf "\n"
+        }
+        print ""
+    }
+
+    # ---------------------------------------------------------------- Memcached zone vs the Redis zone
+    # Every rlmemcached_* row that ran, beside its rlredis_* twin (the same
+    # line, keys and connections on the Redis zone) and their Lua peer row.
+    nmp = 0
+    for (i = 1; i <= ns; i++) if (inst[sid[i]] == "rlmemcached" && (sid[i] in R)) { mp[++nmp] = sid[i]; mord[sid[i]] = i }
+    for (i = 2; i <= nmp; i++) {
+        t = mp[i]
+        for (j = i - 1; j >= 1 && mbefore(t, mp[j]); j--) mp[j + 1] = mp[j]
+        mp[j + 1] = t
+    }
+    if (nmp > 0) {
+        print "### Memcached zone beside the Redis zone, by connections"
+        print ""
+        print "Each nginx-rl Memcached zone row beside the Redis zone's row of the same line, keys and connections, and"
+        print "the Lua + Redis peer row both are compared with: memcached / Redis zone / peer (\"-\": not run). The server is"
+        print "memcached for the first (one worker thread, `-t 1`), redis-server for the other two, each on CPU 0 beside"
+        print "nginx. x peer: memcached's ratio / the Redis zone's. nginx CPU: the worker's, all its threads; server CPU:"
+        print "the server's, all its threads (`/proc/PID/task/*/schedstat` over each run); both per completed request."
+        print "CPU 0 busy: the worker and the server."
+        print ""
+        print "| keys | connections | algorithm | memcached / Redis zone / peer | req/s | x Redis zone | x peer | p50 ms | p99 ms | nginx CPU us/req | server CPU us/req | CPU 0 busy |"
+        print "|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"
+        for (i = 1; i <= nmp; i++) {
+            id = mp[i]; rr = mtwin(id); r = ref[id]
+            printf "| %s | %d | %s | `%s` / `%s` / `%s` | %s / %s / %s | %s | %s / %s | %s | %s | %s | %s | %s |\n", rkeys(id), conns[id], malg(id), id, rr, r,
+                commas(R[id]), (rr in R) ? commas(R[rr]) : "-", (r in R) ? commas(R[r]) : "-",
+                (rr in R) ? sprintf("%.3f", R[id] / R[rr]) : "-",
+                (r in R) ? sprintf("%.3f", R[id] / R[r]) : "-", ((r in R) && (rr in R)) ? sprintf("%.3f", R[rr] / R[r]) : "-",
+                v3(P50, id, rr, r, 1000, "%.2f"), v3(P, id, rr, r, 1000, "%.2f"), v3(C, id, rr, r, 1, "%.2f"), v3(RC, id, rr, r, 1, "%.2f"), v3(B, id, rr, r, 1, "%.0f%%")
         }
         print ""
     }
@@ -529,5 +588,20 @@ END {
         print "  halt), the rows of 1 and 4 connections measure mostly wake-ups."
         print "  nginx CPU counts every thread of the worker process; redis-server CPU (every thread of redis-server, from"
         print "  its `/proc/PID/task/*/schedstat` before and after each run) is shown apart, per completed request."
+    }
+    if (meta["skip_memcached"] != "") {
+        print "- The Memcached scenarios of nginx-rl were skipped: `nginx -t` rejects `bench/conf/rlmemcached.conf`"
+        print "  (" meta["skip_memcached"] ")."
+    } else if (mcran) {
+        print "- Memcached: nginx-rl's Memcached zone (`rl_zone memcached memcached=127.0.0.1:PORT on_error=deny`,"
+        print "  `bench/conf/rlmemcached.conf`, an nginx of its own) on a memcached of its own (`-U 0 -m 64 -t 1`: one worker"
+        print "  thread, as redis-server answers on one core), which run.sh starts and moves (`taskset -a`) as it does"
+        print "  redis-server: the `rlmemcached_*` rows run the lines of the Redis zone rows beside them (`fixed` and"
+        print "  `sliding`, `rate=100000000r/s burst=65536`, admit path; one key, or `X-User` out of 1,000 at 1, 4, 16, 32"
+        print "  and 128 connections). Such a line's window is 655 us: nearly every request starts a counter, which"
+        print "  memcached creates (its `ma` with autovivify) where Redis rewrites a key's state. `on_error=deny`: a request"
+        print "  memcached fails or does not answer within the zone's timeout (50 ms) is answered 429, and fails its row."
+        print "  memcached's CPU (every thread, `/proc/PID/task/*/schedstat`, as redis-server's) is in the server CPU"
+        print "  column; it has no count of the round trips (\"Redis calls\": -)."
     }
 }

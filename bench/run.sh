@@ -44,7 +44,7 @@ fi
 THREADS=${BENCH_THREADS:-1}
 CONNS=${BENCH_CONNS:-32}
 ONLY=${BENCH_ONLY:-}
-NGX_CPU=0    # nginx (must match worker_cpu_affinity in conf/common.inc) and redis-server
+NGX_CPU=0    # nginx (must match worker_cpu_affinity in conf/common.inc), redis-server and memcached
 CLIENT_CPU=1 # wrk, alone (and redis-server in the scenarios whose redis column says client)
 
 log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" >&2; }
@@ -132,6 +132,7 @@ ensure_packages() {
     command -v taskset >/dev/null || need+=(util-linux)
     command -v redis-server >/dev/null || need+=(redis-server)
     command -v redis-cli >/dev/null || need+=(redis-tools)
+    command -v memcached >/dev/null || need+=(memcached)
     [[ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ]] || need+=(libnginx-mod-http-lua)
     if ((${#need[@]} > 0)); then
         ((EUID == 0)) || die "missing packages: ${need[*]} (run as root, or apt-get install them)"
@@ -165,6 +166,7 @@ TMP=
 declare -A PORT MASTER WORKER ROWPORT
 INSTANCES=()
 REDIS_PID=
+MEMCACHED_PID=
 WRK_PID=
 FAILED=0
 
@@ -179,6 +181,7 @@ cleanup() {
         [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null
     done
     [[ -n $REDIS_PID ]] && kill -TERM "$REDIS_PID" 2>/dev/null
+    [[ -n $MEMCACHED_PID ]] && kill -TERM "$MEMCACHED_PID" 2>/dev/null
     for name in "${INSTANCES[@]}"; do
         pid=${MASTER[$name]:-}
         [[ -n $pid ]] || continue
@@ -186,6 +189,7 @@ cleanup() {
         kill -KILL "$pid" 2>/dev/null
     done
     [[ -n $REDIS_PID ]] && wait "$REDIS_PID" 2>/dev/null
+    [[ -n $MEMCACHED_PID ]] && wait "$MEMCACHED_PID" 2>/dev/null
     if [[ -n $TMP && -d $TMP ]]; then
         if [[ -n ${BENCH_KEEP:-} || $rc -ne 0 ]]; then
             log "logs kept in $TMP"
@@ -198,14 +202,14 @@ cleanup() {
 
 render() { # template dir port > file
     sed -e "s|@DIR@|$2|g" -e "s|@HTML@|$TMP/html|g" -e "s|@PORT@|$3|g" \
-        -e "s|@MODULE@|$MODULE|g" -e "s|@REDIS_PORT@|$REDIS_PORT|g" \
+        -e "s|@MODULE@|$MODULE|g" -e "s|@REDIS_PORT@|$REDIS_PORT|g" -e "s|@MEMCACHED_PORT@|$MEMCACHED_PORT|g" \
         -e "s|@BENCH@|$BENCH|g" -e "s|@MEMZ@|$MEMZ|g" -e "s|@LUA_REDIS@|$LUA_REDIS_DIR|g" "$1"
 }
 
 # prepare_nginx NAME CONF: renders the configuration and runs nginx -t.
 prepare_nginx() {
     local name=$1 conf=$2 dir=$TMP/$1 port
-    port=$(free_port ${PORT[*]:-} "$REDIS_PORT") && [[ -n $port ]] || die "no free port"
+    port=$(free_port ${PORT[*]:-} "$REDIS_PORT" "$MEMCACHED_PORT") && [[ -n $port ]] || die "no free port"
     PORT[$name]=$port
     mkdir -p "$dir/tmp"
     render "$BENCH/conf/common.inc" "$dir" "$port" >"$dir/common.inc"
@@ -214,7 +218,7 @@ prepare_nginx() {
     local row p
     while read -r row p; do
         ROWPORT[$name/$row]=$p
-    done < <(assign_row_ports "$dir/nginx.conf" ${PORT[*]:-} ${ROWPORT[*]:-} "$REDIS_PORT")
+    done < <(assign_row_ports "$dir/nginx.conf" ${PORT[*]:-} ${ROWPORT[*]:-} "$REDIS_PORT" "$MEMCACHED_PORT")
     "$NGINX" -p "$dir/" -c "$dir/nginx.conf" -e "$dir/error.log" -t -q >"$dir/test.log" 2>&1
 }
 
@@ -255,10 +259,65 @@ start_redis() {
         wait "$REDIS_PID" 2>/dev/null || true
         REDIS_PID=
         log "redis-server did not start on port $REDIS_PORT (attempt $attempt)"
-        REDIS_PORT=$(free_port ${PORT[*]:-} "$REDIS_PORT") || break
+        REDIS_PORT=$(free_port ${PORT[*]:-} "$REDIS_PORT" "$MEMCACHED_PORT") || break
     done
     cat "$TMP/redis/redis.log" >&2
     die "redis-server does not start"
+}
+
+# memcached for the Memcached zone rows, started as redis-server is for the
+# Redis rows: on CPU 0, and run_one moves it (all its threads) to each row's
+# CPU as it moves redis-server. -t 1: one worker thread, as redis-server
+# answers on one core, so that the two servers' CPU per request compare.
+# -m 64: room for every counter the rows make (at the rows' line, a window
+# of 655 us, about one new counter a request, each living a second or two)
+# without evicting one. -U 0: no UDP. As root memcached starts only with -u.
+start_memcached() {
+    mkdir -p "$TMP/memcached"
+    local attempt user=()
+    ((EUID == 0)) && user=(-u nobody)
+    for attempt in 1 2 3; do
+        taskset -c "$NGX_CPU" memcached -l 127.0.0.1 -p "$MEMCACHED_PORT" -U 0 -m 64 -t 1 "${user[@]}" \
+            >"$TMP/memcached/memcached.log" 2>&1 &
+        MEMCACHED_PID=$!
+        for _ in $(seq 100); do
+            [[ $(memcached_cmd version) == VERSION* ]] && return 0
+            kill -0 "$MEMCACHED_PID" 2>/dev/null || break
+            sleep 0.05
+        done
+        kill "$MEMCACHED_PID" 2>/dev/null || true
+        wait "$MEMCACHED_PID" 2>/dev/null || true
+        MEMCACHED_PID=
+        log "memcached did not start on port $MEMCACHED_PORT (attempt $attempt)"
+        MEMCACHED_PORT=$(free_port ${PORT[*]:-} "$REDIS_PORT" "$MEMCACHED_PORT") || break
+    done
+    cat "$TMP/memcached/memcached.log" >&2
+    die "memcached does not start"
+}
+
+# memcached_cmd CMD: memcached's reply to one text-protocol command (its
+# VERSION line, the STAT lines of `stats`), over a connection of its own
+# (bash's /dev/tcp: the bench needs no memcached client). Prints nothing if
+# memcached does not answer.
+memcached_cmd() {
+    local fd line
+    { exec {fd}<>"/dev/tcp/127.0.0.1/$MEMCACHED_PORT"; } 2>/dev/null || return 0
+    printf '%s\r\n' "$1" >&"$fd"
+    while IFS= read -r -t 2 line <&"$fd"; do
+        line=${line%$'\r'}
+        echo "$line"
+        [[ $line == END || $line == VERSION* || $line == *ERROR* ]] && break
+    done
+    exec {fd}>&-
+}
+
+# What memcached says of its counters at the end: whether it evicted any
+# (a counter lost within its window lets its key start again from zero).
+memcached_summary() {
+    memcached_cmd stats | awk '
+        $2 == "evictions" { ev = $3 } $2 == "curr_items" { cur = $3 } $2 == "total_items" { tot = $3 }
+        $2 == "limit_maxbytes" { mb = $3 / 1048576 } $2 == "bytes" { used = $3 / 1048576 }
+        END { if (tot != "") printf "%d evictions; %d items at the end (%.1f of %d MB), %d stored in all", ev, cur, used, mb, tot }'
 }
 
 # What waking a sleeping thread costs here (bench/wakeup.c): a round trip
@@ -288,19 +347,25 @@ redis_calls() {
 run_one() {
     local phase=$1 id=$2 secs=$3
     local inst=${S_INST[$id]} out=$TMP/wrk.out
-    local w=${WORKER[$inst]} c0 c1 r0=0 r1=0 q0=0 q1=0 k0 k1 res status reason count=
+    local w=${WORKER[$inst]} c0 c1 r0=0 r1=0 q0=0 q1=0 k0 k1 res status reason count= spid= sname=
     # Statuses are counted one by one in the warm-up and in a quick run; a
     # timed run counts only those of 400 or above (wrk's own count), so that
     # the client's work does not grow with the fields a response carries
     # (bench/wrk/load.lua).
     [[ $phase == warm || -n $QUICK ]] && count=count
     kill -0 "$w" 2>/dev/null || die "the nginx worker of '$inst' is gone (crashed?), see $TMP/$inst/error.log"
-    if [[ $inst == lua || $inst == rlredis ]]; then
-        # redis-server's CPU, all its threads: the server's (CPU 0) unless the scenario says wrk's.
-        taskset -a -p -c "${S_RCPU[$id]}" "$REDIS_PID" >/dev/null || die "taskset on redis-server failed"
-        r0=$(cpu_ns "$REDIS_PID")
-        q0=$(redis_calls)
+    # The server the row's requests wait for: redis-server for the Lua peer
+    # and the Redis zone, memcached for the Memcached zone.
+    case $inst in
+        lua | rlredis) spid=$REDIS_PID sname=redis ;;
+        rlmemcached) spid=$MEMCACHED_PID sname=memcached ;;
+    esac
+    if [[ -n $spid ]]; then
+        # Its CPU, all its threads: the server's (CPU 0) unless the scenario says wrk's.
+        taskset -a -p -c "${S_RCPU[$id]}" "$spid" >/dev/null || die "taskset on $sname failed"
+        r0=$(cpu_ns "$spid")
     fi
+    if [[ $sname == redis ]]; then q0=$(redis_calls); fi
     c0=$(cpu_ns "$w")
     k0=$(cpu_ticks "$CLIENT_CPU")
     taskset -c "$CLIENT_CPU" wrk -t"$THREADS" -c"${S_CONNS[$id]}" -d"${secs}s" --timeout 5s \
@@ -311,10 +376,8 @@ run_one() {
     WRK_PID=
     c1=$(cpu_ns "$w")
     k1=$(cpu_ticks "$CLIENT_CPU")
-    if [[ $inst == lua || $inst == rlredis ]]; then
-        r1=$(cpu_ns "$REDIS_PID")
-        q1=$(redis_calls)
-    fi
+    if [[ -n $spid ]]; then r1=$(cpu_ns "$spid"); fi
+    if [[ $sname == redis ]]; then q1=$(redis_calls); fi
     res=$(grep '^RESULT ' "$out") || { cat "$out" >&2; die "no result from wrk on $id"; }
     # A worker that crashed is replaced by the master with a new pid.
     [[ $(pgrep -P "${MASTER[$inst]}" | head -1) == "$w" ]] ||
@@ -345,8 +408,11 @@ run_one() {
         FAILED=1
         log "FAIL $id ($phase): $reason"
     fi
-    local vt
+    local vt calls=$((q1 - q0))
     vt=$(IFS=$'\t' && echo "${v[*]}")
+    # memcached has no count of our round trips (its stats count neither an
+    # `ma` that creates its counter nor a batch): none, not zero.
+    [[ $sname == memcached ]] && calls=-
     # CPU 1's busy share in thousandths: near 1000, the client set the pace.
     local -a ka kb
     read -r -a ka <<<"$k0"
@@ -354,11 +420,12 @@ run_one() {
     local kbusy=$(((kb[0] - ka[0]) * 1000 / (kb[1] - ka[1] > 0 ? kb[1] - ka[1] : 1)))
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$phase" "$id" "$secs" "$vt" \
         "$((c1 - c0))" "$((r1 - r0))" "$status" "${reason:--}" "$(cut -d' ' -f1 /proc/loadavg)" "$kbusy" \
-        "$((q1 - q0))" >>"$TMP/raw.tsv"
+        "$calls" >>"$TMP/raw.tsv"
     if [[ $phase != warm ]]; then
-        awk -v id="$id" -v r="$req" -v d="${v[1]}" -v p50="${v[2]}" -v p="${v[3]}" -v c="$((c1 - c0))" -v rc="$((r1 - r0))" -v q="$((q1 - q0))" -v k="$kbusy" 'BEGIN {
+        awk -v id="$id" -v r="$req" -v d="${v[1]}" -v p50="${v[2]}" -v p="${v[3]}" -v c="$((c1 - c0))" -v rc="$((r1 - r0))" -v q="$((q1 - q0))" -v k="$kbusy" -v sn="$sname" 'BEGIN {
             printf "  %-28s %9.0f req/s  p50 %7.2f ms  p99 %7.2f ms  %6.2f us/req", id, r / (d / 1e6), p50 / 1000, p / 1000, c / r / 1000
-            if (rc > 0) printf "  redis %6.2f us/req %7.1f calls/1000", rc / r / 1000, 1000 * q / r
+            if (rc > 0 && sn == "memcached") printf "  memcached %6.2f us/req", rc / r / 1000
+            else if (rc > 0) printf "  redis %6.2f us/req %7.1f calls/1000", rc / r / 1000, 1000 * q / r
             printf "  client CPU %3.0f%%\n", k / 10 }' >&2
     fi
 }
@@ -461,8 +528,9 @@ main() {
         echo "hello from the nginx-rl bench" >"$TMP/html/$id"
     done
 
-    REDIS_PORT=0
+    REDIS_PORT=0 MEMCACHED_PORT=0
     REDIS_PORT=$(free_port ${PORT[*]:-} "$REDIS_PORT") && [[ -n $REDIS_PORT ]] || die "no free port"
+    MEMCACHED_PORT=$(free_port ${PORT[*]:-} "$REDIS_PORT") && [[ -n $MEMCACHED_PORT ]] || die "no free port"
     local load0 start_s wake
     load0=$(cut -d' ' -f1-3 /proc/loadavg)
     wake=$(wakeups)
@@ -475,15 +543,24 @@ main() {
     if [[ -n ${need[lua]:-} || -n ${need[rlredis]:-} ]]; then
         start_redis
     fi
-    local name
-    SKIP_REDIS=
-    for name in stock rl lua rlredis; do
+    if [[ -n ${need[rlmemcached]:-} ]]; then
+        start_memcached
+    fi
+    local name why
+    SKIP_REDIS= SKIP_MEMCACHED=
+    for name in stock rl lua rlredis rlmemcached; do
         [[ -n ${need[$name]:-} ]] || continue
         if ! prepare_nginx "$name" "$name.conf"; then
-            if [[ $name == rlredis ]]; then
-                SKIP_REDIS=$(sed -n 's/^nginx: \[emerg\] \(.*\) in \/.*$/\1/p' "$TMP/$name/test.log" | head -1)
-                [[ -n $SKIP_REDIS ]] || SKIP_REDIS=$(head -1 "$TMP/$name/test.log")
-                log "skipping the nginx-rl Redis scenarios: nginx -t says: $SKIP_REDIS"
+            if [[ $name == rlredis || $name == rlmemcached ]]; then
+                why=$(sed -n 's/^nginx: \[emerg\] \(.*\) in \/.*$/\1/p' "$TMP/$name/test.log" | head -1)
+                [[ -n $why ]] || why=$(head -1 "$TMP/$name/test.log")
+                if [[ $name == rlredis ]]; then
+                    SKIP_REDIS=$why
+                    log "skipping the nginx-rl Redis scenarios: nginx -t says: $why"
+                else
+                    SKIP_MEMCACHED=$why
+                    log "skipping the nginx-rl Memcached scenarios: nginx -t says: $why"
+                fi
                 continue
             fi
             cat "$TMP/$name/test.log" >&2
@@ -495,6 +572,7 @@ main() {
     local run_ids=()
     for id in "${IDS[@]}"; do
         [[ ${S_INST[$id]} == rlredis && -n $SKIP_REDIS ]] && continue
+        [[ ${S_INST[$id]} == rlmemcached && -n $SKIP_MEMCACHED ]] && continue
         run_ids+=("$id")
     done
 
@@ -507,6 +585,18 @@ main() {
         log "round $r/$ROUNDS: ${#run_ids[@]} scenarios x ${SECS}s, in random order"
         for id in $(printf '%s\n' "${run_ids[@]}" | shuf); do run_one "$r" "$id" "$SECS"; done
     done
+
+    # What memcached says of the rows: whether it evicted a counter (its key
+    # then counts again from zero), and anything it logged.
+    local mc_stats=
+    if [[ -n $MEMCACHED_PID ]]; then
+        mc_stats=$(memcached_summary)
+        log "memcached: ${mc_stats:-no answer to stats}"
+        if [[ -s $TMP/memcached/memcached.log ]]; then
+            log "memcached logged:"
+            cat "$TMP/memcached/memcached.log" >&2
+        fi
+    fi
 
     if [[ -z ${BENCH_NO_MEM:-} && (-z $ONLY || -n ${BENCH_MEM:-}) ]]; then
         log "memory test: zones of $MEMZ"
@@ -542,15 +632,18 @@ main() {
         echo "nginx	$("$NGINX" -v 2>&1 | sed 's/^nginx version: //')"
         echo "lua	libnginx-mod-http-lua $(dpkg-query -W -f='${Version}' libnginx-mod-http-lua 2>/dev/null), lua-nginx-redis $LUA_REDIS_VERSION"
         echo "redis	$(redis-server --version | awk '{print $3}' | sed 's/v=//')"
+        echo "memcached	$(memcached -V | awk '{print $2}')"
+        echo "memcached_stats	${mc_stats:--}"
         echo "wrk	$(dpkg-query -W -f='${Version}' wrk 2>/dev/null)"
         echo "module	$module_info"
-        echo "setup	$ROUNDS round(s) of ${SECS}s per scenario in a fresh random order each round, after a warm-up of ${WARM}s per scenario; wrk -t$THREADS -c$CONNS (unless a scenario says otherwise); server on CPU $NGX_CPU (1 nginx worker, and redis-server for the Redis scenarios), wrk alone on CPU $CLIENT_CPU (redis-server too where a group says beside wrk)"
+        echo "setup	$ROUNDS round(s) of ${SECS}s per scenario in a fresh random order each round, after a warm-up of ${WARM}s per scenario; wrk -t$THREADS -c$CONNS (unless a scenario says otherwise); server on CPU $NGX_CPU (1 nginx worker, and redis-server for the Redis scenarios, memcached for the Memcached ones), wrk alone on CPU $CLIENT_CPU (redis-server too where a group says beside wrk)"
         echo "load	load average $load0 at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
         echo "elapsed	${elapsed}s"
         echo "memz	$MEMZ"
         echo "conns	$CONNS"
         echo "lr_nomem	$(cat "$TMP/mem.lr_nomem" 2>/dev/null || echo -)"
         echo "skip_redis	$SKIP_REDIS"
+        echo "skip_memcached	$SKIP_MEMCACHED"
         echo "wakeup	${wake:--}"
     } >"$reportmeta"
     awk -f "$BENCH/report.awk" -v failed="$FAILED" -v prof="$TMP/PROFILE.md" -v scrape="$TMP/scrape.md" "$reportmeta" "$BENCH/scenarios.tsv" "$TMP/raw.tsv" "$TMP/mem.tsv" >"$OUT.tmp" ||
