@@ -327,6 +327,7 @@ impl Nginx {
             }
             ngx.master = Some(ngx.wait_pid());
             ngx.wait_listening();
+            ngx.wait_workers();
             return ngx;
         }
         panic!("nginx did not start (prefix {}):\n{}", prefix.display(), last_err);
@@ -362,6 +363,19 @@ impl Nginx {
             }
             assert!(Instant::now() < deadline, "no pid file in {}:\n{}", self.prefix.display(), self.error_log());
             thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits (5 s at most, without failing: a test may start workers that
+    /// exit) until the master has its [`WORKERS`] workers: the socket
+    /// listens before the master has forked them all, and a test that
+    /// notes the workers then would miss one (tests/conn.rs
+    /// a_draining_workers_slots_come_back_with_the_next_worker took an old
+    /// worker forked late for a new one, and killed it).
+    fn wait_workers(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.worker_pids().len() < WORKERS && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
         }
     }
 
