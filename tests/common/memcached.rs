@@ -64,6 +64,16 @@ fn ended(r: &str) -> bool {
     r.ends_with("END\r\n") || (r.ends_with("\r\n") && (r.starts_with("BUSY") || r.contains("ERROR")))
 }
 
+/// Every thread of process `pid` is stopped (state `T` in its stat).
+fn all_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().all(|t| {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // "tid (comm) S ...": the state after the last ')'.
+        stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next()) == Some("T")
+    })
+}
+
 /// `%XX` sequences decoded (memcached's metadump URL-encodes keys).
 fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
@@ -139,6 +149,15 @@ impl Memcached {
         let sig = format!("-{}", sig.trim_start_matches('-'));
         let ok = Command::new("kill").args([&sig, &pid.to_string()]).status().is_ok_and(|s| s.success());
         assert!(ok, "kill {sig} {pid}");
+        if sig == "-STOP" {
+            // A stop reaches each of memcached's threads on its way back to user space: one
+            // in the middle of a command still answers it. Frozen is every thread stopped.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !all_stopped(pid) {
+                assert!(Instant::now() < deadline, "memcached {pid} not stopped 5 s after SIGSTOP");
+                thread::sleep(Duration::from_millis(2));
+            }
+        }
     }
 
     /// Every key and its expiry (Unix seconds, -1 for none) that
