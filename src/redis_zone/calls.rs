@@ -25,7 +25,7 @@ use super::memcached::{self, McZone};
 use super::script::Code;
 use super::timers::{timeout, Hold};
 use super::zone_conn::{watch_master, Fate, Undo, ZoneConn};
-use super::{HoldBatch, Job, LeaseKey, RedisError, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
+use super::{HoldBatch, Job, LeaseKey, RedisError, Reply, ZoneSpec, UNDO_ID};
 use crate::metrics::store::redis_slot;
 
 /// Jobs per script call at most; a larger batch is split into several calls
@@ -137,7 +137,7 @@ impl Calls {
         for job in jobs {
             let Some(zc) = self.conns.get(job.zone) else {
                 if job.charge {
-                    charge_failed(job.zone, job.lines.len(), RedisError::NoZone);
+                    inbox::charge_failed(job.zone, job.lines.len(), RedisError::NoZone);
                 } else {
                     inbox::put([Reply { id: job.id, zone: job.zone, result: Err(RedisError::NoZone) }]);
                 }
@@ -194,13 +194,8 @@ impl Calls {
 async fn charge(zc: Arc<ZoneConn>, code: Arc<Code>, job: Job) {
     let _hold = Hold::new(2 * zc.spec.timeout + CHARGE_GRACE);
     for (n, e) in zc.run_charge(&code, &job.lines).await {
-        charge_failed(job.zone, n, e);
+        inbox::charge_failed(job.zone, n, e);
     }
-}
-
-/// Reports `n` lines of a charge on zone `zone` as failed.
-fn charge_failed(zone: usize, n: usize, e: RedisError) {
-    inbox::put((0..n).map(|_| Reply { id: CHARGE_ID, zone, result: Err(e.clone()) }));
 }
 
 /// Runs one script call for `jobs` and answers them, by the zone's timeout

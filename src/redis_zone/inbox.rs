@@ -7,7 +7,7 @@ use core::ptr;
 
 use ngx::ffi::{ngx_cycle, ngx_delete_posted_event, ngx_event_t, ngx_post_event, ngx_posted_events};
 
-use super::Reply;
+use super::{RedisError, Reply, CHARGE_ID};
 
 thread_local! {
     static INBOX: RefCell<Option<Inbox>> = const { RefCell::new(None) };
@@ -57,4 +57,10 @@ pub fn take() -> Vec<Reply> {
     INBOX.with(|i| {
         i.try_borrow_mut().ok().and_then(|mut i| i.as_mut().map(|i| std::mem::take(&mut i.replies))).unwrap_or_default()
     })
+}
+
+/// Reports `n` lines of a `charge=after` charge on zone `zone` as failed
+/// (a Redis zone's call, or a Memcached zone's round trips).
+pub fn charge_failed(zone: usize, n: usize, e: RedisError) {
+    put((0..n).map(|_| Reply { id: CHARGE_ID, zone, result: Err(e.clone()) }));
 }

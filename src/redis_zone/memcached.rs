@@ -34,7 +34,7 @@ use super::conn::McAddr;
 use super::open::{addrs, connect};
 use super::peer::PeerStream;
 use super::timers::{timeout, Hold};
-use super::{budget, inbox, Job, JobLine, RedisError, Reply, ZoneSpec, CHARGE_ID, UNDO_ID};
+use super::{budget, inbox, Job, JobLine, RedisError, Reply, ZoneSpec, UNDO_ID};
 use crate::metrics::store::RedisSlot;
 
 /// How long a round trip may wait for its replies at least, whatever the
@@ -548,17 +548,12 @@ pub async fn charge(z: Rc<McZone>, job: Job) {
             Ok(replies) => match replies.iter().filter(|r| !matches!(r, McReply::Value(_))).count() {
                 0 => continue,
                 bad => {
-                    charge_failed(job.zone, bad, RedisError::Server("a charge was refused".into()));
+                    inbox::charge_failed(job.zone, bad, RedisError::Server("a charge was refused".into()));
                     continue;
                 }
             },
             Err(e) => e,
         };
-        charge_failed(job.zone, n, e);
+        inbox::charge_failed(job.zone, n, e);
     }
-}
-
-/// Reports `n` lines of a charge on zone `zone` as failed.
-fn charge_failed(zone: usize, n: usize, e: RedisError) {
-    inbox::put((0..n).map(|_| Reply { id: CHARGE_ID, zone, result: Err(e.clone()) }));
 }
