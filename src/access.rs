@@ -37,10 +37,10 @@ use crate::delay;
 use crate::eval::redis::{wait as redis_wait, Ask};
 use crate::eval::{self, redis};
 use crate::lease;
-use crate::line::Stage;
+use crate::line::{Backend, Stage};
 use crate::metrics;
 use crate::request::{get_ctx, new_ctx, Ctx, Phase, Verdict};
-use crate::shm::decide::{decide, refund, release};
+use crate::shm::decide::{decide, refund, release as shm_release};
 use crate::shm::{wait, wake};
 use crate::Module;
 
@@ -372,8 +372,7 @@ fn release_at_end(raw: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -
     let cln = unsafe { ngx_pool_cleanup_add((*raw).pool, mem::size_of::<Release>()) };
     // SAFETY: null or a cleanup nginx allocated with room for a Release in its data.
     let Some(cln) = (unsafe { cln.as_mut() }) else {
-        release(&mcf.zones, &mcf.lines, ctx);
-        redis::release(mcf, ctx);
+        release(mcf, ctx);
         return false;
     };
     // SAFETY: the context lives in the same pool, whose cleanups run before its memory is freed;
@@ -398,8 +397,19 @@ extern "C" fn release_handler(data: *mut c_void) {
         (&mut *rel.ctx, &*rel.mcf)
     };
     wake::awake(ptr::from_mut(ctx) as usize);
-    release(&mcf.zones, &mcf.lines, ctx);
-    redis::release(mcf, ctx);
+    release(mcf, ctx);
+}
+
+/// Gives back what the request's `rl_conn` lines hold, each on its zone:
+/// the request has ended.
+fn release(mcf: &MainConf, ctx: &mut Ctx) {
+    let now_us = crate::shm::now_us();
+    for (line, res) in ctx.iter_mut(&mcf.lines).filter(|(l, _)| l.limit.is_concurrent()) {
+        match line.backend {
+            Backend::Shm(_) => shm_release(&mcf.zones, line, res, now_us),
+            Backend::Redis(z) => redis::release(line, res, z),
+        }
+    }
 }
 
 /// The verdict of each active line of the stage, at `debug` level (compiled in where nginx

@@ -235,23 +235,19 @@ fn classes(line: &Line, res: &LineResult) -> Option<ClassArg> {
     Some(ClassArg { class: res.class, lanes })
 }
 
-/// What the request's `rl_conn` lines on Redis zones hold, or take still
-/// in flight, is given back, and the places they wait in given up: the
-/// request has ended (its pool's cleanup). Once: a line given back holds
-/// nothing more. This worker's first waiter for the key looks again at
-/// once.
-pub fn release(mcf: &MainConf, ctx: &mut Ctx) {
-    for (line, res) in ctx.iter_mut(&mcf.lines) {
-        let Some(z) = line.backend.redis().filter(|_| line.limit.is_concurrent()) else { continue };
-        settle(line, res, z, false);
-        wait::leave(line, res, z);
-        if res.charged {
-            res.charged = false;
-            let key = hold_key(line, res);
-            if holds::give_back(z, key, res.cost) {
-                redis_zone::post_flush();
-                wait::wake(z, key);
-            }
+/// What an `rl_conn` line on Redis zone `z` holds, or takes still in
+/// flight, is given back, and the place it waits in given up: the request
+/// has ended (its pool's cleanup). Once: a line given back holds nothing
+/// more. This worker's first waiter for the key looks again at once.
+pub fn release(line: &Line, res: &mut LineResult, z: usize) {
+    settle(line, res, z, false);
+    wait::leave(line, res, z);
+    if res.charged {
+        res.charged = false;
+        let key = hold_key(line, res);
+        if holds::give_back(z, key, res.cost) {
+            redis_zone::post_flush();
+            wait::wake(z, key);
         }
     }
 }

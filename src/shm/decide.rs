@@ -13,7 +13,7 @@ use ngx::ngx_log_error;
 
 use rl_core::limit::Limit;
 
-use super::{idle_time, Locked, Zone, MAX_ZONES_PER_LOCATION};
+use super::{holds, idle_time, Locked, Zone, MAX_ZONES_PER_LOCATION};
 use crate::line::Line;
 use crate::request::{Ctx, LineResult};
 
@@ -156,7 +156,14 @@ fn decide_lines(
             let held = limit.held(state);
             locked.charged_held(res.slot, held, now_us, o.reset_us);
             if limit.is_concurrent() && res.decision.charge.cost() > 0 {
-                locked.hold(res.hash, res.decision.charge.cost(), 0, now_s, log);
+                locked.hold(
+                    res.hash,
+                    holds::inline(limit).then_some(res.slot),
+                    res.decision.charge.cost(),
+                    0,
+                    now_s,
+                    log,
+                );
             }
         }
     }
@@ -229,7 +236,7 @@ fn decide_locked(
         }
     };
     if res.charged && line.limit.is_concurrent() {
-        locked.hold(hash, res.charge().cost(), 0, now_s, log);
+        locked.hold(hash, holds::inline(&line.limit).then_some(res.slot), res.charge().cost(), 0, now_s, log);
     }
     locked.unlock();
     admitted
@@ -295,44 +302,45 @@ pub fn refund(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
         let held = limit.held(state);
         locked.charged_held(res.slot, held, now_us, res.reset_us());
         if limit.is_concurrent() {
-            locked.unhold(res.hash, res.charge().cost(), res.charge().held_class(), (now_us / 1_000_000) as u32);
+            let (cost, class, inline) = (res.charge().cost(), res.charge().held_class(), holds::inline(limit));
+            locked.unhold(res.hash, inline.then_some(res.slot), cost, class, (now_us / 1_000_000) as u32);
             // (the zones stay locked: woken, a waiter runs on a later turn of the event loop)
             super::wake::wake(z, res.hash);
         }
     }
 }
 
-/// Gives back the units the request's concurrency lines (`rl_conn`) hold,
-/// of every stage: the request has ended (its pool is being destroyed).
-/// Once: a line given back is no longer charged.
-pub fn release(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx) {
-    let now_us = crate::shm::now_us();
-    let holds = |res: &LineResult| res.ticket != 0 || (res.active && res.charged);
-    // (a Redis zone's lines are given back by crate::eval::redis::release)
-    let here = |l: &Line| l.limit.is_concurrent() && l.backend.shm().is_some();
-    for (line, res) in ctx.iter_mut(lines).filter(|(l, res)| here(l) && holds(res)) {
-        // (a request that ends while it waits gives its places up)
-        if res.ticket != 0 {
-            super::wait::leave(zones, line, res, now_us);
-        }
-        if !(res.active && res.charged) {
-            continue;
-        }
-        res.charged = false;
-        let Some(mut locked) = super::wait::lock_of(zones, line) else {
-            continue;
-        };
-        let (cost, class) = (res.charge().cost(), res.charge().held_class());
-        if let Some(state) = locked.state(res.slot, res.hash, &line.limit) {
-            line.limit.refund(state, res.charge(), now_us);
-            let held = line.limit.held(state);
-            locked.charged_held(res.slot, held, now_us, 0);
-        }
-        locked.unhold(res.hash, cost, class, (now_us / 1_000_000) as u32);
-        drop(locked);
-        if let Some(z) = line.backend.shm() {
-            super::wake::wake(z, res.hash);
-        }
+/// Gives back the units a request's concurrency line (`rl_conn`) holds on
+/// shared memory, and gives up its place in the line's waiting line: the
+/// request has ended (its pool is being destroyed). Once: a line given back
+/// holds nothing more.
+pub fn release(zones: &[Box<Zone>], line: &Line, res: &mut LineResult, now_us: u64) {
+    // (a request that ends while it waits gives its places up)
+    if res.ticket != 0 {
+        super::wait::leave(zones, line, res, now_us);
+    }
+    if !(res.active && res.charged) {
+        return;
+    }
+    res.charged = false;
+    let Some(mut locked) = super::wait::lock_of(zones, line) else {
+        return;
+    };
+    let (cost, class) = (res.charge().cost(), res.charge().held_class());
+    if holds::inline(&line.limit) {
+        // (nobody waits for a slot of a line without a waiting line: nobody to wake)
+        locked.give_back_plain(res.hash, res.slot, cost, &line.limit, now_us);
+        return;
+    }
+    if let Some(state) = locked.state(res.slot, res.hash, &line.limit) {
+        line.limit.refund(state, res.charge(), now_us);
+        let held = line.limit.held(state);
+        locked.charged_held(res.slot, held, now_us, 0);
+    }
+    locked.unhold(res.hash, None, cost, class, (now_us / 1_000_000) as u32);
+    drop(locked);
+    if let Some(z) = line.backend.shm() {
+        super::wake::wake(z, res.hash);
     }
 }
 

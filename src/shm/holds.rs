@@ -6,7 +6,9 @@
 //! key keeps a *hold* entry in the same table: its hash is the key's, mixed
 //! with the worker's process slot (and the class, on a line of classes),
 //! and its state is the key's hash (to find the line's state again) and one
-//! word of owner, class and count ([`Meta`]).
+//! word of owner, class and count ([`Holder`]). A plain line's state keeps
+//! its first holders inline instead ([`holders`]), and spills to hold
+//! entries only beyond them.
 //! Taking and giving back units changes both under the zone's lock.
 //!
 //! A worker that dies (`kill -9`, a crash) ends no request: its units stay
@@ -23,9 +25,11 @@
 use ngx::ffi::{ngx_log_t, ngx_pid, ngx_process_slot, NGX_LOG_NOTICE};
 use ngx::ngx_log_error;
 
-use rl_core::table::PINNED;
+use rl_core::holders::{self, Holder, SLOT_BITS};
+use rl_core::limit::Limit;
+use rl_core::table::{Slot, PINNED};
 
-use super::{idle_at, Locked, Zone};
+use super::{idle_at, Locked, Zone, RING_TAG};
 
 /// The hash of the zone's totals: its units in flight, the units given
 /// back for dead workers so far, and its requests waiting for a slot
@@ -48,57 +52,54 @@ fn hold_hash(key: [u64; 2], slot: u64, class: u64) -> [u64; 2] {
     [key[0] ^ 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(mix), key[1] ^ 0xc2b2_ae3d_27d4_eb4f]
 }
 
-/// A hold's owner, class and count, in one word: the pid in the high 22
-/// bits (Linux's pids are below 2^22, `PID_MAX_LIMIT`), the process slot in
-/// the next 10 (nginx has at most 1024), the class in the next 5 (its index
-/// plus one: `rl_core::limit::wait::MAX_LANES` at most), the units in the
-/// low 27 (a line holds at most `rl_core::spec::MAX_CONN`, 2^20).
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Meta {
-    pid: u32,
-    slot: u64,
-    class: u64,
-    count: u64,
-}
-
-const PID_BITS: u32 = 22;
-const SLOT_BITS: u32 = 10;
-const CLASS_BITS: u32 = 5;
-const COUNT_BITS: u32 = 64 - PID_BITS - SLOT_BITS - CLASS_BITS;
-const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
-
-impl Meta {
-    fn read(w: u64) -> Meta {
-        Meta {
-            pid: (w >> (64 - PID_BITS)) as u32,
-            slot: (w >> (COUNT_BITS + CLASS_BITS)) & ((1 << SLOT_BITS) - 1),
-            class: (w >> COUNT_BITS) & ((1 << CLASS_BITS) - 1),
-            count: w & COUNT_MAX,
-        }
-    }
-
-    fn word(self) -> u64 {
-        (u64::from(self.pid & ((1 << PID_BITS) - 1)) << (64 - PID_BITS))
-            | (self.slot << (COUNT_BITS + CLASS_BITS))
-            | ((self.class & ((1 << CLASS_BITS) - 1)) << COUNT_BITS)
-            | self.count.min(COUNT_MAX)
-    }
-}
-
 /// This worker: its pid and process slot.
-fn me() -> Meta {
+fn me() -> Holder {
     // SAFETY: process globals nginx sets before it starts a worker, read-only since.
     let (pid, slot) = unsafe { (ngx_pid, ngx_process_slot) };
-    Meta { pid: pid as u32, slot: (slot.max(0) as u64) & ((1 << SLOT_BITS) - 1), class: 0, count: 0 }
+    Holder::worker(pid as u32, slot.max(0) as u64)
+}
+
+/// Whether a line's states keep their holders inline ([`holders`]): a
+/// plain `rl_conn` line's (one word of units; a waiting line or classes
+/// take a state out of line, and their holds are entries of their own).
+#[inline(always)]
+pub fn inline(limit: &Limit) -> bool {
+    limit.is_concurrent() && limit.state_words() == 1
 }
 
 impl Locked<'_> {
     /// Records that this worker holds `cost` more units of the key whose
     /// state hash is `key`, for class `class` (its index plus one; 0 on a
-    /// line of one class). A hold that cannot be recorded (the zone is too
-    /// small to keep it) costs only its reclaim, should this worker die.
-    pub fn hold(&mut self, key: [u64; 2], cost: u64, class: u64, now_s: u32, log: *mut ngx_log_t) {
-        let me = Meta { class, ..me() };
+    /// line of one class): in the state's own words where its line keeps
+    /// holders inline (`inline`: where the state was found, [`inline`]),
+    /// else (or when they are taken) in a hold entry. A hold that cannot be
+    /// recorded (the zone is too small to keep it) costs only its reclaim,
+    /// should this worker die.
+    #[inline(always)]
+    pub fn hold(
+        &mut self,
+        key: [u64; 2],
+        inline: Option<Slot>,
+        cost: u64,
+        class: u64,
+        now_s: u32,
+        log: *mut ngx_log_t,
+    ) {
+        self.in_flight(cost, false, now_s, log);
+        if let Some(at) = inline {
+            if let Some(state) = self.table.state_at(at, key).filter(|s| s[2] != RING_TAG) {
+                if holders::take_inline(&mut state[1..], me(), cost) {
+                    return;
+                }
+            }
+        }
+        self.hold_apart(key, cost, class, now_s, log);
+    }
+
+    /// [`Locked::hold`] in a hold entry of its own.
+    #[inline(never)]
+    fn hold_apart(&mut self, key: [u64; 2], cost: u64, class: u64, now_s: u32, log: *mut ngx_log_t) {
+        let me = Holder { class, ..me() };
         let h = hold_hash(key, me.slot, class);
         let found = match self.table.find(h) {
             Some(slot) => Some(slot),
@@ -110,17 +111,38 @@ impl Locked<'_> {
         let Some(state) = self.table.state_at(slot, h) else {
             return;
         };
-        let held = Meta::read(state[2]);
+        let held = Holder::read(state[2]);
         let count = match state[..2] == key && held.pid == me.pid {
             true => held.count,
             // (a fresh entry; or a hold a worker of this slot left, which reclaim would have
             // given back: its units are not this worker's)
             false => 0,
         };
-        *state = [key[0], key[1], Meta { count: count.saturating_add(cost), ..me }.word()];
+        *state = [key[0], key[1], Holder { count: count.saturating_add(cost), ..me }.word()];
         self.table.set_idle_at(slot, PINNED);
-        if let Some(t) = self.totals_or_new(now_s, log) {
-            t[0] = t[0].saturating_add(cost);
+    }
+
+    /// Counts `units` more in flight in the zone's totals, or fewer when
+    /// they are given back (`give`): where this worker last found them,
+    /// else ([`Locked::in_flight_cold`]) looked up or made.
+    #[inline(always)]
+    fn in_flight(&mut self, units: u64, give: bool, now_s: u32, log: *mut ngx_log_t) {
+        if let Some(t) = self.table.state_at(self.zone.totals.get(), TOTALS) {
+            t[0] = if give { t[0].saturating_sub(units) } else { t[0].saturating_add(units) };
+            return;
+        }
+        self.in_flight_cold(units, give, now_s, log);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn in_flight_cold(&mut self, units: u64, give: bool, now_s: u32, log: *mut ngx_log_t) {
+        let t = match give {
+            true => self.totals_mut(),
+            false => self.totals_or_new(now_s, log),
+        };
+        if let Some(t) = t {
+            t[0] = if give { t[0].saturating_sub(units) } else { t[0].saturating_add(units) };
         }
     }
 
@@ -162,7 +184,7 @@ impl Locked<'_> {
     }
 
     /// This worker's record of its waiting requests (`[owner, count,
-    /// WAITING_TAG]`, the owner a [`Meta`] of no count), made where missing
+    /// WAITING_TAG]`, the owner a [`Holder`] of no count), made where missing
     /// or left by another process in this slot (whose waiters [`reclaim`]
     /// took off the totals); kept whatever time passes.
     fn my_waiting(&mut self, now_s: u32, log: *mut ngx_log_t) -> Option<&mut [u64; 3]> {
@@ -192,12 +214,45 @@ impl Locked<'_> {
     }
 
     /// Records that this worker gives back `cost` units of the key whose
-    /// state hash is `key`; its hold, then of nothing, is kept for the key's
-    /// next request and expires as an idle state.
-    pub fn unhold(&mut self, key: [u64; 2], cost: u64, class: u64, now_s: u32) {
-        if let Some(t) = self.totals_mut() {
-            t[0] = t[0].saturating_sub(cost);
+    /// state hash is `key` ([`Locked::hold`], `inline` as there); a hold
+    /// entry, then of nothing, is kept for the key's next request and
+    /// expires as an idle state.
+    #[inline(always)]
+    pub fn unhold(&mut self, key: [u64; 2], inline: Option<Slot>, cost: u64, class: u64, now_s: u32) {
+        self.in_flight(cost, true, now_s, core::ptr::null_mut());
+        let mut rest = cost;
+        if let Some(at) = inline {
+            if let Some(state) = self.table.state_at(at, key).filter(|s| s[2] != RING_TAG) {
+                rest = holders::give_inline(&mut state[1..], me(), cost);
+            }
         }
+        if rest > 0 {
+            self.unhold_apart(key, rest, class, now_s);
+        }
+    }
+
+    /// Gives back `cost` units this worker holds of a plain line's state
+    /// (`key`, found at `at`; [`inline`]): from the units in flight and from
+    /// this worker's count, inline or apart, the state's refund and holder
+    /// found in one look.
+    #[inline(always)]
+    pub fn give_back_plain(&mut self, key: [u64; 2], at: Slot, cost: u64, limit: &Limit, now_us: u64) {
+        self.in_flight(cost, true, 0, core::ptr::null_mut());
+        let mut rest = cost;
+        if let Some(state) = self.table.state_at(at, key).filter(|s| s[2] != RING_TAG) {
+            rl_core::limit::wait::give_back_units(&mut state[..1], 0, cost);
+            rest = holders::give_inline(&mut state[1..], me(), cost);
+            let held = limit.held(&state[..1]);
+            self.table.set_idle_at(at, super::idle_time(held, now_us, 0));
+        }
+        if rest > 0 {
+            self.unhold_apart(key, rest, 0, (now_us / 1_000_000) as u32);
+        }
+    }
+
+    /// [`Locked::unhold`] of units kept in a hold entry.
+    #[inline(never)]
+    fn unhold_apart(&mut self, key: [u64; 2], cost: u64, class: u64, now_s: u32) {
         let me = me();
         let h = hold_hash(key, me.slot, class);
         let Some(slot) = self.table.find(h) else {
@@ -206,9 +261,9 @@ impl Locked<'_> {
         let Some(state) = self.table.state_at(slot, h) else {
             return;
         };
-        let held = Meta::read(state[2]);
+        let held = Holder::read(state[2]);
         let count = if held.pid == me.pid { held.count.saturating_sub(cost) } else { 0 };
-        state[2] = Meta { count, ..held }.word();
+        state[2] = Holder { count, ..held }.word();
         // A hold of nothing is kept while it is used (the key's next request finds it instead of
         // making it anew), and expires as an idle state.
         if count == 0 {
@@ -279,36 +334,58 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
         return 0;
     };
     let me = me();
-    let mut dead: Vec<(rl_core::table::Slot, [u64; 2], [u64; 2], Meta)> = Vec::new();
-    let mut dead_waiting: Vec<(rl_core::table::Slot, [u64; 2], u64)> = Vec::new();
+    let gone = |h: &Holder| h.pid != me.pid && (h.slot == me.slot || !alive(h.pid));
+    // (hold entries of dead workers, and plain states with a dead worker's units inline)
+    let mut dead: Vec<(Slot, [u64; 2], [u64; 2], Holder)> = Vec::new();
+    let mut plain: Vec<(Slot, [u64; 2])> = Vec::new();
+    let mut dead_waiting: Vec<(Slot, [u64; 2], u64)> = Vec::new();
     let entries: Vec<_> = locked.table.live_entries().collect();
     for (slot, hash) in entries {
         let Some(state) = locked.table.state(slot) else { continue };
-        let owner = Meta::read(state[0]);
+        let owner = Holder::read(state[0]);
         if state[2] == WAITING_TAG && waiting_hash(owner.slot) == hash {
-            if owner.pid != me.pid && (owner.slot == me.slot || !alive(owner.pid)) {
+            if gone(&owner) {
                 dead_waiting.push((slot, hash, state[1]));
             }
             continue;
         }
-        let meta = Meta::read(state[2]);
+        let held = Holder::read(state[2]);
         let key = [state[0], state[1]];
-        if hold_hash(key, meta.slot, meta.class) != hash || meta.pid == me.pid || meta.count == 0 {
+        if hold_hash(key, held.slot, held.class) == hash {
+            if held.count > 0 && gone(&held) {
+                dead.push((slot, hash, key, held));
+            }
             continue;
         }
-        if meta.slot == me.slot || !alive(meta.pid) {
-            dead.push((slot, hash, key, meta));
+        // Pinned, of the other entries, are the states of rl_conn lines with units in flight
+        // (besides the totals): a plain line's keeps its holders in its last words, one of a
+        // waiting line or classes is out of line (tagged).
+        let pinned = locked.table.idle_at(slot) == Some(PINNED) && hash != TOTALS && state[2] != RING_TAG;
+        if pinned && state[1..].iter().any(|&w| w != 0 && Holder::read(w).count > 0 && gone(&Holder::read(w))) {
+            plain.push((slot, hash));
         }
     }
+    let mut given: Vec<Holder> = dead.iter().map(|d| d.3).collect();
     let mut total = 0;
-    for &(slot, hash, key, meta) in &dead {
+    for &(slot, hash, key, held) in &dead {
         if locked.table.state_at(slot, hash).is_none() {
             continue;
         }
         locked.table.remove(slot);
-        locked.give_back(key, meta.count, meta.class, now_s);
+        locked.give_back(key, held.count, held.class, now_s);
         // (a hold of another process left in this slot is this worker's to make anew)
-        total += meta.count;
+        total += held.count;
+    }
+    for &(slot, hash) in &plain {
+        let Some(state) = locked.table.state_at(slot, hash) else { continue };
+        let out = holders::reclaim_inline(&mut state[1..], gone);
+        let units: u64 = out.iter().flatten().map(|h| h.count).sum();
+        state[0] = state[0].saturating_sub(units);
+        if state[0] == 0 {
+            locked.table.set_idle_at(slot, idle_at(u64::from(now_s) * 1_000_000, 0));
+        }
+        given.extend(out.into_iter().flatten());
+        total += units;
     }
     if total > 0 {
         if let Some(t) = locked.totals_or_new(now_s, log) {
@@ -329,11 +406,11 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
         }
     }
     drop(locked);
-    let mut pids: Vec<u32> = dead.iter().map(|d| d.3.pid).collect();
+    let mut pids: Vec<u32> = given.iter().map(|h| h.pid).collect();
     pids.sort_unstable();
     pids.dedup();
     for pid in pids {
-        let units: u64 = dead.iter().filter(|d| d.3.pid == pid).map(|d| d.3.count).sum();
+        let units: u64 = given.iter().filter(|h| h.pid == pid).map(|h| h.count).sum();
         ngx_log_error!(
             NGX_LOG_NOTICE,
             log,

@@ -117,7 +117,7 @@ pub fn arrive(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         }
         pin(&mut locked, slot, res, line, now);
         if res.charged {
-            locked.hold(res.hash, res.cost, res.decision.charge.held_class(), now_s, log);
+            locked.hold(res.hash, None, res.cost, res.decision.charge.held_class(), now_s, log);
         }
         if res.ticket != 0 {
             locked.wait_starts(now_s, log);
@@ -187,7 +187,7 @@ pub fn poll(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_lo
         }
         pin(&mut locked, res.slot, res, line, now);
         if admitted {
-            locked.hold(res.hash, res.cost, res.decision.charge.held_class(), now_s, log);
+            locked.hold(res.hash, None, res.cost, res.decision.charge.held_class(), now_s, log);
         }
         if res.ticket == 0 {
             locked.wait_ends();
