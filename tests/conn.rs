@@ -366,6 +366,97 @@ fn a_draining_workers_slots_come_back_with_the_next_worker() {
     );
 }
 
+/// The zone's `nginx_rl_conn_in_flight` and `nginx_rl_conn_reclaimed_total`.
+fn in_flight_and_reclaimed(ngx: &Nginx) -> (u64, u64) {
+    let m = ngx.get("/metrics", &[]).body;
+    let value = |name: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}{{zone=\"c\"}} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name}:\n{m}"))
+    };
+    (value("nginx_rl_conn_in_flight"), value("nginx_rl_conn_reclaimed_total"))
+}
+
+/// Polls the zone's gauges until they read `want` (10 s at most): a
+/// closed client's request ends when nginx next writes to it.
+fn until_counts(ngx: &Nginx, want: (u64, u64)) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = in_flight_and_reclaimed(ngx);
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "in flight, reclaimed: {got:?}, not {want:?}\n{}", ngx.error_log());
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One key held by requests of three generations of workers (two reloads,
+/// the old workers draining): more workers than a state keeps holders of
+/// in its own words, so that some hold their units apart. Requests that
+/// end give back exactly theirs, and when every worker is killed with
+/// `-9`, the workers that start give back every unit still held, however
+/// each was kept: the line admits `max` again, and no more.
+#[test]
+fn a_key_held_by_many_workers_gives_every_unit_back() {
+    let ngx = start(&format!(
+        "rl_zone c size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /slow/ {{ rl_conn zone=c max=8 key=all; {SLOW} }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}"
+    ));
+    let mut held = Vec::new();
+    for generation in 0..3 {
+        if generation > 0 {
+            ngx.reload_started();
+        }
+        for _ in 0..2 {
+            let (status, s) = hold(&ngx, "/slow/big.html");
+            assert_eq!(status, 200, "{}", ngx.error_log());
+            held.push(s);
+        }
+    }
+    until_counts(&ngx, (6, 0));
+    // One request of each generation ends.
+    for i in [4, 2, 0] {
+        drop(held.remove(i));
+    }
+    until_counts(&ngx, (3, 0));
+    let before = ngx.worker_pids();
+    assert!(before.len() > WORKERS, "the old workers drain their requests: {before:?}");
+    for pid in &before {
+        Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    }
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = ngx.worker_pids();
+        if now.len() == WORKERS && now.iter().all(|p| !before.contains(p)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "nginx did not start new workers: {before:?} -> {now:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+    until_counts(&ngx, (0, 3));
+    let log = ngx.error_log();
+    let units: u64 = log
+        .lines()
+        .filter_map(|l| l.split("rl_zone \"c\": ").nth(1))
+        .filter_map(|l| l.split(" unit").next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(units, 3, "{log}");
+    let mut again = Vec::new();
+    for _ in 0..8 {
+        let (status, s) = hold(&ngx, "/slow/big.html");
+        assert_eq!(status, 200, "{}", ngx.error_log());
+        again.push(s);
+    }
+    assert_eq!(ngx.get("/slow/big.html", &[]).status, 429);
+    until_counts(&ngx, (8, 3));
+}
+
 fn queue_conf(params: &str) -> String {
     format!(
         "rl_zone c size=1m;\n\
