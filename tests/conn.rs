@@ -147,6 +147,24 @@ fn inherited_apart_from_rl_limit() {
     assert_eq!(ngx.get("/slow/big.html", &[]).status, 429, "the server's rl_conn applies");
 }
 
+/// Kills the workers `before` with `-9`, closes the clients of `held`, and
+/// waits (10 s at most) until nginx has started `WORKERS` new ones.
+fn kill_every_worker<T>(ngx: &Nginx, before: &[u32], held: T) {
+    for pid in before {
+        Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    }
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = ngx.worker_pids();
+        if now.len() == WORKERS && now.iter().all(|p| !before.contains(p)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "nginx did not start new workers: {before:?} -> {now:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A worker killed with `-9` ends none of its requests: the worker nginx
 /// starts in its place gives back what it held, and says so.
 #[test]
@@ -168,20 +186,8 @@ fn a_killed_workers_slots_come_back() {
     assert!(m.contains("param=\"max\"} 1\n") && !m.contains("param=\"rate\""), "{m}");
     let before = ngx.worker_pids();
     assert_eq!(before.len(), WORKERS);
-    for pid in &before {
-        Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
-    }
     // (the kernel closes the dead worker's connection)
-    drop(held);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = ngx.worker_pids();
-        if now.len() == WORKERS && now.iter().all(|p| !before.contains(p)) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "nginx did not start new workers: {before:?} -> {now:?}");
-        thread::sleep(Duration::from_millis(20));
-    }
+    kill_every_worker(&ngx, &before, held);
     // (a new worker gives the units back when it starts, after nginx has forked it)
     let deadline = Instant::now() + Duration::from_secs(10);
     while !ngx.error_log().contains("which exited, given back") {
@@ -426,19 +432,7 @@ fn a_key_held_by_many_workers_gives_every_unit_back() {
     until_counts(&ngx, (3, 0));
     let before = ngx.worker_pids();
     assert!(before.len() > WORKERS, "the old workers drain their requests: {before:?}");
-    for pid in &before {
-        Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
-    }
-    drop(held);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = ngx.worker_pids();
-        if now.len() == WORKERS && now.iter().all(|p| !before.contains(p)) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "nginx did not start new workers: {before:?} -> {now:?}");
-        thread::sleep(Duration::from_millis(20));
-    }
+    kill_every_worker(&ngx, &before, held);
     until_counts(&ngx, (0, 3));
     let log = ngx.error_log();
     let units: u64 = log

@@ -22,7 +22,6 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod habits;
-pub mod holders;
 pub mod lease;
 pub mod limit;
 pub mod memcached;

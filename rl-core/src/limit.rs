@@ -60,6 +60,7 @@ mod bucket;
 mod conn;
 mod fixed;
 mod gcra;
+pub mod holders;
 mod log;
 mod sliding;
 mod vary;

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use rl_core::holders::{give_inline, reclaim_inline, take_inline, Holder, INLINE};
+use rl_core::limit::holders::{give_inline, reclaim_inline, take_inline, Holder, INLINE};
 
 #[derive(Clone, Debug)]
 enum Op {

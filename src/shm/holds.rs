@@ -25,7 +25,7 @@
 use ngx::ffi::{ngx_log_t, ngx_pid, ngx_process_slot, NGX_LOG_NOTICE};
 use ngx::ngx_log_error;
 
-use rl_core::holders::{self, Holder, SLOT_BITS};
+use rl_core::limit::holders::{self, Holder, SLOT_BITS};
 use rl_core::limit::Limit;
 use rl_core::table::{Slot, PINNED};
 

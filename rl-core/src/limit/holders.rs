@@ -20,7 +20,7 @@ pub const INLINE: usize = 2;
 /// next 5 (its index plus one, 0 for a line of one class), the units in the
 /// low 27 (a line holds at most [`crate::spec::MAX_CONN`], 2^20). A word
 /// of 0 is no holder (no worker has pid 0); no holder's word is
-/// `u64::MAX` (that needs class 31: [`crate::limit::wait::MAX_LANES`] is
+/// `u64::MAX` (that needs class 31: [`super::wait::MAX_LANES`] is
 /// 16), the tag of a state kept out of line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Holder {
