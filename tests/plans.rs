@@ -241,6 +241,141 @@ fn charge_without_reply_is_of_unknown_outcome() {
     assert!(!log.contains("is not charged"), "{log}");
 }
 
+/// A request that `on_error=allow` let through (Redis paused when the
+/// request was to be decided) is never charged its `charge=after` cost,
+/// even when Redis is back before the request ends (the README's rule:
+/// what Redis did not decide is not charged); a request Redis decided is.
+#[test]
+fn let_through_by_on_error_is_never_charged_after() {
+    use std::io::{Read, Write};
+    let redis = Redis::start();
+    // A backend that answers each request when the test says so, with the
+    // cost it is given.
+    let backend = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let backend_port = backend.local_addr().unwrap().port();
+    let (go, wait) = std::sync::mpsc::channel::<u64>();
+    let served = thread::spawn(move || {
+        for _ in 0..2 {
+            let (mut c, _) = backend.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf);
+            let cost = wait.recv().unwrap();
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nX-Tokens-Used: {cost}\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n"
+            );
+            c.write_all(head.as_bytes()).unwrap();
+        }
+    });
+    let line = "rl_limit zone=z rate=100r/m burst=100 algorithm=fixed";
+    let ngx = plans(
+        &format!("rl_zone z redis={} timeout=200ms on_error=allow;", redis.url()),
+        &format!(
+            "location /llm/ {{ {line} cost=$upstream_http_x_tokens_used charge=after; \
+                 proxy_pass http://127.0.0.1:{backend_port}/; }}\n\
+             location /q/ {{ rl_quota; {line}; }}\n\
+             location = /metrics {{ rl_metrics; }}"
+        ),
+    );
+    clear_of_window_end(60, 10);
+    settle(&ngx, "/q/", &[], 100);
+    // Paused for a second: the request's check gets no answer in 200 ms, and it is let through.
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "1000", "ALL"]), "OK");
+    let port = ngx.port;
+    let client = thread::spawn(move || get(port, "/llm/", &[]));
+    // Its response comes once Redis answers again.
+    thread::sleep(Duration::from_millis(1300));
+    go.send(5).unwrap();
+    assert_eq!(client.join().unwrap().status, 200);
+    // A request Redis decides, then charged its 7.
+    let client = thread::spawn(move || get(port, "/llm/", &[]));
+    thread::sleep(Duration::from_millis(300));
+    go.send(7).unwrap();
+    assert_eq!(client.join().unwrap().status, 200);
+    served.join().unwrap();
+    settle(&ngx, "/q/", &[], 93);
+    // (time for a charge of the first request, were there one, to land)
+    thread::sleep(Duration::from_millis(500));
+    let q = ngx.get("/q/", &[]).body;
+    assert!(q.contains("\"remaining\":93"), "only the decided request's 7 is charged: {q}");
+    let m = ngx.get("/metrics", &[]).body;
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("nginx_rl_requests_total{zone=\"z\",") && l.contains("result=\"error_allowed\"} 1")),
+        "{m}"
+    );
+}
+
+/// A charge that fails is logged whatever else fails meanwhile: with Redis
+/// paused, requests that keep arriving fail too, more than the zone logs
+/// (a few lines a second per worker), yet the charges of three requests
+/// decided before the pause, made while the others flood, are logged in a
+/// budget of their own.
+#[test]
+fn charge_failures_are_logged_however_many_requests_fail() {
+    use std::io::{Read, Write};
+    let redis = Redis::start();
+    let backend = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let backend_port = backend.local_addr().unwrap().port();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let served = thread::spawn(move || {
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let (mut c, _) = backend.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf);
+            held.push(c);
+        }
+        wait.recv().unwrap();
+        for mut c in held {
+            let _ = c.write_all(
+                b"HTTP/1.1 200 OK\r\nX-Tokens-Used: 5\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n",
+            );
+        }
+    });
+    let ngx = plans(
+        &format!("rl_zone z redis={} timeout=200ms on_error=allow;", redis.url()),
+        &format!(
+            "location /llm/ {{ rl_limit zone=z key=$http_x_k rate=1000r/s burst=1000 algorithm=token_bucket \
+                 cost=$upstream_http_x_tokens_used charge=after; proxy_pass http://127.0.0.1:{backend_port}/; }}\n\
+             location /plain/ {{ rl_limit zone=z key=$http_x_k rate=1000r/s burst=1000; }}"
+        ),
+    );
+    let port = ngx.port;
+    let decided: Vec<_> =
+        (0..3).map(|i| thread::spawn(move || get(port, "/llm/", &[("X-K", &format!("llm-{i}"))]))).collect();
+    // (decided, and in the backend's hands)
+    thread::sleep(Duration::from_millis(400));
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "4000", "ALL"]), "OK");
+    let until = std::time::Instant::now() + Duration::from_millis(2500);
+    let flood: Vec<_> = (0..4)
+        .map(|t| {
+            thread::spawn(move || {
+                let mut i = 0;
+                while std::time::Instant::now() < until {
+                    get(port, "/plain/index.html", &[("X-K", &format!("flood-{t}-{i}"))]);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(1000));
+    go.send(()).unwrap();
+    for c in decided {
+        assert_eq!(c.join().unwrap().status, 200);
+    }
+    served.join().unwrap();
+    for f in flood {
+        f.join().unwrap();
+    }
+    let log = ngx.error_log();
+    let request_errors = failed_lines(&log, "z").iter().filter(|l| l.contains("allowing request")).count();
+    assert!(request_errors >= 6, "the requests' failures were logged: {request_errors}\n{log}");
+    assert!(
+        log.contains("may or may not be charged") || log.contains("not charged"),
+        "no charge failure logged:\n{log}"
+    );
+}
+
 /// Only the 401s count: 10 good logins pass, then 5 failed ones pass as
 /// 401s, and the 6th failed one, and any login after it, is limited.
 fn failed_logins(zone: &str) {

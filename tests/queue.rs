@@ -148,11 +148,14 @@ fn unlimited_location_answers_while_requests_wait() {
 }
 
 /// A client that goes away while delayed costs nothing: no crash, no
-/// alert, and its place stays taken (as in limit_req).
+/// alert, and its place stays taken (as in limit_req). Its request is
+/// `DELAYED` in the access log and `delayed` in the metrics: each request's
+/// `$rl_status` is counted under the same verdict.
 #[test]
 fn client_gone_while_delayed() {
     let body = "location / { rl_limit zone=z rate=1r/s burst=1 queue=1 algorithm=gcra; \
-                access_log {ROOT}/../rl.log rl; }";
+                access_log {ROOT}/../rl.log rl; }\n\
+                location = /metrics { rl_metrics; }";
     let ngx = Nginx::start(&server("rl_zone z size=1m;\nlog_format rl '$status $rl_status';", body));
     assert_eq!(ngx.get("/index.html", &[]).status, 200);
     let gone = send_only(ngx.port, "/index.html");
@@ -173,6 +176,18 @@ fn client_gone_while_delayed() {
     let lines: Vec<&str> = access.lines().collect();
     assert_eq!(lines.len(), 4, "{access}");
     assert!(lines[1].ends_with(" DELAYED"), "the gone client's line: {access}");
+    let metrics = ngx.get("/metrics", &[]).body;
+    for (status, result) in [("PASSED", "passed"), ("DELAYED", "delayed"), ("REJECTED", "rejected")] {
+        let logged = lines.iter().filter(|l| l.ends_with(&format!(" {status}"))).count() as u64;
+        let counted: u64 = metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("nginx_rl_requests_total{zone=\"z\",") && l.contains(&format!("result=\"{result}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        assert_eq!(counted, logged, "{status}: access log {access}\nmetrics {metrics}");
+    }
 }
 
 #[test]

@@ -472,6 +472,60 @@ fn script_flush_during_load() {
 // 6. Redis Cluster.
 // ---------------------------------------------------------------------------
 
+/// A key's slot moved to another master while nginx limits it: during the
+/// migration (the slot migrating, its keys already moved) the old master
+/// answers `ASK`, after it `MOVED`; nginx follows both, and the key's count
+/// goes on where it was, exactly: 50 admitted in all, no error logged.
+#[test]
+fn cluster_slot_moved_while_limiting() {
+    let cluster = Cluster::start(3);
+    let ngx = Nginx::start(&server(
+        &format!("rl_zone c redis={} timeout=1s;", cluster.url()),
+        "location = /index.html { rl_limit zone=c key=$http_x_k rate=50r/h burst=50 algorithm=fixed; }",
+    ));
+    clear_of_window_end(3600, 30);
+    let req = |n: usize| {
+        let rs: Vec<Response> = (0..n).map(|_| ngx.get("/index.html", &[("X-K", "moving")])).collect();
+        statuses(&rs)
+    };
+    assert_eq!(req(10), counts(&[(200, 10)]));
+    let keys = cluster.keys("rl:*");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let holds = |p: u16| cluster.cli(p, &["--scan", "--pattern", "rl:*"]).lines().any(|l| !l.trim().is_empty());
+    let from = cluster.ports.iter().copied().find(|p| holds(*p)).expect("no master holds the key");
+    let to = cluster.ports.iter().copied().find(|p| *p != from).unwrap();
+    let id = |p: u16| cluster.cli(p, &["CLUSTER", "MYID"]).trim().to_string();
+    let slot = cluster.cli(from, &["CLUSTER", "KEYSLOT", &keys[0]]).trim().to_string();
+    assert_eq!(cluster.cli(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &id(from)]).trim(), "OK");
+    assert_eq!(cluster.cli(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &id(to)]).trim(), "OK");
+    let in_slot: Vec<String> = cluster
+        .cli(from, &["CLUSTER", "GETKEYSINSLOT", &slot, "1000"])
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut migrate: Vec<String> =
+        ["MIGRATE", "127.0.0.1", &to.to_string(), "", "0", "5000", "KEYS"].iter().map(|s| s.to_string()).collect();
+    migrate.extend(in_slot);
+    let args: Vec<&str> = migrate.iter().map(String::as_str).collect();
+    assert_eq!(cluster.cli(from, &args).trim(), "OK");
+    // Migrating: the old master answers ASK for the key it no longer holds,
+    // and the new one TRYAGAIN (a call's keys are not all there: its record of
+    // the call is new) until the migration ends, a moment later.
+    let port = ngx.port;
+    let during = thread::spawn(move || concurrent(port, 20, "/index.html", &[("X-K", "moving")]));
+    thread::sleep(Duration::from_millis(300));
+    for &p in &cluster.ports {
+        assert_eq!(cluster.cli(p, &["CLUSTER", "SETSLOT", &slot, "NODE", &id(to)]).trim(), "OK");
+    }
+    assert_eq!(statuses(&during.join().unwrap()), counts(&[(200, 20)]), "{}", ngx.error_log());
+    // Moved: MOVED, once, then the new master.
+    assert_eq!(req(30), counts(&[(200, 20), (429, 10)]), "{}", ngx.error_log());
+    assert!(holds(to) && !holds(from), "the key is on the new master");
+    let log = ngx.error_log();
+    assert!(failed_lines(&log, "c").is_empty() && !log.contains("[warn]"), "{log}");
+}
+
 #[test]
 fn cluster_exact_and_all_or_nothing() {
     let cluster = Cluster::start(3);

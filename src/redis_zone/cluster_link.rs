@@ -23,11 +23,20 @@ use redis::{Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, R
 use rustls::ClientConfig;
 
 use super::open::{data_config, host_port, open};
-use super::timers::timeout;
+use super::timers::{sleep, timeout};
 use super::RedisError;
 
 /// Redirections one command follows at most.
 const MAX_REDIRECTS: usize = 5;
+
+/// How long a command is sent again while its slot is being migrated
+/// (`TRYAGAIN`), in pauses that double from the first to the longest: a
+/// migration of a slot's few rate-limiting keys takes milliseconds. The
+/// zone's `timeout` answers the requests first when it is shorter.
+const TRY_AGAIN_FOR: Duration = Duration::from_secs(1);
+const TRY_AGAIN_PAUSE: Duration = Duration::from_millis(5);
+const TRY_AGAIN_PAUSE_MAX: Duration = Duration::from_millis(100);
+const TRY_AGAIN: redis::ErrorKind = redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain);
 
 /// Slots in a cluster.
 const SLOTS: u16 = 16384;
@@ -150,29 +159,50 @@ impl ClusterLink {
         all
     }
 
-    /// Runs `cmd` where its route says, following redirections.
+    /// Runs `cmd` where its route says, following redirections, and
+    /// again after a pause while its slot is being migrated (`TRYAGAIN`:
+    /// a call of several keys, some of them not moved yet, which Redis did
+    /// not run), for [`TRY_AGAIN_FOR`] at most.
     async fn run(&self, cmd: &Cmd) -> redis::RedisResult<Value> {
         let unknown = || redis::RedisError::from((redis::ErrorKind::Io, "no master for the slot"));
-        let mut target = match route(cmd) {
-            Route::AllMasters => return self.run_everywhere(cmd).await,
-            Route::Slot(slot) => self.master_of(slot).ok_or_else(unknown)?,
-            Route::Any => self.masters().into_iter().next().ok_or_else(unknown)?,
+        let first = || match route(cmd) {
+            Route::AllMasters => None,
+            Route::Slot(slot) => Some(self.master_of(slot).ok_or_else(unknown)),
+            Route::Any => Some(self.masters().into_iter().next().ok_or_else(unknown)),
         };
-        let mut asking = false;
-        for _ in 0..MAX_REDIRECTS {
+        let Some(target) = first() else {
+            return self.run_everywhere(cmd).await;
+        };
+        let (mut target, mut asking, mut redirects) = (target?, false, 0);
+        let (mut paused, mut pause) = (Duration::ZERO, TRY_AGAIN_PAUSE);
+        loop {
             let mut conn = self.node(&target).await.map_err(to_redis)?;
             let reply = if asking {
+                // (two replies: ASKING's, skipped, then the command's)
                 let mut pipe = redis::pipe();
-                pipe.cmd("ASKING").ignore().add_command(cmd.clone());
-                conn.req_packed_commands(&pipe, 0, 1).await.map(|mut v| v.pop().unwrap_or(Value::Nil))
+                pipe.cmd("ASKING").add_command(cmd.clone());
+                conn.req_packed_commands(&pipe, 1, 1).await.map(|mut v| v.pop().unwrap_or(Value::Nil))
             } else {
                 conn.req_packed_command(cmd).await
             };
+            // The connection hands a server's error reply over as a value: a redirection is one.
             let e = match reply {
-                Err(e) if e.redirect_node().is_some() => e,
+                Ok(Value::ServerError(e)) => redis::RedisError::from(e),
+                Err(e) if e.redirect_node().is_some() || e.kind() == TRY_AGAIN => e,
                 other => return other,
             };
+            if e.kind() == TRY_AGAIN && paused < TRY_AGAIN_FOR {
+                sleep(pause).await;
+                paused += pause;
+                pause = (pause * 2).min(TRY_AGAIN_PAUSE_MAX);
+                (target, asking, redirects) = (first().unwrap_or_else(|| Err(unknown()))?, false, 0);
+                continue;
+            }
             let Some((node, slot)) = e.redirect_node() else { return Err(e) };
+            redirects += 1;
+            if redirects > MAX_REDIRECTS {
+                return Err(redis::RedisError::from((redis::ErrorKind::Io, "too many cluster redirections")));
+            }
             let node: Arc<str> = node.into();
             asking = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask);
             if !asking {
@@ -182,7 +212,6 @@ impl ClusterLink {
             }
             target = node;
         }
-        Err(redis::RedisError::from((redis::ErrorKind::Io, "too many cluster redirections")))
     }
 
     /// Runs `cmd` on every master: the first error, else the first reply.
