@@ -234,20 +234,24 @@ extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     Status::NGX_OK.into()
 }
 
-/// Gives back what dead workers held in the `rl_conn` zones, and sets up
-/// the worker's Redis zones, if any (workers only: nginx calls this after
-/// forking, never in the master).
+/// Gives back what dead workers held in the `rl_conn` zones and watches
+/// them for more, and sets up the worker's Redis zones, if any (workers
+/// only: nginx calls this after forking, never in the master).
 extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     // SAFETY: nginx passes the running cycle.
     let Some(mcf) = (unsafe { cycle.as_ref() }).and_then(Module::main_conf) else {
         return Status::NGX_OK.into();
     };
+    // SAFETY: the main configuration lives as long as the cycle, and a worker's cycle is its
+    // whole life (a reload starts new workers).
+    let mcf: &'static MainConf = unsafe { &*core::ptr::from_ref(mcf) };
     shm::init_clock();
     // SAFETY: nginx passes the running cycle, its log set.
     let log = unsafe { (*cycle).log };
     let now_s = (shm::now_us() / 1_000_000) as u32;
     for zone in mcf.zones.iter().filter(|z| z.has_conn) {
         shm::holds::reclaim(zone, now_s, log);
+        shm::holds::watch(zone, log);
     }
     metrics::init_worker(mcf);
     let hooks = redis_zone::Hooks {
@@ -259,16 +263,20 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     if redis_zone::init_worker(cycle, &mcf.redis, mcf.resolver, hooks).is_err() {
         return Status::NGX_ERROR.into();
     }
-    // SAFETY: the main configuration lives as long as the cycle, and a worker's cycle is its
-    // whole life (a reload starts new workers).
-    let mcf: &'static MainConf = unsafe { &*core::ptr::from_ref(mcf) };
     lease::init_worker(&mcf.leases, &mcf.redis);
     redis_zone::start_holds(&mcf.redis);
     Status::NGX_OK.into()
 }
 
-/// Closes the worker's Redis connections.
-extern "C" fn exit_process(_cycle: *mut ngx_cycle_t) {
+/// Takes the worker off the `rl_conn` zones' watch lists, and closes its
+/// Redis connections.
+extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
+    // SAFETY: nginx passes the running cycle.
+    if let Some(mcf) = (unsafe { cycle.as_ref() }).and_then(Module::main_conf) {
+        for zone in mcf.zones.iter().filter(|z| z.has_conn) {
+            shm::holds::exiting(zone);
+        }
+    }
     redis_zone::exit_worker();
 }
 

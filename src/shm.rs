@@ -81,6 +81,9 @@ pub struct Zone {
     /// Where this worker last found the zone's `rl_conn` totals in the
     /// table (checked against their hash on every use).
     pub(crate) totals: core::cell::Cell<Slot>,
+    /// This worker is on the zone's watch list ([`holds::watch`]), or tried
+    /// to be: once it has held units here.
+    pub(crate) watched: core::cell::Cell<bool>,
     /// Where the table lives and how it is split, once the zone is
     /// initialised: laid out once per cycle, so worked out once, not on
     /// every request.
@@ -126,6 +129,7 @@ impl Zone {
             log_words: 0,
             has_conn: false,
             totals: core::cell::Cell::new(Slot::NONE),
+            watched: core::cell::Cell::new(false),
             table: None,
         });
         let mut ngx_name = ngx_str_t { len: zone.name.len(), data: zone.name.as_ptr() as *mut u8 };

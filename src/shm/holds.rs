@@ -18,10 +18,20 @@
 //! process that no longer exists (an old worker killed while it drained
 //! after a reload, whose slot nobody takes).
 //!
+//! A worker that dies with no worker started after it (an old worker
+//! killed while it drains after a reload, whose slot nobody takes) is
+//! noticed by the live workers instead: each worker that holds units in a
+//! zone puts itself on the zone's watch list, and every worker looks at the
+//! list every [`WATCH_EVERY`]; the first to find one of them gone runs the
+//! same [`reclaim`] ([`watch`]). A worker that exits takes itself off.
+//!
 //! A hold is recognised in a scan by its hash: the table stores no key,
 //! but a hold's hash is the one its own state's key hash and slot make,
 //! which no other entry's is but by a 128-bit accident.
 
+use std::time::Duration;
+
+use ngx::async_::{sleep, spawn};
 use ngx::ffi::{ngx_log_t, ngx_pid, ngx_process_slot, NGX_LOG_NOTICE};
 use ngx::ngx_log_error;
 
@@ -35,6 +45,19 @@ use super::{idle_at, Locked, Zone, RING_TAG};
 /// back for dead workers so far, and its requests waiting for a slot
 /// ([`Zone::conn_totals`]).
 const TOTALS: [u64; 2] = [0x726c_5f63_6f6e_6e5f, 0x746f_7461_6c73_0001];
+
+/// The hash of the zone's watch list: how many, then a [`Holder`] word (of
+/// no count) per worker that has held units in the zone and not exited.
+const WATCHED: [u64; 2] = [0x726c_5f63_6f6e_6e5f, 0x7761_7463_6865_6401];
+
+/// Workers the watch list keeps at most (more than any nginx runs at once,
+/// old workers draining included); one beyond is not watched, and its
+/// units come back only when a worker starts in its slot.
+const MAX_WATCHED: usize = 64;
+const WATCHED_WORDS: usize = 1 + MAX_WATCHED;
+
+/// How often each worker looks for holders gone.
+pub const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// What marks a worker's count of its waiting requests
 /// ([`Locked::wait_starts`]): the third word of its record.
@@ -86,6 +109,9 @@ impl Locked<'_> {
         log: *mut ngx_log_t,
     ) {
         self.in_flight(cost, false, now_s, log);
+        if !self.zone.watched.get() {
+            self.watch_me(now_s, log);
+        }
         if let Some(at) = inline {
             if let Some(state) = self.table.state_at(at, key).filter(|s| s[2] != RING_TAG) {
                 if holders::take_inline(&mut state[1..], me(), cost) {
@@ -94,6 +120,47 @@ impl Locked<'_> {
             }
         }
         self.hold_apart(key, cost, class, now_s, log);
+    }
+
+    /// Puts this worker on the zone's watch list (once: a list full, or
+    /// dropped from a full zone, leaves it unwatched).
+    #[cold]
+    #[inline(never)]
+    fn watch_me(&mut self, now_s: u32, log: *mut ngx_log_t) {
+        self.zone.watched.set(true);
+        let me = me().word();
+        let Some(slot) = self.ensure_words(WATCHED, WATCHED_WORDS, now_s, log) else { return };
+        self.table.set_idle_at(slot, PINNED);
+        let Some(w) = self.words(slot, WATCHED, WATCHED_WORDS) else { return };
+        let n = (w[0] as usize).min(MAX_WATCHED);
+        if n < MAX_WATCHED && !w[1..=n].contains(&me) {
+            w[1 + n] = me;
+            w[0] = n as u64 + 1;
+        }
+    }
+
+    /// The workers on the zone's watch list.
+    fn watched(&mut self) -> Vec<u64> {
+        let Some(slot) = self.table.peek(WATCHED) else { return Vec::new() };
+        let Some(w) = self.words(slot, WATCHED, WATCHED_WORDS) else { return Vec::new() };
+        let n = (w[0] as usize).min(MAX_WATCHED);
+        w[1..=n].to_vec()
+    }
+
+    /// Takes the workers `gone` (their words) off the zone's watch list.
+    fn unwatch(&mut self, gone: &[u64]) {
+        let Some(slot) = self.table.peek(WATCHED) else { return };
+        let Some(w) = self.words(slot, WATCHED, WATCHED_WORDS) else { return };
+        let n = (w[0] as usize).min(MAX_WATCHED);
+        let mut kept = 0;
+        for i in 1..=n {
+            if !gone.contains(&w[i]) {
+                w[1 + kept] = w[i];
+                kept += 1;
+            }
+        }
+        w[1 + kept..=n].fill(0);
+        w[0] = kept as u64;
     }
 
     /// [`Locked::hold`] in a hold entry of its own.
@@ -327,8 +394,9 @@ fn alive(pid: u32) -> bool {
 
 /// Gives back what the workers that died held in `zone`: every hold of
 /// this worker's process slot left by another process, and every hold of a
-/// process that is gone. Run once, when a worker starts; logged at
-/// `notice` per process, as nginx logs the locks of a worker that exited.
+/// process that is gone. Run when a worker starts, and when a worker finds
+/// one on the watch list gone ([`watch`]); logged at `notice` per process,
+/// as nginx logs the locks of a worker that exited.
 pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
     let Some(mut locked) = zone.lock() else {
         return 0;
@@ -422,4 +490,58 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
         );
     }
     total
+}
+
+/// Looks at `zone`'s watch list every [`WATCH_EVERY`], for as long as the
+/// worker runs, and gives back what its workers that are gone held (their
+/// units, and their waiters in the gauge). `log`: the cycle's.
+pub fn watch(zone: &'static Zone, log: *mut ngx_log_t) {
+    spawn(async move {
+        loop {
+            sleep(WATCH_EVERY).await;
+            look(zone, log);
+        }
+    })
+    .detach();
+}
+
+/// One look at the watch list: workers gone are taken off it (under the
+/// lock, so that one worker alone reclaims them) and reclaimed.
+fn look(zone: &Zone, log: *mut ngx_log_t) {
+    let listed = match zone.lock() {
+        Some(mut locked) => locked.watched(),
+        None => return,
+    };
+    let me = me();
+    let gone: Vec<u64> = listed
+        .into_iter()
+        .filter(|&w| {
+            let h = Holder::read(w);
+            h.pid != me.pid && !alive(h.pid)
+        })
+        .collect();
+    if gone.is_empty() {
+        return;
+    }
+    {
+        let Some(mut locked) = zone.lock() else { return };
+        let before = locked.watched();
+        locked.unwatch(&gone);
+        // (another worker took them off first: it reclaims them)
+        if locked.watched().len() + gone.len() != before.len() {
+            return;
+        }
+    }
+    reclaim(zone, (super::now_us() / 1_000_000) as u32, log);
+}
+
+/// Takes this worker off the watch list of each zone it held units in: it
+/// exits, having given back what it held.
+pub fn exiting(zone: &Zone) {
+    if !zone.watched.get() {
+        return;
+    }
+    if let Some(mut locked) = zone.lock() {
+        locked.unwatch(&[me().word()]);
+    }
 }
