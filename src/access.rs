@@ -10,8 +10,7 @@
 //! Within a stage, shared-memory lines are decided on the spot, under their
 //! zones' locks. When the stage also has Redis lines, the shared-memory
 //! lines are decided and charged first (if they reject, Redis is not
-//! asked), the Redis lines go to the I/O thread in one script call per
-//! zone, the request is suspended, and when the replies are in it is
+//! asked), the Redis lines go to Redis in one script call per zone, the request is suspended, and when the replies are in it is
 //! resumed in the same phase handler: if Redis rejected (or failed with
 //! `on_error=deny`), the stage's shared-memory charges are refunded. Lines
 //! in lease mode are decided like shared-memory ones, on this nginx's

@@ -105,7 +105,7 @@ impl Out {
 struct LastReset(Cell<(u64, Digits)>);
 
 // SAFETY: header filters run on the worker's event-loop thread alone (the
-// Redis I/O thread never touches responses).
+// worker has no other thread that touches responses).
 unsafe impl Sync for LastReset {}
 
 static LAST_RESET: LastReset = LastReset(Cell::new((0, Digits { buf: [b'0'; NUM], skip: NUM - 1 })));

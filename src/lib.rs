@@ -8,7 +8,8 @@
 //! - [`request`]: a request's lines and verdicts, across phases and
 //!   redirects; [`delay`]: a delayed request's sleep;
 //! - [`shm`]: shared-memory zones, their layout across reloads, the decision;
-//! - [`redis_zone`]: Redis zones, the worker's I/O thread and its connections;
+//! - [`redis_zone`]: Redis and Memcached zones, their calls and connections
+//!   on the worker's event loop;
 //! - [`lease`]: Redis zones in lease mode, decided on this nginx's leases
 //!   in shared memory, and their syncs;
 //! - [`conf`]: the configuration the directives leave, merged per location

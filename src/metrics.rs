@@ -122,7 +122,7 @@ pub fn setup(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
 }
 
 /// In each worker, when it starts: its slot, its Redis zones' rows for its
-/// I/O thread and its lease zones' rows for its syncs.
+/// calls and its lease zones' rows for its syncs.
 pub fn init_worker(mcf: &MainConf) {
     if mcf.metrics.enabled {
         // SAFETY: set by nginx before init_process.

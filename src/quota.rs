@@ -6,8 +6,8 @@
 //!
 //! The access phase passes such a location by (its lines are read, not
 //! enforced). Shared-memory lines are checked under their zone's lock,
-//! without creating a state for a key that has none; Redis lines go to the
-//! I/O thread as jobs that do not commit (the script's check-only mode,
+//! without creating a state for a key that has none; Redis lines go to
+//! their zone as jobs that do not commit (the script's check-only mode,
 //! which writes nothing), the request waiting for them as the access phase
 //! waits, and a zone that fails answers 503 whatever its `on_error`. Both
 //! read at cost 0: what a key could spend now. Nothing here is counted by

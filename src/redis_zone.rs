@@ -401,7 +401,7 @@ impl rl_core::redis::Shape for JobShape<'_> {
     }
 }
 
-/// The I/O thread's answer to a job.
+/// A zone's answer to a job.
 pub struct Reply {
     pub id: u64,
     pub zone: usize,

@@ -401,7 +401,7 @@ fn every_query_of_the_dashboard_returns_series() {
         s.first().is_some_and(|(_, v)| *v == sent as f64)
     });
     prom.wait_for("nginx_rl_redis_master", "the Sentinel zone's master scraped", |s| !s.is_empty());
-    // The charges are refused after the responses, by the I/O thread.
+    // The charges are refused after the responses, by the zone's calls.
     let charged = sent_to[CHARGED];
     prom.wait_for(
         &format!("sum(nginx_rl_charge_failures_total{{job=\"{JOB}\"}})"),

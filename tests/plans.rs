@@ -28,8 +28,8 @@ fn plans(zones: &str, body: &str) -> Nginx {
 }
 
 /// Waits until the line read at `path` (an `rl_quota` location) has at most
-/// `left` remaining: a Redis zone's charges go after the response, in the
-/// I/O thread (shared memory has charged before the response ends).
+/// `left` remaining: a Redis zone's charges go after the response, in a
+/// call of their own (shared memory has charged before the response ends).
 fn settle(ngx: &Nginx, path: &str, headers: &[(&str, &str)], left: u64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {

@@ -156,7 +156,7 @@ pub fn parse<'a>(
     Ok(RedisZone::new(name, shown, ZoneSpec { target, timeout, prefix, tls }, allow))
 }
 
-/// Where the I/O thread connects, in the URLs the redis crate takes (the
+/// Where the zone connects, in the URLs the redis crate takes (the
 /// credentials percent-encoded by [`RedisUrl`], IPv6 hosts in brackets).
 fn target(url: &RedisUrl) -> Result<Target, &'static str> {
     let nodes = url.node_urls();

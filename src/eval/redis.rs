@@ -1,4 +1,4 @@
-//! A request's Redis lines: one job per zone sent to the I/O thread, the
+//! A request's Redis lines: one job per zone sent to its zone's calls, the
 //! request suspended until every zone has answered (or the backstop timer
 //! fires), each reply written into the lines' results, and the request
 //! resumed in the handler that sent them. For a stage of the access phase,
@@ -229,8 +229,8 @@ fn classes(line: &Line, res: &LineResult) -> Option<ClassArg> {
     }
     // SAFETY: the lines live in the main configuration, which lives as long as the worker's
     // cycle: until the worker exits (a reload's old workers keep theirs while they drain). A
-    // job lives no longer: it is the worker's, answered or dropped by its I/O thread, which
-    // ends with the worker's process.
+    // job lives no longer: it is the worker's, answered or dropped by its zone's calls, which
+    // end with the worker's process.
     let lanes: &'static [Lane] = unsafe { &*core::ptr::from_ref(line.lanes.as_slice()) };
     Some(ClassArg { class: res.class, lanes })
 }

@@ -31,8 +31,8 @@ use rl_core::metrics::{latency_bucket, ERROR_KINDS, LATENCY_BUCKETS, RESULTS};
 pub struct LineSlot(pub [AtomicU64; 8]);
 
 /// One worker's counters of one Redis zone (five cache lines). Only that
-/// worker's nginx thread (errors, `on_error`) and I/O thread (calls,
-/// connections, master) write them.
+/// worker writes them: its requests (errors, `on_error`) and its zone's
+/// calls (calls, connections, master), all on its event loop.
 #[repr(C, align(64))]
 pub struct RedisSlot {
     pub calls: AtomicU64,
@@ -280,14 +280,14 @@ impl LeaseSlot {
 /// This worker's index among the slots of a row (`ngx_worker`).
 static WORKER: AtomicUsize = AtomicUsize::new(0);
 
-/// The Redis zones' rows, by zone index, for this worker's I/O thread.
+/// The Redis zones' rows, by zone index, for this worker's calls.
 static REDIS_ROWS: OnceLock<Vec<Option<Row<RedisSlot>>>> = OnceLock::new();
 
 /// The lease zones' rows, by lease zone index, for this worker's syncs.
 static LEASE_ROWS: OnceLock<Vec<Option<Row<LeaseSlot>>>> = OnceLock::new();
 
 /// Records this worker's slot, its Redis rows and its lease rows (once,
-/// when the worker starts, before its I/O thread and its syncs do).
+/// when the worker starts, before its calls and its syncs do).
 pub fn init_worker(worker: usize, redis: &[Option<Row<RedisSlot>>], lease: &[Option<Row<LeaseSlot>>]) {
     WORKER.store(worker, Ordering::Relaxed);
     let _ = REDIS_ROWS.set(redis.to_vec());

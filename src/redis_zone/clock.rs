@@ -17,7 +17,7 @@ use rl_core::redis::clock::Offset;
 
 use super::conn::Conn;
 
-/// The offset of one zone's connection, on the I/O thread's clock.
+/// The offset of one zone's connection, on the worker's clock.
 pub struct Clock {
     /// Local times are microseconds since this.
     epoch: Instant,

@@ -60,8 +60,7 @@ pub struct ZoneConn {
     pub fcall: AtomicBool,
     /// Redis' clock, for the calls' deadlines.
     pub clock: Clock,
-    /// Requests whose script call has not come back, answered or not (see
-    /// `thread::MAX_WAITING`).
+    /// Requests whose script call has not come back, answered or not.
     pub waiting: AtomicUsize,
     /// This worker's counters of the zone (`rl_metrics`).
     pub metrics: Option<&'static RedisSlot>,
