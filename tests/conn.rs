@@ -85,6 +85,93 @@ fn holds_until_the_request_ends() {
     assert_eq!(ngx.get("/slow/big.html?k=a", &[]).status, 429, "two held again");
 }
 
+/// However a request ends, its slot is given back, once: an upstream that
+/// refuses the connection (502), one that never answers (504 at the proxy's
+/// timeout), a `return` (answered before any limit), a request sent on by
+/// `error_page` to another location with the same line (counted once: with
+/// `max=1` it is not refused there), and a subrequest (an SSI include of
+/// a location with the line: not counted). Each time the one slot is free
+/// afterwards, and nothing is left in flight.
+#[test]
+fn released_however_the_request_ends() {
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mute_port = mute.local_addr().unwrap().port();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let line = "rl_conn zone=c max=1 key=all;";
+    let ngx = Nginx::setup(&format!(
+        "rl_zone c size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /refused/ {{ {line} proxy_pass http://127.0.0.1:{closed_port}; }}\n\
+           location /mute/ {{ {line} proxy_pass http://127.0.0.1:{mute_port}; proxy_read_timeout 200ms; }}\n\
+           location /ret/ {{ {line} return 200 \"returned\\n\"; }}\n\
+           location /fails/ {{ {line} proxy_pass http://127.0.0.1:{closed_port}; \
+             proxy_intercept_errors on; error_page 502 = /fallback/fast.html; }}\n\
+           location /fallback/ {{ {line} alias {{ROOT}}/; }}\n\
+           location /page/ {{ {line} ssi on; alias {{ROOT}}/; }}\n\
+           location /included/ {{ {line} alias {{ROOT}}/; }}\n\
+           location /slow/ {{ {line} {SLOW} }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}"
+    ))
+    .file("html/slow/big.html", &slow_file())
+    .file("html/fast.html", "fast\n")
+    .file("html/page.html", "<!--# include virtual=\"/included/fast.html\" -->")
+    .start();
+    let free = |after: &str| {
+        let (status, held) = hold(&ngx, "/slow/big.html");
+        assert_eq!(status, 200, "the slot is free after {after}:\n{}", ngx.error_log());
+        assert_eq!(ngx.get("/slow/big.html", &[]).status, 429, "one slot");
+        drop(held);
+        // (the held request ends when nginx next writes to its closed client)
+        until_counts(&ngx, (0, 0));
+    };
+    assert_eq!(ngx.get("/refused/", &[]).status, 502);
+    free("an upstream refused the connection");
+    assert_eq!(ngx.get("/mute/", &[]).status, 504);
+    free("an upstream timed out");
+    drop(mute);
+    assert_eq!(ngx.get("/ret/", &[]).status, 200);
+    free("a return");
+    let r = ngx.get("/fails/", &[]);
+    assert_eq!((r.status, r.body.as_str()), (200, "fast\n"), "error_page to a location of the same line");
+    free("an error_page");
+    let r = ngx.get("/page/page.html", &[]);
+    assert_eq!((r.status, r.body.as_str()), (200, "fast\n"), "a subrequest is not counted");
+    free("a subrequest");
+}
+
+/// Two `rl_conn` lines in one location, all or nothing: a request the
+/// first refuses takes no slot of the second, and each line's verdicts are
+/// counted under its name.
+#[test]
+fn two_lines_in_one_location_all_or_nothing() {
+    let ngx = start(&format!(
+        "rl_zone c size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /slow/ {{ rl_conn zone=c max=2 key=$arg_a name=per_a; \
+             rl_conn zone=c max=1 key=$arg_b name=per_b; {SLOW} }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}"
+    ));
+    let (s1, _h1) = hold(&ngx, "/slow/big.html?a=x&b=1");
+    let (s2, _h2) = hold(&ngx, "/slow/big.html?a=x&b=2");
+    assert_eq!((s1, s2), (200, 200));
+    assert_eq!(ngx.get("/slow/big.html?a=x&b=3", &[]).status, 429, "per_a is full");
+    assert_eq!(ngx.get("/slow/big.html?a=y&b=1", &[]).status, 429, "per_b is full for b=1");
+    // The refused a=x,b=3 took nothing of per_b: b=3 has its one slot.
+    let (s3, _h3) = hold(&ngx, "/slow/big.html?a=y&b=3");
+    assert_eq!(s3, 200, "{}", ngx.error_log());
+    let m = ngx.get("/metrics", &[]).body;
+    let count = |line: &str, result: &str| {
+        let series = format!("nginx_rl_requests_total{{zone=\"c\",line=\"{line}\",result=\"{result}\"}} ");
+        m.lines().find_map(|l| l.strip_prefix(&series)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    };
+    assert_eq!((count("per_a", "passed"), count("per_a", "rejected")), (4, 1), "{m}");
+    assert_eq!((count("per_b", "passed"), count("per_b", "rejected")), (4, 1), "{m}");
+}
+
 /// All or nothing with `rl_limit`: a request another line refuses holds no
 /// slot, and a request `rl_conn` refuses is charged by no other line.
 #[test]
