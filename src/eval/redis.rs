@@ -239,6 +239,9 @@ fn classes(line: &Line, res: &LineResult) -> Option<ClassArg> {
 /// flight, is given back, and the place it waits in given up: the request
 /// has ended (its pool's cleanup). Once: a line given back holds nothing
 /// more. This worker's first waiter for the key looks again at once.
+/// (Out of line: inlined, the address of its thread-locals was worked out
+/// for every request's give-back, on shared memory too.)
+#[inline(never)]
 pub fn release(line: &Line, res: &mut LineResult, z: usize) {
     settle(line, res, z, false);
     wait::leave(line, res, z);
