@@ -472,6 +472,58 @@ fn script_flush_during_load() {
 // 6. Redis Cluster.
 // ---------------------------------------------------------------------------
 
+/// The master that holds a limited key is killed: its replica takes its
+/// place (a second or two), nginx finds the new master, and the key's count
+/// goes on from what the replica had: 50 admitted by Redis in all, the
+/// requests of the failover answered per `on_error` meanwhile, and then
+/// 429.
+#[test]
+fn cluster_master_failover_while_limiting() {
+    let mut cluster = Cluster::start_replicated(3);
+    let ngx = Nginx::start(&server(
+        &format!("rl_zone c redis={} timeout=500ms on_error=allow;", cluster.url()),
+        "location = /index.html { rl_limit zone=c key=$http_x_k rate=50r/h burst=50 algorithm=fixed; }\n\
+         location = /metrics { rl_metrics; }",
+    ));
+    clear_of_window_end(3600, 60);
+    let req = || ngx.get("/index.html", &[("X-K", "failing")]).status;
+    for _ in 0..20 {
+        assert_eq!(req(), 200);
+    }
+    let keys = cluster.keys("rl:*");
+    let holds = |p: u16| cluster.cli(p, &["--scan", "--pattern", "rl:*"]).lines().any(|l| !l.trim().is_empty());
+    let master =
+        cluster.ports.iter().copied().find(|p| holds(*p)).unwrap_or_else(|| panic!("no master holds {keys:?}"));
+    // (its replica has every write so far)
+    assert_eq!(cluster.cli(master, &["WAIT", "1", "2000"]).trim(), "1");
+    cluster.kill(master);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut statuses = Vec::new();
+    loop {
+        let s = req();
+        statuses.push(s);
+        if s == 429 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never limited again after the failover: {statuses:?}\n{}", ngx.error_log());
+        thread::sleep(Duration::from_millis(20));
+    }
+    let m = ngx.get("/metrics", &[]).body;
+    let count = |result: &str| -> u64 {
+        m.lines()
+            .filter(|l| {
+                l.starts_with("nginx_rl_requests_total{zone=\"c\",") && l.contains(&format!("result=\"{result}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    assert_eq!(count("passed"), 50, "admitted by Redis, before and after the failover:\n{m}");
+    assert_eq!(count("rejected"), 1, "{m}");
+    for _ in 0..5 {
+        assert_eq!(req(), 429, "limited from then on");
+    }
+}
+
 /// A key's slot moved to another master while nginx limits it: during the
 /// migration (the slot migrating, its keys already moved) the old master
 /// answers `ASK`, after it `MOVED`; nginx follows both, and the key's count

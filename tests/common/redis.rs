@@ -307,6 +307,10 @@ impl Drop for TestCerts {
 /// A Redis Cluster of masters only, on 127.0.0.1.
 pub struct Cluster {
     pub ports: Vec<u16>,
+    /// With [`Cluster::start_replicated`]: the replicas' ports.
+    pub replicas: Vec<u16>,
+    /// Every node's port, in the order of `children`.
+    node_ports: Vec<u16>,
     /// With [`Cluster::start_tls`]: each master's TLS port.
     pub tls_ports: Vec<u16>,
     dir: PathBuf,
@@ -315,7 +319,37 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(masters: usize) -> Cluster {
-        Cluster::start_with(masters, None)
+        Cluster::start_with(masters, None, 0)
+    }
+
+    /// A cluster of `masters` masters with a replica each, whose nodes take
+    /// a master for failed after one second without an answer (a replica
+    /// then takes its place): `ports` are the masters', `replicas` the
+    /// others' (at the start).
+    pub fn start_replicated(masters: usize) -> Cluster {
+        let mut c = Cluster::start_with(masters * 2, None, 1);
+        let (m, r): (Vec<usize>, Vec<usize>) = (0..c.ports.len())
+            .partition(|&i| cli_output(c.ports[i], None, &["ROLE"]).is_some_and(|s| s.starts_with("master")));
+        let pick = |v: &[u16], idx: &[usize]| idx.iter().map(|&i| v[i]).collect::<Vec<u16>>();
+        c.replicas = pick(&c.ports, &r);
+        c.tls_ports = pick(&c.tls_ports, &m);
+        c.ports = pick(&c.ports, &m);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for &p in &c.replicas {
+            while !cli_output(p, None, &["INFO", "replication"]).is_some_and(|s| s.contains("master_link_status:up")) {
+                assert!(Instant::now() < deadline, "replica on port {p} never synced");
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+        c
+    }
+
+    /// Kills the node on `port` (with SIGKILL: no goodbye to the cluster).
+    pub fn kill(&mut self, port: u16) {
+        if let Some(i) = self.node_ports.iter().position(|p| *p == port) {
+            let _ = self.children[i].kill();
+            let _ = self.children[i].wait();
+        }
     }
 
     /// A cluster whose masters also serve TLS (`tls-cluster yes`: a client
@@ -323,13 +357,22 @@ impl Cluster {
     /// (clients must show one the test CA signed). The plain ports stay
     /// for the harness' `redis-cli`.
     pub fn start_tls(masters: usize, certs: &TestCerts) -> Cluster {
-        Cluster::start_with(masters, Some(certs))
+        Cluster::start_with(masters, Some(certs), 0)
     }
 
-    fn start_with(masters: usize, certs: Option<&TestCerts>) -> Cluster {
+    /// `nodes` nodes, with `replicas` replicas per master.
+    fn start_with(nodes: usize, certs: Option<&TestCerts>, replicas: usize) -> Cluster {
         let dir = temp_dir("cluster");
-        let mut cluster = Cluster { ports: Vec::new(), tls_ports: Vec::new(), dir: dir.clone(), children: Vec::new() };
-        while cluster.ports.len() < masters {
+        let mut cluster = Cluster {
+            ports: Vec::new(),
+            replicas: Vec::new(),
+            node_ports: Vec::new(),
+            tls_ports: Vec::new(),
+            dir: dir.clone(),
+            children: Vec::new(),
+        };
+        let node_timeout = if replicas > 0 { "1000" } else { "5000" };
+        while cluster.ports.len() < nodes {
             let (port, bus, tls_port) = (free_port(), free_port(), free_port());
             if port == bus || port == tls_port || bus == tls_port || cluster.ports.contains(&port) {
                 continue;
@@ -342,7 +385,7 @@ impl Cluster {
                 "--cluster-port",
                 &bus.to_string(),
                 "--cluster-node-timeout",
-                "5000",
+                node_timeout,
             ]
             .iter()
             .map(|s| s.to_string())
@@ -353,6 +396,7 @@ impl Cluster {
             }
             if let Some(c) = spawn(port, None, &dir, &extra) {
                 cluster.ports.push(port);
+                cluster.node_ports.push(port);
                 cluster.tls_ports.push(tls_port);
                 cluster.children.push(c);
             }
@@ -362,7 +406,7 @@ impl Cluster {
             .arg("--cluster")
             .arg("create")
             .args(&nodes)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .expect("cannot run redis-cli --cluster create");
