@@ -121,6 +121,11 @@ impl LeaseZone {
         self.shared().nodes.load(Ordering::Relaxed).max(1)
     }
 
+    /// Whether this nginx limits alone, having lost Redis (`on_error=local`).
+    pub fn alone(&self) -> bool {
+        self.local && self.shared().alone_since.load(Ordering::Relaxed) != 0
+    }
+
     /// The times a lease of `line` asked for at `now` is sized by (the next
     /// sync taken to be an interval away).
     fn horizon(&self, line: &Line, now: u64) -> Horizon {

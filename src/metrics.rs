@@ -349,6 +349,7 @@ pub fn snapshot(mcf: &MainConf) -> Snapshot {
             }
         }
         l.nodes = lz.nodes();
+        l.alone_now = u64::from(lz.alone());
         // (a zone not initialised yet shows no keys)
         if let Some((stats, _)) = lz.table.usage() {
             l.keys = stats.used as u64;

@@ -473,6 +473,9 @@ fn redis_lost_limits_locally() {
     // Redis silent for more than two syncs (and a heartbeat's timeout).
     thread::sleep(Duration::from_millis(500));
     let alone = load(&ports, "/index.html", 10, 30, Duration::from_millis(50), "k");
+    for n in &nginx {
+        assert_eq!(metric(n.port, "nginx_rl_lease_alone", "r"), 1, "limiting alone now");
+    }
     redis.signal("-CONT");
     let admitted = alone.iter().filter(|&&s| s == 200).count();
     eprintln!("Redis stopped: {admitted} of {} admitted by the 3 nginx alone", alone.len());
@@ -501,6 +504,7 @@ fn redis_lost_limits_locally() {
             .unwrap_or_else(|| panic!("no count in {line:?}"));
         assert!(crash_lines(&log).is_empty(), "{:?}", crash_lines(&log));
         assert_eq!(metric(n.port, "nginx_rl_lease_alone_total", "r"), 1, "counted once");
+        assert_eq!(metric(n.port, "nginx_rl_lease_alone", "r"), 0, "back");
     }
     assert_eq!(charged, admitted, "what the nginx admitted alone, charged to Redis");
     // Redis now holds all 300: a new request is refused, by Redis.

@@ -171,6 +171,8 @@ pub struct LeaseZoneSample {
     pub units_returned: u64,
     /// Times this nginx lost Redis and limited alone (`on_error=local`).
     pub alone: u64,
+    /// 1 while this nginx limits alone, 0 otherwise.
+    pub alone_now: u64,
     /// The nginx that share the zone, as this one last heard (its
     /// heartbeat's count; 1 before any).
     pub nodes: u64,
@@ -365,6 +367,8 @@ fn lease_prometheus(zones: &[LeaseZoneSample], out: &mut String) {
     per_zone(out, "nginx_rl_lease_units_returned_total", "counter", help, |z| z.units_returned);
     let help = "Times this nginx lost Redis and limited alone, with its share of each line (on_error=local).";
     per_zone(out, "nginx_rl_lease_alone_total", "counter", help, |z| z.alone);
+    let help = "1 while this nginx limits alone, having lost Redis (on_error=local), else 0.";
+    per_zone(out, "nginx_rl_lease_alone", "gauge", help, |z| z.alone_now);
     let help = "Live nginx sharing a lease zone's Redis, as this one's last heartbeat counted them.";
     per_zone(out, "nginx_rl_lease_nodes", "gauge", help, |z| z.nodes);
     let help = "Keys a lease zone keeps a lease record for.";
@@ -656,7 +660,7 @@ pub fn json(s: &Snapshot, out: &mut String) {
         let _ = write!(
             out,
             ",\"syncs\":{},\"sync_failures\":{},\"sync_duration_seconds\":{{\"sum\":{},\"count\":{}}},\"keys_synced\":{},\
-             \"leases_granted\":{},\"units_granted\":{},\"units_returned\":{},\"alone\":{},\"nodes\":{},\"keys\":{},\"capacity_keys\":{}}}",
+             \"leases_granted\":{},\"units_granted\":{},\"units_returned\":{},\"alone\":{},\"alone_now\":{},\"nodes\":{},\"keys\":{},\"capacity_keys\":{}}}",
             z.syncs,
             z.sync_failures,
             Seconds(z.sync_latency_sum_us),
@@ -666,6 +670,7 @@ pub fn json(s: &Snapshot, out: &mut String) {
             z.units_granted,
             z.units_returned,
             z.alone,
+            z.alone_now,
             z.nodes,
             z.keys,
             z.capacity_keys

@@ -52,6 +52,7 @@ fn snapshot() -> Snapshot {
             units_granted: 240,
             units_returned: 17,
             alone: 1,
+            alone_now: 1,
             nodes: 4,
             keys: 3,
             capacity_keys: 7_000,
@@ -217,6 +218,7 @@ fn lease_zones() {
         ("nginx_rl_lease_units_granted_total", "counter", "240"),
         ("nginx_rl_lease_units_returned_total", "counter", "17"),
         ("nginx_rl_lease_alone_total", "counter", "1"),
+        ("nginx_rl_lease_alone", "gauge", "1"),
         ("nginx_rl_lease_nodes", "gauge", "4"),
         ("nginx_rl_lease_keys", "gauge", "3"),
         ("nginx_rl_lease_capacity_keys", "gauge", "7000"),
@@ -247,7 +249,7 @@ fn lease_zones() {
     json(&snapshot(), &mut out);
     assert!(
         out.ends_with(
-            r#"],"leases":[{"zone":"l\"e","syncs":12,"sync_failures":2,"sync_duration_seconds":{"sum":0.0365,"count":12},"keys_synced":30,"leases_granted":9,"units_granted":240,"units_returned":17,"alone":1,"nodes":4,"keys":3,"capacity_keys":7000}]}
+            r#"],"leases":[{"zone":"l\"e","syncs":12,"sync_failures":2,"sync_duration_seconds":{"sum":0.0365,"count":12},"keys_synced":30,"leases_granted":9,"units_granted":240,"units_returned":17,"alone":1,"alone_now":1,"nodes":4,"keys":3,"capacity_keys":7000}]}
 "#
         ),
         "{out}"
