@@ -108,7 +108,7 @@ impl Locked<'_> {
         now_s: u32,
         log: *mut ngx_log_t,
     ) {
-        self.in_flight(cost, false, now_s, log);
+        self.in_flight_more(cost, now_s, log);
         if !self.zone.watched.get() {
             self.watch_me(now_s, log);
         }
@@ -147,10 +147,11 @@ impl Locked<'_> {
         w[1..=n].to_vec()
     }
 
-    /// Takes the workers `gone` (their words) off the zone's watch list.
-    fn unwatch(&mut self, gone: &[u64]) {
-        let Some(slot) = self.table.peek(WATCHED) else { return };
-        let Some(w) = self.words(slot, WATCHED, WATCHED_WORDS) else { return };
+    /// Takes the workers `gone` (their words) off the zone's watch list;
+    /// returns how many were on it.
+    fn unwatch(&mut self, gone: &[u64]) -> usize {
+        let Some(slot) = self.table.peek(WATCHED) else { return 0 };
+        let Some(w) = self.words(slot, WATCHED, WATCHED_WORDS) else { return 0 };
         let n = (w[0] as usize).min(MAX_WATCHED);
         let mut kept = 0;
         for i in 1..=n {
@@ -161,6 +162,7 @@ impl Locked<'_> {
         }
         w[1 + kept..=n].fill(0);
         w[0] = kept as u64;
+        n - kept
     }
 
     /// [`Locked::hold`] in a hold entry of its own.
@@ -189,27 +191,24 @@ impl Locked<'_> {
         self.table.set_idle_at(slot, PINNED);
     }
 
-    /// Counts `units` more in flight in the zone's totals, or fewer when
-    /// they are given back (`give`): where this worker last found them,
-    /// else ([`Locked::in_flight_cold`]) looked up or made.
+    /// Counts `units` more in flight in the zone's totals: where this
+    /// worker last found them, else looked up or made.
     #[inline(always)]
-    fn in_flight(&mut self, units: u64, give: bool, now_s: u32, log: *mut ngx_log_t) {
+    fn in_flight_more(&mut self, units: u64, now_s: u32, log: *mut ngx_log_t) {
         if let Some(t) = self.table.state_at(self.zone.totals.get(), TOTALS) {
-            t[0] = if give { t[0].saturating_sub(units) } else { t[0].saturating_add(units) };
-            return;
+            t[0] = t[0].saturating_add(units);
+        } else if let Some(t) = self.totals_or_new(now_s, log) {
+            t[0] = t[0].saturating_add(units);
         }
-        self.in_flight_cold(units, give, now_s, log);
     }
 
-    #[cold]
-    #[inline(never)]
-    fn in_flight_cold(&mut self, units: u64, give: bool, now_s: u32, log: *mut ngx_log_t) {
-        let t = match give {
-            true => self.totals_mut(),
-            false => self.totals_or_new(now_s, log),
-        };
-        if let Some(t) = t {
-            t[0] = if give { t[0].saturating_sub(units) } else { t[0].saturating_add(units) };
+    /// Counts `units` fewer in flight ([`Locked::in_flight_more`]).
+    #[inline(always)]
+    fn in_flight_fewer(&mut self, units: u64) {
+        if let Some(t) = self.table.state_at(self.zone.totals.get(), TOTALS) {
+            t[0] = t[0].saturating_sub(units);
+        } else if let Some(t) = self.totals_mut() {
+            t[0] = t[0].saturating_sub(units);
         }
     }
 
@@ -286,7 +285,7 @@ impl Locked<'_> {
     /// expires as an idle state.
     #[inline(always)]
     pub fn unhold(&mut self, key: [u64; 2], inline: Option<Slot>, cost: u64, class: u64, now_s: u32) {
-        self.in_flight(cost, true, now_s, core::ptr::null_mut());
+        self.in_flight_fewer(cost);
         let mut rest = cost;
         if let Some(at) = inline {
             if let Some(state) = self.table.state_at(at, key).filter(|s| s[2] != RING_TAG) {
@@ -304,7 +303,7 @@ impl Locked<'_> {
     /// found in one look.
     #[inline(always)]
     pub fn give_back_plain(&mut self, key: [u64; 2], at: Slot, cost: u64, limit: &Limit, now_us: u64) {
-        self.in_flight(cost, true, 0, core::ptr::null_mut());
+        self.in_flight_fewer(cost);
         let mut rest = cost;
         if let Some(state) = self.table.state_at(at, key).filter(|s| s[2] != RING_TAG) {
             rl_core::limit::wait::give_back_units(&mut state[..1], 0, cost);
@@ -403,7 +402,8 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
     };
     let me = me();
     let gone = |h: &Holder| h.pid != me.pid && (h.slot == me.slot || !alive(h.pid));
-    // (hold entries of dead workers, and plain states with a dead worker's units inline)
+    // (hold entries of dead workers, and the states of plain lines in flight, whose inline
+    // holders may be)
     let mut dead: Vec<(Slot, [u64; 2], [u64; 2], Holder)> = Vec::new();
     let mut plain: Vec<(Slot, [u64; 2])> = Vec::new();
     let mut dead_waiting: Vec<(Slot, [u64; 2], u64)> = Vec::new();
@@ -428,8 +428,7 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
         // Pinned, of the other entries, are the states of rl_conn lines with units in flight
         // (besides the totals): a plain line's keeps its holders in its last words, one of a
         // waiting line or classes is out of line (tagged).
-        let pinned = locked.table.idle_at(slot) == Some(PINNED) && hash != TOTALS && state[2] != RING_TAG;
-        if pinned && state[1..].iter().any(|&w| w != 0 && Holder::read(w).count > 0 && gone(&Holder::read(w))) {
+        if locked.table.idle_at(slot) == Some(PINNED) && hash != TOTALS && state[2] != RING_TAG {
             plain.push((slot, hash));
         }
     }
@@ -448,6 +447,9 @@ pub fn reclaim(zone: &Zone, now_s: u32, log: *mut ngx_log_t) -> u64 {
         let Some(state) = locked.table.state_at(slot, hash) else { continue };
         let out = holders::reclaim_inline(&mut state[1..], gone);
         let units: u64 = out.iter().flatten().map(|h| h.count).sum();
+        if units == 0 {
+            continue;
+        }
         state[0] = state[0].saturating_sub(units);
         if state[0] == 0 {
             locked.table.set_idle_at(slot, idle_at(u64::from(now_s) * 1_000_000, 0));
@@ -523,16 +525,11 @@ fn look(zone: &Zone, log: *mut ngx_log_t) {
     if gone.is_empty() {
         return;
     }
-    {
-        let Some(mut locked) = zone.lock() else { return };
-        let before = locked.watched();
-        locked.unwatch(&gone);
-        // (another worker took them off first: it reclaims them)
-        if locked.watched().len() + gone.len() != before.len() {
-            return;
-        }
+    // (none left on the list: another worker took them off first, and reclaims them)
+    let taken = zone.lock().map_or(0, |mut locked| locked.unwatch(&gone));
+    if taken > 0 {
+        reclaim(zone, (super::now_us() / 1_000_000) as u32, log);
     }
-    reclaim(zone, (super::now_us() / 1_000_000) as u32, log);
 }
 
 /// Takes this worker off the watch list of each zone it held units in: it
