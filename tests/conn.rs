@@ -164,10 +164,7 @@ fn two_lines_in_one_location_all_or_nothing() {
     let (s3, _h3) = hold(&ngx, "/slow/big.html?a=y&b=3");
     assert_eq!(s3, 200, "{}", ngx.error_log());
     let m = ngx.get("/metrics", &[]).body;
-    let count = |line: &str, result: &str| {
-        let series = format!("nginx_rl_requests_total{{zone=\"c\",line=\"{line}\",result=\"{result}\"}} ");
-        m.lines().find_map(|l| l.strip_prefix(&series)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-    };
+    let count = |line: &str, result: &str| requests_total(&m, "c", Some(line), result);
     assert_eq!((count("per_a", "passed"), count("per_a", "rejected")), (4, 1), "{m}");
     assert_eq!((count("per_b", "passed"), count("per_b", "rejected")), (4, 1), "{m}");
 }

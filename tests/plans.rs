@@ -48,6 +48,49 @@ fn settle(ngx: &Nginx, path: &str, headers: &[(&str, &str)], left: u64) {
     }
 }
 
+/// A backend on a port of its own that answers its requests one at a time,
+/// in the order they connect, each once the test sends it the cost to put
+/// in `X-Tokens-Used`: a request decided, then held as long as the test
+/// wants.
+struct HeldBackend {
+    port: u16,
+    go: std::sync::mpsc::Sender<u64>,
+    served: thread::JoinHandle<()>,
+}
+
+impl HeldBackend {
+    /// Serves `n` requests.
+    fn start(n: usize) -> HeldBackend {
+        use std::io::{Read, Write};
+        let backend = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = backend.local_addr().unwrap().port();
+        let (go, wait) = std::sync::mpsc::channel::<u64>();
+        let served = thread::spawn(move || {
+            for _ in 0..n {
+                let (mut c, _) = backend.accept().unwrap();
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let cost = wait.recv().unwrap();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nX-Tokens-Used: {cost}\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n"
+                );
+                let _ = c.write_all(head.as_bytes());
+            }
+        });
+        HeldBackend { port, go, served }
+    }
+
+    /// Answers the next request, with `cost`.
+    fn answer(&self, cost: u64) {
+        self.go.send(cost).unwrap();
+    }
+
+    /// Waits until every request is answered.
+    fn done(self) {
+        self.served.join().unwrap();
+    }
+}
+
 /// The sequence: burst=100, each response costs 30: requests 1-4
 /// pass (the 4th takes the state to 120 used), the 5th is rejected with a
 /// Retry-After that, waited, admits.
@@ -192,21 +235,10 @@ fn charge_failure_is_logged_and_counted() {
 /// and logged as such, not as a charge lost.
 #[test]
 fn charge_without_reply_is_of_unknown_outcome() {
-    use std::io::{Read, Write};
     let redis = Redis::start();
-    // A backend that answers when the test says so: the request is decided
-    // (Redis answers), then waits for its response while Redis is paused.
-    let backend = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let backend_port = backend.local_addr().unwrap().port();
-    let (go, wait) = std::sync::mpsc::channel::<()>();
-    let served = thread::spawn(move || {
-        let (mut c, _) = backend.accept().unwrap();
-        let mut buf = [0u8; 4096];
-        let _ = c.read(&mut buf);
-        wait.recv().unwrap();
-        c.write_all(b"HTTP/1.1 200 OK\r\nX-Tokens-Used: 5\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
-            .unwrap();
-    });
+    // The request is decided (Redis answers), then waits for its response while Redis is paused.
+    let backend = HeldBackend::start(1);
+    let backend_port = backend.port;
     let ngx = plans(
         &format!("rl_zone z redis={} timeout=200ms;", redis.url()),
         &format!(
@@ -220,9 +252,9 @@ fn charge_without_reply_is_of_unknown_outcome() {
     // The request is in the backend's hands once the backend has read it.
     thread::sleep(Duration::from_millis(300));
     assert_eq!(redis.cli(&["CLIENT", "PAUSE", "3000", "ALL"]), "OK");
-    go.send(()).unwrap();
+    backend.answer(5);
     assert_eq!(client.join().unwrap().status, 200);
-    served.join().unwrap();
+    backend.done();
     let metric = |text: &str, name: &str| {
         text.lines().find_map(|l| l.strip_prefix(&format!("{name}{{zone=\"z\"}} "))).unwrap_or("?").to_string()
     };
@@ -247,25 +279,9 @@ fn charge_without_reply_is_of_unknown_outcome() {
 /// what Redis did not decide is not charged); a request Redis decided is.
 #[test]
 fn let_through_by_on_error_is_never_charged_after() {
-    use std::io::{Read, Write};
     let redis = Redis::start();
-    // A backend that answers each request when the test says so, with the
-    // cost it is given.
-    let backend = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let backend_port = backend.local_addr().unwrap().port();
-    let (go, wait) = std::sync::mpsc::channel::<u64>();
-    let served = thread::spawn(move || {
-        for _ in 0..2 {
-            let (mut c, _) = backend.accept().unwrap();
-            let mut buf = [0u8; 4096];
-            let _ = c.read(&mut buf);
-            let cost = wait.recv().unwrap();
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nX-Tokens-Used: {cost}\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n"
-            );
-            c.write_all(head.as_bytes()).unwrap();
-        }
-    });
+    let backend = HeldBackend::start(2);
+    let backend_port = backend.port;
     let line = "rl_limit zone=z rate=100r/m burst=100 algorithm=fixed";
     let ngx = plans(
         &format!("rl_zone z redis={} timeout=200ms on_error=allow;", redis.url()),
@@ -284,14 +300,14 @@ fn let_through_by_on_error_is_never_charged_after() {
     let client = thread::spawn(move || get(port, "/llm/", &[]));
     // Its response comes once Redis answers again.
     thread::sleep(Duration::from_millis(1300));
-    go.send(5).unwrap();
+    backend.answer(5);
     assert_eq!(client.join().unwrap().status, 200);
     // A request Redis decides, then charged its 7.
     let client = thread::spawn(move || get(port, "/llm/", &[]));
     thread::sleep(Duration::from_millis(300));
-    go.send(7).unwrap();
+    backend.answer(7);
     assert_eq!(client.join().unwrap().status, 200);
-    served.join().unwrap();
+    backend.done();
     settle(&ngx, "/q/", &[], 93);
     // (time for a charge of the first request, were there one, to land)
     thread::sleep(Duration::from_millis(500));
@@ -312,26 +328,9 @@ fn let_through_by_on_error_is_never_charged_after() {
 /// budget of their own.
 #[test]
 fn charge_failures_are_logged_however_many_requests_fail() {
-    use std::io::{Read, Write};
     let redis = Redis::start();
-    let backend = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let backend_port = backend.local_addr().unwrap().port();
-    let (go, wait) = std::sync::mpsc::channel::<()>();
-    let served = thread::spawn(move || {
-        let mut held = Vec::new();
-        for _ in 0..3 {
-            let (mut c, _) = backend.accept().unwrap();
-            let mut buf = [0u8; 4096];
-            let _ = c.read(&mut buf);
-            held.push(c);
-        }
-        wait.recv().unwrap();
-        for mut c in held {
-            let _ = c.write_all(
-                b"HTTP/1.1 200 OK\r\nX-Tokens-Used: 5\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n",
-            );
-        }
-    });
+    let backend = HeldBackend::start(3);
+    let backend_port = backend.port;
     let ngx = plans(
         &format!("rl_zone z redis={} timeout=200ms on_error=allow;", redis.url()),
         &format!(
@@ -359,11 +358,13 @@ fn charge_failures_are_logged_however_many_requests_fail() {
         })
         .collect();
     thread::sleep(Duration::from_millis(1000));
-    go.send(()).unwrap();
+    for _ in 0..3 {
+        backend.answer(5);
+    }
     for c in decided {
         assert_eq!(c.join().unwrap().status, 200);
     }
-    served.join().unwrap();
+    backend.done();
     for f in flood {
         f.join().unwrap();
     }

@@ -188,13 +188,7 @@ fn client_gone_while_delayed() {
     let metrics = ngx.get("/metrics", &[]).body;
     for (status, result) in [("PASSED", "passed"), ("DELAYED", "delayed"), ("REJECTED", "rejected")] {
         let logged = lines.iter().filter(|l| l.ends_with(&format!(" {status}"))).count() as u64;
-        let counted: u64 = metrics
-            .lines()
-            .filter(|l| {
-                l.starts_with("nginx_rl_requests_total{zone=\"z\",") && l.contains(&format!("result=\"{result}\""))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum();
+        let counted = requests_total(&metrics, "z", None, result);
         assert_eq!(counted, logged, "{status}: access log {access}\nmetrics {metrics}");
     }
 }

@@ -509,14 +509,7 @@ fn cluster_master_failover_while_limiting() {
         thread::sleep(Duration::from_millis(20));
     }
     let m = ngx.get("/metrics", &[]).body;
-    let count = |result: &str| -> u64 {
-        m.lines()
-            .filter(|l| {
-                l.starts_with("nginx_rl_requests_total{zone=\"c\",") && l.contains(&format!("result=\"{result}\""))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
-    };
+    let count = |result: &str| requests_total(&m, "c", None, result);
     assert_eq!(count("passed"), 50, "admitted by Redis, before and after the failover:\n{m}");
     assert_eq!(count("rejected"), 1, "{m}");
     for _ in 0..5 {

@@ -791,6 +791,22 @@ pub mod redis;
 pub fn server(zones: &str, body: &str) -> String {
     format!("{zones}\nserver {{\n listen 127.0.0.1:{{PORT}};\n root {{ROOT}};\n{body}\n}}\n")
 }
+/// `nginx_rl_requests_total` of zone `zone` and verdict `result` in an
+/// `rl_metrics` text: of its line `line`, or summed over its lines; 0 where
+/// there is no such series.
+pub fn requests_total(metrics: &str, zone: &str, line: Option<&str>, result: &str) -> u64 {
+    let head = match line {
+        Some(line) => format!("nginx_rl_requests_total{{zone=\"{zone}\",line=\"{line}\","),
+        None => format!("nginx_rl_requests_total{{zone=\"{zone}\","),
+    };
+    let tail = format!("result=\"{result}\"}} ");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&head) && l.contains(&tail))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 pub fn counts(pairs: &[(u16, usize)]) -> BTreeMap<u16, usize> {
     pairs.iter().copied().filter(|(_, n)| *n > 0).collect()
 }
