@@ -165,15 +165,17 @@ impl ClusterLink {
     /// not run), for [`TRY_AGAIN_FOR`] at most.
     async fn run(&self, cmd: &Cmd) -> redis::RedisResult<Value> {
         let unknown = || redis::RedisError::from((redis::ErrorKind::Io, "no master for the slot"));
-        let first = || match route(cmd) {
-            Route::AllMasters => None,
-            Route::Slot(slot) => Some(self.master_of(slot).ok_or_else(unknown)),
-            Route::Any => Some(self.masters().into_iter().next().ok_or_else(unknown)),
+        let slot = match route(cmd) {
+            Route::AllMasters => return self.run_everywhere(cmd).await,
+            Route::Slot(slot) => Some(slot),
+            Route::Any => None,
         };
-        let Some(target) = first() else {
-            return self.run_everywhere(cmd).await;
+        // Where the command goes first: its slot's master, as the map has it now.
+        let first = || match slot {
+            Some(slot) => self.master_of(slot).ok_or_else(unknown),
+            None => self.masters().into_iter().next().ok_or_else(unknown),
         };
-        let (mut target, mut asking, mut redirects) = (target?, false, 0);
+        let (mut target, mut asking, mut redirects) = (first()?, false, 0);
         let (mut paused, mut pause) = (Duration::ZERO, TRY_AGAIN_PAUSE);
         loop {
             let mut conn = self.node(&target).await.map_err(to_redis)?;
@@ -195,7 +197,7 @@ impl ClusterLink {
                 sleep(pause).await;
                 paused += pause;
                 pause = (pause * 2).min(TRY_AGAIN_PAUSE_MAX);
-                (target, asking, redirects) = (first().unwrap_or_else(|| Err(unknown()))?, false, 0);
+                (target, asking, redirects) = (first()?, false, 0);
                 continue;
             }
             let Some((node, slot)) = e.redirect_node() else { return Err(e) };
