@@ -304,6 +304,16 @@ impl Drop for TestCerts {
     }
 }
 
+/// Waits (20 s at most) until the replica on `port` (no password) has its
+/// link to its master up and its first sync done.
+fn until_synced(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cli_output(port, None, &["INFO", "replication"]).is_some_and(|s| s.contains("master_link_status:up")) {
+        assert!(Instant::now() < deadline, "replica on port {port} never synced with its master");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A Redis Cluster of masters only, on 127.0.0.1.
 pub struct Cluster {
     pub ports: Vec<u16>,
@@ -334,12 +344,8 @@ impl Cluster {
         c.replicas = pick(&c.ports, &r);
         c.tls_ports = pick(&c.tls_ports, &m);
         c.ports = pick(&c.ports, &m);
-        let deadline = Instant::now() + Duration::from_secs(20);
         for &p in &c.replicas {
-            while !cli_output(p, None, &["INFO", "replication"]).is_some_and(|s| s.contains("master_link_status:up")) {
-                assert!(Instant::now() < deadline, "replica on port {p} never synced");
-                thread::sleep(Duration::from_millis(20));
-            }
+            until_synced(p);
         }
         c
     }
@@ -505,11 +511,7 @@ impl Redis {
     /// until its link to the master is up and the first sync is done.
     pub fn replica_of(master: &Redis) -> Redis {
         let r = Redis::start_with(None, vec!["--replicaof".into(), "127.0.0.1".into(), master.port.to_string()]);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !r.cli(&["INFO", "replication"]).contains("master_link_status:up") {
-            assert!(Instant::now() < deadline, "replica on port {} never synced with {}", r.port, master.port);
-            thread::sleep(Duration::from_millis(20));
-        }
+        until_synced(r.port);
         r
     }
 
