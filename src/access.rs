@@ -361,9 +361,11 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
 /// is answered 500.
 fn release_at_end(raw: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> bool {
     if ctx.release_set
-        || !ctx
-            .iter(&mcf.lines)
-            .any(|(l, res)| (res.charged || res.ticket != 0 || res.take_gen != 0) && l.limit.is_concurrent())
+        || !ctx.iter(&mcf.lines).any(|(l, res)| match l.limit.is_concurrent() {
+            true => res.charged || res.ticket != 0 || res.take_gen != 0,
+            // (a rate line's waiting line: the place it holds)
+            false => res.ticket != 0,
+        })
     {
         return true;
     }
@@ -403,7 +405,7 @@ extern "C" fn release_handler(data: *mut c_void) {
 /// the request has ended.
 fn release(mcf: &MainConf, ctx: &mut Ctx) {
     let now_us = crate::shm::now_us();
-    for (line, res) in ctx.iter_mut(&mcf.lines).filter(|(l, _)| l.limit.is_concurrent()) {
+    for (line, res) in ctx.iter_mut(&mcf.lines).filter(|(l, _)| l.limit.is_concurrent() || l.limit.rate_waits()) {
         match line.backend {
             Backend::Shm(_) => shm_release(&mcf.zones, line, res, now_us),
             Backend::Redis(z) => redis::release(line, res, z),

@@ -10,7 +10,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use core::{mem, ptr};
 
 use ngx::ffi::{ngx_http_complex_value_t, ngx_str_t, ngx_uint_t, ngx_variable_value_t};
-use rl_core::limit::wait::Lane;
+use rl_core::limit::wait::{Lane, Wait};
 use rl_core::limit::Limit;
 
 use crate::metrics::store::LineSlot;
@@ -207,7 +207,9 @@ pub struct Line {
     pub dry_run: bool,
     /// `queue=`: requests of a key that may wait for their turn.
     pub queue: u64,
-    /// `rl_conn ... timeout=`: the longest a request waits for a slot (ms).
+    /// The longest a request waits in the line's waiting line (ms):
+    /// `rl_conn ... timeout=`, or what an `rl_limit` line of classes lets
+    /// its `queue=` through in.
     pub wait_ms: u64,
     /// `after_auth`: decided once access control has allowed the request.
     /// Not part of the identity: the stage is when a state is charged, not
@@ -234,8 +236,9 @@ pub struct Line {
     /// without it): set when the worker starts, so that counting a verdict
     /// looks nothing up.
     pub counters: AtomicPtr<LineSlot>,
-    /// An `rl_conn` line's waiting line, by class (`queue=`, `classes=`):
-    /// what its state is laid out for. Empty for other lines.
+    /// A line's waiting line, by class (`rl_conn ... queue=`, `classes=`;
+    /// `rl_limit ... queue= classes=`): what its state is laid out for.
+    /// Empty for other lines.
     pub lanes: Vec<Lane>,
     /// `rl_conn ... priority= classes=`: what a request's class is.
     pub classes: Option<Box<Classes>>,
@@ -445,11 +448,22 @@ impl Line {
         ngx_str_t { len: self.burst_text.len(), data: self.burst_text.as_ptr() as *mut u8 }
     }
 
-    /// An `rl_conn` line decided by its waiting line
-    /// ([`crate::shm::wait`]): one with a queue, or with classes (whose
-    /// reserves count what each class holds).
+    /// A line decided by its waiting line ([`crate::shm::wait`]): an
+    /// `rl_conn` one with a queue, or with classes (whose reserves count
+    /// what each class holds); an `rl_limit` one of classes with a queue.
     pub fn waits(&self) -> bool {
-        self.limit.is_concurrent() && (self.limit.queue() > 0 || self.lanes.len() > 1)
+        (self.limit.is_concurrent() && (self.limit.queue() > 0 || self.lanes.len() > 1)) || self.limit.rate_waits()
+    }
+
+    /// The waiting line in a [`Line::waits`] line's `state` at `now_us`.
+    pub fn wait_in<'a>(&'a self, state: &'a mut [u64], now_us: u64) -> Option<Wait<'a>> {
+        match self.limit.is_concurrent() {
+            true => self.limit.wait(state, &self.lanes),
+            false => {
+                let kept = self.classes.as_deref().map_or(&[][..], |c| &c.kept[..]);
+                self.limit.rate_wait(state, &self.lanes, self.queue, kept, now_us)
+            }
+        }
     }
 
     /// How an `rl_conn` line's state is laid out beyond its units (its
@@ -464,7 +478,8 @@ impl Line {
             return String::new();
         }
         let places: Vec<String> = self.lanes.iter().map(|l| l.places.to_string()).collect();
-        format!("|wait:{}:{}", self.limit.queue(), places.join(","))
+        // (an rl_limit line's own queue is 0: its waiter is let in only where the algorithm admits)
+        format!("|wait:{}:{}", self.limit.queue().max(self.queue), places.join(","))
     }
 
     /// The directive the line comes from, as messages name it.

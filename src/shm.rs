@@ -75,8 +75,9 @@ pub struct Zone {
     shm_zone: *mut ngx_shm_zone_t,
     /// Largest sliding_log state (in u64 words) of any line on this zone.
     pub(crate) log_words: usize,
-    /// Some `rl_conn` line counts requests in flight here: a worker that
-    /// starts gives back what dead ones held ([`holds::reclaim`]).
+    /// Some `rl_conn` line counts requests in flight here, or some line
+    /// has a waiting line: a worker that starts gives back what dead ones
+    /// held, and their waiters' count ([`holds::reclaim`]).
     pub(crate) has_conn: bool,
     /// Where this worker last found the zone's `rl_conn` totals in the
     /// table (checked against their hash on every use).
@@ -152,7 +153,8 @@ impl Zone {
 
     /// Records that a limit uses this zone (sizes the sliding_log area).
     pub fn note_line(&mut self, limit: &Limit) {
-        self.has_conn |= limit.is_concurrent();
+        // (a rate line's waiting line counts its waiters in the same totals)
+        self.has_conn |= limit.is_concurrent() || limit.rate_waits();
         // (an rl_conn line's waiting line lives out of line, as sliding_log's timestamps do)
         if limit.algorithm() == Algorithm::SlidingLog || limit.state_words() > INLINE_WORDS {
             self.log_words = self.log_words.max(limit.state_words());

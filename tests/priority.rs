@@ -310,6 +310,78 @@ fn nginx_t_class_messages() {
          location /b/ { rl_conn zone=c max=3 key=all queue=2; } }",
     );
     assert!(ok, "{out}");
+    // A lent reserve: its class must be able to wait; not on Redis, nor on a rate line.
+    let (ok, out) = nginx_t(
+        "rl_zone c size=1m; server { location / { rl_conn zone=c max=4 priority=$arg_p classes=a:reserve=1:lend,b; } }",
+    );
+    assert!(
+        !ok && out.contains(
+            "invalid class \"a\" in \"rl_conn\" directive, a lent reserve comes back to its class through the waiting \
+             line: the class needs places (\"queue=\")"
+        ),
+        "{out}"
+    );
+    let (ok, out) = nginx_t(
+        "rl_zone c size=1m; server { location / { rl_conn zone=c max=4 priority=$arg_p classes=a:queue=2:lend,b; } }",
+    );
+    assert!(
+        !ok && out.contains(
+            "invalid class \"a:queue=2:lend\" in \"rl_conn\" directive, \"lend\" needs a \"reserve=\" to lend"
+        ),
+        "{out}"
+    );
+    let (ok, out) = nginx_t(
+        "rl_zone c redis=redis://127.0.0.1:1; server { location / { rl_conn zone=c max=4 queue=2 priority=$arg_p classes=a:reserve=1:lend,b; } }",
+    );
+    assert!(
+        !ok && out.contains("\"lend\" needs a shared-memory zone, \"c\" is on Redis, in \"rl_conn\" directive"),
+        "{out}"
+    );
+    let (ok, out) = nginx_t(
+        "rl_zone r size=1m; server { location / { rl_limit zone=r rate=1r/s burst=4 priority=$arg_p classes=a:reserve=1:lend,b; } }",
+    );
+    assert!(!ok && out.contains("a rate line's reserve cannot be lent"), "{out}");
+    let (ok, out) = nginx_t(
+        "rl_zone c size=1m; server { location / { rl_conn zone=c max=4 queue=2 priority=$arg_p classes=a:reserve=1:lend,b; } }",
+    );
+    assert!(ok, "{out}");
+}
+
+/// `premium:reserve=2:lend` of `max=3`: while premium is unused, standard
+/// borrows its reserve (three standard requests in flight); a premium
+/// arrival then waits, and gets the first slot given back. From then on,
+/// premium in use, the slots given back refill its reserve: a standard
+/// waiter is not let in though a slot is free (a reserve of 0, or none,
+/// would let it in), until premium is unused again.
+#[test]
+fn a_lent_reserve_is_borrowed_while_unused() {
+    let ngx = start("max=3 queue=4 timeout=20s classes=premium:reserve=2:lend,standard");
+    let mut standard = Vec::new();
+    for n in ["s1", "s2", "s3"] {
+        let (status, s) = hold(&ngx, &format!("/q/slow.html?n={n}"));
+        assert_eq!(status, 200, "{n} borrows premium's unused reserve");
+        standard.push(s);
+    }
+    let p1 = send_only(ngx.port, "/q/slow.html?n=p1&p=premium");
+    until_waiting(&ngx, 1);
+    let s4 = send_only(ngx.port, "/q/fast.html?n=s4");
+    until_waiting(&ngx, 2);
+    drop(standard.remove(0));
+    until_waiting(&ngx, 1);
+    until_in_flight(&ngx, 3);
+    assert_eq!(fast_lines(&ngx).len(), 0, "premium got the slot, not s4");
+    drop(standard.remove(0));
+    until_in_flight(&ngx, 2);
+    // (s4 looks again within 50 ms: five looks)
+    thread::sleep(Duration::from_millis(250));
+    assert_eq!((waiting(&ngx), fast_lines(&ngx).len()), (1, 0), "the free slot is premium's reserve");
+    drop(p1);
+    let (status, text) = response(s4);
+    assert_eq!(status, 200, "premium unused again: {text}");
+    assert_eq!(
+        until_logged(&ngx, 1)[0].split(' ').take(3).collect::<Vec<_>>().join(" "),
+        "/q/fast.html?n=s4 200 DELAYED"
+    );
 }
 
 /// A rate line of classes: `premium:reserve=2` of a burst of 5 keeps the
@@ -371,8 +443,148 @@ fn nginx_t_rate_class_messages() {
         "{out}"
     );
     let (ok, out) =
-        nginx_t("rl_zone r size=1m; server { location / { rl_limit zone=r rate=1r/s burst=5 queue=3 algorithm=gcra priority=$arg_p classes=a:reserve=1,b; } }");
-    assert!(!ok && out.contains("\"classes\" cannot be used with \"queue\" in \"rl_limit\" directive"), "{out}");
+        nginx_t("rl_zone r redis=redis://127.0.0.1:1; server { location / { rl_limit zone=r rate=1r/s burst=5 queue=3 algorithm=gcra priority=$arg_p classes=a:reserve=1,b; } }");
+    assert!(
+        !ok && out.contains(
+            "\"classes\" with \"queue\" need a shared-memory zone, \"r\" is on Redis, in \"rl_limit\" directive"
+        ),
+        "{out}"
+    );
+    let (ok, out) = nginx_t(
+        "rl_zone r size=1m; server { location / { rl_limit zone=r rate=1r/s queue=3 priority=$arg_p classes=a,b; } }",
+    );
+    assert!(!ok && out.contains("\"queue\" is not supported by algorithm \"sliding\""), "{out}");
+    let (ok, out) =
+        nginx_t("rl_zone r size=1m; server { location / { rl_limit zone=r rate=1r/s algorithm=gcra queue=3 priority=$arg_p classes=a:queue=4,b; } }");
+    assert!(
+        !ok && out.contains("invalid class \"a\" in \"rl_limit\" directive, its queue=4 exceeds the line's queue=3"),
+        "{out}"
+    );
+    let (ok, out) =
+        nginx_t("rl_zone r size=1m; server { location / { rl_limit zone=r rate=1r/s algorithm=gcra priority=$arg_p classes=a:queue=4,b:queue=2; } }");
+    assert!(ok, "a rate line's classes with places: {out}");
+}
+
+/// A rate line of classes with `queue=` (zone "c", so that the waiting
+/// gauge [`until_waiting`] reads counts its waiters).
+fn start_rate(params: &str) -> Nginx {
+    let conf = format!(
+        "rl_zone c size=1m;\n\
+         log_format q '$request_uri $status $rl_status';\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           access_log {{ROOT}}/../q.log q;\n\
+           location /q/ {{ rl_limit zone=c key=all name=q algorithm=gcra priority=$arg_p {params}; }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}"
+    );
+    Nginx::setup(&conf).file("html/q/fast.html", "fast\n").start()
+}
+
+/// A rate line's waiters are let in one per emission interval, premium
+/// before standard ones that came earlier, each class in the order it
+/// came; none passes before the rate lets it (`limit_req`'s delay keeps
+/// the arrival order instead).
+#[test]
+fn a_rate_lines_premium_waiters_go_first() {
+    let ngx = start_rate("rate=2r/s burst=1 queue=6 classes=premium,standard");
+    let t0 = Instant::now();
+    assert_eq!(ngx.get("/q/fast.html?n=s0", &[]).status, 200, "the burst");
+    let mut waiters = Vec::new();
+    for (i, (n, p)) in [("s1", "standard"), ("p1", "premium"), ("s2", "standard"), ("p2", "premium")].iter().enumerate()
+    {
+        waiters.push(send_only(ngx.port, &format!("/q/fast.html?n={n}&p={p}")));
+        until_waiting(&ngx, i as u64 + 1);
+    }
+    assert!(t0.elapsed() < Duration::from_millis(450), "sent within the first interval: {:?}", t0.elapsed());
+    for w in waiters {
+        let (status, text) = response(w);
+        assert_eq!(status, 200, "{text}");
+    }
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(1950), "four more at 2r/s take 2 s: {took:?}");
+    let order: Vec<String> =
+        until_logged(&ngx, 5).iter().map(|l| l.split(' ').take(3).collect::<Vec<_>>().join(" ")).collect();
+    assert_eq!(
+        order,
+        [
+            "/q/fast.html?n=s0 200 PASSED",
+            "/q/fast.html?n=p1&p=premium 200 DELAYED",
+            "/q/fast.html?n=p2&p=premium 200 DELAYED",
+            "/q/fast.html?n=s1&p=standard 200 DELAYED",
+            "/q/fast.html?n=s2&p=standard 200 DELAYED",
+        ]
+    );
+    let m = ngx.get("/metrics", &[]).body;
+    for (class, n) in [("premium", 2), ("standard", 2)] {
+        let want =
+            format!("nginx_rl_class_requests_total{{zone=\"c\",line=\"q\",class=\"{class}\",result=\"delayed\"}} {n}");
+        assert!(m.contains(&want), "{want}:\n{m}");
+    }
+}
+
+/// `queue=2` on a rate line: with the line full of standard waiters, a
+/// standard arrival is refused at once, with `Retry-After`; a premium
+/// arrival takes the newest standard place, whose request is refused
+/// (`limit_req`'s log line); a waiter whose wait (queue / rate) runs out
+/// behind premium ones is refused.
+#[test]
+fn a_full_rate_line_gives_the_newest_standard_place_to_premium() {
+    let ngx = start_rate("rate=1r/s burst=1 queue=2 classes=premium,standard");
+    assert_eq!(ngx.get("/q/fast.html?n=s0", &[]).status, 200);
+    let s1 = send_only(ngx.port, "/q/fast.html?n=s1");
+    until_waiting(&ngx, 1);
+    let s2 = send_only(ngx.port, "/q/fast.html?n=s2");
+    until_waiting(&ngx, 2);
+    let t = Instant::now();
+    let r = ngx.get("/q/fast.html?n=s3", &[]);
+    assert_eq!(r.status, 429, "the line is full");
+    assert!(t.elapsed() < Duration::from_millis(500), "refused after {:?}", t.elapsed());
+    assert_eq!(r.header("retry-after"), Some("1"), "{:?}", r.headers);
+    let from = ngx.error_log().len();
+    let p1 = send_only(ngx.port, "/q/fast.html?n=p1&p=premium");
+    let (status, text) = response(s2);
+    assert_eq!(status, 429, "the newest standard waiter gives its place up: {text}");
+    assert!(ngx.error_log_since(from).contains("limiting requests, excess:"), "{}", ngx.error_log_since(from));
+    assert!(ngx.error_log_since(from).contains("by zone \"c\""), "{}", ngx.error_log_since(from));
+    for w in [p1, s1] {
+        let (status, text) = response(w);
+        assert_eq!(status, 200, "{text}");
+    }
+    let got: Vec<String> =
+        until_logged(&ngx, 5).iter().map(|l| l.split(' ').take(3).collect::<Vec<_>>().join(" ")).collect();
+    assert_eq!(
+        got,
+        [
+            "/q/fast.html?n=s0 200 PASSED",
+            "/q/fast.html?n=s3 429 REJECTED",
+            "/q/fast.html?n=s2 429 REJECTED",
+            "/q/fast.html?n=p1&p=premium 200 DELAYED",
+            "/q/fast.html?n=s1 200 DELAYED",
+        ]
+    );
+}
+
+/// A standard waiter whose wait ((queue + 1) / rate: 3 s at 1r/s with
+/// `queue=2`) runs out while premium requests keep coming is refused then,
+/// and its place given up.
+#[test]
+fn a_rate_line_waiter_is_refused_when_its_wait_runs_out() {
+    let ngx = start_rate("rate=1r/s burst=1 queue=2 classes=premium,standard:queue=1");
+    assert_eq!(ngx.get("/q/fast.html?n=s0", &[]).status, 200);
+    let t = Instant::now();
+    let s1 = send_only(ngx.port, "/q/fast.html?n=s1");
+    until_waiting(&ngx, 1);
+    // One premium request waiting at all times: each lets the next in at 1 s, 2 s, 3 s.
+    for n in ["p1", "p2", "p3"] {
+        let p = send_only(ngx.port, &format!("/q/fast.html?n={n}&p=premium"));
+        until_waiting(&ngx, 2);
+        assert_eq!(response(p).0, 200, "{n}: premium first");
+    }
+    let (status, text) = response(s1);
+    let waited = t.elapsed();
+    assert_eq!(status, 429, "{text}");
+    assert!(waited >= Duration::from_millis(2900) && waited < Duration::from_millis(4500), "{waited:?}");
+    until_waiting(&ngx, 0);
 }
 
 /// nginx's debug log names the class of each verdict of a line of classes.

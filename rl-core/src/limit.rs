@@ -233,6 +233,9 @@ pub struct Limit {
     path: Path,
     /// [`Limit::state_words`], which callers ask for on every request.
     words: u32,
+    /// Words of a rate line's waiting line after the algorithm's
+    /// ([`Limit::with_rate_lanes`]; 0: none).
+    lane_words: u32,
 }
 
 /// The code a [`Limit`]'s requests run: its algorithm's (the buckets share
@@ -322,6 +325,7 @@ impl Limit {
             varying: false,
             path: Limit::static_path(algorithm),
             words,
+            lane_words: 0,
         })
     }
 
@@ -344,7 +348,17 @@ impl Limit {
     /// must be kept whatever time passes.
     #[inline(always)]
     pub fn held(&self, state: &[u64]) -> bool {
-        self.is_concurrent() && (state.first().is_some_and(|&n| n > 0) || self.has_waiters(state))
+        match self.path {
+            Path::Conn => state.first().is_some_and(|&n| n > 0) || self.has_waiters(state),
+            _ => self.lane_words != 0 && self.has_rate_waiters(state),
+        }
+    }
+
+    /// Whether a rate line's waiting line ([`Limit::with_rate_lanes`]) has
+    /// places taken: its state is kept, as a key's with units held.
+    #[cold]
+    fn has_rate_waiters(&self, state: &[u64]) -> bool {
+        state.get(self.static_words() + usize::from(self.tagged())).is_some_and(|&live| live > 0)
     }
 
     /// Whether a [`Limit::concurrent`] state with a queue has places taken
@@ -363,7 +377,7 @@ impl Limit {
             return None;
         }
         let (units, line) = state.split_first_mut()?;
-        Some(wait::Wait { units, max: self.burst, q: self.queue, lanes, line })
+        Some(wait::Wait { gate: wait::Gate::Units { units, max: self.burst }, q: self.queue, lanes, line })
     }
 
     /// This [`Limit::concurrent`] limit with a waiting line of `queue`
@@ -387,6 +401,51 @@ impl Limit {
         Ok(Limit { queue, words, ..self })
     }
 
+    /// This rate limit (`token_bucket`, `leaky_bucket` or `gcra`, its rate
+    /// and burst static) with a waiting line of `queue` places in all, in
+    /// classes of `lanes` ([`wait`], [`Limit::rate_wait`]): its state is laid
+    /// out for them after the algorithm's words. Its own queue stays 0: a
+    /// waiter is let in only where the algorithm admits it at once.
+    pub fn with_rate_lanes(self, queue: u64, lanes: &[wait::Lane]) -> Result<Limit, LimitError> {
+        let too_many = lanes.len() > wait::MAX_LANES || lanes.iter().any(|l| l.places > MAX_LOG_BURST);
+        if !matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra) {
+            return Err(LimitError::QueueNotSupported(self.algorithm));
+        }
+        let overflow = LimitError::QueueOverflow { rate: self.rate, burst: self.burst, queue };
+        if self.varying || self.queue != 0 || queue == 0 || queue > MAX_LOG_BURST || too_many || lanes.is_empty() {
+            return Err(overflow);
+        }
+        let lane_words = u32::try_from(wait::rate_words(lanes)).map_err(|_| overflow)?;
+        let words = self.words.checked_add(lane_words).ok_or(overflow)?;
+        Ok(Limit { words, lane_words, ..self })
+    }
+
+    /// The waiting line of a [`Limit::with_rate_lanes`] state at `now`,
+    /// whose classes are `lanes`, `q` places in all, each class keeping
+    /// `kept` of the budget from the classes below ([`wait::RateGate`]);
+    /// `None` for any other limit, or a state too short.
+    pub fn rate_wait<'a>(
+        &'a self,
+        state: &'a mut [u64],
+        lanes: &'a [wait::Lane],
+        q: u64,
+        kept: &'a [u64],
+        now: u64,
+    ) -> Option<wait::Wait<'a>> {
+        if self.lane_words == 0 || state.len() < self.state_words() {
+            return None;
+        }
+        let (state, line) = state.split_at_mut(self.state_words() - self.lane_words as usize);
+        let gate = wait::RateGate { limit: self, state, now_us: now, kept, taken: Decision::default() };
+        Some(wait::Wait { gate: wait::Gate::Rate(gate), q, lanes, line })
+    }
+
+    /// Whether this is a rate limit with a waiting line
+    /// ([`Limit::with_rate_lanes`]).
+    pub fn rate_waits(&self) -> bool {
+        self.lane_words != 0
+    }
+
     /// This limit with a queue of `queue` requests (see the module docs):
     /// `token_bucket`, `leaky_bucket` and `gcra` only, unless `queue` is 0;
     /// a [`Limit::concurrent`] limit's is a waiting line ([`wait`]) of at
@@ -397,7 +456,7 @@ impl Limit {
             return Ok(Limit { queue, ..self });
         }
         if self.algorithm == Algorithm::Concurrent {
-            return self.with_lanes(queue, &[wait::Lane { places: queue, reserve: 0 }]);
+            return self.with_lanes(queue, &[wait::Lane { places: queue, reserve: 0, lend: false }]);
         }
         if !matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra) {
             return Err(LimitError::QueueNotSupported(self.algorithm));
@@ -430,7 +489,8 @@ impl Limit {
     /// burst): build a `Limit` per request from its values, all with
     /// `.varying()`.
     pub fn varying(self) -> Limit {
-        if self.varying {
+        // (a waiting line's words follow the algorithm's: no tag between; its spec refuses variables)
+        if self.varying || self.lane_words != 0 {
             return self;
         }
         match self.algorithm {
@@ -562,7 +622,7 @@ impl Limit {
 
     /// The state words the algorithm itself reads and writes.
     fn static_words(&self) -> usize {
-        self.state_words() - usize::from(self.tagged())
+        self.state_words() - usize::from(self.tagged()) - self.lane_words as usize
     }
 
     /// Whether the state carries a scale tag after its static words (a

@@ -17,7 +17,8 @@ mod conn;
 use std::fmt::{self, Write as _};
 
 use crate::habits;
-use crate::limit::{Algorithm, Limit, LimitError};
+use crate::limit::wait::Lane;
+use crate::limit::{Algorithm, Limit, LimitError, MAX_LOG_BURST};
 use crate::parse::{parse_number, parse_rate, parse_u64, ParseError, ParseErrorKind, Rate};
 use crate::url::redact;
 
@@ -218,8 +219,11 @@ pub enum SpecError {
     Alone(&'static str, &'static str),
     /// A class that does not parse: the class as written, and why.
     Class(String, String),
+    /// `classes=` with `queue=` on a line whose rate holds variables.
     ClassesQueue,
     ClassesVaryingBurst,
+    /// A class with more places than the line: the class, its, the line's.
+    ClassPlaces(String, u64, u64),
     /// The reserves above a class leave it less than a request's cost.
     Starved {
         class: String,
@@ -275,7 +279,13 @@ impl fmt::Display for SpecError {
             SpecError::Class(class, why) => write!(f, "invalid class \"{}\" {AT}, {why}", Quote(class)),
             SpecError::ClassesQueue => write!(
                 f,
-                "\"classes\" cannot be used with \"queue\" {AT}: a delayed request's wait is set when it arrives"
+                "\"classes\" with \"queue\" needs a rate that does not come from variables {AT}: \
+                 the waiting line is laid out for it"
+            ),
+            SpecError::ClassPlaces(class, places, queue) => write!(
+                f,
+                "invalid class \"{}\" {AT}, its queue={places} exceeds the line's queue={queue}",
+                Quote(class)
             ),
             SpecError::ClassesVaryingBurst => {
                 write!(f, "\"classes\" needs a burst that does not come from variables {AT}")
@@ -346,6 +356,9 @@ pub struct LineSpec<'a, V> {
     /// `classes=`, highest first (empty: none); each keeps its reserve of
     /// the burst from the classes below it.
     pub classes: Vec<ClassSpec<'a>>,
+    /// With `queue=` (on the line or its classes), the classes' places in
+    /// the line's waiting line (empty: no waiting line).
+    pub lanes: Vec<Lane>,
 }
 
 /// `rl_limit`'s `name=value` parameters; `dry_run` and `after_auth` are
@@ -421,7 +434,12 @@ impl<'a, V> LineSpec<'a, V> {
         if charge_after && queue > 0 {
             return Err(SpecError::ChargeAfterQueue.into());
         }
-        let limit = limit.with_queue(queue).map_err(SpecError::Limit)?;
+        let priority = get("priority");
+        // (with classes, the queue is a waiting line: Limit::with_rate_lanes, below)
+        let limit = match priority {
+            Some(_) => limit,
+            None => limit.with_queue(queue).map_err(SpecError::Limit)?,
+        };
         let rate_src = match vars.rate {
             Some(_) => get("rate").unwrap_or_default().to_string(),
             None => rate.to_string(),
@@ -432,15 +450,27 @@ impl<'a, V> LineSpec<'a, V> {
             _ => burst.to_string(),
         };
         let limit = if vars.rate.is_some() || vars.burst.is_some() { limit.varying() } else { limit };
-        let priority = get("priority");
         let classes = match (priority, get("classes")) {
             (None, None) => Vec::new(),
             (Some(_), None) => return Err(SpecError::Alone("priority", "classes").into()),
             (None, Some(_)) => return Err(SpecError::Alone("classes", "priority").into()),
             (Some(""), _) => return Err(SpecError::Empty("priority").into()),
-            (Some(_), Some(_)) if queue > 0 => return Err(SpecError::ClassesQueue.into()),
             (Some(_), Some(_)) if burst_varies => return Err(SpecError::ClassesVaryingBurst.into()),
             (Some(_), Some(list)) => rate_classes(list, burst, cost)?,
+        };
+        // (without queue=, a line of classes with places waits as long as their places together)
+        let queue = match queue {
+            0 => classes.iter().filter_map(|c| c.places).sum::<u64>().min(MAX_LOG_BURST),
+            q => q,
+        };
+        let lanes = match (classes.is_empty(), queue) {
+            (true, _) | (false, 0) => Vec::new(),
+            (false, _) if vars.rate.is_some() => return Err(SpecError::ClassesQueue.into()),
+            (false, q) => rate_lanes(&classes, q)?,
+        };
+        let limit = match lanes.is_empty() {
+            true => limit,
+            false => limit.with_rate_lanes(queue, &lanes).map_err(SpecError::Limit)?,
         };
         Ok(LineSpec {
             zone,
@@ -458,6 +488,7 @@ impl<'a, V> LineSpec<'a, V> {
             charge_after,
             priority,
             classes,
+            lanes,
         })
     }
 
@@ -473,13 +504,12 @@ impl<'a, V> LineSpec<'a, V> {
     }
 }
 
-/// `classes=` of a rate line of `burst`: reserves only (a rate line's
-/// requests wait by time, not in a line), none leaving a class less than
-/// `cost`.
+/// `classes=` of a rate line of `burst`: reserves, and places in a waiting
+/// line; none leaving a class less than `cost`.
 fn rate_classes(list: &str, burst: u64, cost: u64) -> Result<Vec<ClassSpec<'_>>, SpecError> {
     let classes = classes::parse(list, burst, "burst").map_err(|e| SpecError::Class(e.class, e.why))?;
-    if let Some(c) = classes.iter().find(|c| c.places.is_some()) {
-        let why = "a class of \"rl_limit\" takes \"reserve=\" only: a rate line's requests wait by time, not in a line";
+    if let Some(c) = classes.iter().find(|c| c.lend) {
+        let why = "a rate line's reserve cannot be lent: what each class spends of the budget is not counted apart";
         return Err(SpecError::Class(c.name.to_string(), why.to_string()));
     }
     for (class, kept) in classes.iter().zip(classes::kept(&classes)) {
@@ -489,6 +519,18 @@ fn rate_classes(list: &str, burst: u64, cost: u64) -> Result<Vec<ClassSpec<'_>>,
         }
     }
     Ok(classes)
+}
+
+/// The waiting line's classes of a rate line with `queue` places: each
+/// one's places (its `queue=`, else the line's) and reserve.
+fn rate_lanes(classes: &[ClassSpec<'_>], queue: u64) -> Result<Vec<Lane>, SpecError> {
+    classes
+        .iter()
+        .map(|c| match c.places {
+            Some(p) if p > queue => Err(SpecError::ClassPlaces(c.name.to_string(), p, queue)),
+            p => Ok(Lane { places: p.unwrap_or(queue), reserve: c.reserve, lend: false }),
+        })
+        .collect()
 }
 
 /// The variable's name when `value` is one variable and nothing else

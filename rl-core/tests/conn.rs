@@ -134,7 +134,7 @@ fn a_plain_conn_line() {
     // The units, then the waiting line: its live places, head, tail and a deadline a place, two
     // to a word.
     assert_eq!(s.limit.state_words(), 1 + 1 + 2 + 50);
-    assert_eq!(s.lanes, vec![Lane { places: 100, reserve: 0 }]);
+    assert_eq!(s.lanes, vec![Lane { places: 100, reserve: 0, lend: false }]);
 }
 
 /// `priority=` and `classes=`: the seed's premium queue of 500 and
@@ -149,7 +149,11 @@ fn classes_and_their_lanes() {
     assert_eq!(s.queue, 600, "without queue=, the classes' places together");
     assert_eq!(
         s.lanes,
-        vec![Lane { places: 600, reserve: 40 }, Lane { places: 500, reserve: 0 }, Lane { places: 100, reserve: 0 },]
+        vec![
+            Lane { places: 600, reserve: 40, lend: false },
+            Lane { places: 500, reserve: 0, lend: false },
+            Lane { places: 100, reserve: 0, lend: false },
+        ]
     );
     // The units, live places, the units of each class, head and tail of each, the places.
     assert_eq!(s.limit.state_words(), 1 + 1 + 3 + 2 * 3 + 300 + 250 + 50);

@@ -231,13 +231,29 @@ fn rate_classes() {
     assert_eq!(refused("zone=a rate=1r/s priority=$p"), "\"priority\" needs \"classes\" in \"rl_limit\" directive");
     assert_eq!(
         refused("zone=a rate=10r/s priority=$p classes=a:queue=5,b"),
-        "invalid class \"a\" in \"rl_limit\" directive, a class of \"rl_limit\" takes \"reserve=\" only: a rate line's \
-         requests wait by time, not in a line"
+        "invalid limit in \"rl_limit\" directive: \"queue\" is not supported by algorithm \"sliding\": only \"token_bucket\", \"leaky_bucket\" and \"gcra\" can \
+         delay requests"
     );
     assert_eq!(
-        refused("zone=a rate=10r/s algorithm=gcra queue=5 priority=$p classes=a:reserve=2,b"),
-        "\"classes\" cannot be used with \"queue\" in \"rl_limit\" directive: a delayed request's wait is set when it arrives"
+        refused("zone=a rate=$r burst=10 algorithm=gcra queue=5 priority=$p classes=a:reserve=2,b"),
+        "\"classes\" with \"queue\" needs a rate that does not come from variables in \"rl_limit\" directive: the \
+         waiting line is laid out for it"
     );
+    assert_eq!(
+        refused("zone=a rate=10r/s algorithm=gcra queue=5 priority=$p classes=a:queue=6,b"),
+        "invalid class \"a\" in \"rl_limit\" directive, its queue=6 exceeds the line's queue=5"
+    );
+    // A waiting line: the line's places, or its classes' together.
+    let s =
+        parse("zone=a rate=10r/s algorithm=gcra burst=2 queue=8 priority=$p classes=a:reserve=1,b:queue=3").unwrap();
+    let lanes: Vec<(u64, u64)> = s.lanes.iter().map(|l| (l.places, l.reserve)).collect();
+    assert_eq!((s.queue, lanes), (8, vec![(8, 1), (3, 0)]));
+    assert_eq!(s.limit.queue(), 0, "a waiter is let in only where the algorithm admits it at once");
+    assert!(s.limit.rate_waits());
+    let s = parse("zone=a rate=10r/s algorithm=token_bucket priority=$p classes=a:queue=5,b:queue=2").unwrap();
+    assert_eq!((s.queue, s.lanes.len()), (7, 2));
+    let s = parse("zone=a rate=10r/s algorithm=gcra priority=$p classes=a:reserve=2,b").unwrap();
+    assert!(s.lanes.is_empty() && !s.limit.rate_waits(), "reserves alone: no waiting line");
     assert_eq!(
         refused("zone=a rate=$r priority=$p classes=a:reserve=2,b"),
         "\"classes\" needs a burst that does not come from variables in \"rl_limit\" directive"

@@ -11,7 +11,9 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use rl_core::limit::wait::{words, Arrival, Lane, Turn, Wait};
+use rl_core::limit::wait::{rate_words, words, Arrival, Gate, Lane, Turn, Wait};
+use rl_core::limit::{Algorithm, Decision, Limit};
+use rl_core::parse::Rate;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -49,7 +51,7 @@ struct State {
 }
 
 fn view<'a>(s: &'a mut State, max: u64, q: u64, lanes: &'a [Lane]) -> Wait<'a> {
-    Wait { units: &mut s.units, max, q, lanes, line: &mut s.line }
+    Wait { gate: Gate::Units { units: &mut s.units, max }, q, lanes, line: &mut s.line }
 }
 
 /// The model: per class, its places by ticket, and the next ticket.
@@ -80,21 +82,34 @@ impl Model {
     }
 }
 
-fn lanes_of(places: [u64; 3], reserve: [u64; 2]) -> Vec<Lane> {
+fn lanes_of(places: [u64; 3], reserve: [u64; 2], lend: [bool; 2]) -> Vec<Lane> {
     vec![
-        Lane { places: places[0], reserve: reserve[0] },
-        Lane { places: places[1], reserve: reserve[1] },
-        Lane { places: places[2], reserve: 0 },
+        Lane { places: places[0], reserve: reserve[0], lend: lend[0] && reserve[0] > 0 },
+        Lane { places: places[1], reserve: reserve[1], lend: lend[1] && reserve[1] > 0 },
+        Lane { places: places[2], reserve: 0, lend: false },
     ]
 }
 
 /// Whether a request of class `k` and `cost` may be let in beside what
 /// each class holds (`held`): within `max` with the reserves of the
-/// classes above it left, each less what that class holds.
-fn may_enter(max: u64, lanes: &[Lane], held: &[u64; 3], k: usize, cost: u64) -> bool {
+/// classes above it left, each less what that class holds; a lent reserve
+/// of a class unused (holding nothing, nobody of it waiting: `waits`)
+/// leaves nothing.
+fn may_enter(max: u64, lanes: &[Lane], held: &[u64; 3], waits: &[bool; 3], k: usize, cost: u64) -> bool {
     let total: u64 = held.iter().sum();
-    let kept: u64 = (0..k).map(|j| lanes[j].reserve.saturating_sub(held[j])).sum();
+    let kept: u64 = (0..k)
+        .map(|j| match lanes[j].lend && held[j] == 0 && !waits[j] {
+            true => 0,
+            false => lanes[j].reserve.saturating_sub(held[j]),
+        })
+        .sum();
     total + cost + kept <= max
+}
+
+impl Model {
+    fn waits(&self) -> [bool; 3] {
+        [!self.places[0].is_empty(), !self.places[1].is_empty(), !self.places[2].is_empty()]
+    }
 }
 
 proptest! {
@@ -104,9 +119,10 @@ proptest! {
         q in 1u64..6,
         places in [1u64..4, 1u64..4, 1u64..4],
         reserve in [0u64..3, 0u64..2],
+        lend in [any::<bool>(), any::<bool>()],
         ops in prop::collection::vec(op(), 0..100),
     ) {
-        let lanes = lanes_of(places, reserve);
+        let lanes = lanes_of(places, reserve, lend);
         let mut s = State { units: 0, line: vec![0; words(&lanes)] };
         let mut m = Model { places: vec![BTreeMap::new(); 3], tails: vec![0; 3] };
         let mut now = 1u32;
@@ -128,12 +144,12 @@ proptest! {
                 Op::Arrive { lane: k, cost, wait_s } => {
                     let deadline = now + wait_s;
                     let got = view(&mut s, max, q, &lanes).arrive(now, k, cost, deadline);
-                    let room = max.saturating_sub(lanes[..k].iter().map(|l| l.reserve).sum());
+                    let room = max.saturating_sub(lanes[..k].iter().filter(|l| !l.lend).map(|l| l.reserve).sum());
                     m.advance(now);
                     let ahead = (0..=k).any(|j| !m.places[j].is_empty());
                     let want = if cost > room {
                         Arrival::Refused
-                    } else if !ahead && may_enter(max, &lanes, &held, k, cost) {
+                    } else if !ahead && may_enter(max, &lanes, &held, &m.waits(), k, cost) {
                         Arrival::Admitted
                     } else if m.taken(k) >= lanes[k].places {
                         Arrival::Refused
@@ -176,7 +192,7 @@ proptest! {
                         Some(_) => {
                             let above: u64 = (0..k).map(|j| m.taken(j)).sum();
                             let head = m.head(k);
-                            if t > head || above > 0 || !may_enter(max, &lanes, &held, k, cost) {
+                            if t > head || above > 0 || !may_enter(max, &lanes, &held, &m.waits(), k, cost) {
                                 Turn::Waiting { ahead: above + t - head }
                             } else {
                                 m.places[k].remove(&t);
@@ -211,7 +227,7 @@ proptest! {
 }
 
 fn one_lane(q: u64) -> Vec<Lane> {
-    vec![Lane { places: q, reserve: 0 }]
+    vec![Lane { places: q, reserve: 0, lend: false }]
 }
 
 #[test]
@@ -243,7 +259,7 @@ fn a_line_of_two() {
 /// full line gives the newest standard place to a premium arrival.
 #[test]
 fn premium_first_and_taking_a_standard_place() {
-    let lanes = [Lane { places: 3, reserve: 0 }, Lane { places: 2, reserve: 0 }];
+    let lanes = [Lane { places: 3, reserve: 0, lend: false }, Lane { places: 2, reserve: 0, lend: false }];
     let mut s = State { units: 0, line: vec![0; words(&lanes)] };
     let mut w = view(&mut s, 1, 4, &lanes);
     assert_eq!(w.arrive(10, 1, 1, 60), Arrival::Admitted);
@@ -275,7 +291,7 @@ fn premium_first_and_taking_a_standard_place() {
 /// itself uses its reserve up: standard may then take the rest.
 #[test]
 fn a_reserve_keeps_units_for_the_class_above() {
-    let lanes = [Lane { places: 2, reserve: 2 }, Lane { places: 2, reserve: 0 }];
+    let lanes = [Lane { places: 2, reserve: 2, lend: false }, Lane { places: 2, reserve: 0, lend: false }];
     let mut s = State { units: 0, line: vec![0; words(&lanes)] };
     let mut w = view(&mut s, 4, 4, &lanes);
     assert_eq!(w.arrive(10, 1, 1, 60), Arrival::Admitted);
@@ -304,7 +320,11 @@ fn a_reserve_keeps_units_for_the_class_above() {
 /// whatever standard holds, and critical its 4 whatever the others hold.
 #[test]
 fn nested_reserves_hold_against_the_classes_below() {
-    let lanes = [Lane { places: 0, reserve: 4 }, Lane { places: 0, reserve: 2 }, Lane { places: 0, reserve: 0 }];
+    let lanes = [
+        Lane { places: 0, reserve: 4, lend: false },
+        Lane { places: 0, reserve: 2, lend: false },
+        Lane { places: 0, reserve: 0, lend: false },
+    ];
     let mut s = State { units: 0, line: vec![0; words(&lanes)] };
     let mut w = view(&mut s, 10, 0, &lanes);
     for _ in 0..4 {
@@ -323,4 +343,179 @@ fn nested_reserves_hold_against_the_classes_below() {
     assert_eq!(w.arrive(10, 0, 1, 0), Arrival::Admitted);
     assert_eq!(w.arrive(10, 1, 1, 0), Arrival::Admitted);
     assert_eq!(w.arrive(10, 2, 1, 0), Arrival::Refused);
+}
+
+/// A rate line's waiting line (`rl_limit ... queue= classes=`): the same
+/// order as a concurrency line's, a waiter let in only where the algorithm
+/// admits a request of its cost plus the reserves of the classes above it
+/// (as a request of its class is decided without a queue), charged its
+/// cost alone. The model decides with the algorithm on a copy of its words.
+#[derive(Clone, Debug)]
+enum RateOp {
+    Arrive {
+        lane: usize,
+        cost: u64,
+        wait_s: u32,
+    },
+    Poll(usize),
+    Leave(usize),
+    /// Milliseconds pass.
+    Tick(u64),
+}
+
+fn rate_op() -> impl Strategy<Value = RateOp> {
+    prop_oneof![
+        (0usize..3, 1u64..3, 0u32..4).prop_map(|(lane, cost, wait_s)| RateOp::Arrive { lane, cost, wait_s }),
+        (0usize..16).prop_map(RateOp::Poll),
+        (0usize..16).prop_map(RateOp::Leave),
+        (0u64..1500).prop_map(RateOp::Tick),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn a_rate_line_in_class_order(
+        algorithm in prop_oneof![Just(Algorithm::Gcra), Just(Algorithm::TokenBucket), Just(Algorithm::LeakyBucket)],
+        count in 1u64..5,
+        burst in 3u64..6,
+        q in 1u64..6,
+        places in [1u64..4, 1u64..4, 1u64..4],
+        reserve in [0u64..2, 0u64..2],
+        ops in prop::collection::vec(rate_op(), 0..100),
+    ) {
+        let lanes = lanes_of(places, reserve, [false, false]);
+        let kept = vec![0, reserve[0], reserve[0] + reserve[1]];
+        let limit = Limit::new(algorithm, Rate { count, period_us: 1_000_000 }, burst)
+            .unwrap()
+            .with_rate_lanes(q, &lanes)
+            .unwrap();
+        let algo = limit.state_words() - rate_words(&lanes);
+        let mut state = vec![0u64; limit.state_words()];
+        // The model: the algorithm's words alone, and the places.
+        let mut ms = vec![0u64; algo];
+        let mut m = Model { places: vec![BTreeMap::new(); 3], tails: vec![0; 3] };
+        let mut now_us = 1_000_000u64;
+        let mut known: Vec<(usize, u64, u64)> = Vec::new();
+        let mut admitted = [0u64; 3];
+        for op in ops {
+            let now = (now_us / 1_000_000) as u32;
+            prop_assert!(m.live() <= q, "more than q places");
+            prop_assert_eq!(&state[..algo], &ms[..], "the algorithm's words");
+            prop_assert_eq!(limit.held(&state), m.live() > 0, "a state with waiters is kept");
+            let may = |ms: &[u64], k: usize, cost: u64| limit.check_keeping(ms, now_us, cost, kept[k]).admitted;
+            match op {
+                RateOp::Arrive { lane: k, cost, wait_s } => {
+                    let deadline = now + wait_s;
+                    let mut w = limit.rate_wait(&mut state, &lanes, q, &kept, now_us).unwrap();
+                    let got = w.arrive(now, k, cost, deadline);
+                    let taken = w.taken().unwrap();
+                    m.advance(now);
+                    let ahead = (0..=k).any(|j| !m.places[j].is_empty());
+                    let want = if cost > burst - kept[k] {
+                        Arrival::Refused
+                    } else if !ahead && may(&ms, k, cost) {
+                        let mut d = Decision::default();
+                        limit.acquire_keeping(&mut ms, now_us, cost, kept[k], &mut d);
+                        prop_assert_eq!(taken.charge.cost(), cost, "charged its cost alone");
+                        Arrival::Admitted
+                    } else if m.taken(k) >= lanes[k].places {
+                        Arrival::Refused
+                    } else {
+                        let mut refused = false;
+                        while m.live() >= q {
+                            let Some(j) = (k + 1..3).rev().find(|&j| !m.places[j].is_empty()) else {
+                                refused = true;
+                                break;
+                            };
+                            m.places[j].pop_last();
+                        }
+                        match refused {
+                            true => Arrival::Refused,
+                            false => {
+                                let t = m.tails[k];
+                                m.tails[k] += 1;
+                                m.places[k].insert(t, Waiter { deadline });
+                                known.push((k, t, cost));
+                                Arrival::Waiting { ticket: t }
+                            }
+                        }
+                    };
+                    prop_assert_eq!(got, want);
+                    if got == Arrival::Admitted {
+                        admitted[k] += cost;
+                    }
+                }
+                RateOp::Poll(i) => {
+                    let Some(&(k, t, cost)) = known.get(i % known.len().max(1)) else { continue };
+                    let got = limit.rate_wait(&mut state, &lanes, q, &kept, now_us).unwrap().poll(now, k, cost, t);
+                    m.advance(now);
+                    let want = match m.places[k].get(&t).copied() {
+                        None => Turn::Gone,
+                        Some(w) if w.deadline < now => {
+                            m.places[k].remove(&t);
+                            Turn::Gone
+                        }
+                        Some(_) => {
+                            let above: u64 = (0..k).map(|j| m.taken(j)).sum();
+                            let head = m.head(k);
+                            if t > head || above > 0 || !may(&ms, k, cost) {
+                                Turn::Waiting { ahead: above + t - head }
+                            } else {
+                                let mut d = Decision::default();
+                                limit.acquire_keeping(&mut ms, now_us, cost, kept[k], &mut d);
+                                m.places[k].remove(&t);
+                                m.advance(now);
+                                Turn::Admitted
+                            }
+                        }
+                    };
+                    prop_assert_eq!(got, want);
+                    if got == Turn::Admitted {
+                        prop_assert!((0..k).all(|j| m.places[j].is_empty()));
+                        prop_assert!(m.places[k].range(..t).next().is_none());
+                        admitted[k] += cost;
+                    }
+                }
+                RateOp::Leave(i) => {
+                    let Some(&(k, t, _)) = known.get(i % known.len().max(1)) else { continue };
+                    limit.rate_wait(&mut state, &lanes, q, &kept, now_us).unwrap().leave(now, k, t);
+                    m.places[k].remove(&t);
+                    m.advance(now);
+                }
+                RateOp::Tick(ms_) => now_us += ms_ * 1000,
+            }
+        }
+        // The bound: never more than the algorithm lets through from a fresh state.
+        let elapsed_s = (now_us - 1_000_000).div_ceil(1_000_000);
+        prop_assert!(admitted.iter().sum::<u64>() <= burst + count * elapsed_s + count);
+    }
+}
+
+/// Premium waits ahead of standard on a rate line, whatever came first;
+/// the line's own queue stays 0 (nothing is let in over the burst).
+#[test]
+fn a_rate_line_lets_premium_in_first() {
+    let lanes = [Lane { places: 5, reserve: 0, lend: false }, Lane { places: 5, reserve: 0, lend: false }];
+    let kept = [0, 0];
+    let limit = Limit::new(Algorithm::Gcra, Rate { count: 10, period_us: 1_000_000 }, 1)
+        .unwrap()
+        .with_rate_lanes(10, &lanes)
+        .unwrap();
+    let mut state = vec![0u64; limit.state_words()];
+    let t0 = 1_000_000u64;
+    let mut at = |now_us: u64| limit.rate_wait(&mut state, &lanes, 10, &kept, now_us).unwrap().arrive(1, 1, 1, 9);
+    assert_eq!(at(t0), Arrival::Admitted);
+    assert_eq!(at(t0), Arrival::Waiting { ticket: 0 });
+    assert_eq!(at(t0), Arrival::Waiting { ticket: 1 });
+    let mut w = limit.rate_wait(&mut state, &lanes, 10, &kept, t0 + 1000).unwrap();
+    assert_eq!(w.arrive(1, 0, 1, 9), Arrival::Waiting { ticket: 0 }, "the burst is spent: premium waits too");
+    assert_eq!(w.retry_us(0, 1), Some(99_000));
+    // 100 ms on, one more passes: premium's, though standard came first.
+    let mut w = limit.rate_wait(&mut state, &lanes, 10, &kept, t0 + 100_000).unwrap();
+    assert_eq!(w.poll(1, 1, 1, 0), Turn::Waiting { ahead: 1 });
+    assert_eq!(w.poll(1, 0, 1, 0), Turn::Admitted);
+    assert_eq!(w.poll(1, 1, 1, 0), Turn::Waiting { ahead: 0 }, "the next unit is 100 ms away");
+    let mut w = limit.rate_wait(&mut state, &lanes, 10, &kept, t0 + 200_000).unwrap();
+    assert_eq!(w.poll(1, 1, 1, 1), Turn::Waiting { ahead: 1 });
+    assert_eq!(w.poll(1, 1, 1, 0), Turn::Admitted);
 }

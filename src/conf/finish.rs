@@ -175,11 +175,19 @@ fn http_resolver(cf: *mut ngx_conf_t) -> Option<(core::ptr::NonNull<ngx::ffi::ng
 }
 
 /// An `rl_conn` line on Redis zone `r`: refused on a zone in lease mode,
-/// whose leases are units of a rate.
+/// whose leases are units of a rate, and with a lent reserve, which the
+/// zone's script does not lend.
 fn redis_conn(leases: &[LeaseZone], r: usize, line: &Line) -> Result<(), ConfError> {
     if leases.iter().any(|l| l.redis == r) {
         refuse!(
             "zone \"{}\" has \"lease\", whose leases cannot hold requests in flight, in \"rl_conn\" directive in {}",
+            Quote(&line.zone_name),
+            line.origin
+        );
+    }
+    if line.lanes.iter().any(|l| l.lend) {
+        refuse!(
+            "\"lend\" needs a shared-memory zone, \"{}\" is on Redis, in \"rl_conn\" directive in {}",
             Quote(&line.zone_name),
             line.origin
         );
@@ -247,6 +255,13 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
         }
         if let Some(r) = line.backend.redis().filter(|_| line.limit.is_concurrent()) {
             redis_conn(&mcf.leases, r, line)?;
+        }
+        if line.limit.rate_waits() && line.backend.redis().is_some() {
+            refuse!(
+                "\"classes\" with \"queue\" need a shared-memory zone, \"{}\" is on Redis, in \"rl_limit\" directive in {}",
+                Quote(&line.zone_name),
+                line.origin
+            );
         }
         match line.backend {
             Backend::Shm(i) => mcf.zones[i].note_line(&line.limit),
@@ -319,7 +334,8 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
         loc.lines.sort_by_key(backend);
         loc.has_redis = loc.lines.iter().any(|id| matches!(backend(id), Some(Backend::Redis(_))));
         loc.has_conn = !loc.conns.is_empty();
-        loc.conn_queue = loc.conns.iter().any(|id| lines.get(id.0 as usize).is_some_and(Line::waits));
+        // (rl_limit lines of classes with a queue wait in a line too)
+        loc.conn_queue = loc.lines.iter().any(|id| lines.get(id.0 as usize).is_some_and(Line::waits));
         loc.redis_queue = loc
             .conns
             .iter()

@@ -64,6 +64,8 @@ fn rl_limit(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Resul
         burst_src: spec.burst_src,
         vars: Varying::new(spec.vars.rate, spec.vars.burst, spec.vars.cost),
         charge_after: spec.charge_after,
+        wait_ms: rate_wait_ms(&limit, spec.queue),
+        lanes: spec.lanes.clone(),
         classes,
         ..new_line(cf, spec.zone, key_src, limit, spec.cost, name, spec.dry_run, spec.after_auth)?
     };
@@ -99,6 +101,17 @@ fn rl_conn(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Result
         ..new_line(cf, spec.zone, key_src, spec.limit, spec.cost, name, spec.dry_run, spec.after_auth)?
     };
     push_line(mcf, lcf, line, "rl_conn")
+}
+
+/// How long a request waits at most in the waiting line of an `rl_limit`
+/// line of classes with `queue` places (ms): as long as the rate takes to
+/// let that many through, the most a line without classes delays one, and
+/// one emission interval more, so that the last place, whose turn comes
+/// as its wait ends, is not refused by a timer a tick late.
+fn rate_wait_ms(limit: &Limit, queue: u64) -> u64 {
+    let rate = limit.rate();
+    let us = u128::from(queue.saturating_add(1)) * u128::from(rate.period_us) / u128::from(rate.count.max(1));
+    u64::try_from(us.div_ceil(1000)).unwrap_or(u64::MAX).max(1)
 }
 
 /// A line's classes (`priority=`, `classes=`), what a request of each must

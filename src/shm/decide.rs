@@ -319,7 +319,8 @@ pub fn release(zones: &[Box<Zone>], line: &Line, res: &mut LineResult, now_us: u
     if res.ticket != 0 {
         super::wait::leave(zones, line, res, now_us);
     }
-    if !(res.active && res.charged) {
+    // (what a rate line charged is spent, however the request ends)
+    if !(res.active && res.charged && line.limit.is_concurrent()) {
         return;
     }
     res.charged = false;

@@ -1,8 +1,10 @@
-//! Requests waiting for a slot of an `rl_conn` line with `queue=`: at the
-//! start of a stage, the request arrives in the waiting line of each such
-//! line ([`arrive`]); while it waits it sleeps on a timer, as a delayed
-//! request does, and looks again when it wakes ([`poll`]), sooner the
-//! nearer it is to the head of the line. Once every line has let it in, the
+//! Requests waiting for a slot of an `rl_conn` line with `queue=`, or for
+//! their turn on an `rl_limit` line of classes with `queue=`: at the start
+//! of a stage, the request arrives in the waiting line of each such line
+//! ([`arrive`]); while it waits it sleeps on a timer, as a delayed request
+//! does, and looks again when it wakes ([`poll`]), sooner the nearer it is
+//! to the head of the line (at the head of a rate line's, when the
+//! algorithm lets its cost through). Once every line has let it in, the
 //! stage's other lines are decided with it, all or nothing; a line that
 //! refuses it (the line full, its wait over, its place gone) refuses the
 //! request, and the places it holds in other lines are given up
@@ -10,7 +12,7 @@
 
 use ngx::ffi::ngx_log_t;
 use rl_core::limit::wait::{Arrival, Turn};
-use rl_core::limit::{Charge, Outcome};
+use rl_core::limit::{Charge, Decision, Outcome};
 
 use super::{now_us, Zone};
 use crate::line::Line;
@@ -33,20 +35,31 @@ fn poll_after(ahead: u64) -> u64 {
 }
 
 /// What a line's verdict says when it lets the request in: `free` units
-/// left after it, the units held (by its class, on a line of several), and
-/// how long it waited.
-fn admit(line: &Line, res: &mut LineResult, free: u64, waited_us: u64) {
-    res.decision.outcome =
-        Outcome { admitted: true, remaining: free, reset_us: 0, retry_after_us: None, delay_us: waited_us, next_us: 0 };
-    let class = (line.lanes.len() > 1).then_some(usize::from(res.class));
-    res.decision.charge = Charge::held(res.cost, class);
+/// left after it, the units held (by its class, on a line of several), or
+/// what a rate line charged (`taken`), and how long it waited.
+fn admit(line: &Line, res: &mut LineResult, free: u64, taken: Option<Decision>, waited_us: u64) {
+    res.decision = match taken {
+        Some(d) => Decision { outcome: Outcome { admitted: true, delay_us: waited_us, ..d.outcome }, ..d },
+        None => Decision {
+            outcome: Outcome {
+                admitted: true,
+                remaining: free,
+                reset_us: 0,
+                retry_after_us: None,
+                delay_us: waited_us,
+                next_us: 0,
+            },
+            charge: Charge::held(res.cost, (line.lanes.len() > 1).then_some(usize::from(res.class))),
+        },
+    };
     res.charged = true;
 }
 
-/// A refusal with `free` units left.
-fn refuse(res: &mut LineResult, free: u64) {
+/// A refusal with `free` units left, and on a rate line the wait until a
+/// request of its cost would pass (`Retry-After`).
+fn refuse(res: &mut LineResult, free: u64, retry_us: Option<u64>) {
     res.decision.outcome =
-        Outcome { admitted: false, remaining: free, reset_us: 0, retry_after_us: None, delay_us: 0, next_us: 0 };
+        Outcome { admitted: false, remaining: free, reset_us: 0, retry_after_us: retry_us, delay_us: 0, next_us: 0 };
     res.ticket = 0;
 }
 
@@ -91,8 +104,7 @@ pub fn arrive(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
             continue;
         };
         res.slot = slot;
-        let Some(mut wait) = locked.state(slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s, &line.lanes))
-        else {
+        let Some(mut wait) = locked.state(slot, res.hash, &line.limit).and_then(|s| line.wait_in(s, now)) else {
             res.active = false;
             continue;
         };
@@ -103,20 +115,20 @@ pub fn arrive(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
             true => Arrival::Refused,
             false => wait.arrive(now_s, class, res.cost, deadline_s(now, line.wait_ms)),
         };
-        let free = wait.free(class);
+        let (free, taken, retry) = (wait.free(class), wait.taken(), wait.retry_us(class, res.cost));
         match arrival {
-            Arrival::Admitted => admit(line, res, free, 0),
+            Arrival::Admitted => admit(line, res, free, taken, 0),
             Arrival::Waiting { ticket } => {
                 res.ticket = ticket + 1;
                 waiting = true;
             }
             Arrival::Refused => {
-                refuse(res, free);
+                refuse(res, free, retry);
                 refused |= !res.dry_run;
             }
         }
         pin(&mut locked, slot, res, line, now);
-        if res.charged {
+        if res.charged && line.limit.is_concurrent() {
             locked.hold(res.hash, None, res.cost, res.decision.charge.held_class(), now_s, log);
         }
         if res.ticket != 0 {
@@ -131,10 +143,14 @@ pub fn arrive(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
 }
 
 /// Keeps the state whatever time passes while it holds units or places,
-/// else lets it expire as an idle one.
+/// else lets it expire as an idle one (a rate line's once what it was
+/// charged is spent: its reset).
 fn pin(locked: &mut super::Locked<'_>, slot: rl_core::table::Slot, res: &LineResult, line: &Line, now: u64) {
-    let held = locked.state(slot, res.hash, &line.limit).is_some_and(|s| line.limit.held(s));
-    locked.charged_held(slot, held, now, 0);
+    // (a rate line's waiting line keeps its state out of line: never read as a plain one's holders)
+    let (held, reset_us) = locked.state(slot, res.hash, &line.limit).map_or((false, 0), |s| {
+        (line.limit.held(s), if line.limit.is_concurrent() { 0 } else { line.limit.check(s, now, 0).reset_us })
+    });
+    locked.charged_held(slot, held, now, reset_us);
 }
 
 /// The waiting request looks again at each line it waits in: as
@@ -149,11 +165,9 @@ pub fn poll(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_lo
         let Some(mut locked) = lock_of(zones, line) else {
             continue;
         };
-        let Some(mut wait) =
-            locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s, &line.lanes))
-        else {
+        let Some(mut wait) = locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.wait_in(s, now)) else {
             // (the state was dropped from a full zone: the place with it)
-            refuse(res, 0);
+            refuse(res, 0, None);
             refused = true;
             locked.wait_ends();
             continue;
@@ -162,31 +176,35 @@ pub fn poll(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_lo
         let end = since.saturating_add(line.wait_ms.saturating_mul(1000));
         let class = usize::from(res.class);
         let turn = wait.poll(now_s, class, res.cost, ticket);
-        let free = wait.free(class);
+        let (free, taken, retry) = (wait.free(class), wait.taken(), wait.retry_us(class, res.cost));
         let mut admitted = false;
         match turn {
             Turn::Admitted => {
                 res.ticket = 0;
-                admit(line, res, free, now.saturating_sub(since).max(1));
+                admit(line, res, free, taken, now.saturating_sub(since).max(1));
                 admitted = true;
             }
             Turn::Waiting { ahead } if now < end => {
-                let step = poll_after(ahead);
+                // (at the head of a rate line: when the algorithm lets its cost through)
+                let step = match (ahead, retry) {
+                    (0, Some(us)) => us.div_ceil(1000).clamp(POLL_HEAD_MS, POLL_MAX_MS),
+                    _ => poll_after(ahead),
+                };
                 let left_ms = (end - now).div_ceil(1000);
                 next_ms = Some(next_ms.unwrap_or(u64::MAX).min(step).min(left_ms));
             }
             Turn::Waiting { .. } => {
                 wait.leave(now_s, class, ticket);
-                refuse(res, free);
+                refuse(res, free, retry);
                 refused = true;
             }
             Turn::Gone => {
-                refuse(res, free);
+                refuse(res, free, retry);
                 refused = true;
             }
         }
         pin(&mut locked, res.slot, res, line, now);
-        if admitted {
+        if admitted && line.limit.is_concurrent() {
             locked.hold(res.hash, None, res.cost, res.decision.charge.held_class(), now_s, log);
         }
         if res.ticket == 0 {
@@ -226,8 +244,7 @@ pub fn leave(zones: &[Box<Zone>], line: &Line, res: &mut LineResult, now: u64) {
         return;
     };
     let now_s = (now / 1_000_000) as u32;
-    if let Some(mut wait) = locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.limit.wait(s, &line.lanes))
-    {
+    if let Some(mut wait) = locked.state(res.slot, res.hash, &line.limit).and_then(|s| line.wait_in(s, now)) {
         wait.leave(now_s, usize::from(res.class), ticket);
     }
     pin(&mut locked, res.slot, res, line, now);

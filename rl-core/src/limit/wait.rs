@@ -17,9 +17,22 @@
 //! reserve of every class above its own (what a class holds itself uses
 //! its reserve up). So a class that holds less than its reserve always
 //! finds a unit that no class below it could take; only a class above it,
-//! which outranks it, may have taken it. A reserve cannot be lent: a unit
-//! lent to a lower class stays with its request until that request ends,
-//! and the guarantee would be gone.
+//! which outranks it, may have taken it.
+//!
+//! A reserve may be lent ([`Lane::lend`]): while its class is unused
+//! (holds nothing, and nobody of it waits), the classes below may take
+//! it. A unit lent stays with its request until that request ends; once
+//! the class is in use again, its reserve is kept as above: the classes
+//! below take no unit of its unused part, so each unit given back goes to
+//! the class (which, waiting, is ahead of them anyway) until it holds its
+//! reserve. The guarantee is weaker: the class's first request after an
+//! unused spell may have to wait for a borrowed unit to come back.
+//!
+//! A rate line (`rl_limit ... queue= classes=`) waits in the same line
+//! ([`Gate::Rate`]): what a waiter waits for is the algorithm admitting a
+//! request of its cost plus the reserves of the classes above it, as a
+//! request of its class is decided without a queue; let in, it is charged
+//! its cost. The line's order is the same; only the gate differs.
 //!
 //! The state is caller-owned words after the line's own (the units in
 //! flight, [`super::conn`]): `[live, held per class, (head, tail) per
@@ -33,20 +46,31 @@
 //! place up to its deadline, never longer. Tickets are never issued twice:
 //! a waiter whose place was taken cannot find it again under another's.
 
+use super::{Decision, Limit, Outcome};
+
 /// One class of requests: its places in the waiting line, and the units
 /// it keeps from the classes below it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Lane {
     pub places: u64,
     pub reserve: u64,
+    /// The reserve may be borrowed while the class is unused.
+    pub lend: bool,
 }
 
 /// The most classes a line may have.
 pub const MAX_LANES: usize = 16;
 
-/// Words a waiting line of `lanes` takes after the line's own.
+/// Words a concurrency line's waiting line of `lanes` takes after the
+/// line's own.
 pub fn words(lanes: &[Lane]) -> usize {
-    1 + held_words(lanes) + 2 * lanes.len() + lanes.iter().map(|l| l.places.div_ceil(2) as usize).sum::<usize>()
+    held_words(lanes) + rate_words(lanes)
+}
+
+/// Words a rate line's waiting line of `lanes` takes after the algorithm's:
+/// no units held per class (a rate budget is spent, not held).
+pub fn rate_words(lanes: &[Lane]) -> usize {
+    1 + 2 * lanes.len() + lanes.iter().map(|l| l.places.div_ceil(2) as usize).sum::<usize>()
 }
 
 /// Words of units held per class: none for one class (all units are its).
@@ -105,18 +129,57 @@ pub enum Turn {
     Gone,
 }
 
-/// A view of one key's state: the units in flight (`units`) of at most
-/// `max`, its waiting line of `q` places in all (`line`, [`words`] long)
-/// and the line's classes (`lanes`, highest first, at least one).
+/// What a waiter at the head of the line waits for.
+pub enum Gate<'a> {
+    /// A free unit: a concurrency line's units in flight (`units`) of at
+    /// most `max`, its classes' reserves kept ([`Wait::free`]).
+    Units { units: &'a mut u64, max: u64 },
+    /// A rate line's algorithm admitting the request ([`RateGate`]).
+    Rate(RateGate<'a>),
+}
+
+/// A rate line's algorithm as a waiting line's gate: at `now_us`, a request
+/// of class `k` passes where one of its cost plus `kept[k]` would
+/// ([`Limit::check_keeping`]); let in, it is charged its cost, and what was
+/// charged is left in `taken`.
+pub struct RateGate<'a> {
+    pub limit: &'a Limit,
+    pub state: &'a mut [u64],
+    pub now_us: u64,
+    pub kept: &'a [u64],
+    pub taken: Decision,
+}
+
+impl RateGate<'_> {
+    fn kept(&self, k: usize) -> u64 {
+        self.kept.get(k).copied().unwrap_or(0)
+    }
+
+    fn check(&self, k: usize, cost: u64) -> Outcome {
+        self.limit.check_keeping(self.state, self.now_us, cost, self.kept(k))
+    }
+}
+
+/// A view of one key's state: what its waiters wait for (`gate`), its
+/// waiting line of `q` places in all (`line`, [`words`] or [`rate_words`]
+/// long) and the line's classes (`lanes`, highest first, at least one).
 pub struct Wait<'a> {
-    pub units: &'a mut u64,
-    pub max: u64,
+    pub gate: Gate<'a>,
     pub q: u64,
     pub lanes: &'a [Lane],
     pub line: &'a mut [u64],
 }
 
 impl Wait<'_> {
+    /// Words of units held per class in the line: a concurrency line's of
+    /// several classes only.
+    fn held_words(&self) -> usize {
+        match self.gate {
+            Gate::Units { .. } => held_words(self.lanes),
+            Gate::Rate(_) => 0,
+        }
+    }
+
     fn word(&self, i: usize) -> u64 {
         self.line.get(i).copied().unwrap_or(0)
     }
@@ -132,34 +195,48 @@ impl Wait<'_> {
     }
 
     fn head(&self, k: usize) -> u64 {
-        self.word(1 + held_words(self.lanes) + 2 * k)
+        self.word(1 + self.held_words() + 2 * k)
     }
 
     fn tail(&self, k: usize) -> u64 {
-        self.word(2 + held_words(self.lanes) + 2 * k)
+        self.word(2 + self.held_words() + 2 * k)
     }
 
-    /// Units class `k` holds.
+    /// Units class `k` holds (a rate line's classes hold none).
     fn held(&self, k: usize) -> u64 {
-        match held_words(self.lanes) {
-            0 => *self.units,
-            _ => self.word(held_at(k) - 1),
+        match (&self.gate, self.held_words()) {
+            (Gate::Units { units, .. }, 0) => **units,
+            (Gate::Units { .. }, _) => self.word(held_at(k) - 1),
+            (Gate::Rate(_), _) => 0,
         }
     }
 
-    /// Class `k` takes `cost` units.
+    /// Class `k` takes `cost` units: holds them, or is charged them.
     fn hold(&mut self, k: usize, cost: u64) {
-        *self.units += cost;
-        if held_words(self.lanes) > 0 {
-            self.set_word(held_at(k) - 1, self.held(k) + cost);
+        let held = self.held(k);
+        match &mut self.gate {
+            Gate::Units { units, .. } => **units += cost,
+            Gate::Rate(g) => {
+                let kept = g.kept(k);
+                g.limit.acquire_keeping(g.state, g.now_us, cost, kept, &mut g.taken);
+                return;
+            }
+        }
+        if self.held_words() > 0 {
+            self.set_word(held_at(k) - 1, held + cost);
         }
     }
 
-    /// Class `k` gives back `cost` units (its request ended).
+    /// Class `k` gives back `cost` units (its request ended); a rate line
+    /// has nothing to give back.
     pub fn give_back(&mut self, k: usize, cost: u64) {
-        *self.units = self.units.saturating_sub(cost);
-        if held_words(self.lanes) > 0 {
-            self.set_word(held_at(k) - 1, self.held(k).saturating_sub(cost));
+        let held = self.held(k);
+        match &mut self.gate {
+            Gate::Units { units, .. } => **units = units.saturating_sub(cost),
+            Gate::Rate(_) => return,
+        }
+        if self.held_words() > 0 {
+            self.set_word(held_at(k) - 1, held.saturating_sub(cost));
         }
     }
 
@@ -168,7 +245,7 @@ impl Wait<'_> {
     fn at(&self, k: usize, t: u64) -> (usize, u32) {
         let lanes = self.lanes.len();
         let base = 1
-            + held_words(self.lanes)
+            + self.held_words()
             + 2 * lanes
             + self.lanes.iter().take(k).map(|l| l.places.div_ceil(2) as usize).sum::<usize>();
         let places = self.lanes.get(k).map_or(1, |l| l.places.max(1));
@@ -213,7 +290,7 @@ impl Wait<'_> {
                 self.give_up(k, head);
                 head += 1;
             }
-            self.set_word(1 + held_words(self.lanes) + 2 * k, head);
+            self.set_word(1 + self.held_words() + 2 * k, head);
         }
     }
 
@@ -224,7 +301,10 @@ impl Wait<'_> {
     }
 
     fn fits(&self, k: usize, cost: u64) -> bool {
-        cost <= self.free(k)
+        match &self.gate {
+            Gate::Units { .. } => cost <= self.free(k),
+            Gate::Rate(g) => g.check(k, cost).admitted,
+        }
     }
 
     /// The newest place of the lowest lane below `k` that has one: what
@@ -237,7 +317,7 @@ impl Wait<'_> {
     }
 
     fn valid(&self, k: usize) -> bool {
-        k < self.lanes.len() && self.line.len() >= words(self.lanes)
+        k < self.lanes.len() && self.line.len() >= self.held_words() + rate_words(self.lanes)
     }
 
     /// A request of class `k` and `cost` that cannot wait (a dry-run
@@ -279,7 +359,7 @@ impl Wait<'_> {
             }
         }
         self.take(k, tail, deadline_s.max(now_s).max(1));
-        self.set_word(2 + held_words(self.lanes) + 2 * k, tail + 1);
+        self.set_word(2 + self.held_words() + 2 * k, tail + 1);
         Arrival::Waiting { ticket: tail }
     }
 
@@ -322,18 +402,60 @@ impl Wait<'_> {
     }
 
     /// Units free now for class `k`: what `max` leaves, less the unused
-    /// reserves of the classes above it.
+    /// reserves of the classes above it; on a rate line, what its class may
+    /// still spend at once.
     pub fn free(&self, k: usize) -> u64 {
-        let unused: u64 =
-            self.lanes.iter().enumerate().take(k).map(|(j, l)| l.reserve.saturating_sub(self.held(j))).sum();
-        self.max.saturating_sub(*self.units).saturating_sub(unused)
+        match &self.gate {
+            Gate::Units { units, max } => {
+                let unused: u64 = (0..k).map(|j| self.kept_by(j)).sum();
+                max.saturating_sub(**units).saturating_sub(unused)
+            }
+            Gate::Rate(g) => g.check(k, 0).remaining,
+        }
     }
 
-    /// The most units class `k` may ever hold: `max` less the reserves
-    /// of the classes above it.
+    /// What class `j`'s reserve keeps from the classes below it now: the
+    /// part the class does not hold itself; nothing of a lent reserve
+    /// while the class is unused (it holds nothing, and nobody of it waits).
+    fn kept_by(&self, j: usize) -> u64 {
+        let Some(lane) = self.lanes.get(j) else {
+            return 0;
+        };
+        let held = self.held(j);
+        match lane.lend && held == 0 && self.tail(j) == self.head(j) {
+            true => 0,
+            false => lane.reserve.saturating_sub(held),
+        }
+    }
+
+    /// The most units class `k` may ever take at once: `max` (or the
+    /// burst) less the reserves of the classes above it that are not lent.
     fn room(&self, k: usize) -> u64 {
-        let kept: u64 = self.lanes.iter().take(k).map(|l| l.reserve).sum();
-        self.max.saturating_sub(kept)
+        let kept: u64 = self.lanes.iter().take(k).filter(|l| !l.lend).map(|l| l.reserve).sum();
+        let max = match &self.gate {
+            Gate::Units { max, .. } => *max,
+            Gate::Rate(g) => g.limit.burst(),
+        };
+        max.saturating_sub(kept)
+    }
+
+    /// On a rate line, the wait until a request of class `k` and `cost`
+    /// would pass were it first in line (`None`: never, or not a rate
+    /// line): when the head of the line looks next.
+    pub fn retry_us(&self, k: usize, cost: u64) -> Option<u64> {
+        match &self.gate {
+            Gate::Units { .. } => None,
+            Gate::Rate(g) => g.check(k, cost).retry_after_us,
+        }
+    }
+
+    /// What a rate line's request let in was charged, and decided
+    /// (`None` on a concurrency line).
+    pub fn taken(&self) -> Option<Decision> {
+        match &self.gate {
+            Gate::Units { .. } => None,
+            Gate::Rate(g) => Some(g.taken),
+        }
     }
 
     /// Waiters with a place: those whose worker died count until their

@@ -1,13 +1,14 @@
 //! `classes=` of `rl_conn` and `rl_limit`: a request's class (`priority=`)
 //! among classes listed highest first, each with its places in a waiting
-//! line (`queue=`, `rl_conn` only) and the units it keeps from the classes
-//! below it (`reserve=`).
+//! line (`queue=`) and the units it keeps from the classes below it
+//! (`reserve=`), which they may borrow while it is unused (`lend`,
+//! `rl_conn` only).
 
 use crate::limit::wait::MAX_LANES;
 use crate::limit::MAX_LOG_BURST;
 use crate::parse::{parse_number, parse_u64};
 
-/// One class of `classes=`: `name[:queue=N][:reserve=N|P%]`.
+/// One class of `classes=`: `name[:queue=N][:reserve=N|P%][:lend]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClassSpec<'a> {
     pub name: &'a str,
@@ -16,6 +17,9 @@ pub struct ClassSpec<'a> {
     pub places: Option<u64>,
     /// Units kept from the classes below it (0: none).
     pub reserve: u64,
+    /// `lend`: the classes below may borrow the reserve while the class is
+    /// unused.
+    pub lend: bool,
 }
 
 /// A class that does not parse: the class as written, and why.
@@ -60,8 +64,12 @@ pub fn parse<'a>(list: &'a str, of: u64, what: &str) -> Result<Vec<ClassSpec<'a>
         if classes.iter().any(|c| c.name == name) {
             return Err(bad("the class is named twice".into()));
         }
-        let mut spec = ClassSpec { name, places: None, reserve: 0 };
+        let mut spec = ClassSpec { name, places: None, reserve: 0, lend: false };
         for part in parts {
+            if part == "lend" {
+                spec.lend = true;
+                continue;
+            }
             match part.split_once('=') {
                 Some(("queue", q)) => match parse_number(q) {
                     Ok(n) if n <= MAX_LOG_BURST => spec.places = Some(n),
@@ -73,8 +81,11 @@ pub fn parse<'a>(list: &'a str, of: u64, what: &str) -> Result<Vec<ClassSpec<'a>
                         return Err(bad(format!("reserve must be a number of units below {what}, or a percentage")))
                     }
                 },
-                _ => return Err(bad("a class takes \"queue=\" and \"reserve=\"".into())),
+                _ => return Err(bad("a class takes \"queue=\", \"reserve=\" and \"lend\"".into())),
             }
+        }
+        if spec.lend && spec.reserve == 0 {
+            return Err(bad("\"lend\" needs a \"reserve=\" to lend".into()));
         }
         classes.push(spec);
     }

@@ -208,7 +208,7 @@ impl<'a> ConnSpec<'a> {
 /// could never pass: refused.
 fn lanes(classes: &[ClassSpec<'_>], max: u64, queue: u64, cost: u64) -> Result<Vec<Lane>, ConnError> {
     if classes.is_empty() {
-        return Ok(vec![Lane { places: queue, reserve: 0 }]);
+        return Ok(vec![Lane { places: queue, reserve: 0, lend: false }]);
     }
     let mut ceiling = max;
     let mut lanes = Vec::with_capacity(classes.len());
@@ -223,7 +223,14 @@ fn lanes(classes: &[ClassSpec<'_>], max: u64, queue: u64, cost: u64) -> Result<V
             ));
         }
         let places = class.places.unwrap_or(queue);
-        lanes.push(Lane { places, reserve: class.reserve });
+        if class.lend && places == 0 {
+            return Err(ConnError::Class(
+                class.name.to_string(),
+                "a lent reserve comes back to its class through the waiting line: the class needs places (\"queue=\")"
+                    .to_string(),
+            ));
+        }
+        lanes.push(Lane { places, reserve: class.reserve, lend: class.lend });
         ceiling = ceiling.saturating_sub(class.reserve);
     }
     Ok(lanes)

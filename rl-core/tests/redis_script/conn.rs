@@ -1470,7 +1470,7 @@ type ClassReplayCase = (Vec<ClassKey>, Vec<u64>, Vec<Step>);
 
 fn class_replays() -> impl Strategy<Value = ClassReplayCase> {
     let lane = (prop_oneof![1 => Just(0u64), 4 => 1u64..=3], prop_oneof![3 => Just(0u64), 2 => 1u64..=2])
-        .prop_map(|(places, reserve)| Lane { places, reserve });
+        .prop_map(|(places, reserve)| Lane { places, reserve, lend: false });
     // (the queue: as nginx makes it without `queue=`, its classes' places
     // together; or given, often fewer; or none)
     let queue = prop_oneof![1 => Just(None), 1 => Just(Some(0u64)), 4 => (1u64..=3).prop_map(Some)];
@@ -1773,7 +1773,7 @@ fn places_of(c: &Conn, k: usize) -> Vec<(u64, Option<u64>)> {
 /// once critical holds 2, standard takes all the rest.
 #[test]
 fn reserves_keep_units_for_the_classes_above() {
-    const LANES: &[Lane] = &[Lane { places: 2, reserve: 2 }, Lane { places: 2, reserve: 0 }];
+    const LANES: &[Lane] = &[Lane { places: 2, reserve: 2, lend: false }, Lane { places: 2, reserve: 0, lend: false }];
     let line = Classes { max: 4, queue: 0, lanes: LANES };
     for mode in MODES {
         let mut c = Conn::new(mode, 1);
@@ -1808,8 +1808,11 @@ fn reserves_keep_units_for_the_classes_above() {
 /// above it; a middle class holding its unit uses its reserve up.
 #[test]
 fn reserves_count_for_the_classes_below_only() {
-    const LANES: &[Lane] =
-        &[Lane { places: 0, reserve: 1 }, Lane { places: 0, reserve: 1 }, Lane { places: 0, reserve: 0 }];
+    const LANES: &[Lane] = &[
+        Lane { places: 0, reserve: 1, lend: false },
+        Lane { places: 0, reserve: 1, lend: false },
+        Lane { places: 0, reserve: 0, lend: false },
+    ];
     let line = Classes { max: 3, queue: 0, lanes: LANES };
     for mode in MODES {
         let mut c = Conn::new(mode, 1);
@@ -1835,7 +1838,7 @@ fn reserves_count_for_the_classes_below_only() {
 /// above. Units freed go to the higher class first.
 #[test]
 fn classes_wait_in_order() {
-    const LANES: &[Lane] = &[Lane { places: 3, reserve: 0 }, Lane { places: 3, reserve: 0 }];
+    const LANES: &[Lane] = &[Lane { places: 3, reserve: 0, lend: false }, Lane { places: 3, reserve: 0, lend: false }];
     let line = Classes { max: 1, queue: 6, lanes: LANES };
     for mode in MODES {
         let mut c = Conn::new(mode, 1);
@@ -1891,8 +1894,11 @@ fn classes_wait_in_order() {
 /// fits, else refused), and one whose place is given up gets it back.
 #[test]
 fn places_per_class() {
-    const LANES: &[Lane] =
-        &[Lane { places: 1, reserve: 0 }, Lane { places: 0, reserve: 0 }, Lane { places: 2, reserve: 0 }];
+    const LANES: &[Lane] = &[
+        Lane { places: 1, reserve: 0, lend: false },
+        Lane { places: 0, reserve: 0, lend: false },
+        Lane { places: 2, reserve: 0, lend: false },
+    ];
     let line = Classes { max: 1, queue: 4, lanes: LANES };
     for mode in MODES {
         let mut c = Conn::new(mode, 1);
@@ -1937,8 +1943,11 @@ fn places_per_class() {
 /// with no lower place to take, is refused, nothing written.
 #[test]
 fn higher_class_takes_the_place_of_the_lowest() {
-    const LANES: &[Lane] =
-        &[Lane { places: 2, reserve: 0 }, Lane { places: 2, reserve: 0 }, Lane { places: 2, reserve: 0 }];
+    const LANES: &[Lane] = &[
+        Lane { places: 2, reserve: 0, lend: false },
+        Lane { places: 2, reserve: 0, lend: false },
+        Lane { places: 2, reserve: 0, lend: false },
+    ];
     let line = Classes { max: 1, queue: 3, lanes: LANES };
     for mode in MODES {
         let mut c = Conn::new(mode, 2);
@@ -1998,7 +2007,7 @@ fn higher_class_takes_the_place_of_the_lowest() {
 /// waits. A class with nothing above it may wait for the whole max.
 #[test]
 fn arrival_over_what_the_reserves_leave_takes_no_place() {
-    const LANES: &[Lane] = &[Lane { places: 1, reserve: 2 }, Lane { places: 2, reserve: 0 }];
+    const LANES: &[Lane] = &[Lane { places: 1, reserve: 2, lend: false }, Lane { places: 2, reserve: 0, lend: false }];
     let line = Classes { max: 3, queue: 3, lanes: LANES };
     for mode in MODES {
         let mut c = Conn::new(mode, 1);
@@ -2032,8 +2041,11 @@ fn arrival_over_what_the_reserves_leave_takes_no_place() {
 /// the first a higher class takes.
 #[test]
 fn fields_and_places_that_name_no_class_are_of_the_lowest() {
-    const LANES: &[Lane] =
-        &[Lane { places: 2, reserve: 2 }, Lane { places: 2, reserve: 0 }, Lane { places: 2, reserve: 0 }];
+    const LANES: &[Lane] = &[
+        Lane { places: 2, reserve: 2, lend: false },
+        Lane { places: 2, reserve: 0, lend: false },
+        Lane { places: 2, reserve: 0, lend: false },
+    ];
     let line = Classes { max: 4, queue: 3, lanes: LANES };
     for mode in MODES {
         let mut c = Conn::new(mode, 1);
@@ -2064,9 +2076,12 @@ fn fields_and_places_that_name_no_class_are_of_the_lowest() {
 /// (a line of more classes wrote them, before a reload) as of its lowest.
 #[test]
 fn places_of_a_class_beyond_the_line_are_of_its_lowest() {
-    const THREE: &[Lane] =
-        &[Lane { places: 2, reserve: 0 }, Lane { places: 2, reserve: 0 }, Lane { places: 2, reserve: 0 }];
-    const TWO: &[Lane] = &[Lane { places: 2, reserve: 0 }, Lane { places: 2, reserve: 0 }];
+    const THREE: &[Lane] = &[
+        Lane { places: 2, reserve: 0, lend: false },
+        Lane { places: 2, reserve: 0, lend: false },
+        Lane { places: 2, reserve: 0, lend: false },
+    ];
+    const TWO: &[Lane] = &[Lane { places: 2, reserve: 0, lend: false }, Lane { places: 2, reserve: 0, lend: false }];
     let (three, two) = (Classes { max: 1, queue: 3, lanes: THREE }, Classes { max: 1, queue: 3, lanes: TWO });
     for mode in MODES {
         let mut c = Conn::new(mode, 1);
@@ -2087,7 +2102,7 @@ fn places_of_a_class_beyond_the_line_are_of_its_lowest() {
 /// the first reply and writes nothing.
 #[test]
 fn memo_arrival_takes_a_lower_place_once() {
-    const LANES: &[Lane] = &[Lane { places: 1, reserve: 0 }, Lane { places: 1, reserve: 0 }];
+    const LANES: &[Lane] = &[Lane { places: 1, reserve: 0, lend: false }, Lane { places: 1, reserve: 0, lend: false }];
     let line = Classes { max: 1, queue: 1, lanes: LANES };
     for mode in MODES {
         let mut c = Conn::new(mode, 1);
@@ -2121,7 +2136,7 @@ fn memo_arrival_takes_a_lower_place_once() {
 /// nothing.
 #[test]
 fn malformed_class_lines_fail_closed() {
-    const LANES: &[Lane] = &[Lane { places: 2, reserve: 1 }, Lane { places: 3, reserve: 0 }];
+    const LANES: &[Lane] = &[Lane { places: 2, reserve: 1, lend: false }, Lane { places: 3, reserve: 0, lend: false }];
     let line = Classes { max: 3, queue: 5, lanes: LANES };
     let mut good = String::new();
     write_spec(&mut good, &line.wait(1, 0, 1, 0));
