@@ -69,7 +69,8 @@ enum Route {
 }
 
 impl ClusterLink {
-    /// Reads the slot map from the first of `seeds` that answers.
+    /// Reads the slot map from the first of `seeds` that answers, and
+    /// connects to its masters.
     pub async fn open(
         seeds: &[String],
         tls: Option<&Arc<ClientConfig>>,
@@ -92,7 +93,10 @@ impl ClusterLink {
                 nodes: tokio::sync::Mutex::new(HashMap::new()),
             }));
             match link.load_slots(seed_addr(&link.0.template)).await {
-                Ok(()) => return Ok(link),
+                Ok(()) => {
+                    link.connect_masters().await;
+                    return Ok(link);
+                }
                 Err(e) => last = e,
             }
         }
@@ -121,6 +125,17 @@ impl ClusterLink {
             *s = slots;
         }
         Ok(())
+    }
+
+    /// Opens the connections to every master now, together, rather than
+    /// inside the first call to each: a call's round trip then carries no
+    /// connect, and neither does what the zone learns of Redis' clock from
+    /// it (a bound taken from a slow reply would make the next calls'
+    /// deadlines early). A master that does not answer is connected to when
+    /// a call needs it, as before.
+    async fn connect_masters(&self) {
+        let masters = self.masters();
+        futures_util::future::join_all(masters.iter().map(|m| self.node(m))).await;
     }
 
     /// The connection to `node` (`host:port`), opened if need be.
