@@ -110,6 +110,68 @@ impl Model {
     fn waits(&self) -> [bool; 3] {
         [!self.places[0].is_empty(), !self.places[1].is_empty(), !self.places[2].is_empty()]
     }
+
+    /// An arrival of class `k` at `now` (places past their deadline given
+    /// up first), whose cost fits its class's `room` (`fits`); `may` says
+    /// whether the gate lets it in, asked only when nobody of its class or
+    /// above waits.
+    fn arrive(
+        &mut self,
+        now: u32,
+        lanes: &[Lane],
+        q: u64,
+        k: usize,
+        fits: bool,
+        deadline: u32,
+        may: impl FnOnce(&Model) -> bool,
+    ) -> Arrival {
+        self.advance(now);
+        let ahead = (0..=k).any(|j| !self.places[j].is_empty());
+        if !fits {
+            return Arrival::Refused;
+        }
+        if !ahead && may(self) {
+            return Arrival::Admitted;
+        }
+        if self.taken(k) >= lanes[k].places {
+            return Arrival::Refused;
+        }
+        while self.live() >= q {
+            // The newest place of the lowest class below k.
+            let Some(j) = (k + 1..3).rev().find(|&j| !self.places[j].is_empty()) else {
+                return Arrival::Refused;
+            };
+            self.places[j].pop_last();
+        }
+        let t = self.tails[k];
+        self.tails[k] += 1;
+        self.places[k].insert(t, Waiter { deadline });
+        Arrival::Waiting { ticket: t }
+    }
+
+    /// The waiter of class `k` and ticket `t` looks at `now`; `may` as in
+    /// [`Model::arrive`], asked only at the head of the highest waiting class.
+    fn poll(&mut self, now: u32, k: usize, t: u64, may: impl FnOnce(&Model) -> bool) -> Turn {
+        self.advance(now);
+        match self.places[k].get(&t).copied() {
+            None => Turn::Gone,
+            Some(w) if w.deadline < now => {
+                self.places[k].remove(&t);
+                Turn::Gone
+            }
+            Some(_) => {
+                let above: u64 = (0..k).map(|j| self.taken(j)).sum();
+                let head = self.head(k);
+                if t > head || above > 0 || !may(self) {
+                    Turn::Waiting { ahead: above + t - head }
+                } else {
+                    self.places[k].remove(&t);
+                    self.advance(now);
+                    Turn::Admitted
+                }
+            }
+        }
+    }
 }
 
 proptest! {
@@ -145,62 +207,19 @@ proptest! {
                     let deadline = now + wait_s;
                     let got = view(&mut s, max, q, &lanes).arrive(now, k, cost, deadline);
                     let room = max.saturating_sub(lanes[..k].iter().filter(|l| !l.lend).map(|l| l.reserve).sum());
-                    m.advance(now);
-                    let ahead = (0..=k).any(|j| !m.places[j].is_empty());
-                    let want = if cost > room {
-                        Arrival::Refused
-                    } else if !ahead && may_enter(max, &lanes, &held, &m.waits(), k, cost) {
-                        Arrival::Admitted
-                    } else if m.taken(k) >= lanes[k].places {
-                        Arrival::Refused
-                    } else {
-                        let mut refused = false;
-                        while m.live() >= q {
-                            // The newest place of the lowest class below k.
-                            let Some(j) = (k + 1..3).rev().find(|&j| !m.places[j].is_empty()) else {
-                                refused = true;
-                                break;
-                            };
-                            m.places[j].pop_last();
-                        }
-                        match refused {
-                            true => Arrival::Refused,
-                            false => {
-                                let t = m.tails[k];
-                                m.tails[k] += 1;
-                                m.places[k].insert(t, Waiter { deadline });
-                                known.push((k, t, cost));
-                                Arrival::Waiting { ticket: t }
-                            }
-                        }
-                    };
+                    let may = |m: &Model| may_enter(max, &lanes, &held, &m.waits(), k, cost);
+                    let want = m.arrive(now, &lanes, q, k, cost <= room, deadline, may);
                     prop_assert_eq!(got, want);
-                    if got == Arrival::Admitted {
-                        admitted.push((k, cost));
+                    match got {
+                        Arrival::Admitted => admitted.push((k, cost)),
+                        Arrival::Waiting { ticket } => known.push((k, ticket, cost)),
+                        Arrival::Refused => {}
                     }
                 }
                 Op::Poll(i) => {
                     let Some(&(k, t, cost)) = known.get(i % known.len().max(1)) else { continue };
                     let got = view(&mut s, max, q, &lanes).poll(now, k, cost, t);
-                    m.advance(now);
-                    let want = match m.places[k].get(&t).copied() {
-                        None => Turn::Gone,
-                        Some(w) if w.deadline < now => {
-                            m.places[k].remove(&t);
-                            Turn::Gone
-                        }
-                        Some(_) => {
-                            let above: u64 = (0..k).map(|j| m.taken(j)).sum();
-                            let head = m.head(k);
-                            if t > head || above > 0 || !may_enter(max, &lanes, &held, &m.waits(), k, cost) {
-                                Turn::Waiting { ahead: above + t - head }
-                            } else {
-                                m.places[k].remove(&t);
-                                m.advance(now);
-                                Turn::Admitted
-                            }
-                        }
-                    };
+                    let want = m.poll(now, k, t, |m| may_enter(max, &lanes, &held, &m.waits(), k, cost));
                     prop_assert_eq!(got, want);
                     if got == Turn::Admitted {
                         // (spelled out: nobody live of a higher class, nobody before it in its own)
@@ -409,68 +428,27 @@ proptest! {
                     let mut w = limit.rate_wait(&mut state, &lanes, q, &kept, now_us).unwrap();
                     let got = w.arrive(now, k, cost, deadline);
                     let taken = w.taken().unwrap();
-                    m.advance(now);
-                    let ahead = (0..=k).any(|j| !m.places[j].is_empty());
-                    let want = if cost > burst - kept[k] {
-                        Arrival::Refused
-                    } else if !ahead && may(&ms, k, cost) {
-                        let mut d = Decision::default();
-                        limit.acquire_keeping(&mut ms, now_us, cost, kept[k], &mut d);
-                        prop_assert_eq!(taken.charge.cost(), cost, "charged its cost alone");
-                        Arrival::Admitted
-                    } else if m.taken(k) >= lanes[k].places {
-                        Arrival::Refused
-                    } else {
-                        let mut refused = false;
-                        while m.live() >= q {
-                            let Some(j) = (k + 1..3).rev().find(|&j| !m.places[j].is_empty()) else {
-                                refused = true;
-                                break;
-                            };
-                            m.places[j].pop_last();
-                        }
-                        match refused {
-                            true => Arrival::Refused,
-                            false => {
-                                let t = m.tails[k];
-                                m.tails[k] += 1;
-                                m.places[k].insert(t, Waiter { deadline });
-                                known.push((k, t, cost));
-                                Arrival::Waiting { ticket: t }
-                            }
-                        }
-                    };
+                    let want = m.arrive(now, &lanes, q, k, cost <= burst - kept[k], deadline, |_| may(&ms, k, cost));
                     prop_assert_eq!(got, want);
-                    if got == Arrival::Admitted {
-                        admitted[k] += cost;
+                    match got {
+                        Arrival::Admitted => {
+                            let mut d = Decision::default();
+                            limit.acquire_keeping(&mut ms, now_us, cost, kept[k], &mut d);
+                            prop_assert_eq!(taken.charge.cost(), cost, "charged its cost alone");
+                            admitted[k] += cost;
+                        }
+                        Arrival::Waiting { ticket } => known.push((k, ticket, cost)),
+                        Arrival::Refused => {}
                     }
                 }
                 RateOp::Poll(i) => {
                     let Some(&(k, t, cost)) = known.get(i % known.len().max(1)) else { continue };
                     let got = limit.rate_wait(&mut state, &lanes, q, &kept, now_us).unwrap().poll(now, k, cost, t);
-                    m.advance(now);
-                    let want = match m.places[k].get(&t).copied() {
-                        None => Turn::Gone,
-                        Some(w) if w.deadline < now => {
-                            m.places[k].remove(&t);
-                            Turn::Gone
-                        }
-                        Some(_) => {
-                            let above: u64 = (0..k).map(|j| m.taken(j)).sum();
-                            let head = m.head(k);
-                            if t > head || above > 0 || !may(&ms, k, cost) {
-                                Turn::Waiting { ahead: above + t - head }
-                            } else {
-                                let mut d = Decision::default();
-                                limit.acquire_keeping(&mut ms, now_us, cost, kept[k], &mut d);
-                                m.places[k].remove(&t);
-                                m.advance(now);
-                                Turn::Admitted
-                            }
-                        }
-                    };
+                    let want = m.poll(now, k, t, |_| may(&ms, k, cost));
                     prop_assert_eq!(got, want);
                     if got == Turn::Admitted {
+                        let mut d = Decision::default();
+                        limit.acquire_keeping(&mut ms, now_us, cost, kept[k], &mut d);
                         prop_assert!((0..k).all(|j| m.places[j].is_empty()));
                         prop_assert!(m.places[k].range(..t).next().is_none());
                         admitted[k] += cost;
