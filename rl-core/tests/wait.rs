@@ -115,6 +115,7 @@ impl Model {
     /// up first), whose cost fits its class's `room` (`fits`); `may` says
     /// whether the gate lets it in, asked only when nobody of its class or
     /// above waits.
+    #[allow(clippy::too_many_arguments)]
     fn arrive(
         &mut self,
         now: u32,
@@ -364,11 +365,11 @@ fn nested_reserves_hold_against_the_classes_below() {
     assert_eq!(w.arrive(10, 2, 1, 0), Arrival::Refused);
 }
 
-/// A rate line's waiting line (`rl_limit ... queue= classes=`): the same
-/// order as a concurrency line's, a waiter let in only where the algorithm
-/// admits a request of its cost plus the reserves of the classes above it
-/// (as a request of its class is decided without a queue), charged its
-/// cost alone. The model decides with the algorithm on a copy of its words.
+// A rate line's waiting line (`rl_limit ... queue= classes=`): the same
+// order as a concurrency line's, a waiter let in only where the algorithm
+// admits a request of its cost plus the reserves of the classes above it
+// (as a request of its class is decided without a queue), charged its
+// cost alone. The model decides with the algorithm on a copy of its words.
 proptest! {
     #[test]
     fn a_rate_line_in_class_order(
