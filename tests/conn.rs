@@ -439,6 +439,85 @@ fn a_draining_workers_slots_come_back() {
     assert_eq!(now, new, "no worker started meanwhile");
 }
 
+/// Writes `directive` into the main context of `ngx`'s configuration (the
+/// harness renders `http {}`'s content only) and reloads by `SIGHUP`, as
+/// `nginx -s reload` does; returns once only workers started with it are
+/// left (10 s at most; the old ones hold nothing and exit at once). A
+/// later [`Nginx::reload_now`] writes the configuration afresh, without it:
+/// the workers started now keep it (a worker's settings are its cycle's).
+fn reload_with_main_directive(ngx: &Nginx, directive: &str) {
+    let path = ngx.prefix.join("nginx.conf");
+    let conf = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{directive}\n{conf}")).unwrap();
+    let old = ngx.worker_pids();
+    let master = std::fs::read_to_string(ngx.prefix.join("nginx.pid")).unwrap();
+    Command::new("kill").args(["-HUP", master.trim()]).status().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = ngx.worker_pids();
+        if now.len() == WORKERS && now.iter().all(|p| !old.contains(p)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "reload with {directive}: {old:?} -> {now:?}\n{}", ngx.error_log());
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!ngx.error_log().contains("[emerg]"), "{}", ngx.error_log());
+}
+
+/// `worker_shutdown_timeout 1s;`: after a reload, nginx closes the
+/// connections an old worker still has once the timeout ends, and the
+/// request held in flight there ends with them: its slot is free again in
+/// the new workers within a few seconds (a new request passes, nothing is
+/// left in flight), given back by the request's end (nothing reclaimed).
+#[test]
+fn worker_shutdown_timeout_gives_the_slot_back() {
+    let ngx = start(&format!(
+        "rl_zone c size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           location /slow/ {{ rl_conn zone=c max=1 key=all; {SLOW} }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}"
+    ));
+    reload_with_main_directive(&ngx, "worker_shutdown_timeout 1s;");
+    let (status, mut held) = hold(&ngx, "/slow/big.html");
+    assert_eq!(status, 200);
+    assert_eq!(ngx.get("/slow/big.html", &[]).status, 429, "one slot");
+    let old = ngx.worker_pids();
+    let from = ngx.reload_now();
+    let reloaded = Instant::now();
+    // The old worker holding the request closes its connection at the timeout: the client reads
+    // what was sent, then the end (the file would take over an hour at 1 byte a second).
+    held.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match held.read(&mut buf) {
+            Ok(0) => break reloaded.elapsed(),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            // (closed with a reset: closed too)
+            Err(_) => break reloaded.elapsed(),
+        }
+        assert!(
+            reloaded.elapsed() < Duration::from_secs(5),
+            "the held connection is still open 5 s after the reload:\n{}",
+            ngx.error_log_since(from)
+        );
+    };
+    assert!(closed >= Duration::from_millis(900), "closed {closed:?} after the reload, before the timeout");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ngx.worker_pids().iter().any(|p| old.contains(p)) {
+        assert!(Instant::now() < deadline, "the old workers did not exit:\n{}", ngx.error_log_since(from));
+        thread::sleep(Duration::from_millis(20));
+    }
+    until_counts(&ngx, (0, 0));
+    let (status, _again) = hold(&ngx, "/slow/big.html");
+    assert_eq!(status, 200, "the slot of the request the timeout ended:\n{}", ngx.error_log_since(from));
+    until_counts(&ngx, (1, 0));
+    let log = ngx.error_log_since(from);
+    assert!(!log.contains("held by worker process"), "given back by the request's end, not reclaimed:\n{log}");
+    assert!(crash_lines(&log).is_empty(), "{log}");
+}
+
 /// The zone's `nginx_rl_conn_in_flight` and `nginx_rl_conn_reclaimed_total`.
 fn in_flight_and_reclaimed(ngx: &Nginx) -> (u64, u64) {
     let m = ngx.get("/metrics", &[]).body;

@@ -10,6 +10,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -223,6 +224,167 @@ fn a_reload_keeps_requests_in_flight() {
     let (_s, _) = hold_within(&ngx, "/slow/big.html?k=a", Duration::from_secs(5), "the old worker's slot");
     assert_eq!(metric(&ngx, "nginx_rl_conn_reclaimed_total"), 0);
     assert!(crash_lines(&ngx.error_log()).is_empty(), "{}", ngx.error_log());
+}
+
+/// A request held as [`hold`] holds it, and its response's head: its
+/// status and fields (no body).
+fn hold_head(ngx: &Nginx, path: &str) -> (Response, TcpStream) {
+    use std::io::BufRead;
+    let s = send_only(ngx.port, path);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut reader = std::io::BufReader::new(s.try_clone().unwrap());
+    let mut head = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap_or_else(|e| panic!("no head for {path}: {e}"));
+        if line.trim().is_empty() {
+            break;
+        }
+        head.push(line.trim_end().to_string());
+    }
+    let status = head.first().and_then(|l| l.split(' ').nth(1)?.parse().ok()).unwrap_or(0);
+    let headers = head
+        .iter()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (Response { status, headers, body: String::new() }, s)
+}
+
+/// `nghttp` (Debian's nghttp2-client) on `urls`, all on one HTTP/2
+/// connection, each request given up after `timeout`: started, not waited
+/// for (what it says on its standard error, a timeout, is not shown).
+fn nghttp(urls: &[String], timeout: &str) -> Child {
+    Command::new("nghttp")
+        .args(["-n", "-v", &format!("--timeout={timeout}")])
+        .args(urls)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nghttp (Debian's nghttp2-client)")
+}
+
+/// The `:status` of each response `nghttp -v` printed, sorted, once it
+/// has exited (killed after 15 s: its timeout is a read's, which a slow
+/// stream's bytes could keep putting off).
+fn h2_statuses(mut child: Child) -> (Vec<String>, String) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut statuses: Vec<String> =
+        text.lines().filter_map(|l| Some(l.split(":status: ").nth(1)?.to_string())).collect();
+    statuses.sort();
+    (statuses, text)
+}
+
+/// Each HTTP/2 stream is a request of its own on a Redis zone too: two
+/// streams of one connection (`nghttp`, which sends every URI on one) take
+/// two slots, and with `max=1` one is refused with the location's status
+/// (`rl_status 503`) while Redis holds the other's unit. When the
+/// connection ends (nghttp gives up), the held stream ends and its unit is
+/// given back: the key's fields go, and a next stream passes.
+#[test]
+fn each_http2_stream_counts_on_redis() {
+    let redis = Redis::start();
+    let ngx = start(&format!(
+        "rl_zone r redis={} timeout=500ms;\n\
+         server {{ listen 127.0.0.1:{{PORT}} http2; root {{ROOT}};\n\
+           rl_status 503;\n\
+           location /slow/ {{ rl_conn zone=r max=1 key=$arg_k; {SLOW} }}\n\
+         }}",
+        redis.url()
+    ));
+    let url = |q: &str| format!("http://127.0.0.1:{}/slow/big.html?k=a&n={q}", ngx.port);
+    let client = nghttp(&[url("1"), url("2")], "3");
+    // (while nghttp waits for the held stream's body)
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while held_in_redis(&redis) != 1 {
+        assert!(Instant::now() < deadline, "not the one unit of the stream let in: {:?}", fields(&redis));
+        thread::sleep(Duration::from_millis(20));
+    }
+    let (statuses, text) = h2_statuses(client);
+    assert_eq!(statuses, ["200", "503"], "{text}\n{}", ngx.error_log());
+    let log = ngx.error_log();
+    assert!(
+        log.lines().any(|l| l.contains("[error]") && l.contains("limiting connections by zone \"r\", client: ")),
+        "{log}"
+    );
+    // (nghttp gave up and closed the connection: its streams end with it)
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !fields(&redis).is_empty() {
+        assert!(Instant::now() < deadline, "not given back: {:?}\n{}", fields(&redis), ngx.error_log());
+        thread::sleep(Duration::from_millis(50));
+    }
+    let (statuses, text) = h2_statuses(nghttp(&[url("3")], "1"));
+    assert_eq!(statuses, ["200"], "the slot is free again: {text}");
+    assert!(crash_lines(&ngx.error_log()).is_empty(), "{}", ngx.error_log());
+}
+
+/// Response fields of a Redis `rl_conn` line (`name=c max=2`), as for
+/// shared memory: `RateLimit-Policy` gives the quota and draft 11's quota
+/// unit, and `RateLimit`'s remaining counts the units held across the
+/// fleet: each request in flight of either nginx, its own included (no
+/// `t`, no `Retry-After`: when a request ends is not known).
+#[test]
+fn rate_limit_policy_on_redis() {
+    let redis = Redis::start();
+    let c = format!(
+        "rl_zone r redis={} timeout=500ms;\n\
+         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
+           rl_headers draft;\n\
+           location /slow/ {{ rl_conn zone=r max=2 key=$arg_k name=c; {SLOW} }}\n\
+           location = /fast.html {{ rl_conn zone=r max=2 key=$arg_k name=c; }}\n\
+         }}",
+        redis.url()
+    );
+    let (a, b) = (start(&c), start(&c));
+    let policy = Some("\"c\";q=2;qu=\"concurrent-requests\"");
+    let (first, held_a) = hold_head(&a, "/slow/big.html?k=a");
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("RateLimit-Policy"), policy, "{first:?}");
+    assert_eq!(first.header("RateLimit"), Some("\"c\";r=1"), "its own unit held: {first:?}");
+    let (second, held_b) = hold_head(&b, "/slow/big.html?k=a");
+    assert_eq!(second.status, 200);
+    assert_eq!(second.header("RateLimit-Policy"), policy, "{second:?}");
+    assert_eq!(second.header("RateLimit"), Some("\"c\";r=0"), "the other nginx's request counted: {second:?}");
+    let from = a.error_log().len();
+    let r = a.get("/fast.html?k=a", &[]);
+    assert_eq!(r.status, 429, "a third request in flight");
+    assert_eq!(r.header("RateLimit-Policy"), policy);
+    assert_eq!(r.header("RateLimit"), Some("\"c\";r=0"));
+    assert_eq!(r.header("Retry-After"), None, "no one knows when a request in flight ends");
+    let log = a.error_log_since(from);
+    assert!(
+        log.lines().any(|l| l.contains("[error]") && l.contains("limiting connections by zone \"r\", client: ")),
+        "{log}"
+    );
+    // One ends (on the other nginx): a request passes beside the one still held, and leaves none.
+    drop(held_b);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let r = loop {
+        let r = a.get("/fast.html?k=a", &[]);
+        if r.status == 200 {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "b's unit never given back: {:?}", fields(&redis));
+        thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(r.header("RateLimit"), Some("\"c\";r=0"), "held by a's request and its own: {r:?}");
+    // Both end: a lone request leaves one.
+    drop(held_a);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fields(&redis).is_empty() {
+        assert!(Instant::now() < deadline, "not given back: {:?}", fields(&redis));
+        thread::sleep(Duration::from_millis(50));
+    }
+    let r = b.get("/fast.html?k=a", &[]);
+    assert_eq!((r.status, r.header("RateLimit")), (200, Some("\"c\";r=1")), "{r:?}");
+    assert_eq!(r.header("RateLimit-Policy"), policy);
 }
 
 /// What a Redis zone cannot do for `rl_conn` yet is refused by `nginx -t`,
