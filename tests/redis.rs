@@ -1160,3 +1160,64 @@ fn workers_that_exit_close_their_connections() {
         thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Rewrites `ngx`'s `events {}` to `worker_connections n` and reloads by
+/// `SIGHUP`; returns once only workers started with it are left, and the
+/// error log's length before the reload.
+fn with_worker_connections(ngx: &Nginx, n: usize) -> usize {
+    let path = ngx.prefix.join("nginx.conf");
+    let conf = std::fs::read_to_string(&path).unwrap();
+    let (head, rest) = conf.split_once("worker_connections ").unwrap_or_else(|| panic!("{conf}"));
+    let tail = rest.split_once(';').map_or("", |(_, t)| t);
+    std::fs::write(&path, format!("{head}worker_connections {n};{tail}")).unwrap();
+    let from = ngx.error_log().len();
+    let old = ngx.worker_pids();
+    let master = std::fs::read_to_string(ngx.prefix.join("nginx.pid")).unwrap();
+    std::process::Command::new("kill").args(["-HUP", master.trim()]).status().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = ngx.worker_pids();
+        if now.len() == WORKERS && now.iter().all(|p| !old.contains(p)) {
+            return from;
+        }
+        assert!(Instant::now() < deadline, "reload: {old:?} -> {now:?}\n{}", ngx.error_log_since(from));
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A Redis zone's connections are nginx connections: they count in
+/// `worker_connections`. With 3 (a worker's channel to its master, its
+/// listening socket, one client connection), a request that needs Redis
+/// finds no connection left for it: nginx says so ("worker_connections are
+/// not enough") and the request is answered per `on_error`. With 4 it is
+/// decided by Redis, and the same nginx with a shared-memory line at 3
+/// serves it: the one connection more is Redis's.
+#[test]
+fn redis_connections_count_in_worker_connections() {
+    let redis = Redis::start();
+    let conf = |zone: &str| {
+        server(
+            &format!("rl_zone r redis={} timeout=300ms on_error=allow;\nrl_zone s size=1m;", redis.url()),
+            &format!("location / {{ rl_limit zone={zone} rate=1r/m burst=1 key=all; }}"),
+        )
+    };
+    let ngx = Nginx::start(&conf("r"));
+    let from = with_worker_connections(&ngx, 3);
+    let r = ngx.get("/index.html", &[]);
+    let log = ngx.error_log_since(from);
+    assert_eq!(r.status, 200, "let through per on_error: {r:?}\n{log}");
+    assert!(log.contains("3 worker_connections are not enough"), "{log}");
+    assert!(log.contains("allowing request"), "{log}");
+    let from = with_worker_connections(&ngx, 4);
+    let got: Vec<u16> = (0..3).map(|_| ngx.get("/index.html", &[]).status).collect();
+    let log = ngx.error_log_since(from);
+    assert!(got.contains(&429), "decided by Redis: {got:?}\n{log}");
+    assert!(!log.contains("worker_connections are not enough"), "{log}");
+    drop(ngx);
+    let shm = Nginx::start(&conf("s"));
+    let from = with_worker_connections(&shm, 3);
+    let got: Vec<u16> = (0..2).map(|_| shm.get("/index.html", &[]).status).collect();
+    let log = shm.error_log_since(from);
+    assert_eq!(got, [200, 429], "{log}");
+    assert!(!log.contains("worker_connections are not enough"), "{log}");
+}
