@@ -415,7 +415,7 @@ impl Limit {
         if self.varying || self.queue != 0 || queue == 0 || queue > MAX_LOG_BURST || too_many || lanes.is_empty() {
             return Err(overflow);
         }
-        let lane_words = u32::try_from(wait::rate_words(lanes)).map_err(|_| overflow)?;
+        let lane_words = u32::try_from(wait::words(lanes)).map_err(|_| overflow)?;
         let words = self.words.checked_add(lane_words).ok_or(overflow)?;
         Ok(Limit { words, lane_words, ..self })
     }

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use rl_core::limit::wait::{rate_words, words, Arrival, Gate, Lane, Turn, Wait};
+use rl_core::limit::wait::{words, Arrival, Gate, Lane, Turn, Wait};
 use rl_core::limit::{Algorithm, Decision, Limit};
 use rl_core::parse::Rate;
 
@@ -387,7 +387,7 @@ proptest! {
             .unwrap()
             .with_rate_lanes(q, &lanes)
             .unwrap();
-        let algo = limit.state_words() - rate_words(&lanes);
+        let algo = limit.state_words() - words(&lanes);
         let mut state = vec![0u64; limit.state_words()];
         // The model: the algorithm's words alone, and the places.
         let mut ms = vec![0u64; algo];

@@ -11,7 +11,7 @@
 //! ([`leave_all`], also when its client goes away).
 
 use ngx::ffi::ngx_log_t;
-use rl_core::limit::wait::{Arrival, Turn};
+use rl_core::limit::wait::{Arrival, Turn, Wait};
 use rl_core::limit::{Charge, Decision, Outcome};
 
 use super::{now_us, Zone};
@@ -53,6 +53,17 @@ fn admit(line: &Line, res: &mut LineResult, free: u64, taken: Option<Decision>, 
         },
     };
     res.charged = true;
+}
+
+/// What a rate line's waiting line says beside its verdict: what it
+/// charged a request let in, and the wait until its cost would pass (both
+/// `None` on an `rl_conn` line, which does not ask).
+#[inline(always)]
+fn rate_turn(line: &Line, wait: &Wait<'_>, class: usize, cost: u64) -> (Option<Decision>, Option<u64>) {
+    match line.limit.is_concurrent() {
+        true => (None, None),
+        false => (wait.taken(), wait.retry_us(class, cost)),
+    }
 }
 
 /// A refusal with `free` units left, and on a rate line the wait until a
@@ -115,7 +126,7 @@ pub fn arrive(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
             true => Arrival::Refused,
             false => wait.arrive(now_s, class, res.cost, deadline_s(now, line.wait_ms)),
         };
-        let (free, taken, retry) = (wait.free(class), wait.taken(), wait.retry_us(class, res.cost));
+        let (free, (taken, retry)) = (wait.free(class), rate_turn(line, &wait, class, res.cost));
         match arrival {
             Arrival::Admitted => admit(line, res, free, taken, 0),
             Arrival::Waiting { ticket } => {
@@ -176,7 +187,7 @@ pub fn poll(zones: &[Box<Zone>], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_lo
         let end = since.saturating_add(line.wait_ms.saturating_mul(1000));
         let class = usize::from(res.class);
         let turn = wait.poll(now_s, class, res.cost, ticket);
-        let (free, taken, retry) = (wait.free(class), wait.taken(), wait.retry_us(class, res.cost));
+        let (free, (taken, retry)) = (wait.free(class), rate_turn(line, &wait, class, res.cost));
         let mut admitted = false;
         match turn {
             Turn::Admitted => {

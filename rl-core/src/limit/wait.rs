@@ -61,16 +61,11 @@ pub struct Lane {
 /// The most classes a line may have.
 pub const MAX_LANES: usize = 16;
 
-/// Words a concurrency line's waiting line of `lanes` takes after the
-/// line's own.
+/// Words a waiting line of `lanes` takes after the line's own (a rate
+/// line's too: its words of units held per class stay 0, and the layout is
+/// one).
 pub fn words(lanes: &[Lane]) -> usize {
-    held_words(lanes) + rate_words(lanes)
-}
-
-/// Words a rate line's waiting line of `lanes` takes after the algorithm's:
-/// no units held per class (a rate budget is spent, not held).
-pub fn rate_words(lanes: &[Lane]) -> usize {
-    1 + 2 * lanes.len() + lanes.iter().map(|l| l.places.div_ceil(2) as usize).sum::<usize>()
+    1 + held_words(lanes) + 2 * lanes.len() + lanes.iter().map(|l| l.places.div_ceil(2) as usize).sum::<usize>()
 }
 
 /// Words of units held per class: none for one class (all units are its).
@@ -161,8 +156,7 @@ impl RateGate<'_> {
 }
 
 /// A view of one key's state: what its waiters wait for (`gate`), its
-/// waiting line of `q` places in all (`line`, [`words`] or [`rate_words`]
-/// long) and the line's classes (`lanes`, highest first, at least one).
+/// waiting line of `q` places in all (`line`, [`words`] long) and the line's classes (`lanes`, highest first, at least one).
 pub struct Wait<'a> {
     pub gate: Gate<'a>,
     pub q: u64,
@@ -171,15 +165,6 @@ pub struct Wait<'a> {
 }
 
 impl Wait<'_> {
-    /// Words of units held per class in the line: a concurrency line's of
-    /// several classes only.
-    fn held_words(&self) -> usize {
-        match self.gate {
-            Gate::Units { .. } => held_words(self.lanes),
-            Gate::Rate(_) => 0,
-        }
-    }
-
     fn word(&self, i: usize) -> u64 {
         self.line.get(i).copied().unwrap_or(0)
     }
@@ -195,25 +180,24 @@ impl Wait<'_> {
     }
 
     fn head(&self, k: usize) -> u64 {
-        self.word(1 + self.held_words() + 2 * k)
+        self.word(1 + held_words(self.lanes) + 2 * k)
     }
 
     fn tail(&self, k: usize) -> u64 {
-        self.word(2 + self.held_words() + 2 * k)
+        self.word(2 + held_words(self.lanes) + 2 * k)
     }
 
     /// Units class `k` holds (a rate line's classes hold none).
     fn held(&self, k: usize) -> u64 {
-        match (&self.gate, self.held_words()) {
-            (Gate::Units { units, .. }, 0) => **units,
-            (Gate::Units { .. }, _) => self.word(held_at(k) - 1),
-            (Gate::Rate(_), _) => 0,
+        match &self.gate {
+            Gate::Units { units, .. } if self.lanes.len() <= 1 => **units,
+            Gate::Units { .. } => self.word(held_at(k) - 1),
+            Gate::Rate(_) => 0,
         }
     }
 
     /// Class `k` takes `cost` units: holds them, or is charged them.
     fn hold(&mut self, k: usize, cost: u64) {
-        let held = self.held(k);
         match &mut self.gate {
             Gate::Units { units, .. } => **units += cost,
             Gate::Rate(g) => {
@@ -222,7 +206,8 @@ impl Wait<'_> {
                 return;
             }
         }
-        if self.held_words() > 0 {
+        if self.lanes.len() > 1 {
+            let held = self.word(held_at(k) - 1);
             self.set_word(held_at(k) - 1, held + cost);
         }
     }
@@ -230,12 +215,12 @@ impl Wait<'_> {
     /// Class `k` gives back `cost` units (its request ended); a rate line
     /// has nothing to give back.
     pub fn give_back(&mut self, k: usize, cost: u64) {
-        let held = self.held(k);
         match &mut self.gate {
             Gate::Units { units, .. } => **units = units.saturating_sub(cost),
             Gate::Rate(_) => return,
         }
-        if self.held_words() > 0 {
+        if self.lanes.len() > 1 {
+            let held = self.word(held_at(k) - 1);
             self.set_word(held_at(k) - 1, held.saturating_sub(cost));
         }
     }
@@ -245,7 +230,7 @@ impl Wait<'_> {
     fn at(&self, k: usize, t: u64) -> (usize, u32) {
         let lanes = self.lanes.len();
         let base = 1
-            + self.held_words()
+            + held_words(self.lanes)
             + 2 * lanes
             + self.lanes.iter().take(k).map(|l| l.places.div_ceil(2) as usize).sum::<usize>();
         let places = self.lanes.get(k).map_or(1, |l| l.places.max(1));
@@ -290,7 +275,7 @@ impl Wait<'_> {
                 self.give_up(k, head);
                 head += 1;
             }
-            self.set_word(1 + self.held_words() + 2 * k, head);
+            self.set_word(1 + held_words(self.lanes) + 2 * k, head);
         }
     }
 
@@ -317,7 +302,7 @@ impl Wait<'_> {
     }
 
     fn valid(&self, k: usize) -> bool {
-        k < self.lanes.len() && self.line.len() >= self.held_words() + rate_words(self.lanes)
+        k < self.lanes.len() && self.line.len() >= words(self.lanes)
     }
 
     /// A request of class `k` and `cost` that cannot wait (a dry-run
@@ -359,7 +344,7 @@ impl Wait<'_> {
             }
         }
         self.take(k, tail, deadline_s.max(now_s).max(1));
-        self.set_word(2 + self.held_words() + 2 * k, tail + 1);
+        self.set_word(2 + held_words(self.lanes) + 2 * k, tail + 1);
         Arrival::Waiting { ticket: tail }
     }
 
