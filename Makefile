@@ -205,7 +205,7 @@ test-core:
 
 # The integration tests start their own nginx (and redis-server) on loopback
 # ports, once against Debian's nginx and once against the vendored 1.28.
-INTEGRATION := --test integration --test identity --test dry_run --test variables --test queue --test reliability --test conf_check --test redis --test redis_late --test misbehaving --test mixed --test auth --test sentinel --test resolver --test metrics --test quota --test version --test plans --test dashboard --test recipes --test header_clients --test applied_once --test lease --test conn --test conn_redis --test limit_conn --test priority --test shedding --test memcached --test misbehaving_memcached
+INTEGRATION := --test integration --test identity --test dry_run --test variables --test queue --test reliability --test conf_check --test redis --test redis_late --test misbehaving --test mixed --test auth --test sentinel --test resolver --test metrics --test quota --test version --test plans --test dashboard --test recipes --test header_clients --test applied_once --test lease --test lease_lines --test conn --test conn_redis --test limit_conn --test priority --test shedding --test memcached --test misbehaving_memcached
 
 # The test files with targets of their own (test-package, test-build-src).
 OWN_TARGET_TESTS := package nginx_src
