@@ -51,6 +51,18 @@ fn start(block: &str) -> Nginx {
     Nginx::setup(block).file("html/slow/big.html", &slow_file()).file("html/fast.html", "fast\n").start()
 }
 
+/// One slot for all (`max=1 key=all`) on `/slow/`, the server listening
+/// with `listen` after its address (` http2`), and `/metrics`.
+fn one_slot(listen: &str) -> Nginx {
+    start(&format!(
+        "rl_zone c size=1m;\n\
+         server {{ listen 127.0.0.1:{{PORT}}{listen}; root {{ROOT}};\n\
+           location /slow/ {{ rl_conn zone=c max=1 key=all; {SLOW} }}\n\
+           location = /metrics {{ rl_metrics; }}\n\
+         }}"
+    ))
+}
+
 /// Two requests of a key hold the two slots of `max=2`: a third is
 /// refused with the location's status, `limit_conn`'s log line and the
 /// policy's quota unit; once one of them ends (its client closes), a new
@@ -253,13 +265,7 @@ fn kill_every_worker<T>(ngx: &Nginx, before: &[u32], held: T) {
 /// starts in its place gives back what it held, and says so.
 #[test]
 fn a_killed_workers_slots_come_back() {
-    let ngx = start(&format!(
-        "rl_zone c size=1m;\n\
-         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
-           location /slow/ {{ rl_conn zone=c max=1 key=all; {SLOW} }}\n\
-           location = /metrics {{ rl_metrics; }}\n\
-         }}"
-    ));
+    let ngx = one_slot("");
     let (status, held) = hold(&ngx, "/slow/big.html");
     assert_eq!(status, 200);
     assert_eq!(ngx.get("/slow/big.html", &[]).status, 429);
@@ -318,12 +324,7 @@ fn a_killed_workers_waiters_leave_the_gauge() {
 /// draining, gives its slot back when it does.
 #[test]
 fn a_reload_keeps_requests_in_flight() {
-    let ngx = start(&format!(
-        "rl_zone c size=1m;\n\
-         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
-           location /slow/ {{ rl_conn zone=c max=1 key=all; {SLOW} }}\n\
-         }}"
-    ));
+    let ngx = one_slot("");
     let (status, mut held) = hold(&ngx, "/slow/big.html");
     assert_eq!(status, 200);
     let old = ngx.worker_pids();
@@ -375,12 +376,7 @@ fn nginx_t_messages() {
 /// with `max=1` the second is refused.
 #[test]
 fn each_http2_stream_counts() {
-    let ngx = start(&format!(
-        "rl_zone c size=1m;\n\
-         server {{ listen 127.0.0.1:{{PORT}} http2; root {{ROOT}};\n\
-           location /slow/ {{ rl_conn zone=c max=1 key=all; {SLOW} }}\n\
-         }}"
-    ));
+    let ngx = one_slot(" http2");
     let url = |q: &str| format!("http://127.0.0.1:{}/slow/big.html?{q}", ngx.port);
     let out = Command::new("nghttp")
         .args(["-n", "-v", "--timeout=2", &url("a"), &url("b")])
@@ -397,12 +393,7 @@ fn each_http2_stream_counts() {
 /// what it held, no worker starting meanwhile.
 #[test]
 fn a_draining_workers_slots_come_back() {
-    let ngx = start(&format!(
-        "rl_zone c size=1m;\n\
-         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
-           location /slow/ {{ rl_conn zone=c max=1 key=all; {SLOW} }}\n\
-         }}"
-    ));
+    let ngx = one_slot("");
     let (status, held) = hold(&ngx, "/slow/big.html");
     assert_eq!(status, 200);
     let old = ngx.worker_pids();
@@ -439,31 +430,6 @@ fn a_draining_workers_slots_come_back() {
     assert_eq!(now, new, "no worker started meanwhile");
 }
 
-/// Writes `directive` into the main context of `ngx`'s configuration (the
-/// harness renders `http {}`'s content only) and reloads by `SIGHUP`, as
-/// `nginx -s reload` does; returns once only workers started with it are
-/// left (10 s at most; the old ones hold nothing and exit at once). A
-/// later [`Nginx::reload_now`] writes the configuration afresh, without it:
-/// the workers started now keep it (a worker's settings are its cycle's).
-fn reload_with_main_directive(ngx: &Nginx, directive: &str) {
-    let path = ngx.prefix.join("nginx.conf");
-    let conf = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(&path, format!("{directive}\n{conf}")).unwrap();
-    let old = ngx.worker_pids();
-    let master = std::fs::read_to_string(ngx.prefix.join("nginx.pid")).unwrap();
-    Command::new("kill").args(["-HUP", master.trim()]).status().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = ngx.worker_pids();
-        if now.len() == WORKERS && now.iter().all(|p| !old.contains(p)) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "reload with {directive}: {old:?} -> {now:?}\n{}", ngx.error_log());
-        thread::sleep(Duration::from_millis(20));
-    }
-    assert!(!ngx.error_log().contains("[emerg]"), "{}", ngx.error_log());
-}
-
 /// `worker_shutdown_timeout 1s;`: after a reload, nginx closes the
 /// connections an old worker still has once the timeout ends, and the
 /// request held in flight there ends with them: its slot is free again in
@@ -471,14 +437,8 @@ fn reload_with_main_directive(ngx: &Nginx, directive: &str) {
 /// left in flight), given back by the request's end (nothing reclaimed).
 #[test]
 fn worker_shutdown_timeout_gives_the_slot_back() {
-    let ngx = start(&format!(
-        "rl_zone c size=1m;\n\
-         server {{ listen 127.0.0.1:{{PORT}}; root {{ROOT}};\n\
-           location /slow/ {{ rl_conn zone=c max=1 key=all; {SLOW} }}\n\
-           location = /metrics {{ rl_metrics; }}\n\
-         }}"
-    ));
-    reload_with_main_directive(&ngx, "worker_shutdown_timeout 1s;");
+    let ngx = one_slot("");
+    ngx.reload_edited(|conf| format!("worker_shutdown_timeout 1s;\n{conf}"));
     let (status, mut held) = hold(&ngx, "/slow/big.html");
     assert_eq!(status, 200);
     assert_eq!(ngx.get("/slow/big.html", &[]).status, 429, "one slot");

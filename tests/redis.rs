@@ -1161,28 +1161,14 @@ fn workers_that_exit_close_their_connections() {
     }
 }
 
-/// Rewrites `ngx`'s `events {}` to `worker_connections n` and reloads by
-/// `SIGHUP`; returns once only workers started with it are left, and the
-/// error log's length before the reload.
+/// Reloads `ngx` with `worker_connections n` in its `events {}`; returns
+/// the error log's length before.
 fn with_worker_connections(ngx: &Nginx, n: usize) -> usize {
-    let path = ngx.prefix.join("nginx.conf");
-    let conf = std::fs::read_to_string(&path).unwrap();
-    let (head, rest) = conf.split_once("worker_connections ").unwrap_or_else(|| panic!("{conf}"));
-    let tail = rest.split_once(';').map_or("", |(_, t)| t);
-    std::fs::write(&path, format!("{head}worker_connections {n};{tail}")).unwrap();
-    let from = ngx.error_log().len();
-    let old = ngx.worker_pids();
-    let master = std::fs::read_to_string(ngx.prefix.join("nginx.pid")).unwrap();
-    std::process::Command::new("kill").args(["-HUP", master.trim()]).status().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = ngx.worker_pids();
-        if now.len() == WORKERS && now.iter().all(|p| !old.contains(p)) {
-            return from;
-        }
-        assert!(Instant::now() < deadline, "reload: {old:?} -> {now:?}\n{}", ngx.error_log_since(from));
-        thread::sleep(Duration::from_millis(20));
-    }
+    ngx.reload_edited(|conf| {
+        let (head, rest) = conf.split_once("worker_connections ").unwrap_or_else(|| panic!("{conf}"));
+        let tail = rest.split_once(';').map_or("", |(_, t)| t);
+        format!("{head}worker_connections {n};{tail}")
+    })
 }
 
 /// A Redis zone's connections are nginx connections: they count in

@@ -196,7 +196,7 @@ fn class_refusals() {
     );
     assert_eq!(
         refused("zone=a max=1 priority=$p classes=a:size=2,b"),
-        "invalid class \"a:size=2\" in \"rl_conn\" directive, a class takes \"queue=\" and \"reserve=\""
+        "invalid class \"a:size=2\" in \"rl_conn\" directive, a class takes \"queue=\", \"reserve=\" and \"lend\""
     );
     assert_eq!(
         refused("zone=a max=4 priority=$p classes=a:reserve=4,b"),

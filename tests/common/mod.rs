@@ -441,6 +441,33 @@ impl Nginx {
         self.send_reload(&self.http_block)
     }
 
+    /// Rewrites the nginx.conf running through `edit` (the harness writes
+    /// `http {}`'s content: this reaches the rest, `events {}` or the main
+    /// context) and reloads by `SIGHUP`, as `nginx -s reload` does; returns
+    /// once only workers started with it are left (10 s at most), and the
+    /// error log's length before. A later reload that writes the
+    /// configuration afresh ([`Nginx::reload_now`]) drops the edit.
+    pub fn reload_edited(&self, edit: impl FnOnce(&str) -> String) -> usize {
+        let path = self.prefix.join("nginx.conf");
+        let conf = fs::read_to_string(&path).unwrap();
+        fs::write(&path, edit(&conf)).unwrap();
+        let from = self.error_log().len();
+        let old = self.worker_pids();
+        let master = fs::read_to_string(self.prefix.join("nginx.pid")).unwrap();
+        Command::new("kill").args(["-HUP", master.trim()]).status().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = self.worker_pids();
+            if now.len() == WORKERS && now.iter().all(|p| !old.contains(p)) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "reload: {old:?} -> {now:?}\n{}", self.error_log_since(from));
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!self.error_log_since(from).contains("[emerg]"), "{}", self.error_log_since(from));
+        from
+    }
+
     /// Sends `nginx -s reload` with the same configuration and returns once
     /// the new workers have started (10 s at most), the old ones perhaps
     /// still draining.
@@ -782,6 +809,7 @@ pub fn sf_param(r: &Response, header: &str, item: &str, param: &str) -> u64 {
 pub mod conf_nginx;
 pub mod cutting_proxy;
 pub mod held;
+pub mod lease;
 pub mod memcached;
 pub mod redis;
 
