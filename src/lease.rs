@@ -126,17 +126,25 @@ impl LeaseZone {
         self.local && self.shared().alone_since.load(Ordering::Relaxed) != 0
     }
 
-    /// The times a lease of `line` asked for at `now` is sized by (the next
-    /// sync taken to be an interval away).
-    fn horizon(&self, line: &Line, now: u64) -> Horizon {
+    /// The times a lease granted by `leasing` asked for at `now` is sized
+    /// by (the next sync taken to be an interval away).
+    fn horizon(&self, leasing: &Leasing, now: u64) -> Horizon {
         let interval = self.sync.as_micros() as u64;
-        let ends = line.lease.map_or(now, |(_, l)| l.end(now));
-        Horizon { next: now.saturating_add(interval), interval, ends, wait: self.lives.bucket_us }
+        Horizon { next: now.saturating_add(interval), interval, ends: leasing.end(now), wait: self.lives.bucket_us }
     }
 
     /// How the line of identity `id` is leased.
     pub fn leasing(&self, id: u64) -> Option<&Leasing> {
         self.lines.iter().find(|(l, _)| *l == id).map(|(_, leasing)| leasing)
+    }
+
+    /// How the key `kept` keeps is leased: as its line is, or, on a line
+    /// whose values vary, under the values its requests brought; `None`
+    /// for a line no longer configured, or a key whose values cannot be
+    /// leased.
+    pub fn leasing_of(&self, kept: &Kept) -> Option<Leasing> {
+        let leasing = self.leasing(kept.line_id)?;
+        leasing.with_values(&kept.limit_of(leasing.line())?).ok()
     }
 }
 
@@ -149,18 +157,24 @@ pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
     let now = now_us();
     let mut admitted = true;
     for (line, res) in ctx.staged_mut(lines) {
-        let Some((z, _)) = line.lease.filter(|_| res.active && !line.charge_after) else { continue };
+        let Some((z, leasing)) = line.lease.filter(|_| res.active && !line.charge_after) else { continue };
         let Some(lz) = leases.get(z) else { continue };
+        let limit = res.limit(line);
+        // (a key of a plan whose burst is too small to be leased: Redis decides it)
+        let Some(leasing) = leased(&leasing, limit) else { continue };
         let alone = match lz.local {
             true => lz.shared().alone_since.load(Ordering::Relaxed),
             false => 0,
         };
         let cost = res.cost;
-        let decided = with_kept(lz, line, res.key.as_bytes(), now, log, |k| match k.decide(now, cost) {
-            Local::Ask if alone != 0 => (Some((decide_alone(lz, line, k, now, cost, alone), None)), 0),
-            // (Redis decides: the key's lease may come with its answer)
-            Local::Ask => (None, k.ask_with(now, lz.horizon(line, now), lz.nodes())),
-            local => (local.outcome(), 0),
+        let decided = with_kept(lz, line, res.key.as_bytes(), now, log, |k| {
+            k.set_values(limit);
+            match k.decide(now, cost) {
+                Local::Ask if alone != 0 => (Some((decide_alone(lz, limit, k, now, cost, alone), None)), 0),
+                // (Redis decides: the key's lease may come with its answer)
+                Local::Ask => (None, k.ask_with(now, lz.horizon(&leasing, now), lz.nodes())),
+                local => (local.outcome(), 0),
+            }
         });
         let Some((decided, want)) = decided else { continue };
         res.lease_want = want;
@@ -176,12 +190,19 @@ pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
     admitted
 }
 
-/// A request of `cost` on `line` decided on `kept` at `now` by this nginx
-/// alone, Redis last answering at `since`: on its share of the line.
-fn decide_alone(lz: &LeaseZone, line: &Line, kept: &mut Kept, now: u64, cost: u64, since: u64) -> Outcome {
+/// How a request whose limit is `limit` is leased on a line leased as
+/// `leasing` says (under its own values, on a line whose values vary):
+/// `None` if it cannot be.
+pub fn leased(leasing: &Leasing, limit: &Limit) -> Option<Leasing> {
+    leasing.with_values(limit).ok()
+}
+
+/// A request of `cost` under `limit` decided on `kept` at `now` by this
+/// nginx alone, Redis last answering at `since`: on its share of the line.
+fn decide_alone(lz: &LeaseZone, limit: &Limit, kept: &mut Kept, now: u64, cost: u64, since: u64) -> Outcome {
     let nodes = lz.nodes();
-    let share = rl_core::lease::share(&line.limit, nodes);
-    kept.decide_local(now, cost, &line.limit, share.as_ref(), nodes, since)
+    let share = rl_core::lease::share(limit, nodes);
+    kept.decide_local(now, cost, limit, share.as_ref(), nodes, since)
 }
 
 /// Redis zone `redis` failed for the request (`on_error=local`): its
@@ -195,8 +216,12 @@ pub fn alone(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, 
         if !res.active || res.leased || line.lease.is_none() || line.backend.redis() != Some(redis) {
             continue;
         }
-        let cost = res.cost;
-        match with_kept(lz, line, res.key.as_bytes(), now, log, |k| decide_alone(lz, line, k, now, cost, since)) {
+        let (cost, limit) = (res.cost, res.limit(line));
+        let decide = |k: &mut Kept| {
+            k.set_values(limit);
+            decide_alone(lz, limit, k, now, cost, since)
+        };
+        match with_kept(lz, line, res.key.as_bytes(), now, log, decide) {
             Some(o) => res.set(&o, false),
             None => res.active = false,
         }

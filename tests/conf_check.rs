@@ -272,7 +272,6 @@ fn cases(certs: &TestCerts) -> Vec<Case> {
     let unleasable = [
         ("algorithm=sliding_log", "algorithm=sliding_log cannot be leased: it keeps a timestamp per request"),
         ("algorithm=gcra burst=50 queue=5", "a line with a queue cannot be leased: a lease admits at once"),
-        ("burst=$arg_b", "a line whose rate or burst varies cannot be leased"),
         // (a lease lives 150 ms: the sync and the timeout; 100r/s refills 15 in it)
         ("burst=5 algorithm=gcra", "burst=5 is too small to be leased: leases hold back the 15 units"),
         ("burst=15 algorithm=token_bucket", "burst=15 is too small to be leased: leases hold back the 15 units"),

@@ -395,3 +395,52 @@ fn lease_all_or_nothing_with_a_shm_line() {
     assert_eq!(admitted_of(&shm), 95, "100 less the 5 admitted: the 15 the lease line refused charged nothing");
     clean(&nginx.iter().collect::<Vec<_>>(), "l");
 }
+
+/// Plans from variables in lease mode: each key is leased under its own
+/// plan's rate and burst (`map` on the key). Two nginx, `fixed` plans of
+/// 60 and 12 a minute: `X-RateLimit-Limit` is each key's own; under load
+/// from both nginx a key admits no more than its plan, and, once the
+/// leases it held have ended and gone back, exactly its plan over the
+/// window; leases were granted. A `gcra` plan whose burst (2) is below
+/// what the rate refills in a lease's life (3 at 2r/s) cannot be leased:
+/// Redis decides its key exactly (2 admitted at once, then refused), and
+/// no lease is granted for it.
+#[test]
+fn lease_plans_from_variables() {
+    let redis = Redis::start();
+    let conf = server(
+        &format!(
+            "{}\nmap $http_x_k $plan_rate {{ ~^gold 60r/m; default 12r/m; }}\n\
+             map $http_x_k $plan_burst {{ ~^tiny 2; default 20; }}",
+            lease_zone("l", &redis.url(), "1s")
+        ),
+        "location / { rl_limit zone=l key=$http_x_k rate=$plan_rate algorithm=fixed; }\n\
+         location /g/ { rl_limit zone=l key=$http_x_k rate=2r/s burst=$plan_burst algorithm=gcra; }\n\
+         location = /metrics { rl_metrics; }",
+    );
+    let nginx: Vec<Nginx> = (0..2).map(|_| Nginx::setup(&conf).file("html/g/index.html", "g\n").start()).collect();
+    let ports = ports_of(&nginx);
+    let granted = || -> u64 { ports.iter().map(|&p| metric(p, "nginx_rl_lease_units_granted_total", "l")).sum() };
+    // The plan that cannot be leased: exact, on either nginx.
+    let tiny: Vec<u16> = (0..6).map(|i| get(ports[i % 2], "/g/index.html", &[("X-K", "tiny")]).status).collect();
+    assert_eq!(tiny, [200, 200, 429, 429, 429, 429], "gcra 2r/s burst=2, decided by Redis");
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(granted(), 0, "a key whose plan cannot be leased is granted no lease");
+    // The fixed plans, within one window.
+    clear_of_window_end(60, 20);
+    for (key, plan) in [("gold-1", 60u64), ("free-1", 12)] {
+        let r = get(ports[0], "/index.html", &[("X-K", key)]);
+        assert_eq!((r.status, r.header("X-RateLimit-Limit")), (200, Some(plan.to_string().as_str())), "{key}");
+        let got = load(&ports, "/index.html", 40, 2, Duration::from_millis(15), key);
+        let admitted = 1 + got.iter().filter(|&&s| s == 200).count() as u64;
+        eprintln!("{key}: {:?} under load", statuses_of(&got));
+        assert!(admitted <= plan, "{key}: {admitted} admitted, above its plan of {plan}");
+        // (leases held unspent end within about a second, and go back at the next sync)
+        thread::sleep(Duration::from_millis(1500));
+        let later = sequential(ports[1], plan as usize + 2, "/index.html", key);
+        let total = admitted + admitted_of(&later) as u64;
+        assert_eq!(total, plan, "{key}: {admitted} under load, then {later:?}: the window's whole plan");
+    }
+    assert!(granted() > 0, "the plans' keys were leased");
+    clean(&nginx.iter().collect::<Vec<_>>(), "l");
+}

@@ -26,8 +26,11 @@
 //!   over that span and the lease life before it, which the smaller burst
 //!   keeps within what the configured burst admits over the span alone.
 //! - `sliding_log`, which stores one timestamp per unit, cannot be leased,
-//!   nor a line with a queue (a lease admits at once or not at all), nor,
-//!   yet, a varying line (its rate changes from request to request).
+//!   nor a line with a queue (a lease admits at once or not at all).
+//! - A line whose rate or burst comes from variables (plans) is leased per
+//!   key, under the values its requests carry ([`Leasing::with_values`]):
+//!   a key's leases are units of its own line. A key whose burst is too
+//!   small to be leased is decided on the shared state alone, exactly.
 //!
 //! Also here: [`Slot`], one key's leases as a node keeps them, on its own
 //! clock, with syncs in flight while requests spend; [`Demand`], which
@@ -56,8 +59,6 @@ pub enum LeaseError {
     /// Requests in flight (`rl_conn`): units held until the request ends,
     /// which no lease of a rate can hold.
     Concurrent,
-    /// A line whose rate and burst vary from request to request.
-    Varying,
     /// A lease life of 0, or one past which its figures overflow.
     Life,
     /// The buckets and `gcra`: the burst is not above what the rate refills
@@ -73,7 +74,6 @@ impl fmt::Display for LeaseError {
             }
             LeaseError::Concurrent => write!(f, "a concurrency limit cannot be leased"),
             LeaseError::Queue => write!(f, "a line with a queue cannot be leased: a lease admits at once"),
-            LeaseError::Varying => write!(f, "a line whose rate or burst varies cannot be leased"),
             LeaseError::Life => write!(f, "invalid lease life"),
             LeaseError::Burst { burst, held_back } => write!(
                 f,
@@ -96,6 +96,9 @@ pub struct Leasing {
     /// How long a lease may be spent from, in µs (at most to the end of its
     /// window, for `fixed` and `sliding`).
     life: u64,
+    /// `line` is a [`Limit::varying`] line as configured, whose values each
+    /// request brings: not a line that grants (see [`Leasing::with_values`]).
+    per_key: bool,
 }
 
 /// A node's lease: units granted at once, spent one request at a time
@@ -110,17 +113,49 @@ pub struct Lease {
 
 impl Leasing {
     /// `limit` leased for `life_us` at most a lease (for `fixed` and
-    /// `sliding` also to the end of the window it is granted in).
+    /// `sliding` also to the end of the window it is granted in). A
+    /// [`Limit::varying`] line is checked here for what its values cannot
+    /// change; each key's values are leased by [`Leasing::with_values`].
     pub fn new(limit: Limit, life_us: u64) -> Result<Leasing, LeaseError> {
-        if limit.is_varying() {
-            return Err(LeaseError::Varying);
-        }
         if limit.queue() > 0 {
             return Err(LeaseError::Queue);
         }
         if life_us == 0 {
             return Err(LeaseError::Life);
         }
+        match limit.algorithm() {
+            Algorithm::SlidingLog => return Err(LeaseError::SlidingLog),
+            Algorithm::Concurrent => return Err(LeaseError::Concurrent),
+            _ => {}
+        }
+        match limit.is_varying() {
+            true => Ok(Leasing { line: limit, life: life_us, per_key: true }),
+            false => Leasing::granting(limit, life_us),
+        }
+    }
+
+    /// How a key is leased whose requests bring `limit` (the line's values
+    /// for them) on a line whose values vary: under a line of those values
+    /// ([`LeaseError::Burst`]: a burst too small to be leased, the key is
+    /// decided on the shared state alone). A line whose values do not vary
+    /// is leased as it is, whatever `limit`.
+    pub fn with_values(&self, limit: &Limit) -> Result<Leasing, LeaseError> {
+        match self.per_key {
+            true => Leasing::granting(*limit, self.life),
+            false => Ok(*self),
+        }
+    }
+
+    /// Whether each key is leased under its own values
+    /// ([`Leasing::with_values`]).
+    pub fn per_key(&self) -> bool {
+        self.per_key
+    }
+
+    /// `limit` (a line of values) leased for `life_us`: for the buckets and
+    /// `gcra`, granted by a line with its burst less what the rate refills
+    /// in a lease's life.
+    fn granting(limit: Limit, life_us: u64) -> Result<Leasing, LeaseError> {
         let line = match limit.algorithm() {
             Algorithm::SlidingLog => return Err(LeaseError::SlidingLog),
             Algorithm::Concurrent => return Err(LeaseError::Concurrent),
@@ -131,13 +166,20 @@ impl Leasing {
                 if burst <= held_back {
                     return Err(LeaseError::Burst { burst, held_back });
                 }
-                Limit::new(limit.algorithm(), limit.rate(), burst - held_back).map_err(|_| LeaseError::Life)?
+                let line =
+                    Limit::new(limit.algorithm(), limit.rate(), burst - held_back).map_err(|_| LeaseError::Life)?;
+                match limit.is_varying() {
+                    true => line.varying(),
+                    false => line,
+                }
             }
         };
-        Ok(Leasing { line, life: life_us })
+        Ok(Leasing { line, life: life_us, per_key: false })
     }
 
-    /// The line that grants leases, on the state all nodes share.
+    /// The line that grants leases, on the state all nodes share (of a
+    /// line whose values vary: the line as configured, see
+    /// [`Leasing::with_values`]).
     pub fn line(&self) -> &Limit {
         &self.line
     }

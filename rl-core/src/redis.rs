@@ -539,7 +539,7 @@ fn flush_run(run: Option<(LineArg, u64)>, spec: &mut Spec, emit: &mut impl FnMut
 /// `charge=after` line's check and 8 for a line that reports
 /// [`Outcome::next_us`], plus 32 and a last field for a line of classes
 /// (`"... 32 kept"`, [`LineArg::kept`]); a lease asked with the request is
-/// `"... 16 life"`; a [`Limit::concurrent`] line with its [`Holder`] is
+/// `"... 16 life"` (18 on a varying line); a [`Limit::concurrent`] line with its [`Holder`] is
 /// `"concurrent count period_us max cost queue flags worker gen life_ms
 /// ticket left_ms"`, flags 64 plus the dry-run and next bits, and the
 /// queue, ticket and time left those of its [`Wait`] (all 0 for a take
@@ -551,11 +551,12 @@ pub fn write_spec(out: &mut String, line: &LineArg) {
         let name = limit.algorithm().name();
         let _ = write!(
             out,
-            "{name} {} {} {} {} 0 16 {}",
+            "{name} {} {} {} {} 0 {} {}",
             rate.count,
             rate.period_us,
             limit.burst(),
             line.cost,
+            16 | u8::from(limit.is_varying()) << 1,
             line.lease_life
         );
         return;

@@ -52,10 +52,25 @@ fn steps(max: usize) -> impl Strategy<Value = Vec<(u8, u64, Step)>> {
     prop::collection::vec((any::<u8>(), any::<u64>(), step), 1..max)
 }
 
+/// Lines that can be leased, a quarter of them [`Limit::varying`] (a
+/// plan's values, leased per key).
 fn limits() -> impl Strategy<Value = Limit> {
     let period = prop_oneof![1u64..=40, 1_000u64..=2_000_000, Just(1_000_000u64)];
-    (select(LEASED.to_vec()), 1u64..=12, period, 1u64..=40)
-        .prop_map(|(a, count, p, b)| Limit::new(a, Rate { count, period_us: p }, b).unwrap())
+    (select(LEASED.to_vec()), 1u64..=12, period, 1u64..=40, prop::bool::weighted(0.25)).prop_map(
+        |(a, count, p, b, varying)| {
+            let l = Limit::new(a, Rate { count, period_us: p }, b).unwrap();
+            match varying {
+                true => l.varying(),
+                false => l,
+            }
+        },
+    )
+}
+
+/// How `limit` is leased for `life`: a varying line under its own values,
+/// as nginx leases a key of a plan.
+fn leasing_of(limit: Limit, life: u64) -> Result<Leasing, LeaseError> {
+    Leasing::new(limit, life)?.with_values(&limit)
 }
 
 /// A lease life of `permille` of the line's window (at least 1 µs).
@@ -143,7 +158,7 @@ proptest! {
         steps in steps(120),
     ) {
         let life = life_of(&limit, life);
-        let leasing = match Leasing::new(limit, life) {
+        let leasing = match leasing_of(limit, life) {
             Ok(l) => l,
             Err(LeaseError::Burst { .. }) => return Ok(()),
             Err(e) => panic!("{limit:?} for {life} µs: {e}"),
@@ -162,7 +177,7 @@ proptest! {
         reqs in prop::collection::vec((any::<u64>(), 1u64..=3), 1..60),
     ) {
         let life = life_of(&limit, life);
-        let Ok(leasing) = Leasing::new(limit, life) else { return Ok(()) };
+        let Ok(leasing) = leasing_of(limit, life) else { return Ok(()) };
         let line = *leasing.line();
         let (mut shared, mut exact) = (vec![0u64; line.state_words()], vec![0u64; line.state_words()]);
         let mut t = start;
@@ -197,7 +212,7 @@ proptest! {
         later in prop::collection::vec(any::<u64>(), 1..6),
     ) {
         let life = life_of(&limit, life);
-        let Ok(leasing) = Leasing::new(limit, life) else { return Ok(()) };
+        let Ok(leasing) = leasing_of(limit, life) else { return Ok(()) };
         let line = *leasing.line();
         let (mut s, mut t) = (vec![0u64; line.state_words()], 1_000_000u64);
         for (raw, cost) in history {
@@ -262,8 +277,17 @@ fn lines_that_cannot_be_leased() {
     assert_eq!(Leasing::new(log, 100_000), Err(LeaseError::SlidingLog));
     let queued = Limit::new(Algorithm::Gcra, rate, 10).unwrap().with_queue(5).unwrap();
     assert_eq!(Leasing::new(queued, 100_000), Err(LeaseError::Queue));
-    let varying = Limit::new(Algorithm::Fixed, rate, 10).unwrap().varying();
-    assert_eq!(Leasing::new(varying, 100_000), Err(LeaseError::Varying));
+    // A plan's line is leased per key, under each key's values: a key whose
+    // burst is too small is not, and its line is.
+    let varying = Limit::new(Algorithm::Gcra, rate, 1).unwrap().varying();
+    let per_key = Leasing::new(varying, 100_000).unwrap();
+    assert!(per_key.per_key());
+    assert_eq!(per_key.with_values(&varying), Err(LeaseError::Burst { burst: 1, held_back: 1 }));
+    let plan = Limit::new(Algorithm::Gcra, rate, 10).unwrap().varying();
+    let line = *per_key.with_values(&plan).unwrap().line();
+    assert_eq!((line.burst(), line.is_varying()), (9, true), "the key's line, 1 refilled in 100 ms held back");
+    let varying_log = Limit::new(Algorithm::SlidingLog, rate, 10).unwrap().varying();
+    assert_eq!(Leasing::new(varying_log, 100_000), Err(LeaseError::SlidingLog));
     let fixed = Limit::new(Algorithm::Fixed, rate, 10).unwrap();
     assert_eq!(Leasing::new(fixed, 0), Err(LeaseError::Life));
     // 10r/s refills 1 unit in 100 ms: a burst of 1 leaves nothing to lease.
@@ -406,7 +430,7 @@ proptest! {
         events in events(),
     ) {
         let life = life_of(&limit, life);
-        let Ok(leasing) = Leasing::new(limit, life) else { return Ok(()) };
+        let Ok(leasing) = leasing_of(limit, life) else { return Ok(()) };
         let mut shared = vec![0u64; leasing.line().state_words()];
         let mut slots = vec![Slot::default(); nodes];
         // The model's leases, by the words the nodes give them back with.
@@ -546,15 +570,43 @@ fn through_words(slot: Slot) -> Slot {
         full_at: 5,
         heard_at: 31,
         refused_until: 11,
-        local: [13, 17, 19],
+        local: [13, 17, 19, 37],
         local_since: 23,
         owed: 29,
+        values: [41, 43, 47],
     };
     let mut w = vec![0; Kept::WORDS];
     k.write(&mut w);
     let back = Kept::read(&w).expect("enough words");
     assert_eq!(back, k, "the words hold every field");
     back.slot
+}
+
+/// A key of a plan (a line whose values vary): it keeps the values its
+/// requests bring, which make its line for the syncs; alone, it is
+/// decided on its share of that line, in a state of the line's words (a
+/// varying `sliding` line's four).
+#[test]
+fn a_plans_key_keeps_its_values() {
+    let rate = Rate { count: 6, period_us: 1_000_000 };
+    let configured = Limit::new(Algorithm::Sliding, rate, 6).unwrap().varying();
+    let mut k = Kept::default();
+    assert_eq!(k.limit_of(&configured), None, "no request has brought values yet");
+    let plan = Limit::new(Algorithm::Sliding, Rate { count: 12, period_us: 1_000_000 }, 12).unwrap().varying();
+    k.set_values(&plan);
+    assert_eq!(k.limit_of(&configured), Some(plan));
+    assert_eq!(plan.state_words(), 4);
+    let mut w = vec![0; Kept::WORDS];
+    k.write(&mut w);
+    assert_eq!(Kept::read(&w).unwrap().limit_of(&configured), Some(plan), "kept in the words");
+    // Alone, as one of 2 nodes: 6 of the plan's 12 a second, not the
+    // configured line's 3.
+    let share = share(&plan, 2).unwrap();
+    let admitted = (0..10).filter(|i| k.decide_local(1_000_000 + i, 1, &plan, Some(&share), 2, 1).admitted).count();
+    assert_eq!((admitted, k.owed), (6, 6));
+    // A line whose values do not vary is its own, whatever is kept.
+    let fixed = Limit::new(Algorithm::Fixed, rate, 6).unwrap();
+    assert_eq!(k.limit_of(&fixed), Some(fixed));
 }
 
 /// A key on a node by hand: a lease spent, its view of the line; a

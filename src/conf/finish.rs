@@ -278,7 +278,12 @@ fn resolve(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), ConfError> {
         }
         if let Some(z) = line.backend.redis().and_then(|r| mcf.leases.iter().position(|l| l.redis == r)) {
             let lz = &mut mcf.leases[z];
-            let leasing = match Leasing::new(line.limit, lz.life_of(&line.limit)) {
+            // (a line whose rate or burst comes from variables: each key leased under its own)
+            let limit = match line.limit_varies() {
+                true => line.limit.varying(),
+                false => line.limit,
+            };
+            let leasing = match Leasing::new(limit, lz.life_of(&line.limit)) {
                 Ok(leasing) => leasing,
                 Err(e) => refuse!(
                     "{} (zone \"{}\" has \"lease\") in \"rl_limit\" directive in {}",

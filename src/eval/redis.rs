@@ -50,6 +50,12 @@ impl Ask {
     }
 }
 
+/// How the request's key of `line` is leased, if the line is in lease mode
+/// and the key can be (see [`lease::leased`]).
+fn leasing(line: &Line, res: &LineResult) -> Option<rl_core::lease::Leasing> {
+    line.lease.and_then(|(_, leasing)| lease::leased(&leasing, res.limit(line)))
+}
+
 /// What a job asks Redis about `line` for the request: the state of its
 /// key, under the request's limit, for `cost`. A line in lease mode is
 /// decided there as leases are granted ([`rl_core::lease::Leasing::line`]:
@@ -59,7 +65,7 @@ pub fn job_line(line: &Line, res: &LineResult, cost: u64) -> JobLine {
     JobLine {
         tag: rl_core::redis::tag_of(res.key.as_bytes()),
         line_id: line.id,
-        limit: line.lease.map_or(*res.limit(line), |(_, leasing)| *leasing.line()),
+        limit: leasing(line, res).map_or(*res.limit(line), |leasing| *leasing.line()),
         cost,
         dry_run: res.dry_run,
         check_only: false,
@@ -128,6 +134,7 @@ pub fn send(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ask: Ask)
             });
             // (a lease asked with the request, right after its line: see lease::spend)
             if let (Ask::Decide, Some((_, leasing))) = (ask, line.lease.filter(|_| res.lease_want > 0)) {
+                // (the same for every key of a line: a lease's life is the line's)
                 let lease_life = leasing.life();
                 job.lines.push(JobLine { cost: res.lease_want, dry_run: false, lease_life, ..l });
             }

@@ -188,15 +188,15 @@ fn settle(lz: &LeaseZone) -> u64 {
     if let Some(mut locked) = lz.table.lock() {
         each_kept(&mut locked, |_, kept| {
             if kept.owed > 0 {
-                owed.push((kept.tag, kept.line_id, kept.owed));
+                owed.push((kept.tag, kept.line_id, lz.leasing_of(kept), kept.owed));
                 kept.owed = 0;
             }
         });
         locked.unlock();
     }
     let mut total: u64 = 0;
-    for (tag, line_id, cost) in owed {
-        let Some(leasing) = lz.leasing(line_id) else { continue };
+    for (tag, line_id, leasing, cost) in owed {
+        let Some(leasing) = leasing else { continue };
         total = total.saturating_add(cost);
         let line = JobLine {
             tag,
@@ -229,7 +229,7 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
     locked.expire((now / 1_000_000) as u32);
     let interval = lz.sync.as_micros() as u64;
     each_kept(&mut locked, |hash, kept| {
-        let leasing = lz.leasing(kept.line_id);
+        let leasing = lz.leasing_of(kept);
         // (when a lease granted now would end: what it is sized for)
         let h = Horizon { next, interval, ends: leasing.map_or(next, |l| l.end(now)), wait: lz.lives.bucket_us };
         let arg = match regular {
@@ -247,7 +247,8 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
                     let arg = LeaseArg { line: *leasing.line(), want: arg.want, back: arg.back, words: arg.words };
                     asks.push((hash, LeaseKey { tag: kept.tag, line_id: kept.line_id, arg }));
                 }
-                // (a line no longer configured: its lease is left to end)
+                // (a line no longer configured, or a key whose values cannot be leased: its lease
+                // is left to end)
                 None => kept.slot.unanswered(now),
             }
         }

@@ -6,6 +6,7 @@
 
 use super::{Held, Horizon, Slot, Spent};
 use crate::limit::{Decision, Limit};
+use crate::parse::Rate;
 use crate::redis::LeaseGrant;
 use crate::verdict::Outcome;
 
@@ -32,9 +33,14 @@ pub struct Kept {
     /// line ([`super::share`]), the time Redis last answered that it
     /// belongs to (a state of an earlier outage is stale), and the units
     /// it admitted, owed to Redis once it answers again.
-    pub local: [u64; 3],
+    pub local: [u64; 4],
     pub local_since: u64,
     pub owed: u64,
+    /// The key's own rate (count, period in µs) and burst, on a line whose
+    /// values come from variables, as its last request brought them (what
+    /// its leases are sized and granted under, see [`Kept::limit_of`]);
+    /// zeroes on a line whose values do not vary.
+    pub values: [u64; 3],
 }
 
 /// How a request is decided on a key's leases.
@@ -68,7 +74,7 @@ impl Local {
 
 impl Kept {
     /// Words a [`Kept`] takes.
-    pub const WORDS: usize = 3 * HELD_WORDS + 4 + 6 + 5;
+    pub const WORDS: usize = 3 * HELD_WORDS + 4 + 6 + 6 + 3;
 
     /// The kept record of the words (zeroes: a key with nothing kept);
     /// `None` if they are too few.
@@ -94,9 +100,10 @@ impl Kept {
             full_at: w[s + 7],
             heard_at: w[s + 8],
             refused_until: w[s + 9],
-            local: [w[s + 10], w[s + 11], w[s + 12]],
-            local_since: w[s + 13],
-            owed: w[s + 14],
+            local: [w[s + 10], w[s + 11], w[s + 12], w[s + 13]],
+            local_since: w[s + 14],
+            owed: w[s + 15],
+            values: [w[s + 16], w[s + 17], w[s + 18]],
         })
     }
 
@@ -122,9 +129,33 @@ impl Kept {
             self.local[0],
             self.local[1],
             self.local[2],
+            self.local[3],
             self.local_since,
             self.owed,
+            self.values[0],
+            self.values[1],
+            self.values[2],
         ]);
+    }
+
+    /// Keeps the values of `limit`, a request's limit, if they vary (see
+    /// [`Kept::values`]).
+    pub fn set_values(&mut self, limit: &Limit) {
+        if limit.is_varying() {
+            let r = limit.rate();
+            self.values = [r.count, r.period_us, limit.burst()];
+        }
+    }
+
+    /// The key's limit on `line` (the line as configured): `line` itself
+    /// if its values do not vary, else a line of the values kept; `None`
+    /// where none are (or they make no line).
+    pub fn limit_of(&self, line: &Limit) -> Option<Limit> {
+        if !line.is_varying() {
+            return Some(*line);
+        }
+        let [count, period_us, burst] = self.values;
+        Limit::new(line.algorithm(), Rate { count, period_us }, burst).ok().map(Limit::varying)
     }
 
     /// A request of `cost` at `now`: spent from a lease if one holds it,
@@ -196,7 +227,7 @@ impl Kept {
     ) -> Outcome {
         let Some(share) = share else { return Outcome::reject(0, 0, None) };
         if self.local_since != since {
-            self.local = [0; 3];
+            self.local = [0; 4];
             self.local_since = since;
             let left = self.last_remaining().min(line.burst());
             let used = (line.burst() - left).div_ceil(nodes.max(1)).min(share.burst());

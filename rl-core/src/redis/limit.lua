@@ -1269,7 +1269,7 @@ local function parse(s)
   -- flags: the sum of 1 dry-run, 2 varying, 4 charge-after check (checks a
   -- cost of 1, never charges), 8 next (reports the wait for one more
   -- unit), 16 a lease asked with the request (then a last field, its life
-  -- in us), 32 a request that must leave units of the budget to the
+  -- in us; 2 the only other bit it may have), 32 a request that must leave units of the budget to the
   -- classes above its own (then a last field, how many); no other bit is
   -- known
   if not (f and f <= 63 and w6 == string.format('%d', f)) then
@@ -1283,7 +1283,7 @@ local function parse(s)
     end
   elseif f >= 16 then
     life = tonumber(w7)
-    if not (life and life >= 1 and life < TWO53 and w7 == string.format('%d', life) and f == 16) then
+    if not (life and life >= 1 and life < TWO53 and w7 == string.format('%d', life) and (f == 16 or f == 18)) then
       return false
     end
   elseif w7 ~= '' then

@@ -195,10 +195,27 @@ fn steps() -> impl Strategy<Value = Vec<(u64, Step)>> {
     prop::collection::vec((0u64..1_500_000, step), 1..40)
 }
 
+/// A line of values that can be leased, a quarter of them [`Limit::varying`]
+/// (a plan's: each key leased under its own values, its state tagged with
+/// their scale).
 fn leased() -> impl Strategy<Value = Limit> {
     let algs = [Algorithm::Fixed, Algorithm::Sliding, Algorithm::TokenBucket, Algorithm::LeakyBucket, Algorithm::Gcra];
-    (select(algs.to_vec()), 1u64..=10, prop_oneof![Just(1_000_000u64), 1_000u64..=3_000_000], 1u64..=20)
-        .prop_map(|(a, count, period_us, burst)| Limit::new(a, Rate { count, period_us }, burst).unwrap())
+    let period = prop_oneof![Just(1_000_000u64), 1_000u64..=3_000_000];
+    (select(algs.to_vec()), 1u64..=10, period, 1u64..=20, prop::bool::weighted(0.25)).prop_map(
+        |(a, count, period_us, burst, varying)| {
+            let l = Limit::new(a, Rate { count, period_us }, burst).unwrap();
+            match varying {
+                true => l.varying(),
+                false => l,
+            }
+        },
+    )
+}
+
+/// How `l` is leased for `life`: a varying line under its own values, as
+/// nginx leases a key of a plan.
+fn leasing_of(l: &Limit, life: u64) -> Option<Leasing> {
+    Leasing::new(*l, life).and_then(|t| t.with_values(l)).ok()
 }
 
 proptest! {
@@ -222,7 +239,7 @@ proptest! {
         // shorter, a window line's up to three windows)
         let part = |p: u64| (u128::from(limits[0].window_us()) * u128::from(p) / 1000).max(1) as u64;
         let life = Lives { bucket_us: part(life_permille), window_us: part(window_permille) };
-        let leasing: Vec<Leasing> = limits.iter().filter_map(|l| Leasing::new(*l, life_of(l, life)).ok()).collect();
+        let leasing: Vec<Leasing> = limits.iter().filter_map(|l| leasing_of(l, life_of(l, life))).collect();
         if leasing.is_empty() {
             return Ok(());
         }
