@@ -287,7 +287,7 @@ fn send(raw: *mut ngx_http_request_t, lcf: &LocConf, mcf: &MainConf, ctx: &mut C
             }
         } else {
             for z in 0..mcf.redis.len() {
-                redis::leave_out(mcf, ctx, z, true);
+                redis::leave_out(mcf, ctx, z, true, log);
             }
         }
     }

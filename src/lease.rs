@@ -17,7 +17,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ngx::ffi::ngx_log_t;
-use rl_core::lease::{Horizon, Kept, Leasing, Local};
+use rl_core::lease::{Horizon, Kept, Leasing, Local, Part};
 use rl_core::limit::Limit;
 use rl_core::redis::{LeaseGrant, Lives};
 use rl_core::verdict::Outcome;
@@ -167,18 +167,37 @@ pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
             false => 0,
         };
         let cost = res.cost;
-        let decided = with_kept(lz, line, res.key.as_bytes(), now, log, |k| {
+        let here = with_kept(lz, line, res.key.as_bytes(), now, log, |k| {
             k.set_values(limit);
-            match k.decide(now, cost) {
-                Local::Ask if alone != 0 => (Some((decide_alone(lz, limit, k, now, cost, alone), None)), 0),
+            let local = k.decide(now, cost);
+            if alone != 0 && matches!(local, Local::Ask | Local::Part(_)) {
+                if let Local::Part(part) = local {
+                    k.slot.put_back_part(&part);
+                }
+                return Here::Decided(decide_alone(lz, limit, k, now, cost, alone), None);
+            }
+            match local {
+                // (Redis decides the rest, with no lease asked for: one that brought none
+                // would let the emptied lease be dropped, and the units, should Redis refuse,
+                // find nowhere to go back to)
+                Local::Part(part) => Here::Part(part),
                 // (Redis decides: the key's lease may come with its answer)
-                Local::Ask => (None, k.ask_with(now, lz.horizon(&leasing, now), lz.nodes())),
-                local => (local.outcome(), 0),
+                Local::Ask => Here::Redis(k.ask_with(now, lz.horizon(&leasing, now), lz.nodes())),
+                local => local.outcome().map_or(Here::Redis(0), |(o, spent)| Here::Decided(o, spent)),
             }
         });
-        let Some((decided, want)) = decided else { continue };
-        res.lease_want = want;
-        let Some((o, spent)) = decided else { continue };
+        let (o, spent) = match here {
+            None => continue,
+            Some(Here::Redis(want)) => {
+                res.lease_want = want;
+                continue;
+            }
+            Some(Here::Part(part)) => {
+                res.spent = part;
+                continue;
+            }
+            Some(Here::Decided(o, spent)) => (o, spent),
+        };
         // (a line decided alone is charged to Redis later, as what it owes: not here)
         res.set(&o, spent.is_some());
         if let Some(spent) = spent {
@@ -188,6 +207,17 @@ pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         res.leased = true;
     }
     admitted
+}
+
+/// What this nginx's leases make of a request's line ([`spend`]).
+enum Here {
+    /// Decided here: spent from a lease (which one), refused, or decided
+    /// alone.
+    Decided(Outcome, Option<Part>),
+    /// Partly spent from the leases, the rest of its cost for Redis.
+    Part(Part),
+    /// For Redis, with the units of a lease to ask for with it (0: none).
+    Redis(u64),
 }
 
 /// How a request whose limit is `limit` is leased on a line leased as
@@ -216,9 +246,12 @@ pub fn alone(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, 
         if !res.active || res.leased || line.lease.is_none() || line.backend.redis() != Some(redis) {
             continue;
         }
+        // (what a lease paid of the cost goes back: the whole is decided alone)
+        let part = core::mem::take(&mut res.spent);
         let (cost, limit) = (res.cost, res.limit(line));
         let decide = |k: &mut Kept| {
             k.set_values(limit);
+            k.slot.put_back_part(&part);
             decide_alone(lz, limit, k, now, cost, since)
         };
         match with_kept(lz, line, res.key.as_bytes(), now, log, decide) {
@@ -231,15 +264,33 @@ pub fn alone(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, 
 }
 
 /// Puts back what [`spend`] took from leases for a request refused all the
-/// same (by another of its lines).
+/// same (by another of its lines), and the parts of costs leases paid of
+/// lines Redis decided ([`LineResult::spent`]).
 pub fn put_back(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) {
     let now = now_us();
     for (line, res) in ctx.staged_mut(lines) {
-        let Some((z, _)) = line.lease.filter(|_| res.active && res.leased && res.charged) else { continue };
-        let Some(lz) = leases.get(z) else { continue };
-        res.charged = false;
-        let (spent, cost) = (res.spent, res.cost);
-        with_kept(lz, line, res.key.as_bytes(), now, log, |k| k.slot.put_back(spent, cost));
+        // (a line spent from leases is charged: whatever they paid goes back)
+        let Some((z, _)) = line.lease.filter(|_| res.spent.units() > 0) else { continue };
+        res.charged &= !res.leased;
+        let part = core::mem::take(&mut res.spent);
+        if let Some(lz) = leases.get(z) {
+            with_kept(lz, line, res.key.as_bytes(), now, log, |k| k.slot.put_back_part(&part));
+        }
+    }
+}
+
+/// Puts back the parts of costs leases paid ([`LineResult::spent`]) of the
+/// request's lines on Redis zone `redis`, which does not decide them (it
+/// failed, or the request was refused before its call).
+pub fn parts_back(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, log: *mut ngx_log_t) {
+    let now = now_us();
+    for (line, res) in ctx.staged_mut(lines) {
+        let paid = !res.leased && res.spent.units() > 0;
+        let Some((z, _)) = line.lease.filter(|_| paid && line.backend.redis() == Some(redis)) else { continue };
+        let part = core::mem::take(&mut res.spent);
+        if let Some(lz) = leases.get(z) {
+            with_kept(lz, line, res.key.as_bytes(), now, log, |k| k.slot.put_back_part(&part));
+        }
     }
 }
 
@@ -257,7 +308,8 @@ pub fn learn(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, 
             continue;
         };
         let Some(lz) = leases.get(z) else { continue };
-        let (o, cost) = (*res.outcome(), res.cost);
+        // (what Redis was asked: the cost but what a lease paid of it)
+        let (o, cost) = (*res.outcome(), res.redis_cost());
         let view = with_kept(lz, line, res.key.as_bytes(), now, log, |k| {
             // (a refusal's `remaining` is Redis' own: what Redis said last may be older)
             let said = match o.admitted {

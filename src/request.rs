@@ -8,7 +8,7 @@ use core::{mem, ptr, slice};
 use ngx::core::Status;
 use ngx::ffi::{ngx_http_request_t, ngx_palloc, ngx_str_t, ngx_time, ngx_uint_t, NGX_HTTP_INTERNAL_SERVER_ERROR};
 use ngx::http::{HttpModule, HttpModuleMainConf, Request};
-use rl_core::lease::Spent;
+use rl_core::lease::Part;
 use rl_core::limit::{Charge, Decision, Limit, Outcome};
 use rl_core::table::Slot;
 
@@ -53,11 +53,14 @@ pub struct LineResult {
     pub hash: [u64; 2],
     pub slot: Slot,
     pub lock: usize,
-    /// A line in lease mode decided on this node's leases (spent from one,
-    /// or refused here), not by Redis; and the lease its units came from,
-    /// to put them back if the request is refused all the same.
+    /// A line in lease mode decided on this node's leases (spent from
+    /// them, or refused here), not by Redis; and the units its leases paid
+    /// and from which, to put them back if the request is refused all the
+    /// same. A line Redis decides may have had part of its cost paid so
+    /// (all its leases held, too little for the whole: Redis is asked for
+    /// the rest), put back unless Redis admits.
     pub leased: bool,
-    pub spent: Spent,
+    pub spent: Part,
     /// A line in lease mode that Redis decides: the units of the lease its
     /// call asks for with the request (0: none).
     pub lease_want: u64,
@@ -95,11 +98,20 @@ impl LineResult {
     unsafe fn write_inactive(p: *mut LineResult) {
         // SAFETY: the caller's contract; all-zero bytes are a valid value of every field above
         // (`Option<&Limit>` is a nullable pointer; `Decision::REJECTED` is integers and a
-        // `None` that are all zeroes, as a constant below checks; `Spent` is integers), and the
+        // `None` that are all zeroes, as a constant below checks; `Part` is integers), and the
         // slot is written next.
         unsafe {
             ptr::write_bytes(p, 0, 1);
             ptr::addr_of_mut!((*p).slot).write(Slot::NONE);
+        }
+    }
+
+    /// The units of the request's cost Redis is asked for: all but what
+    /// this nginx's leases paid.
+    pub fn redis_cost(&self) -> u64 {
+        match self.leased {
+            true => self.cost,
+            false => self.cost.saturating_sub(self.spent.units()),
         }
     }
 

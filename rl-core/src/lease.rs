@@ -382,6 +382,26 @@ pub struct Spent {
     words: (u64, u64),
 }
 
+/// The units a request took from a node's leases, and from which: from
+/// one ([`Slot::take`]), or from both where neither held its cost alone
+/// ([`Slot::take_part`]); integers only (all zeroes: none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Part {
+    from: [(Spent, u64); 2],
+}
+
+impl Part {
+    /// `units` from the lease `spent` says.
+    pub fn one(spent: Spent, units: u64) -> Part {
+        Part { from: [(spent, units), (Spent::default(), 0)] }
+    }
+
+    /// The units taken.
+    pub fn units(&self) -> u64 {
+        self.from[0].1.saturating_add(self.from[1].1)
+    }
+}
+
 /// What a node's sync sends for one key: units wanted, and what it gives
 /// back of an ended lease (units and words; 0 units: nothing).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -457,6 +477,35 @@ impl Slot {
             }
         }
         None
+    }
+
+    /// A request of `cost` at `now` that no one lease holds (after
+    /// [`Slot::take`] found none): what the leases that have not ended
+    /// hold of it, up to its cost, the older first; the whole cost if they
+    /// hold it together, else part of it, for the shared state to decide
+    /// the rest. Without it a request costing more than one unit could find
+    /// the units it needs split between leases, or between a lease and the
+    /// shared state, none able to pay it: refused while the line has its
+    /// cost left. `None`: no lease holds a unit.
+    pub fn take_part(&mut self, now: u64, cost: u64) -> Option<Part> {
+        let mut part = Part::default();
+        let mut need = cost;
+        for (h, from) in self.held.iter_mut().zip(part.from.iter_mut()) {
+            if now < h.ends && h.left > 0 && need > 0 {
+                let units = h.left.min(need);
+                h.left -= units;
+                need -= units;
+                *from = (Spent { granted: h.granted, ends: h.ends, words: h.words }, units);
+            }
+        }
+        (part.units() > 0).then_some(part)
+    }
+
+    /// [`Slot::put_back`] of what a request took from each lease.
+    pub fn put_back_part(&mut self, part: &Part) {
+        for &(spent, units) in part.from.iter().filter(|(_, units)| *units > 0) {
+            self.put_back(spent, units);
+        }
     }
 
     /// Units `take` spent for a request that was then refused (by another

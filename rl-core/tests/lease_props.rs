@@ -397,8 +397,17 @@ enum Fate {
 
 #[derive(Clone, Copy, Debug)]
 enum Event {
-    Request { node: usize, cost: u64 },
-    Sync { node: usize, fate: Fate },
+    /// A request on a node; `rest`: one its leases do not hold is decided
+    /// on the shared state, what a lease holds of it spent first.
+    Request {
+        node: usize,
+        cost: u64,
+        rest: bool,
+    },
+    Sync {
+        node: usize,
+        fate: Fate,
+    },
 }
 
 fn events() -> impl Strategy<Value = Vec<(u64, Event)>> {
@@ -408,7 +417,7 @@ fn events() -> impl Strategy<Value = Vec<(u64, Event)>> {
         1 => Just(Fate::Lost),
     ];
     let event = prop_oneof![
-        5 => (0usize..4, 1u64..=3).prop_map(|(node, cost)| Event::Request { node, cost }),
+        5 => (0usize..4, 1u64..=3, any::<bool>()).prop_map(|(node, cost, rest)| Event::Request { node, cost, rest }),
         2 => (0usize..4, fate).prop_map(|(node, fate)| Event::Sync { node, fate }),
     ];
     prop::collection::vec((any::<u64>(), event), 1..200)
@@ -482,7 +491,7 @@ proptest! {
                 *s = through_words(*s);
             }
             match event {
-                Event::Request { node, cost } => {
+                Event::Request { node, cost, rest } => {
                     let n = node % nodes;
                     // A request another line refused: taken, put back, nothing spent.
                     let before = slots[n];
@@ -499,6 +508,28 @@ proptest! {
                         prop_assert!(spent.is_some());
                         let w = held_words(&before, spent.unwrap());
                         prop_assert!(leases[w.0 as usize].spend(t, cost), "the model's lease refuses what the node spent at {}", t);
+                    } else if let Some(part) = rest.then(|| slots[n].take_part(t, cost)).flatten() {
+                        // What the leases held of it, up to its cost, the rest (if any) on the
+                        // shared state: admitted if the state admits the rest, else the part
+                        // goes back.
+                        let taken: Vec<(usize, u64)> = (0..2)
+                            .map(|i| (i, held_left(&before, i, t) - held_left(&slots[n], i, t)))
+                            .filter(|&(_, u)| u > 0)
+                            .collect();
+                        prop_assert_eq!(taken.iter().map(|&(_, u)| u).sum::<u64>(), part.units());
+                        prop_assert!(part.units() <= cost);
+                        let rest = cost - part.units();
+                        if rest == 0 || leasing.line().acquire(&mut shared, t, rest).admitted {
+                            admitted.push((t, cost));
+                            for (i, u) in taken {
+                                let w = held_words(&before, i);
+                                prop_assert!(leases[w.0 as usize].spend(t, u), "the model's lease refuses the part at {}", t);
+                            }
+                        } else {
+                            slots[n].put_back_part(&part);
+                            let lefts = |s: &Slot| [held_left(s, 0, t), held_left(s, 1, t)];
+                            prop_assert_eq!(lefts(&slots[n]), lefts(&before), "the part back in its leases");
+                        }
                     }
                 }
                 Event::Sync { node, fate } => {
@@ -646,9 +677,14 @@ fn a_kept_key_by_hand() {
         }
         other => panic!("{other:?}"),
     };
-    k.slot.put_back(spent, 1);
+    k.slot.put_back_part(&spent);
     assert_eq!(k.slot.left(260), 2, "the refused request's unit is back");
-    assert_eq!(k.decide(260, 3), Local::Ask, "more than the lease holds");
+    // More than the lease holds: what it holds is spent, Redis decides the
+    // rest; put back (Redis refused the rest), the lease holds it again.
+    let Local::Part(part) = k.decide(260, 3) else { panic!("a part spent") };
+    assert_eq!((part.units(), k.slot.left(260), Local::Part(part).outcome()), (2, 0, None));
+    k.slot.put_back_part(&part);
+    assert_eq!(k.slot.left(260), 2, "the part is back");
     k.refused(260, 0, 3, Some(100), 800);
     assert_eq!(k.refused_until, 0, "a costlier refusal says nothing of a lone request");
     k.refused(260, 0, 1, Some(640), 800);

@@ -116,7 +116,8 @@ pub fn send(r: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx, ask: Ask)
     for (z, zone) in mcf.redis.iter().enumerate() {
         let mut job = Job { id: 0, zone: z, commit: ask != Ask::Read, charge: false, lines: Default::default() };
         for (line, res) in on_zone(ctx, &mcf.lines, z, ask) {
-            let l = job_line(line, res, res.cost);
+            // (but what a lease paid of it: see lease::spend)
+            let l = job_line(line, res, res.redis_cost());
             // (an rl_conn line's take is counted this worker's from now: see holds)
             let holder = if !line.limit.is_concurrent() {
                 None
@@ -175,7 +176,7 @@ fn failed(log: *mut ngx_log_t, mcf: &MainConf, ctx: &mut Ctx, z: usize, zone: &R
                 zone.failed(log, e);
             }
             metrics::redis_failed(mcf, ctx, z, zone.on_error_allow, e);
-            leave_out(mcf, ctx, z, zone.on_error_allow);
+            leave_out(mcf, ctx, z, zone.on_error_allow, log);
         }
         Ask::Read => {
             zone.failed_doing(log, e, "answering 503 to the quota read");
@@ -190,7 +191,10 @@ fn failed(log: *mut ngx_log_t, mcf: &MainConf, ctx: &mut Ctx, z: usize, zone: &R
 /// A zone's lines of the current stage are not decided by Redis:
 /// `on_error=allow` (`allow`) leaves them out, `on_error=deny` rejects the
 /// request (unless they are all dry-run: a dry-run line never rejects).
-pub fn leave_out(mcf: &MainConf, ctx: &mut Ctx, zone: usize, allow: bool) {
+pub fn leave_out(mcf: &MainConf, ctx: &mut Ctx, zone: usize, allow: bool, log: *mut ngx_log_t) {
+    if !mcf.leases.is_empty() {
+        lease::parts_back(&mcf.leases, &mcf.lines, ctx, zone, log);
+    }
     if !allow && on_zone(ctx, &mcf.lines, zone, Ask::Decide).any(|(_, res)| !res.dry_run) {
         ctx.denied_by_error = true;
     }

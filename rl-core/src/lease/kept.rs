@@ -4,7 +4,7 @@
 //! ([`Kept::decide`]). A plain copy in and out of the words, so that memory
 //! every worker maps holds nothing but integers.
 
-use super::{Held, Horizon, Slot, Spent};
+use super::{Held, Horizon, Part, Slot};
 use crate::limit::{Decision, Limit};
 use crate::parse::Rate;
 use crate::redis::LeaseGrant;
@@ -46,12 +46,16 @@ pub struct Kept {
 /// How a request is decided on a key's leases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Local {
-    /// Spent from a lease: admitted, with the node's view of what the line
-    /// has left and of its reset.
-    Spent { spent: Spent, remaining: u64, reset_us: u64 },
+    /// Spent from the leases (one, or both together): admitted, with the
+    /// node's view of what the line has left and of its reset.
+    Spent { spent: Part, remaining: u64, reset_us: u64 },
     /// Refused on the node: Redis refused a lone request lately, and said
     /// when one would pass.
     Refused { retry_after_us: u64, reset_us: u64 },
+    /// Partly spent from the leases (all they held), the rest of the cost
+    /// for Redis to decide (see [`Slot::take_part`]): the units go back to
+    /// their leases unless it admits.
+    Part(Part),
     /// Neither: Redis decides (the exact call).
     Ask,
 }
@@ -59,7 +63,7 @@ pub enum Local {
 impl Local {
     /// The outcome of a request decided on the node, and what it spent of
     /// its leases; `None`: Redis decides ([`Local::Ask`]).
-    pub fn outcome(self) -> Option<(Outcome, Option<Spent>)> {
+    pub fn outcome(self) -> Option<(Outcome, Option<Part>)> {
         match self {
             Local::Spent { spent, remaining, reset_us } => Some((Outcome::admit(remaining, reset_us, 0), Some(spent))),
             Local::Refused { retry_after_us, reset_us } => {
@@ -67,7 +71,7 @@ impl Local {
                 let o = Outcome { next_us: retry_after_us, ..Outcome::reject(0, reset_us, Some(retry_after_us)) };
                 Some((o, None))
             }
-            Local::Ask => None,
+            Local::Ask | Local::Part(_) => None,
         }
     }
 }
@@ -160,11 +164,10 @@ impl Kept {
 
     /// A request of `cost` at `now`: spent from a lease if one holds it,
     /// else refused while Redis said a lone request would be, else asked
-    /// of Redis.
+    /// of Redis, with what a lease holds of it spent.
     pub fn decide(&mut self, now: u64, cost: u64) -> Local {
         if let Some(spent) = self.slot.take(now, cost) {
-            let remaining = self.remaining.saturating_add(self.slot.left(now));
-            return Local::Spent { spent, remaining, reset_us: self.full_at.saturating_sub(now) };
+            return self.spent(now, Part::one(spent, cost));
         }
         if now < self.refused_until {
             return Local::Refused {
@@ -172,7 +175,17 @@ impl Kept {
                 reset_us: self.full_at.saturating_sub(now),
             };
         }
-        Local::Ask
+        match self.slot.take_part(now, cost) {
+            Some(part) if part.units() == cost => self.spent(now, part),
+            Some(part) => Local::Part(part),
+            None => Local::Ask,
+        }
+    }
+
+    /// A request admitted at `now` on the units `spent` of the leases.
+    fn spent(&self, now: u64, spent: Part) -> Local {
+        let remaining = self.remaining.saturating_add(self.slot.left(now));
+        Local::Spent { spent, remaining, reset_us: self.full_at.saturating_sub(now) }
     }
 
     /// Redis refused at `at` (its clock) a request of `cost` that the
