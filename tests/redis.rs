@@ -453,6 +453,51 @@ fn function_flush_during_load() {
     assert_eq!(redis.calls("evalsha") + redis.calls("eval"), 0);
 }
 
+/// Calls in flight when the library goes missing (a worker's first calls,
+/// calls after a Redis restart or `FUNCTION FLUSH`) each find no function;
+/// the worker loads the library once, not once per call (a load costs
+/// Redis milliseconds, and a herd of them, on a Cluster on every master,
+/// ran calls past their deadline). Two nginx of 2 workers, the library
+/// flushed and Redis paused while 160 requests on 160 keys arrive: when
+/// Redis goes on, all are admitted, with at most one `FUNCTION LOAD` per
+/// worker.
+#[test]
+fn calls_that_find_no_library_load_it_once_per_worker() {
+    let redis = Redis::start();
+    let conf = server(
+        &format!("rl_zone r redis={} timeout=2s;", redis.url()),
+        "location / { rl_limit zone=r key=$http_x_k rate=10r/m; }",
+    );
+    let nginx: Vec<Nginx> = (0..2).map(|_| Nginx::start(&conf)).collect();
+    let ports: Vec<u16> = nginx.iter().map(|n| n.port).collect();
+    let burst = |from: usize| -> Vec<thread::JoinHandle<u16>> {
+        (0..160)
+            .map(|i| {
+                let port = ports[i % 2];
+                thread::spawn(move || get(port, "/index.html", &[("X-K", &format!("k{}", from + i))]).status)
+            })
+            .collect()
+    };
+    let statuses =
+        |hs: Vec<thread::JoinHandle<u16>>| -> Vec<u16> { hs.into_iter().map(|h| h.join().unwrap()).collect() };
+    // (the workers' connections open, the library loaded)
+    assert_eq!(statuses_of(&statuses(burst(0))), counts(&[(200, 160)]));
+    let before = redis.calls("function|load");
+    assert_eq!(redis.cli(&["FUNCTION", "FLUSH"]), "OK");
+    redis.signal("-STOP");
+    let flight = burst(1000);
+    thread::sleep(Duration::from_millis(300));
+    redis.signal("-CONT");
+    assert_eq!(statuses_of(&statuses(flight)), counts(&[(200, 160)]));
+    let loads = redis.calls("function|load") - before;
+    eprintln!("160 requests in flight on a flushed library: {loads} FUNCTION LOAD, {} FCALL", redis.calls("fcall"));
+    assert!((1..=4).contains(&loads), "{loads} FUNCTION LOAD for the calls in flight of 4 workers");
+    for n in &nginx {
+        let log = n.error_log();
+        assert!(failed_lines(&log, "r").is_empty() && crash_lines(&log).is_empty(), "{log}");
+    }
+}
+
 /// A user who may not load functions gets the script with EVALSHA, which
 /// survives `SCRIPT FLUSH` (NOSCRIPT, then EVAL) with no failed request.
 #[test]

@@ -411,15 +411,30 @@ impl Code {
     }
 }
 
-/// How a zone runs the script: `fcall` until its server shows it cannot;
-/// each call with a deadline, `until` on the local clock and in Redis time
-/// by the zone's `clock`.
+/// How a zone runs the script: `fcall` until its server shows it cannot,
+/// its `loads` of the library; each call with a deadline, `until` on the
+/// local clock and in Redis time by the zone's `clock`.
 #[derive(Clone, Copy)]
 pub struct Via<'a> {
     pub code: &'a Code,
     pub fcall: &'a AtomicBool,
+    pub loads: &'a Loads,
     pub clock: &'a Clock,
     pub until: Instant,
+}
+
+/// A zone's loads of the function library: one at a time, and none by a
+/// call that found no function if another call has loaded the library
+/// since it was sent. Without this, every call in flight when the library
+/// is missing (a worker's first calls, calls after a Redis restart or a
+/// `FUNCTION FLUSH`) loaded it again, on every master of a cluster: a
+/// load costs Redis milliseconds, and a herd of them ran calls past their
+/// deadline.
+#[derive(Default)]
+pub struct Loads {
+    /// Loads done so far.
+    done: AtomicU64,
+    one: tokio::sync::Mutex<()>,
 }
 
 #[derive(Clone, Copy)]
@@ -445,6 +460,7 @@ async fn invoke<C: ConnectionLike + Send>(
     command: impl Fn(How) -> Cmd,
 ) -> Result<Value, RedisError> {
     if via.fcall.load(Ordering::Relaxed) {
+        let mut seen = via.loads.done.load(Ordering::Acquire);
         let mut result = command(How::Fcall).query_async(c).await;
         if result.as_ref().is_err_and(unsupported) {
             via.fcall.store(false, Ordering::Relaxed);
@@ -455,8 +471,22 @@ async fn invoke<C: ConnectionLike + Send>(
         let mut loads = 0;
         while loads < MAX_LOADS && result.as_ref().is_err_and(|e| detail_starts(e, "Function not found")) {
             loads += 1;
-            let load =
-                redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&via.code.library).query_async::<Value>(c).await;
+            let load = {
+                let _one = via.loads.one.lock().await;
+                match via.loads.done.load(Ordering::Acquire) {
+                    // (loaded by another call since this one was sent: only call again)
+                    done if done != seen => Ok(Value::Okay),
+                    _ => {
+                        let cmd = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&via.code.library).to_owned();
+                        let load = cmd.query_async::<Value>(c).await;
+                        if load.is_ok() {
+                            via.loads.done.fetch_add(1, Ordering::AcqRel);
+                        }
+                        load
+                    }
+                }
+            };
+            seen = via.loads.done.load(Ordering::Acquire);
             match load {
                 Ok(_) => result = command(How::Fcall).query_async(c).await,
                 Err(e) if is_io(&e) => return Err(describe(e)),

@@ -16,7 +16,7 @@ use rustls::ClientConfig;
 
 use super::clock::Clock;
 use super::conn::{Conn, Target, MIN_STALL};
-use super::script::{beat, call, charge, conn_put, lease, undo, CallId, Code, Undone, Via};
+use super::script::{beat, call, charge, conn_put, lease, undo, CallId, Code, Loads, Undone, Via};
 use super::sentinel::{sentinel_master, subscribe_switches, Sentinels, MASTER_CHECK};
 use super::timers::sleep;
 use super::{HoldBatch, Job, JobLine, LeaseKey, RedisError, ZoneSpec};
@@ -56,8 +56,10 @@ impl Fate {
 pub struct ZoneConn {
     pub spec: ZoneSpec,
     pub state: tokio::sync::Mutex<ConnState>,
-    /// The script runs as a Redis function (until the server shows it cannot).
+    /// The script runs as a Redis function (until the server shows it
+    /// cannot), loaded by one call at a time.
     pub fcall: AtomicBool,
+    pub loads: Loads,
     /// Redis' clock, for the calls' deadlines.
     pub clock: Clock,
     /// Requests whose script call has not come back, answered or not.
@@ -115,6 +117,7 @@ impl ZoneConn {
                 master: None,
             }),
             fcall: AtomicBool::new(true),
+            loads: Loads::default(),
             clock: Clock::new(),
             waiting: AtomicUsize::new(0),
             metrics: None,
@@ -322,7 +325,7 @@ impl ZoneConn {
 
     /// How this zone calls the script, until `until`.
     pub fn via<'a>(&'a self, code: &'a Code, until: Instant) -> Via<'a> {
-        Via { code, fcall: &self.fcall, clock: &self.clock, until }
+        Via { code, fcall: &self.fcall, loads: &self.loads, clock: &self.clock, until }
     }
 
     /// Jobs in one script call (their keys must share a slot on a cluster).
