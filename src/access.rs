@@ -360,13 +360,7 @@ fn finish(r: &mut Request, lcf: &LocConf, mcf: &MainConf, ctx: &mut Ctx) -> Stat
 /// it (and logged why): the units are given back at once, and the request
 /// is answered 500.
 fn release_at_end(raw: *mut ngx_http_request_t, mcf: &MainConf, ctx: &mut Ctx) -> bool {
-    if ctx.release_set
-        || !ctx.iter(&mcf.lines).any(|(l, res)| match l.limit.is_concurrent() {
-            true => res.charged || res.ticket != 0 || res.take_gen != 0,
-            // (a rate line's waiting line: the place it holds)
-            false => res.ticket != 0,
-        })
-    {
+    if ctx.release_set || !ctx.iter(&mcf.lines).any(|(l, res)| res.holds(l)) {
         return true;
     }
     // SAFETY: the request (a main request) and its pool are valid.

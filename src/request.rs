@@ -106,6 +106,17 @@ impl LineResult {
         }
     }
 
+    /// Whether the line holds something for the request that only its end
+    /// gives back: an `rl_conn` line's units (taken, or a take in flight on
+    /// Redis), or a place in a waiting line (an `rl_conn` line's, or a
+    /// rate line's of classes).
+    pub fn holds(&self, line: &Line) -> bool {
+        match line.limit.is_concurrent() {
+            true => self.charged || self.ticket != 0 || self.take_gen != 0,
+            false => self.ticket != 0,
+        }
+    }
+
     /// The units of the request's cost Redis is asked for: all but what
     /// this nginx's leases paid.
     pub fn redis_cost(&self) -> u64 {

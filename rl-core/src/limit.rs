@@ -358,7 +358,13 @@ impl Limit {
     /// places taken: its state is kept, as a key's with units held.
     #[cold]
     fn has_rate_waiters(&self, state: &[u64]) -> bool {
-        state.get(self.static_words() + usize::from(self.tagged())).is_some_and(|&live| live > 0)
+        state.get(self.lanes_at()).is_some_and(|&live| live > 0)
+    }
+
+    /// Where a rate line's waiting line ([`Limit::with_rate_lanes`]) starts
+    /// in its state: after the algorithm's words.
+    fn lanes_at(&self) -> usize {
+        self.state_words() - self.lane_words as usize
     }
 
     /// Whether a [`Limit::concurrent`] state with a queue has places taken
@@ -435,7 +441,7 @@ impl Limit {
         if self.lane_words == 0 || state.len() < self.state_words() {
             return None;
         }
-        let (state, line) = state.split_at_mut(self.state_words() - self.lane_words as usize);
+        let (state, line) = state.split_at_mut(self.lanes_at());
         let gate = wait::RateGate { limit: self, state, now_us: now, kept, taken: Decision::default() };
         Some(wait::Wait { gate: wait::Gate::Rate(gate), q, lanes, line })
     }

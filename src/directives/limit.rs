@@ -64,7 +64,8 @@ fn rl_limit(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Resul
         burst_src: spec.burst_src,
         vars: Varying::new(spec.vars.rate, spec.vars.burst, spec.vars.cost),
         charge_after: spec.charge_after,
-        wait_ms: rate_wait_ms(&limit, spec.queue),
+        // (only a line of classes with `queue=` waits: see `Line::wait_in`)
+        wait_ms: if spec.lanes.is_empty() { 0 } else { rate_wait_ms(&limit, spec.queue) },
         lanes: spec.lanes.clone(),
         classes,
         ..new_line(cf, spec.zone, key_src, limit, spec.cost, name, spec.dry_run, spec.after_auth)?
