@@ -6,7 +6,8 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -174,16 +175,21 @@ fn leased_fleet(url: &str, n: usize, limit: &str) -> (Vec<Nginx>, Vec<u16>) {
 
 /// [`leased_fleet`] with the zone's `timeout=`.
 fn leased_fleet_timeout(url: &str, n: usize, limit: &str, timeout: &str) -> (Vec<Nginx>, Vec<u16>) {
-    let conf = server(
+    let conf = leased_conf(url, limit, timeout);
+    let nginx: Vec<Nginx> = (0..n).map(|_| Nginx::start(&conf)).collect();
+    let ports = nginx.iter().map(|n| n.port).collect();
+    (nginx, ports)
+}
+
+/// The configuration of each nginx of [`leased_fleet_timeout`].
+fn leased_conf(url: &str, limit: &str, timeout: &str) -> String {
+    server(
         &format!("rl_zone r redis={url} timeout={timeout} lease=1m sync=50ms;"),
         &format!(
             "location / {{ rl_limit zone=r key=$http_x_k {limit}; }}\n\
              location = /metrics {{ rl_metrics; }}"
         ),
-    );
-    let nginx: Vec<Nginx> = (0..n).map(|_| Nginx::start(&conf)).collect();
-    let ports = nginx.iter().map(|n| n.port).collect();
-    (nginx, ports)
+    )
 }
 
 /// The leases nginx on `port` has been granted (its zone `l`).
@@ -235,20 +241,32 @@ struct Sent {
 /// (open loop: a request does not wait for the last's answer); each
 /// answered 200 or 429.
 fn open_loop(ports: &[u16], plan: Vec<(Duration, usize, usize)>) -> Vec<Sent> {
+    let ports = ports.to_vec();
+    open_loop_routed(move |node| (node, ports[node]), plan)
+}
+
+/// [`open_loop`], each request going where `route` sends the nginx of its
+/// plan (which nginx, its port), when it is sent.
+fn open_loop_routed(
+    route: impl Fn(usize) -> (usize, u16) + Send + Sync + 'static,
+    plan: Vec<(Duration, usize, usize)>,
+) -> Vec<Sent> {
     let total = plan.len();
+    let route = Arc::new(route);
     let plan = Arc::new(Mutex::new(plan.into_iter().rev().collect::<Vec<_>>()));
     let sent = Arc::new(Mutex::new(Vec::with_capacity(total)));
     let start = Instant::now();
     let threads: Vec<_> = (0..48)
         .map(|_| {
-            let (plan, sent, ports) = (plan.clone(), sent.clone(), ports.to_vec());
+            let (plan, sent, route) = (plan.clone(), sent.clone(), route.clone());
             thread::spawn(move || loop {
                 let Some((at, node, key)) = plan.lock().unwrap().pop() else { return };
                 if let Some(wait) = (start + at).checked_duration_since(Instant::now()) {
                     thread::sleep(wait);
                 }
+                let (node, port) = route(node);
                 let sent_us = wall_us();
-                let r = get(ports[node], "/index.html", &[("X-K", &format!("u{key}"))]);
+                let r = get(port, "/index.html", &[("X-K", &format!("u{key}"))]);
                 let got_us = wall_us();
                 assert!(r.status == 200 || r.status == 429, "status {}", r.status);
                 let remaining = r.header("X-RateLimit-Remaining").and_then(|v| v.parse().ok());
@@ -389,6 +407,146 @@ fn fleet_hot_key_even_gcra() {
 #[test]
 fn fleet_hot_key_skewed_gcra() {
     fleet_keys("gcra", &[0.80, 0.15, 0.05], 0.90, 1, 960, 8.0);
+}
+
+/// A node added under load: one hot key at three times its line (120
+/// requests a second for 40, a burst of 80: `fixed`, 80 in each
+/// two-second window) for six seconds, open loop, on 2 nginx that count
+/// each other; two seconds in, a third nginx of the same zone starts, and
+/// once it listens the requests go to the three in turn. The fleet stays
+/// within the line as it grows: no window (`fixed`) or span of time
+/// (`gcra`) admits more than the line lets through, and it admits at least
+/// `fill` of what the exact line admits of the same requests; each nginx
+/// counts 3 of them at the end, and (`fixed`) the third admits some of its
+/// requests. `gcra` is not held to that: with the key at its line, an
+/// nginx whose leases take what the rate refills may keep taking nearly
+/// all of it for seconds, whether a third has started or not (the bound
+/// holds; the nginx do not share a saturated key evenly).
+fn node_joins_under_load(alg: &str, fill: f64) {
+    let (per_s, burst, total, secs) = (40, 80, 720, 6.0);
+    let join_at = Duration::from_secs(2);
+    let redis = Redis::start();
+    let limit = format!("rate={per_s}r/s burst={burst} algorithm={alg}");
+    let (mut nginx, ports) = leased_fleet(&redis.url(), 2, &limit);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while ports.iter().any(|&p| metric(p, "nginx_rl_lease_nodes", "r") != 2) {
+        assert!(Instant::now() < deadline, "the two nginx do not count 2 of them");
+        thread::sleep(Duration::from_millis(20));
+    }
+    // The third nginx (its port, when it listened), started by a thread of its own while the load runs.
+    let third = Arc::new(OnceLock::<(u16, u64)>::new());
+    let joining = {
+        let (third, conf) = (third.clone(), leased_conf(&redis.url(), &limit, "250ms"));
+        thread::spawn(move || {
+            thread::sleep(join_at);
+            let started = Nginx::start(&conf);
+            third.set((started.port, wall_us())).unwrap();
+            started
+        })
+    };
+    // Its requests, from two seconds on, go to the first two in turn until it listens.
+    let route = {
+        let (third, ports, turn) = (third.clone(), ports.clone(), AtomicUsize::new(0));
+        move |node: usize| match (node, third.get()) {
+            (2, Some(&(port, _))) => (2, port),
+            (2, None) => {
+                let i = turn.fetch_add(1, Ordering::Relaxed) % 2;
+                (i, ports[i])
+            }
+            (i, _) => (i, ports[i]),
+        }
+    };
+    let plan = (0..total)
+        .map(|n| {
+            let at = Duration::from_secs_f64(secs * n as f64 / total as f64);
+            (at, if at < join_at { n % 2 } else { n % 3 }, 1)
+        })
+        .collect();
+    let started_us = wall_us();
+    let mut sent = open_loop_routed(route, plan);
+    nginx.push(joining.join().expect("the third nginx started"));
+    let joined_ms = (third.get().expect("the third nginx listened").1 - started_us) / 1000;
+    sent.sort_by_key(|s| s.sent_us);
+    let algorithm: rl_core::limit::Algorithm = alg.parse().expect("an algorithm");
+    let rate = rl_core::parse::Rate { count: per_s, period_us: 1_000_000 };
+    let line = rl_core::limit::Limit::new(algorithm, rate, burst).expect("a line");
+    let window = line.window_us();
+    let possible = exact_admits(&line, &sent.iter().map(|s| s.sent_us).collect::<Vec<_>>());
+    let yes: Vec<(u64, u64)> = sent.iter().filter(|s| s.admitted).map(|s| (s.sent_us, s.got_us)).collect();
+    let each: Vec<(usize, usize)> = (0..3)
+        .map(|i| {
+            let mine = sent.iter().filter(|s| s.node == i);
+            (mine.clone().count(), mine.filter(|s| s.admitted).count())
+        })
+        .collect();
+    let (worst, beyond) = if alg == "fixed" {
+        // (a request sent in one window and answered in the next was decided in either)
+        let mut per_window = std::collections::BTreeMap::new();
+        let within: Vec<u64> = yes.iter().filter(|(s, g)| s / window == g / window).map(|(s, _)| s / window).collect();
+        for w in &within {
+            *per_window.entry(w).or_insert(0u64) += 1;
+        }
+        let worst = per_window.values().copied().max().unwrap_or(0);
+        let straddling = yes.len() - within.len();
+        (
+            format!("at most {worst} of {burst} in a window {per_window:?} ({straddling} across a window's end)"),
+            worst > burst,
+        )
+    } else {
+        let room = envelope_room(&yes, burst, per_s);
+        (format!("{room} under the line's envelope at the closest"), beyond_envelope(&yes, burst, per_s).is_some())
+    };
+    eprintln!(
+        "algorithm={alg}, a third nginx listening {joined_ms} ms in: {} sent, {} admitted of the {possible} \
+         the exact line admits; (sent, admitted) by nginx {each:?}; {worst}",
+        sent.len(),
+        yes.len()
+    );
+    assert!(!beyond, "algorithm={alg}: the fleet admitted above its line as it grew: {worst}");
+    assert!(
+        yes.len() as f64 >= fill * possible as f64,
+        "algorithm={alg}: {} admitted, less than {fill} of the {possible} the exact line admits",
+        yes.len()
+    );
+    assert!(alg != "fixed" || each[2].1 > 0, "the third nginx admitted none of its {} requests", each[2].0);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let counts: Vec<u64> = nginx.iter().map(|n| metric(n.port, "nginx_rl_lease_nodes", "r")).collect();
+        if counts.iter().all(|&c| c == 3) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the nginx count {counts:?} of them, not 3 each");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let logs: String = nginx.iter().map(|n| n.error_log()).collect();
+    assert!(crash_lines(&logs).is_empty(), "{:?}", crash_lines(&logs));
+    assert!(failed_lines(&logs, "r").is_empty(), "{:?}", failed_lines(&logs, "r"));
+}
+
+/// The least room any span of time leaves between what `admitted` (when
+/// sent, when answered) admitted in it and what [`beyond_envelope`] lets
+/// through (negative: beyond it).
+fn envelope_room(admitted: &[(u64, u64)], burst: u64, per_s: u64) -> i64 {
+    let mut least = i64::MAX;
+    for &(from, _) in admitted {
+        let mut ends: Vec<u64> = admitted.iter().filter(|(s, _)| *s >= from).map(|(_, g)| *g).collect();
+        ends.sort_unstable();
+        for (k, &to) in ends.iter().enumerate() {
+            let most = burst + per_s * to.saturating_sub(from) / 1_000_000 + 1;
+            least = least.min(most as i64 - (k as i64 + 1));
+        }
+    }
+    least
+}
+
+#[test]
+fn node_joins_under_load_fixed() {
+    node_joins_under_load("fixed", 0.95);
+}
+
+#[test]
+fn node_joins_under_load_gcra() {
+    node_joins_under_load("gcra", 0.90);
 }
 
 /// `on_error=local`: 3 nginx on one Redis, which stops answering (SIGSTOP)
@@ -586,7 +744,9 @@ fn one_nginx_cut_off_from_redis() {
     let proxy = CuttingProxy::start(redis.port);
     let conf = |url: String| {
         server(
-            &format!("rl_zone r redis={url} timeout=100ms on_error=local lease=1m sync=50ms;"),
+            // (a timeout of 300 ms: the nginx not cut off must not lose Redis to a slow reply on a
+            // loaded machine; the cut-off one's calls are refused at once)
+            &format!("rl_zone r redis={url} timeout=300ms on_error=local lease=1m sync=50ms;"),
             "location / { rl_limit zone=r key=$http_x_k rate=300r/d burst=300 algorithm=fixed; }",
         )
     };
