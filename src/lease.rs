@@ -310,20 +310,13 @@ pub fn learn(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, 
         let Some(lz) = leases.get(z) else { continue };
         // (what Redis was asked: the cost but what a lease paid of it)
         let (o, cost) = (*res.outcome(), res.redis_cost());
-        let view = with_kept(lz, line, res.key.as_bytes(), now, log, |k| {
-            // (a refusal's `remaining` is Redis' own: what Redis said last may be older)
-            let said = match o.admitted {
-                true => {
-                    k.seen(now, at, o.remaining, o.reset_us);
-                    k.remaining
-                }
-                false => {
-                    k.refused(now, at, cost, o.retry_after_us, o.reset_us);
-                    o.remaining
-                }
-            };
-            said.saturating_add(k.slot.left(now))
-        });
+        // (what the leases paid of a cost Redis refused the rest of goes back now, whatever the
+        // request's fate (a dry-run line's request goes on): the view counts it)
+        let part = match o.admitted {
+            true => Part::default(),
+            false => core::mem::take(&mut res.spent),
+        };
+        let view = with_kept(lz, line, res.key.as_bytes(), now, log, |k| k.decided(now, at, &o, cost, &part));
         res.decision.outcome.remaining = view.unwrap_or(o.remaining);
     }
 }

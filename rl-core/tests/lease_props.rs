@@ -704,6 +704,37 @@ fn a_kept_key_by_hand() {
     assert_eq!(Kept::read(&w), Some(k));
 }
 
+/// A request of 3 its lease holds 2 of: the 2 are spent, Redis is asked
+/// for 1 and refuses it; the 2 go back to the lease at once (a dry-run
+/// line's request goes on, and must not leave them spent), the view
+/// counts them, and a request of 1 is spent from the lease, while a lone
+/// request Redis decides is refused until its retry.
+#[test]
+fn a_part_redis_refuses_the_rest_of_goes_back() {
+    let mut k = Kept::default();
+    let g =
+        LeaseGrant { units: 2, words: (1, 2), life_us: 1000, remaining: 0, reset_us: 500, taken_back: false, at_us: 0 };
+    k.granted(100, &g);
+    let Local::Part(part) = k.decide(150, 3) else { panic!("a part spent") };
+    assert_eq!((part.units(), k.slot.left(150)), (2, 0));
+    let refused = rl_core::verdict::Outcome {
+        admitted: false,
+        remaining: 0,
+        reset_us: 400,
+        retry_after_us: Some(25),
+        delay_us: 0,
+        next_us: 0,
+    };
+    assert_eq!(k.decided(160, 0, &refused, 1, &part), 2, "Redis' 0 and the lease's 2");
+    assert_eq!(k.slot.left(160), 2, "the part is back in its lease");
+    assert!(matches!(k.decide(170, 1), Local::Spent { .. }), "a unit of the lease");
+    assert_eq!(
+        k.decide(175, 3),
+        Local::Refused { retry_after_us: 10, reset_us: 385 },
+        "Redis refused a unit until 185"
+    );
+}
+
 /// Replies of calls that crossed come back in either order; what the
 /// node reports follows the call Redis ran last. A grant of 12 (Redis
 /// left with 35) and a request Redis decided (left with 34), run in that

@@ -256,6 +256,29 @@ impl Kept {
         d.outcome
     }
 
+    /// Redis decided at `at` (its clock) `cost` units of a request the
+    /// leases did not hold, answered at `now` with `o`, the leases having
+    /// paid `part` of it ([`Local::Part`]): what the node learns, and what
+    /// it reports the line has left (its view: what Redis said last and
+    /// what the leases hold; a refusal's, Redis' own, which what it said
+    /// last may be older than). A part of a cost Redis refused the rest of
+    /// goes back to its leases at once, whatever becomes of the request (a
+    /// dry-run line's goes on), and counts in the view.
+    pub fn decided(&mut self, now: u64, at: u64, o: &Outcome, cost: u64, part: &Part) -> u64 {
+        let said = match o.admitted {
+            true => {
+                self.seen(now, at, o.remaining, o.reset_us);
+                self.remaining
+            }
+            false => {
+                self.slot.put_back_part(part);
+                self.refused(now, at, cost, o.retry_after_us, o.reset_us);
+                o.remaining
+            }
+        };
+        said.saturating_add(self.slot.left(now))
+    }
+
     /// Redis admitted at `at` (its clock) a request the leases did not
     /// hold, answered at `now`, the line left with `remaining` at once and
     /// full `reset_us` later.
