@@ -303,11 +303,13 @@ pub fn parts_back(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: us
 pub fn learn(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, at: u64, log: *mut ngx_log_t) {
     let now = now_us();
     for (line, res) in ctx.staged_mut(lines) {
-        let Some((z, _)) = line.lease.filter(|_| res.active && !res.leased && line.backend.redis() == Some(redis))
+        let Some((z, leasing)) =
+            line.lease.filter(|_| res.active && !res.leased && line.backend.redis() == Some(redis))
         else {
             continue;
         };
-        let Some(lz) = leases.get(z) else { continue };
+        // (a key of a plan that cannot be leased keeps no record: Redis' answer is all there is)
+        let Some(lz) = leases.get(z).filter(|_| leased(&leasing, res.limit(line)).is_some()) else { continue };
         // (what Redis was asked: the cost but what a lease paid of it)
         let (o, cost) = (*res.outcome(), res.redis_cost());
         // (what the leases paid of a cost Redis refused the rest of goes back now, whatever the

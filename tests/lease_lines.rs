@@ -394,8 +394,8 @@ fn lease_all_or_nothing_with_a_shm_line() {
 /// leases it held have ended and gone back, exactly its plan over the
 /// window; leases were granted. A `gcra` plan whose burst (2) is below
 /// what the rate refills in a lease's life (3 at 2r/s) cannot be leased:
-/// Redis decides its key exactly (2 admitted at once, then refused), and
-/// no lease is granted for it.
+/// Redis decides its key exactly (2 admitted at once, then refused), no
+/// lease is granted for it, and it keeps no lease record.
 #[test]
 fn lease_plans_from_variables() {
     let redis = Redis::start();
@@ -417,6 +417,8 @@ fn lease_plans_from_variables() {
     assert_eq!(tiny, [200, 200, 429, 429, 429, 429], "gcra 2r/s burst=2, decided by Redis");
     thread::sleep(Duration::from_millis(200));
     assert_eq!(granted(), 0, "a key whose plan cannot be leased is granted no lease");
+    let keys: Vec<u64> = ports.iter().map(|&p| metric(p, "nginx_rl_lease_keys", "l")).collect();
+    assert_eq!(keys, [0, 0], "nor keeps a lease record");
     // The fixed plans, within one window.
     clear_of_window_end(60, 20);
     for (key, plan) in [("gold-1", 60u64), ("free-1", 12)] {
