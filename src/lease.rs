@@ -146,6 +146,17 @@ impl LeaseZone {
         let leasing = self.leasing(kept.line_id)?;
         leasing.with_values(&kept.limit_of(leasing.line())?).ok()
     }
+
+    /// The line Redis decides the key `kept` keeps by, as a request's call
+    /// names it (see `eval::redis::job_line`): the line that grants its
+    /// leases, or, for a key of a plan that cannot be leased, its own;
+    /// `None` for a line no longer configured, or a key whose values are
+    /// not known.
+    pub fn decided_by(&self, kept: &Kept) -> Option<Limit> {
+        let leasing = self.leasing(kept.line_id)?;
+        let limit = kept.limit_of(leasing.line())?;
+        Some(leasing.with_values(&limit).map_or(limit, |l| *l.line()))
+    }
 }
 
 /// Decides the active lines of the request's current stage that are in
@@ -160,16 +171,23 @@ pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
         let Some((z, leasing)) = line.lease.filter(|_| res.active && !line.charge_after) else { continue };
         let Some(lz) = leases.get(z) else { continue };
         let limit = res.limit(line);
-        // (a key of a plan whose burst is too small to be leased: Redis decides it)
-        let Some(leasing) = leased(&leasing, limit) else { continue };
         let alone = match lz.local {
             true => lz.shared().alone_since.load(Ordering::Relaxed),
             false => 0,
         };
+        // (a key of a plan whose burst is too small to be leased: Redis decides it, and while
+        // this nginx limits alone, it does)
+        let leasing = leased(&leasing, limit);
+        if leasing.is_none() && alone == 0 {
+            continue;
+        }
         let cost = res.cost;
         let here = with_kept(lz, line, res.key.as_bytes(), now, log, |k| {
             k.set_values(limit);
-            let local = k.decide(now, cost);
+            let local = match leasing {
+                Some(_) => k.decide(now, cost),
+                None => Local::Ask,
+            };
             if alone != 0 && matches!(local, Local::Ask | Local::Part(_)) {
                 if let Local::Part(part) = local {
                     k.slot.put_back_part(&part);
@@ -182,7 +200,7 @@ pub fn spend(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_
                 // find nowhere to go back to)
                 Local::Part(part) => Here::Part(part),
                 // (Redis decides: the key's lease may come with its answer)
-                Local::Ask => Here::Redis(k.ask_with(now, lz.horizon(&leasing, now), lz.nodes())),
+                Local::Ask => Here::Redis(leasing.map_or(0, |l| k.ask_with(now, lz.horizon(&l, now), lz.nodes()))),
                 local => local.outcome().map_or(Here::Redis(0), |(o, spent)| Here::Decided(o, spent)),
             }
         });

@@ -613,6 +613,52 @@ fn redis_lost_limits_locally() {
     assert_eq!(after.status, 429, "Redis holds what was admitted alone");
 }
 
+/// `on_error=local` and a plan that cannot be leased (`gcra` 100r/s,
+/// `burst=$plan_burst` of 10: a lease's 150 ms life refills 15): its key
+/// is decided by Redis while it answers, and alone, on this nginx's share,
+/// while it does not; what was admitted alone is charged to Redis when it
+/// is back, as a leased key's is (the log's count).
+#[test]
+fn redis_lost_a_plan_that_cannot_be_leased_is_charged_after() {
+    let redis = Redis::start();
+    let conf = server(
+        &format!(
+            "rl_zone r redis={} timeout=100ms on_error=local lease=1m sync=50ms;
+             map $http_x_k $plan_burst {{ default 10; }}",
+            redis.url()
+        ),
+        "location / { rl_limit zone=r key=$http_x_k rate=100r/s burst=$plan_burst algorithm=gcra; }
+         location = /metrics { rl_metrics; }",
+    );
+    let nginx = Nginx::start(&conf);
+    assert_eq!(get(nginx.port, "/index.html", &[("X-K", "p")]).status, 200);
+    // (its heartbeat counted: a share of the whole line)
+    thread::sleep(Duration::from_millis(300));
+    redis.signal("-STOP");
+    thread::sleep(Duration::from_millis(500));
+    let mut admitted = 0;
+    for _ in 0..12 {
+        admitted += usize::from(get(nginx.port, "/index.html", &[("X-K", "p")]).status == 200);
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metric(nginx.port, "nginx_rl_lease_alone", "r"), 1, "limiting alone");
+    redis.signal("-CONT");
+    assert!(admitted >= 10, "{admitted} of 12 admitted alone, at 50 a second on a line of 100");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let log = nginx.error_log();
+        if let Some(l) = log.lines().find(|l| l.contains("is back, leases resume;")) {
+            break l.to_string();
+        }
+        assert!(Instant::now() < deadline, "Redis never seen back: {log}");
+        thread::sleep(Duration::from_millis(50));
+    };
+    let charged: usize =
+        line.split("; ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).unwrap();
+    assert_eq!(charged, admitted, "what was admitted alone, charged to Redis: {line}");
+    assert!(crash_lines(&nginx.error_log()).is_empty());
+}
+
 /// An nginx killed (SIGKILL) while it holds leases: the fleet admits no
 /// more than the line, and less by at most what the killed nginx held,
 /// lost with it until the window ends.

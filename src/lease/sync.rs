@@ -188,20 +188,20 @@ fn settle(lz: &LeaseZone) -> u64 {
     if let Some(mut locked) = lz.table.lock() {
         each_kept(&mut locked, |_, kept| {
             if kept.owed > 0 {
-                owed.push((kept.tag, kept.line_id, lz.leasing_of(kept), kept.owed));
+                owed.push((kept.tag, kept.line_id, lz.decided_by(kept), kept.owed));
                 kept.owed = 0;
             }
         });
         locked.unlock();
     }
     let mut total: u64 = 0;
-    for (tag, line_id, leasing, cost) in owed {
-        let Some(leasing) = leasing else { continue };
+    for (tag, line_id, limit, cost) in owed {
+        let Some(limit) = limit else { continue };
         total = total.saturating_add(cost);
         let line = JobLine {
             tag,
             line_id,
-            limit: *leasing.line(),
+            limit,
             cost: cost.min(rl_core::redis::MAX_EXACT - 1),
             dry_run: false,
             check_only: false,
