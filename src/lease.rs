@@ -154,8 +154,7 @@ impl LeaseZone {
     /// not known.
     pub fn decided_by(&self, kept: &Kept) -> Option<Limit> {
         let leasing = self.leasing(kept.line_id)?;
-        let limit = kept.limit_of(leasing.line())?;
-        Some(leasing.with_values(&limit).map_or(limit, |l| *l.line()))
+        Some(decided_by(leasing, &kept.limit_of(leasing.line())?))
     }
 }
 
@@ -245,6 +244,15 @@ pub fn leased(leasing: &Leasing, limit: &Limit) -> Option<Leasing> {
     leasing.with_values(limit).ok()
 }
 
+/// The line Redis decides a request whose limit is `limit` by, on a line
+/// leased as `leasing` says: the line that grants its key's leases (the
+/// buckets' burst less what the rate refills in a lease's life), so that
+/// units a lease spends late never bunch with these beyond the line; or,
+/// for a key of a plan that cannot be leased, its own.
+pub fn decided_by(leasing: &Leasing, limit: &Limit) -> Limit {
+    leased(leasing, limit).map_or(*limit, |l| *l.line())
+}
+
 /// A request of `cost` under `limit` decided on `kept` at `now` by this
 /// nginx alone, Redis last answering at `since`: on its share of the line.
 fn decide_alone(lz: &LeaseZone, limit: &Limit, kept: &mut Kept, now: u64, cost: u64, since: u64) -> Outcome {
@@ -285,26 +293,32 @@ pub fn alone(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, 
 /// same (by another of its lines), and the parts of costs leases paid of
 /// lines Redis decided ([`LineResult::spent`]).
 pub fn put_back(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, log: *mut ngx_log_t) {
-    let now = now_us();
-    for (line, res) in ctx.staged_mut(lines) {
-        // (a line spent from leases is charged: whatever they paid goes back)
-        let Some((z, _)) = line.lease.filter(|_| res.spent.units() > 0) else { continue };
-        res.charged &= !res.leased;
-        let part = core::mem::take(&mut res.spent);
-        if let Some(lz) = leases.get(z) {
-            with_kept(lz, line, res.key.as_bytes(), now, log, |k| k.slot.put_back_part(&part));
-        }
-    }
+    // (a line spent from leases is charged: whatever they paid goes back)
+    give_back(leases, lines, ctx, log, |_, _| true);
 }
 
 /// Puts back the parts of costs leases paid ([`LineResult::spent`]) of the
 /// request's lines on Redis zone `redis`, which does not decide them (it
 /// failed, or the request was refused before its call).
 pub fn parts_back(leases: &[LeaseZone], lines: &[Line], ctx: &mut Ctx, redis: usize, log: *mut ngx_log_t) {
+    give_back(leases, lines, ctx, log, |line, res| !res.leased && line.backend.redis() == Some(redis));
+}
+
+/// Gives what the leases paid for each line in lease mode of the request's
+/// current stage that `which` picks back to its leases (a line spent from
+/// them is no longer charged).
+fn give_back(
+    leases: &[LeaseZone],
+    lines: &[Line],
+    ctx: &mut Ctx,
+    log: *mut ngx_log_t,
+    which: impl Fn(&Line, &LineResult) -> bool,
+) {
     let now = now_us();
     for (line, res) in ctx.staged_mut(lines) {
-        let paid = !res.leased && res.spent.units() > 0;
-        let Some((z, _)) = line.lease.filter(|_| paid && line.backend.redis() == Some(redis)) else { continue };
+        let paid = res.spent.units() > 0 && which(line, res);
+        let Some((z, _)) = line.lease.filter(|_| paid) else { continue };
+        res.charged &= !res.leased;
         let part = core::mem::take(&mut res.spent);
         if let Some(lz) = leases.get(z) {
             with_kept(lz, line, res.key.as_bytes(), now, log, |k| k.slot.put_back_part(&part));

@@ -50,12 +50,6 @@ impl Ask {
     }
 }
 
-/// How the request's key of `line` is leased, if the line is in lease mode
-/// and the key can be (see [`lease::leased`]).
-fn leasing(line: &Line, res: &LineResult) -> Option<rl_core::lease::Leasing> {
-    line.lease.and_then(|(_, leasing)| lease::leased(&leasing, res.limit(line)))
-}
-
 /// What a job asks Redis about `line` for the request: the state of its
 /// key, under the request's limit, for `cost`. A line in lease mode is
 /// decided there as leases are granted ([`rl_core::lease::Leasing::line`]:
@@ -65,7 +59,7 @@ pub fn job_line(line: &Line, res: &LineResult, cost: u64) -> JobLine {
     JobLine {
         tag: rl_core::redis::tag_of(res.key.as_bytes()),
         line_id: line.id,
-        limit: leasing(line, res).map_or(*res.limit(line), |leasing| *leasing.line()),
+        limit: line.lease.map_or(*res.limit(line), |(_, leasing)| lease::decided_by(&leasing, res.limit(line))),
         cost,
         dry_run: res.dry_run,
         check_only: false,
