@@ -229,6 +229,28 @@ impl Leasing {
         self.life
     }
 
+    /// What a sync sends for a key at `now` (`arg`), less a give-back that
+    /// can no longer count (`None`: nothing left to send): a `fixed`
+    /// lease's units once its window has ended on this clock, a `sliding`
+    /// one's once the window after it has (their state counts them no
+    /// more, and Redis would refund nothing). A clock ahead of Redis' drops
+    /// units Redis could still have refunded, for as long as it is ahead:
+    /// the key may admit less, never more.
+    pub fn worth_sending(&self, arg: SyncArg, now: u64) -> Option<SyncArg> {
+        let counted_until = match self.line.algorithm() {
+            Algorithm::Fixed => arg.words.0,
+            Algorithm::Sliding => arg.words.0.saturating_add(1),
+            _ => u64::MAX,
+        };
+        let w = self.line.window_us();
+        let back_counts = counted_until == u64::MAX || now < counted_until.saturating_mul(w);
+        let arg = match back_counts {
+            true => arg,
+            false => SyncArg { back: 0, words: (0, 0), ..arg },
+        };
+        (arg.want > 0 || arg.back > 0).then_some(arg)
+    }
+
     /// When a lease granted at `now` ends.
     pub fn end(&self, now: u64) -> u64 {
         let end = now.saturating_add(self.life);
@@ -248,6 +270,12 @@ fn held_back(l: &Limit, life: u64) -> Option<u64> {
     let r = l.rate();
     let units = (u128::from(life) * u128::from(r.count)).div_ceil(u128::from(r.period_us));
     u64::try_from(units).ok()
+}
+
+/// Whether a line that had `remaining` left can spare the `units` a lease
+/// holds: the nodes holding as much would hold under half of it.
+fn spared(units: u64, remaining: u64, nodes: u64) -> bool {
+    units.saturating_mul(nodes.max(1)).saturating_mul(2) < remaining
 }
 
 /// `per_interval` over `span` µs, intervals being `interval` µs long.
@@ -318,8 +346,11 @@ impl Demand {
         self.size(life, interval, remaining, nodes)
     }
 
-    /// A lease's size, for a lease living `life` µs: half again an
-    /// interval's estimate (the syncs top it up), or, for a key seen less
+    /// A lease's size, for a lease living `life` µs: an interval's
+    /// estimate and half again (the syncs top it up), or, for a few units
+    /// an interval, two standard deviations of a random demand and a unit
+    /// more (requests that come at random bunch: half again of a few runs
+    /// dry before the next sync's lease comes); or, for a key seen less
     /// than twice an interval, half the plain average over its life (such
     /// a key renews a long lease on its requests, not at the syncs: a lease
     /// of two would cost Redis a call every other request); at least two
@@ -330,7 +361,7 @@ impl Demand {
         let est = self.per_interval();
         let base = match est {
             0 | 1 => spread(self.mean, life, interval).div_ceil(2000),
-            _ => est.saturating_add(est.div_ceil(2)),
+            _ => est.saturating_add(est.div_ceil(2).max(2 * est.isqrt() + 1)),
         };
         let want = base.max(2).min(over.div_ceil(1000));
         want.min((remaining / nodes.max(1)).max(1))
@@ -558,7 +589,9 @@ impl Slot {
     /// the key's demand is estimated at to its end, and two units, and
     /// would outlive the sync after next, is ended now, so that what it
     /// holds goes back at once, not when it ends (a `fixed` or `sliding`
-    /// line's, with a long `life`).
+    /// line's, with a long `life`), unless the line can spare it (see
+    /// [`spared`]). A new lease is asked for only where what the leases
+    /// hold would not last to the next sync and half again.
     pub fn sync_asking(&mut self, now: u64, h: Horizon, remaining: u64, nodes: u64, ask: bool) -> Option<SyncArg> {
         let Horizon { next, interval, .. } = h;
         let demand = self.demand;
@@ -566,11 +599,12 @@ impl Slot {
         let ended = |h: &Held| h.granted > 0 && now >= h.ends && h.left > 0;
         if self.back.left == 0 && !self.held.iter().any(ended) {
             // (a lease that ends by the sync after next is left to end: what it holds comes back
-            // soon enough)
+            // soon enough; and one whose units the line can spare is kept: the nodes holding as
+            // much would hold under half of what it has left, and no other nginx goes short)
             let late = next.saturating_add(interval);
             let early = self.held.iter_mut().filter(|h| h.granted > 0 && late < h.ends).find(|h| {
                 let to_end = demand.over(h.ends - now, interval).div_ceil(1000);
-                h.left > to_end.saturating_mul(2).saturating_add(2)
+                h.left > to_end.saturating_mul(2).saturating_add(2) && !spared(h.left, remaining, nodes)
             });
             if let Some(h) = early {
                 h.ends = now;
@@ -581,7 +615,11 @@ impl Slot {
         let life = h.ends.saturating_sub(now);
         // (a lease pays for the call that carries it when it serves more than a request in
         // its life: a key seen less often is left to Redis)
-        let want = match ask && !self.asking(now, h.wait) && live < 2 {
+        // (and only when its leases would not last to the next sync and half again: a key
+        // seen seldom, whose lease is sized to its average over the lease's life, is not
+        // topped up a unit or two at every sync)
+        let needed = demand.over(next.saturating_sub(now).saturating_add(interval / 2), interval).div_ceil(1000);
+        let want = match ask && !self.asking(now, h.wait) && live < 2 && (lasting < needed || lasting == 0) {
             true => self.demand.want_for(life, interval, remaining, nodes).saturating_sub(lasting),
             false => 0,
         };

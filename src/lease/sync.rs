@@ -244,6 +244,8 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
         if let Some(arg) = arg {
             match leasing {
                 Some(leasing) => {
+                    // (a give-back its window no longer counts is not sent)
+                    let Some(arg) = leasing.worth_sending(arg, now) else { return };
                     let arg = LeaseArg { line: *leasing.line(), want: arg.want, back: arg.back, words: arg.words };
                     asks.push((hash, LeaseKey { tag: kept.tag, line_id: kept.line_id, arg }));
                 }
