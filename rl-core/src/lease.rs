@@ -394,6 +394,10 @@ fn runs_low(left: u64, granted: u64) -> bool {
     left.saturating_mul(4) <= granted
 }
 
+/// The most units a lease holds (a node keeps a lease's units left and
+/// granted in one word): no demand comes near it in a sync interval.
+pub const MAX_UNITS: u64 = u32::MAX as u64;
+
 /// A lease as a node holds it: units left and granted, the words to give
 /// it back with, and when it ends on the node's own clock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -666,9 +670,10 @@ impl Slot {
         self.held.iter().filter(|h| h.ends > next).map(|h| h.left).sum()
     }
 
-    /// `want` units asked for at `now` (0: none): the call that carries
-    /// them is the one that asks, until answered.
+    /// `want` units asked for at `now` (0: none; at most [`MAX_UNITS`]):
+    /// the call that carries them is the one that asks, until answered.
     fn ask(&mut self, now: u64, want: u64) -> u64 {
+        let want = want.min(MAX_UNITS);
         if want > 0 {
             self.asking_since = now.max(1);
         }
@@ -715,6 +720,8 @@ impl Slot {
         if units == 0 {
             return;
         }
+        // (never more than asked for, at most MAX_UNITS: a reply that says more is held to it)
+        let units = units.min(MAX_UNITS);
         let h = Held { left: units, granted: units, words, ends: sent.saturating_add(life_us) };
         // (two leases still held, when a call given up on was answered
         // after all: the units are wasted, never spent beyond the bound)

@@ -16,7 +16,7 @@
 
 use proptest::prelude::*;
 use proptest::sample::select;
-use rl_core::lease::{share, Demand, Horizon, Kept, Lease, LeaseError, Leasing, Local, Slot, SyncArg};
+use rl_core::lease::{share, Demand, Horizon, Kept, Lease, LeaseError, Leasing, Local, Slot, SyncArg, MAX_UNITS};
 use rl_core::limit::{Algorithm, Limit};
 use rl_core::parse::Rate;
 use rl_core::redis::LeaseGrant;
@@ -1135,4 +1135,24 @@ fn a_give_back_is_sent_while_its_window_counts() {
     assert_eq!(sliding.worth_sending(arg, 2_000_000), None);
     let gcra = Leasing::new(Limit::new(Algorithm::Gcra, rate, 10).unwrap(), 100_000).unwrap();
     assert_eq!(gcra.worth_sending(arg, u64::MAX / 2), Some(arg));
+}
+
+/// A node's record of a key fits a slab slot of 256 bytes (nginx's slab
+/// allocator rounds up to a power of two: at 264 bytes a record takes 512,
+/// and a `lease=` zone holds half the keys). A lease's units left and
+/// granted share a word: a lease holds at most `MAX_UNITS`, which a sync
+/// asks for at most, and a record keeps it.
+#[test]
+fn a_record_fits_a_256_byte_slot() {
+    const { assert!(Kept::WORDS * 8 <= 256, "a record above 256 bytes") };
+    let mut s = Slot::default();
+    assert!(!s.spend(10, u64::MAX / 2));
+    let arg = s.sync(100, 200, u64::MAX, 1).expect("asked for");
+    assert_eq!(arg.want, MAX_UNITS);
+    s.granted(100, u64::MAX, (1, 2), 1_000);
+    let s = through_words(s);
+    assert_eq!(s.left(150), MAX_UNITS, "held to what was asked");
+    let mut s = through_words(s);
+    assert!(s.spend(150, MAX_UNITS - 1) && s.spend(160, 1) && !s.spend(170, 1));
+    assert_eq!(through_words(s).left(170), 0);
 }

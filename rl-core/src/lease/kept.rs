@@ -4,7 +4,7 @@
 //! ([`Kept::decide`]). A plain copy in and out of the words, so that memory
 //! every worker maps holds nothing but integers.
 
-use super::{Held, Horizon, Part, Slot};
+use super::{Held, Horizon, Part, Slot, MAX_UNITS};
 use crate::limit::{Decision, Limit};
 use crate::parse::Rate;
 use crate::redis::LeaseGrant;
@@ -77,7 +77,8 @@ impl Local {
 }
 
 impl Kept {
-    /// Words a [`Kept`] takes.
+    /// Words a [`Kept`] takes: 31, 248 bytes, in a slab slot of 256 (one
+    /// more word would take a slot of 512, and halve the keys a zone holds).
     pub const WORDS: usize = 3 * HELD_WORDS + 4 + 6 + 6 + 3;
 
     /// The kept record of the words (zeroes: a key with nothing kept);
@@ -86,7 +87,8 @@ impl Kept {
         let w: &[u64; Kept::WORDS] = w.get(..Kept::WORDS)?.try_into().ok()?;
         let held = |i: usize| {
             let h = &w[i * HELD_WORDS..(i + 1) * HELD_WORDS];
-            Held { left: h[0].min(h[1]), granted: h[1], words: (h[2], h[3]), ends: h[4] }
+            let (left, granted) = (h[0] & u64::from(u32::MAX), h[0] >> 32);
+            Held { left: left.min(granted), granted, words: (h[1], h[2]), ends: h[3] }
         };
         let s = 3 * HELD_WORDS;
         let slot = Slot {
@@ -116,7 +118,9 @@ impl Kept {
         let Some(w) = w.get_mut(..Kept::WORDS) else { return };
         let s = &self.slot;
         for (i, h) in [s.held[0], s.held[1], s.back].iter().enumerate() {
-            w[i * HELD_WORDS..(i + 1) * HELD_WORDS].copy_from_slice(&[h.left, h.granted, h.words.0, h.words.1, h.ends]);
+            // (units left and granted in one word: a lease holds at most MAX_UNITS)
+            let units = h.granted.min(MAX_UNITS) << 32 | h.left.min(MAX_UNITS);
+            w[i * HELD_WORDS..(i + 1) * HELD_WORDS].copy_from_slice(&[units, h.words.0, h.words.1, h.ends]);
         }
         let o = 3 * HELD_WORDS;
         w[o..].copy_from_slice(&[
@@ -352,5 +356,6 @@ impl Kept {
 /// and the reply is news.
 const CROSSING_US: u64 = 1_000_000;
 
-/// Words of a [`Held`].
-const HELD_WORDS: usize = 5;
+/// Words of a [`Held`]: its units left and granted share one, so that a
+/// record fits a 256-byte slab slot (see [`Kept::WORDS`]).
+const HELD_WORDS: usize = 4;
