@@ -237,14 +237,14 @@ impl Leasing {
     /// units Redis could still have refunded, for as long as it is ahead:
     /// the key may admit less, never more.
     pub fn worth_sending(&self, arg: SyncArg, now: u64) -> Option<SyncArg> {
+        // (the window, k + 1 = the words' first, whose end the give-back counts until)
         let counted_until = match self.line.algorithm() {
-            Algorithm::Fixed => arg.words.0,
-            Algorithm::Sliding => arg.words.0.saturating_add(1),
-            _ => u64::MAX,
+            Algorithm::Fixed => Some(arg.words.0),
+            Algorithm::Sliding => Some(arg.words.0.saturating_add(1)),
+            _ => None,
         };
         let w = self.line.window_us();
-        let back_counts = counted_until == u64::MAX || now < counted_until.saturating_mul(w);
-        let arg = match back_counts {
+        let arg = match counted_until.is_none_or(|k| now < k.saturating_mul(w)) {
             true => arg,
             false => SyncArg { back: 0, words: (0, 0), ..arg },
         };

@@ -87,7 +87,7 @@ impl Kept {
         let w: &[u64; Kept::WORDS] = w.get(..Kept::WORDS)?.try_into().ok()?;
         let held = |i: usize| {
             let h = &w[i * HELD_WORDS..(i + 1) * HELD_WORDS];
-            let (left, granted) = (h[0] & u64::from(u32::MAX), h[0] >> 32);
+            let (left, granted) = (h[0] & MAX_UNITS, h[0] >> 32);
             Held { left: left.min(granted), granted, words: (h[1], h[2]), ends: h[3] }
         };
         let s = 3 * HELD_WORDS;
