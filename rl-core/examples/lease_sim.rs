@@ -6,6 +6,8 @@
 //! `src/lease.rs` and `src/lease/sync.rs` do, on a simulated clock.
 //!
 //! cargo run --release -p rl-core --example lease_sim -- [req/s] [keys] [window s] [life s] [secs]
+//!
+//! (`secs` in whole windows, for a fair share of windows' starts)
 
 use rl_core::lease::{Horizon, Kept, Leasing, Local};
 use rl_core::limit::{Algorithm, Limit};
@@ -157,7 +159,9 @@ fn main() {
     let mut bands = [Counts::default(); 6];
     for i in 1..=keys {
         let rate = total / (i as f64 * h);
-        let c = key(rate, &leasing, life, 2 + (window as u64).min(60), secs, &mut rng);
+        // (counted from a window's start, after one window at least: each window's first
+        // requests, which no lease can hold, count as often as the windows in `secs`)
+        let c = key(rate, &leasing, life, (window as u64).max(2), secs, &mut rng);
         let b = match rate {
             r if r >= 1000.0 => 0,
             r if r >= 100.0 => 1,

@@ -351,6 +351,26 @@ impl<'a> Table<'a> {
         (0..end).filter_map(|i| self.live(i).map(|e| (Slot(i), e.hash)))
     }
 
+    /// [`Table::live_entries`] in parts: into `out` (cleared first), up to
+    /// `max` live entries from entry `from` on; the entry the next part
+    /// starts from, `None` once the last is walked. For a caller that walks
+    /// a table shared with others in parts, each under a lock of its own:
+    /// an entry's place never moves, so a walk sees each entry that lives
+    /// through it once; an entry made or dropped between two parts may be
+    /// seen or not.
+    pub fn live_entries_from(&self, from: u32, max: usize, out: &mut Vec<(Slot, [u64; 2])>) -> Option<u32> {
+        out.clear();
+        let end = (self.hdr.unused_next as usize).min(self.entries.len()) as u32;
+        let mut i = from;
+        while i < end && out.len() < max {
+            if let Some(e) = self.live(i) {
+                out.push((Slot(i), e.hash));
+            }
+            i += 1;
+        }
+        (i < end).then_some(i)
+    }
+
     /// Finds the entry for `hash` without changing the LRU order.
     pub fn peek(&self, hash: [u64; 2]) -> Option<Slot> {
         self.lookup(hash).map(Slot)

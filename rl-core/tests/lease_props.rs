@@ -1156,3 +1156,25 @@ fn a_record_fits_a_256_byte_slot() {
     assert!(s.spend(150, MAX_UNITS - 1) && s.spend(160, 1) && !s.spend(170, 1));
     assert_eq!(through_words(s).left(170), 0);
 }
+
+proptest! {
+    /// A sync between two of the cadence passes over the records whose
+    /// leases have not ended reading only when the first ends
+    /// (`Kept::ends_first_of`): whatever the words, what reading the
+    /// whole record would say.
+    #[test]
+    fn when_a_records_first_lease_ends_is_read_from_its_words(
+        mut w in proptest::collection::vec(any::<u64>(), Kept::WORDS),
+        unset in proptest::collection::vec(any::<bool>(), 2),
+    ) {
+        // (leases never granted, as most of a zone's records hold, besides any bits)
+        for (i, &u) in unset.iter().enumerate() {
+            if u {
+                w[i * 4] &= MAX_UNITS;
+            }
+        }
+        let whole = Kept::read(&w).expect("enough words").slot.ends_first();
+        prop_assert_eq!(Kept::ends_first_of(&w), whole);
+        prop_assert_eq!(Kept::ends_first_of(&w[..Kept::WORDS - 1]), None, "too few words");
+    }
+}

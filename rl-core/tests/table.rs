@@ -484,3 +484,66 @@ fn live_entries_are_every_key_held_once() {
     assert_eq!(t.live_entries().filter(|(_, x)| *x == h).count(), 1);
     assert_eq!(t.live_entries().count(), 9);
 }
+
+/// A walk in parts (a lease zone's sync, each part under a hold of the
+/// lock of its own) sees what a walk at once does, in the same order; an
+/// entry dropped between two parts, ahead of the walk, is not seen, and a
+/// key given an entry ahead of it is; one given an entry behind it waits
+/// for the next walk.
+#[test]
+fn live_entries_walked_in_parts() {
+    let mut r = small(16);
+    let cap = Table::capacity_for(r.len() * 8);
+    let (mut t, _) = attach(&mut r);
+    let hashes: Vec<[u64; 2]> = (0..cap as u64).map(|i| t.hash_key(3, &i.to_le_bytes())).collect();
+    let slots: Vec<_> = hashes.iter().map(|&h| t.insert(h, 1).slot).collect();
+    t.remove(slots[1]);
+    t.remove(slots[5]);
+    let whole: Vec<_> = t.live_entries().collect();
+    assert_eq!(whole.len(), cap - 2);
+    let mut part = Vec::new();
+    for max in [1, 3, 4, 10, cap] {
+        let (mut walked, mut from, mut parts) = (Vec::new(), Some(0), 0);
+        while let Some(start) = from {
+            from = t.live_entries_from(start, max, &mut part);
+            assert!(part.len() <= max, "parts of {max} at most");
+            walked.extend_from_slice(&part);
+            parts += 1;
+        }
+        assert_eq!(walked, whole, "in parts of {max}");
+        assert!(parts >= whole.len().div_ceil(max), "{parts} parts of {max}");
+    }
+    // Changed between two parts, the table full but for the two entries
+    // dropped before: the walk has passed the first three live entries; one
+    // ahead of it is dropped, and three new keys take the three free
+    // entries, two ahead of the walk and one behind it.
+    let mut walked = Vec::new();
+    let from = t.live_entries_from(0, 3, &mut part).expect("more to walk");
+    walked.extend_from_slice(&part);
+    let ahead = whole[6];
+    t.remove(ahead.0);
+    let made: Vec<_> = (0..3u64)
+        .map(|i| {
+            let h = t.hash_key(4, &i.to_le_bytes());
+            (t.insert(h, 2).slot, h)
+        })
+        .collect();
+    let mut next = Some(from);
+    while let Some(start) = next {
+        next = t.live_entries_from(start, 3, &mut part);
+        walked.extend_from_slice(&part);
+    }
+    assert!(!walked.contains(&ahead), "dropped ahead of the walk");
+    let behind = made.iter().filter(|(slot, _)| slot.index() < from).count();
+    assert_eq!(behind, 1, "entry 1 is behind the walk, 5 and {} ahead", ahead.0.index());
+    for (slot, h) in &made {
+        let want = usize::from(slot.index() >= from);
+        let seen = walked.iter().filter(|(_, x)| x == h).count();
+        assert_eq!(seen, want, "made at entry {} (the walk went on from {from})", slot.index());
+    }
+    let mut rest = walked.clone();
+    rest.retain(|e| !made.iter().any(|(_, h)| *h == e.1));
+    let mut want = whole.clone();
+    want.retain(|e| *e != ahead);
+    assert_eq!(rest, want, "every other entry once");
+}

@@ -1,5 +1,7 @@
 //! A node's sync in lease mode: every `sync=` interval, one worker of the
-//! nginx (the first) walks the zone's records and, in one lease call per
+//! nginx (the first) walks the zone's records (in parts, each under a hold
+//! of the zone's lock of its own: the lock is every worker's requests' too)
+//! and, in one lease call per
 //! zone (per slot on a cluster; in calls of [`MAX_KEYS`] keys), gives back
 //! what ended leases left and takes new leases for the keys that run low,
 //! then writes the grants into the records.
@@ -22,7 +24,7 @@ use rl_core::redis::{LeaseArg, LeaseGrant};
 use super::LeaseZone;
 use crate::metrics::store::{lease_slot, LeaseSlot};
 use crate::redis_zone::{self, JobLine, LeaseKey, RedisError, RedisZone};
-use crate::shm::{now_us, Locked};
+use crate::shm::now_us;
 
 /// Keys per lease call at most: a larger sync goes in several calls
 /// (pipelined on the zone's connection), so that no call runs long in
@@ -185,15 +187,14 @@ fn alone_or_not(lz: &LeaseZone, zone: &RedisZone, now: u64, counters: Option<&Le
 /// outage spans is not given twice: the units owed.
 fn settle(lz: &LeaseZone) -> u64 {
     let mut owed = Vec::new();
-    if let Some(mut locked) = lz.table.lock() {
-        each_kept(&mut locked, |_, kept| {
-            if kept.owed > 0 {
-                owed.push((kept.tag, kept.line_id, lz.decided_by(kept), kept.owed));
-                kept.owed = 0;
-            }
-        });
-        locked.unlock();
-    }
+    each_record(lz, |_, words| {
+        let Some(mut kept) = Kept::read(words) else { return };
+        if kept.owed > 0 {
+            owed.push((kept.tag, kept.line_id, lz.decided_by(&kept), kept.owed));
+            kept.owed = 0;
+            kept.write(words);
+        }
+    });
     let mut total: u64 = 0;
     for (tag, line_id, limit, cost) in owed {
         let Some(limit) = limit else { continue };
@@ -225,18 +226,28 @@ fn settle(lz: &LeaseZone) -> u64 {
 fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2], LeaseKey)>, Option<u64>) {
     let mut asks = Vec::new();
     let mut ends: Option<u64> = None;
-    let Some(mut locked) = lz.table.lock() else { return (asks, ends) };
-    locked.expire((now / 1_000_000) as u32);
+    if let Some(mut locked) = lz.table.lock() {
+        locked.expire((now / 1_000_000) as u32);
+        locked.unlock();
+    }
     let interval = lz.sync.as_micros() as u64;
-    each_kept(&mut locked, |hash, kept| {
-        let leasing = lz.leasing_of(kept);
+    each_record(lz, |hash, words| {
+        // (between two syncs of the cadence, only the keys whose leases ended: a record whose
+        // leases have not is passed over without being read whole)
+        let first = Kept::ends_first_of(words);
+        if !regular && first.is_none_or(|e| e > now) {
+            if let Some(e) = first {
+                ends = Some(ends.map_or(e, |x| x.min(e)));
+            }
+            return;
+        }
+        let Some(mut kept) = Kept::read(words) else { return };
+        let leasing = lz.leasing_of(&kept);
         // (when a lease granted now would end: what it is sized for)
         let h = Horizon { next, interval, ends: leasing.map_or(next, |l| l.end(now)), wait: lz.lives.bucket_us };
         let arg = match regular {
             true => kept.sync(now, h, lz.nodes()),
-            // (between two syncs of the cadence: only the keys whose leases ended)
-            false if kept.slot.ends_first().is_some_and(|e| e <= now) => kept.sync_between(now, h, lz.nodes()),
-            false => None,
+            false => kept.sync_between(now, h, lz.nodes()),
         };
         if let Some(e) = kept.slot.ends_first() {
             ends = Some(ends.map_or(e, |x| x.min(e)));
@@ -245,48 +256,66 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
             match leasing {
                 Some(leasing) => {
                     // (a give-back its window no longer counts is not sent)
-                    let Some(arg) = leasing.worth_sending(arg, now) else { return };
-                    let arg = LeaseArg { line: *leasing.line(), want: arg.want, back: arg.back, words: arg.words };
-                    asks.push((hash, LeaseKey { tag: kept.tag, line_id: kept.line_id, arg }));
+                    if let Some(arg) = leasing.worth_sending(arg, now) {
+                        let arg = LeaseArg { line: *leasing.line(), want: arg.want, back: arg.back, words: arg.words };
+                        asks.push((hash, LeaseKey { tag: kept.tag, line_id: kept.line_id, arg }));
+                    }
                 }
                 // (a line no longer configured, or a key whose values cannot be leased: its lease
                 // is left to end)
                 None => kept.slot.unanswered(now),
             }
         }
+        kept.write(words);
     });
-    locked.unlock();
     (asks, ends)
 }
 
-/// Runs `f` on every record of the locked lease zone (with its key's
-/// hash), each read from its words and written back.
-fn each_kept(locked: &mut Locked, mut f: impl FnMut([u64; 2], &mut Kept)) {
-    let entries: Vec<_> = locked.table.live_entries().collect();
-    for (slot, hash) in entries {
-        let Some(words) = locked.words(slot, hash, Kept::WORDS) else { continue };
-        let Some(mut kept) = Kept::read(words) else { continue };
-        f(hash, &mut kept);
-        kept.write(words);
+/// Records a walk of the zone visits under one hold of its lock: the
+/// workers' requests wait for it at most that long (a walk of a zone of
+/// many keys under one hold would stop them for milliseconds, at every
+/// sync).
+const WALK_PART: usize = 256;
+
+/// Runs `f` on the words of every record of the lease zone (with its
+/// key's hash), in parts of [`WALK_PART`] records, each under a hold of
+/// the zone's lock of its own (see `Table::live_entries_from`: a record
+/// made or dropped meanwhile may be visited or not).
+fn each_record(lz: &LeaseZone, mut f: impl FnMut([u64; 2], &mut [u64])) {
+    let mut part = Vec::with_capacity(WALK_PART);
+    let mut from = Some(0);
+    while let Some(start) = from {
+        let Some(mut locked) = lz.table.lock() else { return };
+        from = locked.table.live_entries_from(start, WALK_PART, &mut part);
+        for &(slot, hash) in &part {
+            if let Some(words) = locked.words(slot, hash, Kept::WORDS) {
+                f(hash, words);
+            }
+        }
+        locked.unlock();
     }
 }
 
 /// Writes the sync's grants (sent at `sent`) into the records; a key with
 /// none may be asked for again at the next sync.
 fn apply(lz: &LeaseZone, asks: &[([u64; 2], LeaseKey)], grants: &[Result<LeaseGrant, RedisError>], sent: u64) {
-    let Some(mut locked) = lz.table.lock() else { return };
-    for ((hash, _), grant) in asks.iter().zip(grants) {
-        // (a record dropped meanwhile, the zone being full: its grant is lost)
-        let Some(slot) = locked.table.peek(*hash) else { continue };
-        let Some(words) = locked.words(slot, *hash, Kept::WORDS) else { continue };
-        let Some(mut kept) = Kept::read(words) else { continue };
-        match grant {
-            Ok(g) => kept.granted(sent, g),
-            Err(_) => kept.slot.unanswered(sent),
+    // (in parts, as a walk: the lock is the workers' requests' too)
+    let asks = asks.chunks(WALK_PART).zip(grants.chunks(WALK_PART));
+    for (asks, grants) in asks {
+        let Some(mut locked) = lz.table.lock() else { return };
+        for ((hash, _), grant) in asks.iter().zip(grants) {
+            // (a record dropped meanwhile, the zone being full: its grant is lost)
+            let Some(slot) = locked.table.peek(*hash) else { continue };
+            let Some(words) = locked.words(slot, *hash, Kept::WORDS) else { continue };
+            let Some(mut kept) = Kept::read(words) else { continue };
+            match grant {
+                Ok(g) => kept.granted(sent, g),
+                Err(_) => kept.slot.unanswered(sent),
+            }
+            kept.write(words);
         }
-        kept.write(words);
+        locked.unlock();
     }
-    locked.unlock();
 }
 
 /// The cycle's log, for a task that has no request.
