@@ -307,7 +307,10 @@ impl Demand {
         // one interval, where an average would leave them short for many)
         let sum = u128::from(self.milli) * 3 + u128::from(x) + 2;
         self.milli = u64::try_from(sum / 4).unwrap_or(u64::MAX).max(x);
-        let mean = u128::from(self.mean) * 3 + u128::from(x) + 2;
+        // (rounded down: with no demand it decays to nothing, where rounded
+        // it would stop at 2 thousandths, and a key long gone, over a life
+        // of a thousand intervals, would still be worth a lease)
+        let mean = u128::from(self.mean) * 3 + u128::from(x);
         self.mean = u64::try_from(mean / 4).unwrap_or(u64::MAX);
     }
 

@@ -1098,6 +1098,39 @@ fn a_lease_that_lasts_is_not_topped_up() {
     assert!(sends.iter().all(|&(_, held, want)| held <= 1 && want >= 10), "(interval, held, asked): {sends:?}");
 }
 
+/// A key no longer seen stops asking for leases: its plain average decays
+/// to nothing. (It had stopped at 2 thousandths of a unit an interval,
+/// rounded, which over a `life` of a thousand intervals and more,
+/// `sync=10ms life=10s`, still came to two units: an idle key took a
+/// lease of two units each time its last ended, as long as its record
+/// lived.)
+#[test]
+fn a_key_no_longer_seen_stops_asking() {
+    let mut s = Slot::default();
+    let (interval, life) = (10_000, 10_000_000);
+    let mut asks = Vec::new();
+    for i in 1..=6_000u64 {
+        let now = i * interval;
+        // (a second of 5 requests an interval, then nothing for a minute)
+        if i <= 100 {
+            for _ in 0..5 {
+                s.spend(now, 1);
+            }
+        }
+        s.end_interval();
+        let h = Horizon { next: now + interval, interval, ends: now + life, wait: 2 * interval };
+        if let Some(arg) = s.sync_asking(now, h, 1_000_000, 1, true) {
+            if arg.want > 0 {
+                asks.push(i);
+            }
+            s.granted(now, arg.want, (1, 1), life);
+        }
+    }
+    let late: Vec<_> = asks.iter().filter(|&&i| i > 200).collect();
+    assert!(asks.first().is_some_and(|&i| i <= 2), "leased while seen: {asks:?}");
+    assert!(late.is_empty(), "asked at intervals {late:?} with the key gone since interval 100");
+}
+
 /// A lease's size with a long life: an interval's estimate and half again
 /// (150 at 100 an interval), but two deviations of a random demand and a
 /// unit more at a few units (4 + 5 at 4: half again, 6, ran dry before the
@@ -1176,5 +1209,40 @@ proptest! {
         let whole = Kept::read(&w).expect("enough words").slot.ends_first();
         prop_assert_eq!(Kept::ends_first_of(&w), whole);
         prop_assert_eq!(Kept::ends_first_of(&w[..Kept::WORDS - 1]), None, "too few words");
+    }
+}
+
+proptest! {
+    /// A sync of the cadence passes over the records `Kept::idle_of` says
+    /// it would leave as they are: whatever else they hold and whatever
+    /// the times, syncing one sends nothing and changes nothing. Those are
+    /// the records with no lease and nothing to give back (their first 12
+    /// words naught), asked for nothing this interval, an estimate of 2
+    /// thousandths at most and a plain average of nothing.
+    #[test]
+    fn an_idle_record_is_left_as_it_is(
+        mut w in proptest::collection::vec(any::<u64>(), Kept::WORDS),
+        (kept_word, milli, mean, asked) in (0usize..=12, 0u64..=3, 0u64..=2, 0u64..=1),
+        now in 0u64..u64::MAX / 4,
+        (interval, life, wait) in (1u64..10_000_000, 0u64..100_000_000, 0u64..100_000_000),
+        nodes in 1u64..10,
+    ) {
+        // (all naught but one of the leases' words, or none)
+        for (i, x) in w[..12].iter_mut().enumerate() {
+            if i != kept_word {
+                *x = 0;
+            }
+        }
+        w[12..15].copy_from_slice(&[milli, mean, asked]);
+        let idle = w[..12].iter().all(|&x| x == 0) && milli <= 2 && mean == 0 && asked == 0;
+        prop_assert_eq!(Kept::idle_of(&w), idle);
+        prop_assert!(!Kept::idle_of(&w[..Kept::WORDS - 1]), "too few words");
+        if idle {
+            let kept = Kept::read(&w).expect("enough words");
+            let mut synced = kept;
+            let h = Horizon { next: now + interval, interval, ends: now + life, wait };
+            prop_assert_eq!(synced.sync(now, h, nodes), None);
+            prop_assert_eq!(synced, kept);
+        }
     }
 }

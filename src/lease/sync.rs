@@ -234,6 +234,10 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
     each_record(lz, |hash, words| {
         // (between two syncs of the cadence, only the keys whose leases ended: a record whose
         // leases have not is passed over without being read whole)
+        // (and on the cadence, the records of keys gone idle, which it would leave as they are)
+        if regular && Kept::idle_of(words) {
+            return;
+        }
         let first = Kept::ends_first_of(words);
         if !regular && first.is_none_or(|e| e > now) {
             if let Some(e) = first {

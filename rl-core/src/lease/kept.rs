@@ -122,6 +122,18 @@ impl Kept {
         held.chunks_exact(HELD_WORDS).filter(|h| h[0] >> 32 > 0).map(|h| h[HELD_WORDS - 1]).min()
     }
 
+    /// Whether a sync of the cadence leaves the record in `w` as it is,
+    /// read from its first words alone: a key that holds no lease and has
+    /// nothing to give back, asked for nothing this interval, and whose
+    /// demand has decayed (its estimate to 2 thousandths of a unit at
+    /// most, which no demand leaves where it is; its plain average to
+    /// nothing): the most of a zone whose keys come and go.
+    pub fn idle_of(w: &[u64]) -> bool {
+        let Some(w) = w.get(..Kept::WORDS) else { return false };
+        let d = 3 * HELD_WORDS;
+        w[..d].iter().all(|&x| x == 0) && w[d] <= 2 && w[d + 1] == 0 && w[d + 2] == 0
+    }
+
     /// Writes it into `w` (at least [`Kept::WORDS`] words; nothing if fewer).
     pub fn write(&self, w: &mut [u64]) {
         let Some(w) = w.get_mut(..Kept::WORDS) else { return };
