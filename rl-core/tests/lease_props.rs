@@ -1078,24 +1078,34 @@ fn a_long_lease_of_a_slow_key_covers_half_its_life() {
 /// every sync, it cost Redis a key in a call for every request or two.)
 #[test]
 fn a_lease_that_lasts_is_not_topped_up() {
+    let sends = syncs_of(200, (100, 10_000, 150), |i| u64::from(i % 4 == 0));
+    assert!(sends.len() >= 3, "leased, and leased again: {sends:?}");
+    assert!(sends.iter().all(|&(_, held, want)| held <= 1 && want >= 10), "(interval, held, asked): {sends:?}");
+}
+
+/// A key's leases, sync by sync, `intervals` syncs of the cadence of
+/// `times` (the interval, a lease's life, how long an ask waits for its
+/// answer), `spends(i)` requests of a unit in the i-th interval, each
+/// sync's lease granted in full at once: each sync that sent something,
+/// as (the interval, the units held then, the units asked for).
+fn syncs_of(intervals: u64, times: (u64, u64, u64), spends: impl Fn(u64) -> u64) -> Vec<(u64, u64, u64)> {
+    let (interval, life, wait) = times;
     let mut s = Slot::default();
-    let (interval, life) = (100, 10_000);
     let mut sends = Vec::new();
-    for i in 1..=200u64 {
+    for i in 1..=intervals {
         let now = i * interval;
-        if i % 4 == 0 {
+        for _ in 0..spends(i) {
             s.spend(now, 1);
         }
         s.end_interval();
         let held = s.left(now);
-        let h = Horizon { next: now + interval, interval, ends: now + life, wait: 150 };
+        let h = Horizon { next: now + interval, interval, ends: now + life, wait };
         if let Some(arg) = s.sync_asking(now, h, 1_000_000, 1, true) {
             sends.push((i, held, arg.want));
             s.granted(now, arg.want, (1, 1), life);
         }
     }
-    assert!(sends.len() >= 3, "leased, and leased again: {sends:?}");
-    assert!(sends.iter().all(|&(_, held, want)| held <= 1 && want >= 10), "(interval, held, asked): {sends:?}");
+    sends
 }
 
 /// A key no longer seen stops asking for leases: its plain average decays
@@ -1106,26 +1116,9 @@ fn a_lease_that_lasts_is_not_topped_up() {
 /// lived.)
 #[test]
 fn a_key_no_longer_seen_stops_asking() {
-    let mut s = Slot::default();
-    let (interval, life) = (10_000, 10_000_000);
-    let mut asks = Vec::new();
-    for i in 1..=6_000u64 {
-        let now = i * interval;
-        // (a second of 5 requests an interval, then nothing for a minute)
-        if i <= 100 {
-            for _ in 0..5 {
-                s.spend(now, 1);
-            }
-        }
-        s.end_interval();
-        let h = Horizon { next: now + interval, interval, ends: now + life, wait: 2 * interval };
-        if let Some(arg) = s.sync_asking(now, h, 1_000_000, 1, true) {
-            if arg.want > 0 {
-                asks.push(i);
-            }
-            s.granted(now, arg.want, (1, 1), life);
-        }
-    }
+    // (a second of 5 requests an interval, then nothing for a minute)
+    let sends = syncs_of(6_000, (10_000, 10_000_000, 20_000), |i| if i <= 100 { 5 } else { 0 });
+    let asks: Vec<u64> = sends.iter().filter(|&&(_, _, want)| want > 0).map(|&(i, _, _)| i).collect();
     let late: Vec<_> = asks.iter().filter(|&&i| i > 200).collect();
     assert!(asks.first().is_some_and(|&i| i <= 2), "leased while seen: {asks:?}");
     assert!(late.is_empty(), "asked at intervals {late:?} with the key gone since interval 100");
