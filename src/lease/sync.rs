@@ -232,9 +232,9 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
     }
     let interval = lz.sync.as_micros() as u64;
     each_record(lz, |hash, words| {
-        // (between two syncs of the cadence, only the keys whose leases ended: a record whose
-        // leases have not is passed over without being read whole)
-        // (and on the cadence, the records of keys gone idle, which it would leave as they are)
+        // (passed over without being read whole: on the cadence, a record of a key gone idle,
+        // which a sync would leave as it is; between two syncs of the cadence, which are for
+        // the keys whose leases ended, a record whose leases have not)
         if regular && Kept::idle_of(words) {
             return;
         }
