@@ -347,8 +347,7 @@ impl<'a> Table<'a> {
     /// LRU order, which it leaves as it is): for a caller that visits each
     /// of its keys in turn.
     pub fn live_entries(&self) -> impl Iterator<Item = (Slot, [u64; 2])> + '_ {
-        let end = (self.hdr.unused_next as usize).min(self.entries.len()) as u32;
-        (0..end).filter_map(|i| self.live(i).map(|e| (Slot(i), e.hash)))
+        (0..self.entries_in_use()).filter_map(|i| self.live(i).map(|e| (Slot(i), e.hash)))
     }
 
     /// [`Table::live_entries`] in parts: into `out` (cleared first), up to
@@ -360,7 +359,7 @@ impl<'a> Table<'a> {
     /// seen or not.
     pub fn live_entries_from(&self, from: u32, max: usize, out: &mut Vec<(Slot, [u64; 2])>) -> Option<u32> {
         out.clear();
-        let end = (self.hdr.unused_next as usize).min(self.entries.len()) as u32;
+        let end = self.entries_in_use();
         let mut i = from;
         while i < end && out.len() < max {
             if let Some(e) = self.live(i) {
@@ -369,6 +368,12 @@ impl<'a> Table<'a> {
             i += 1;
         }
         (i < end).then_some(i)
+    }
+
+    /// The entries ever handed out: those a walk looks at (the rest were
+    /// never used).
+    fn entries_in_use(&self) -> u32 {
+        (self.hdr.unused_next as usize).min(self.entries.len()) as u32
     }
 
     /// Finds the entry for `hash` without changing the LRU order.

@@ -240,9 +240,7 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
         }
         let first = Kept::ends_first_of(words);
         if !regular && first.is_none_or(|e| e > now) {
-            if let Some(e) = first {
-                ends = Some(ends.map_or(e, |x| x.min(e)));
-            }
+            ends = sooner(ends, first);
             return;
         }
         let Some(mut kept) = Kept::read(words) else { return };
@@ -253,9 +251,7 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
             true => kept.sync(now, h, lz.nodes()),
             false => kept.sync_between(now, h, lz.nodes()),
         };
-        if let Some(e) = kept.slot.ends_first() {
-            ends = Some(ends.map_or(e, |x| x.min(e)));
-        }
+        ends = sooner(ends, kept.slot.ends_first());
         if let Some(arg) = arg {
             match leasing {
                 Some(leasing) => {
@@ -273,6 +269,14 @@ fn collect(lz: &LeaseZone, now: u64, next: u64, regular: bool) -> (Vec<([u64; 2]
         kept.write(words);
     });
     (asks, ends)
+}
+
+/// The sooner of two times, either of which may be none.
+fn sooner(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        _ => a.or(b),
+    }
 }
 
 /// Records a walk of the zone visits under one hold of its lock: the

@@ -117,7 +117,7 @@ impl Kept {
     /// read from its words alone: for a walk that passes over the records
     /// whose leases have not ended without reading them whole.
     pub fn ends_first_of(w: &[u64]) -> Option<u64> {
-        let held = w.get(..Kept::WORDS)?.get(..2 * HELD_WORDS)?;
+        let held = &w.get(..Kept::WORDS)?[..2 * HELD_WORDS];
         // (a lease's units granted are its first word's upper half; its end its last word)
         held.chunks_exact(HELD_WORDS).filter(|h| h[0] >> 32 > 0).map(|h| h[HELD_WORDS - 1]).min()
     }
