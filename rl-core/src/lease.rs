@@ -278,6 +278,15 @@ fn spared(units: u64, remaining: u64, nodes: u64) -> bool {
     units.saturating_mul(nodes.max(1)).saturating_mul(2) < remaining
 }
 
+/// Whether a line that had `remaining` left is far enough from its limit
+/// for leases of `units` (see [`LONG_INTERVALS`]): the nodes holding as
+/// much would hold under an eighth of it. (Half, as [`spared`] allows,
+/// left nginx that lost Redis with views of the line lagging by as much:
+/// alone, they limited on less than it had left.)
+fn far(units: u64, remaining: u64, nodes: u64) -> bool {
+    units.saturating_mul(nodes.max(1)).saturating_mul(8) < remaining
+}
+
 /// `per_interval` over `span` µs, intervals being `interval` µs long.
 fn spread(per_interval: u64, span: u64, interval: u64) -> u64 {
     let x = u128::from(per_interval) * u128::from(span) / u128::from(interval.max(1));
@@ -358,7 +367,12 @@ impl Demand {
     /// a key renews a long lease on its requests, not at the syncs: a lease
     /// of two would cost Redis a call every other request); at least two
     /// units, no more than the estimate over its life, and at most this
-    /// node's share of what is left.
+    /// node's share of what is left. For a key seen twice an interval or
+    /// more, where the line is far from its limit (see [`far`]), the estimate
+    /// over [`LONG_INTERVALS`] intervals, if more and the lease lives that
+    /// long: a busy key far from its limit is then topped up every few
+    /// intervals, not at every sync, and what its lease holds unspent the
+    /// line can spare.
     fn size(&self, life: u64, interval: u64, remaining: u64, nodes: u64) -> u64 {
         let over = self.over(life, interval);
         let est = self.per_interval();
@@ -367,6 +381,14 @@ impl Demand {
             _ => est.saturating_add(est.div_ceil(2).max(2 * est.isqrt() + 1)),
         };
         let want = base.max(2).min(over.div_ceil(1000));
+        let long = match est {
+            0 | 1 => 0,
+            _ => self.over(life.min(interval.saturating_mul(LONG_INTERVALS)), interval).div_ceil(1000),
+        };
+        let want = match long > want && far(long, remaining, nodes) {
+            true => long,
+            false => want,
+        };
         want.min((remaining / nodes.max(1)).max(1))
     }
 
@@ -396,6 +418,12 @@ impl Lease {
 fn runs_low(left: u64, granted: u64) -> bool {
     left.saturating_mul(4) <= granted
 }
+
+/// How many intervals of its key's demand a lease holds at most, where
+/// the line is far from its limit (see [`Demand::want_for`]): a sync carries a key far from its limit once in
+/// about as many intervals (a sync's key costs Redis about what a request
+/// does), and an nginx killed holding it wastes no more than that.
+pub const LONG_INTERVALS: u64 = 10;
 
 /// The most units a lease holds (a node keeps a lease's units left and
 /// granted in one word): no demand comes near it in a sync interval.

@@ -1078,7 +1078,7 @@ fn a_long_lease_of_a_slow_key_covers_half_its_life() {
 /// every sync, it cost Redis a key in a call for every request or two.)
 #[test]
 fn a_lease_that_lasts_is_not_topped_up() {
-    let sends = syncs_of(200, (100, 10_000, 150), |i| u64::from(i % 4 == 0));
+    let sends = syncs_of(200, (100, 10_000, 150), 1_000_000, |i| u64::from(i % 4 == 0));
     assert!(sends.len() >= 3, "leased, and leased again: {sends:?}");
     assert!(sends.iter().all(|&(_, held, want)| held <= 1 && want >= 10), "(interval, held, asked): {sends:?}");
 }
@@ -1087,8 +1087,14 @@ fn a_lease_that_lasts_is_not_topped_up() {
 /// `times` (the interval, a lease's life, how long an ask waits for its
 /// answer), `spends(i)` requests of a unit in the i-th interval, each
 /// sync's lease granted in full at once: each sync that sent something,
-/// as (the interval, the units held then, the units asked for).
-fn syncs_of(intervals: u64, times: (u64, u64, u64), spends: impl Fn(u64) -> u64) -> Vec<(u64, u64, u64)> {
+/// as (the interval, the units held then, the units asked for); the line
+/// having `remaining` left at each.
+fn syncs_of(
+    intervals: u64,
+    times: (u64, u64, u64),
+    remaining: u64,
+    spends: impl Fn(u64) -> u64,
+) -> Vec<(u64, u64, u64)> {
     let (interval, life, wait) = times;
     let mut s = Slot::default();
     let mut sends = Vec::new();
@@ -1100,7 +1106,7 @@ fn syncs_of(intervals: u64, times: (u64, u64, u64), spends: impl Fn(u64) -> u64)
         s.end_interval();
         let held = s.left(now);
         let h = Horizon { next: now + interval, interval, ends: now + life, wait };
-        if let Some(arg) = s.sync_asking(now, h, 1_000_000, 1, true) {
+        if let Some(arg) = s.sync_asking(now, h, remaining, 1, true) {
             sends.push((i, held, arg.want));
             s.granted(now, arg.want, (1, 1), life);
         }
@@ -1117,31 +1123,67 @@ fn syncs_of(intervals: u64, times: (u64, u64, u64), spends: impl Fn(u64) -> u64)
 #[test]
 fn a_key_no_longer_seen_stops_asking() {
     // (a second of 5 requests an interval, then nothing for a minute)
-    let sends = syncs_of(6_000, (10_000, 10_000_000, 20_000), |i| if i <= 100 { 5 } else { 0 });
+    let sends = syncs_of(6_000, (10_000, 10_000_000, 20_000), 1_000_000, |i| if i <= 100 { 5 } else { 0 });
     let asks: Vec<u64> = sends.iter().filter(|&&(_, _, want)| want > 0).map(|&(i, _, _)| i).collect();
     let late: Vec<_> = asks.iter().filter(|&&i| i > 200).collect();
     assert!(asks.first().is_some_and(|&i| i <= 2), "leased while seen: {asks:?}");
     assert!(late.is_empty(), "asked at intervals {late:?} with the key gone since interval 100");
 }
 
-/// A lease's size with a long life: an interval's estimate and half again
-/// (150 at 100 an interval), but two deviations of a random demand and a
-/// unit more at a few units (4 + 5 at 4: half again, 6, ran dry before the
-/// next sync's lease came); never more than the estimate over its life
-/// (7 for a life of an interval and a half).
+/// A lease's size with a long life, where the line is too near its limit
+/// for ten intervals' worth: an interval's estimate and half again (150 at 100
+/// an interval), but two deviations of a random demand and a unit more at
+/// a few units (4 + 5 at 4: half again, 6, ran dry before the next sync's
+/// lease came); never more than the estimate over its life (7 for a life
+/// of an interval and a half).
 #[test]
 fn a_lease_has_room_for_a_random_demand() {
-    let of = |units: u64, life: u64| {
-        let mut d = Demand::default();
-        for _ in 0..40 {
-            d.observe(units);
-        }
-        d.want_for(life, 100, u64::MAX, 1)
-    };
-    assert_eq!(of(100, 1_000), 150);
-    assert_eq!(of(4, 1_000), 9);
-    assert_eq!(of(2, 1_000), 2 + 3);
-    assert_eq!(of(4, 150), 6, "the estimate over its life");
+    assert_eq!(size_of(100, 1_000, 2_000, 1), 150);
+    assert_eq!(size_of(4, 1_000, 80, 1), 9);
+    assert_eq!(size_of(2, 1_000, 40, 1), 2 + 3);
+    assert_eq!(size_of(4, 150, u64::MAX, 1), 6, "the estimate over its life");
+}
+
+/// What a sync asks for a key steadily spending `units` an interval, for
+/// a lease living `life` (intervals of 100), the line having `remaining`
+/// left, shared by `nodes`.
+fn size_of(units: u64, life: u64, remaining: u64, nodes: u64) -> u64 {
+    let mut d = Demand::default();
+    for _ in 0..40 {
+        d.observe(units);
+    }
+    d.want_for(life, 100, remaining, nodes)
+}
+
+/// A busy key far from its limit takes ten intervals of its demand (no
+/// more, however long the lease lives), where the line is far from its
+/// limit: the nodes holding as much would hold under an eighth of what it
+/// has left; else an interval and a half. A key seen less than twice an interval
+/// keeps its own size (half its average over the lease's life).
+#[test]
+fn a_busy_key_far_from_its_limit_holds_ten_intervals() {
+    assert_eq!(size_of(100, 1_000, u64::MAX, 1), 1_000);
+    assert_eq!(size_of(100, 100_000, u64::MAX, 1), 1_000, "ten intervals, not its life");
+    assert_eq!(size_of(100, 500, u64::MAX, 1), 500, "no more than its life");
+    assert_eq!(size_of(100, 1_000, 8_001, 1), 1_000);
+    assert_eq!(size_of(100, 1_000, 8_000, 1), 150, "not far: an eighth of 8,000 is 1,000");
+    assert_eq!(size_of(100, 1_000, 24_001, 3), 1_000);
+    assert_eq!(size_of(100, 1_000, 24_000, 3), 150, "three nodes");
+    assert_eq!(
+        size_of(1, 100_000, u64::MAX, 1),
+        499,
+        "half its average over its life (which, rounded down, settles a hair under one)"
+    );
+}
+
+/// So such a key is carried by a sync about once in eight intervals (its
+/// lease topped up when it would not last to the next sync and half
+/// again), not at every sync as a key near its limit is.
+#[test]
+fn a_busy_key_far_from_its_limit_is_synced_seldom() {
+    let asks = |remaining| syncs_of(1_000, (100, 100_000, 150), remaining, |_| 100).len();
+    assert!((100..=130).contains(&asks(u64::MAX)), "{} syncs in 1,000 intervals", asks(u64::MAX));
+    assert!(asks(2_000) >= 900, "{} syncs in 1,000 intervals", asks(2_000));
 }
 
 /// A give-back its window no longer counts is not sent: a `fixed` lease's
