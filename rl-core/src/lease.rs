@@ -280,11 +280,11 @@ fn spared(units: u64, remaining: u64, nodes: u64) -> bool {
 
 /// Whether a line that had `remaining` left is far enough from its limit
 /// for leases of `units` (see [`LONG_INTERVALS`]): the nodes holding as
-/// much would hold under an eighth of it. (Half, as [`spared`] allows,
-/// left nginx that lost Redis with views of the line lagging by as much:
-/// alone, they limited on less than it had left.)
+/// much would hold under an eighth of it: [`spared`], four times over.
+/// (Half, as `spared` allows, left nginx that lost Redis with views of the
+/// line lagging by as much: alone, they limited on less than it had left.)
 fn far(units: u64, remaining: u64, nodes: u64) -> bool {
-    units.saturating_mul(nodes.max(1)).saturating_mul(8) < remaining
+    spared(units.saturating_mul(4), remaining, nodes)
 }
 
 /// `per_interval` over `span` µs, intervals being `interval` µs long.
@@ -420,9 +420,10 @@ fn runs_low(left: u64, granted: u64) -> bool {
 }
 
 /// How many intervals of its key's demand a lease holds at most, where
-/// the line is far from its limit (see [`Demand::want_for`]): a sync carries a key far from its limit once in
-/// about as many intervals (a sync's key costs Redis about what a request
-/// does), and an nginx killed holding it wastes no more than that.
+/// the line is far from its limit (see [`Demand::want_for`]): a sync
+/// carries such a key once in about as many intervals (a sync's key costs
+/// Redis about what a request does), and an nginx killed holding it wastes
+/// no more than that.
 pub const LONG_INTERVALS: u64 = 10;
 
 /// The most units a lease holds (a node keeps a lease's units left and

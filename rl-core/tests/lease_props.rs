@@ -1155,10 +1155,10 @@ fn size_of(units: u64, life: u64, remaining: u64, nodes: u64) -> u64 {
     d.want_for(life, 100, remaining, nodes)
 }
 
-/// A busy key far from its limit takes ten intervals of its demand (no
-/// more, however long the lease lives), where the line is far from its
-/// limit: the nodes holding as much would hold under an eighth of what it
-/// has left; else an interval and a half. A key seen less than twice an interval
+/// A busy key takes ten intervals of its demand (no more, however long
+/// the lease lives) where its line is far from its limit: the nodes
+/// holding as much would hold under an eighth of what it has left; else an
+/// interval and a half. A key seen less than twice an interval
 /// keeps its own size (half its average over the lease's life).
 #[test]
 fn a_busy_key_far_from_its_limit_holds_ten_intervals() {
